@@ -1,0 +1,197 @@
+#include "apps/trainer.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+
+#include "engine/data.h"
+#include "engine/metrics.h"
+#include "engine/optim.h"
+#include "engine/tape.h"
+#include "models/unet.h"
+
+namespace unetcu {
+
+void validate(const TrainConfig& c) {
+  UNETCU_CHECK(c.epochs >= 1, "--epochs must be at least 1, got ", c.epochs);
+  UNETCU_CHECK(c.batch_size >= 1, "--batch-size must be at least 1, got ", c.batch_size);
+  UNETCU_CHECK(c.image_size >= 32 && c.image_size % 32 == 0,
+               "--image-size must be a positive multiple of 32, got ", c.image_size);
+  UNETCU_CHECK(c.lr > 0 && std::isfinite(c.lr), "--lr must be a positive number, got ", c.lr);
+  UNETCU_CHECK(c.train_size >= 1, "--train-size must be at least 1, got ", c.train_size);
+  UNETCU_CHECK(c.val_size >= 1, "--val-size must be at least 1, got ", c.val_size);
+  UNETCU_CHECK(c.batch_size <= c.train_size, "--batch-size ", c.batch_size,
+               " is larger than --train-size ", c.train_size);
+  UNETCU_CHECK(c.width_divisor >= 1, "--width-divisor must be at least 1");
+  UNETCU_CHECK(c.optimizer == "adam" || c.optimizer == "sgd",
+               "--optimizer must be adam or sgd, got '", c.optimizer, "'");
+  UNETCU_CHECK(c.weight_decay >= 0, "--weight-decay must be >= 0");
+  UNETCU_CHECK(c.momentum >= 0 && c.momentum < 1, "--momentum must be in [0, 1)");
+  UNETCU_CHECK(c.threads >= 0, "--threads must be >= 0");
+  // BN in training mode needs more than one value per channel: at layer4 a sample is
+  // (S/32)² values, so a batch of one 32×32 image cannot train.
+  const int64_t last = int64_t(c.image_size / 32) * (c.image_size / 32);
+  UNETCU_CHECK(int64_t(c.batch_size) * last > 1, "--batch-size 1 with --image-size ",
+               c.image_size, " leaves one value per channel for batch norm; use a larger batch "
+               "or image");
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// A one-line progress bar on stderr, redrawn at most ~10 times a second.
+class Progress {
+ public:
+  Progress(bool enabled, int epoch, int64_t total)
+      : on_(enabled && isatty(STDERR_FILENO)), epoch_(epoch), total_(total) {}
+  void update(int64_t done, double elapsed, int64_t images) {
+    if (!on_) return;
+    if (done < total_ && elapsed - last_ < 0.1) return;
+    last_ = elapsed;
+    const int width = 30;
+    const int fill = int(width * done / total_);
+    const double rate = elapsed > 0 ? images / elapsed : 0;
+    const double eta = done > 0 ? elapsed * (total_ - done) / done : 0;
+    std::fprintf(stderr, "\repoch %d [%.*s%*s] %lld/%lld  %.1f img/s  ETA %.0fs   ", epoch_,
+                 fill, "##############################", width - fill, "", (long long)done,
+                 (long long)total_, rate, eta);
+    std::fflush(stderr);
+  }
+  void finish() {
+    if (on_) std::fprintf(stderr, "\r%*s\r", 90, "");
+  }
+
+ private:
+  bool on_;
+  int epoch_;
+  int64_t total_;
+  double last_ = -1;
+};
+
+}  // namespace
+
+TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
+                       const std::function<void(const EpochStats&)>& on_epoch) {
+  validate(cfg);
+  std::string note;
+  const Device device = resolve_device(cfg.device, &note);
+  out << "device: " << device.str() << " (" << note << ")\n";
+  if (cfg.threads > 0) set_cpu_threads(cfg.threads);
+
+  UNetConfig mc;
+  mc.width_divisor = cfg.width_divisor;
+  mc.dtype = cfg.dtype;
+  mc.seed = cfg.seed;
+  UNet model(mc);
+  TrainResult result;
+  result.parameter_count = model.parameter_count();
+
+  std::unique_ptr<Optimizer> opt;
+  if (cfg.optimizer == "adam") {
+    AdamOptions o;
+    o.lr = cfg.lr;
+    o.weight_decay = cfg.weight_decay;
+    opt = std::make_unique<Adam>(model.parameters(), o);
+  } else {
+    SgdOptions o;
+    o.lr = cfg.lr;
+    o.momentum = cfg.momentum;
+    o.weight_decay = cfg.weight_decay;
+    opt = std::make_unique<SGD>(model.parameters(), o);
+  }
+
+  SyntheticSegmentation data(cfg.image_size, cfg.seed);
+  out << "model: Unet(resnet34), " << result.parameter_count << " parameters, width divisor "
+      << cfg.width_divisor << ", " << dtype_name(cfg.dtype) << "\n"
+      << "data: synthetic " << cfg.image_size << "x" << cfg.image_size << ", "
+      << cfg.train_size << " train / " << cfg.val_size << " validation, batch " << cfg.batch_size
+      << ", loss " << loss_kind_name(cfg.loss) << ", " << cfg.optimizer << " lr " << cfg.lr
+      << "\n";
+  out.flush();
+
+  const int64_t steps = (cfg.train_size + cfg.batch_size - 1) / cfg.batch_size;
+  for (int epoch = 1; epoch <= cfg.epochs; ++epoch) {
+    EpochStats st;
+    st.epoch = epoch;
+    model.train();
+    const auto perm = epoch_permutation(cfg.train_size, cfg.seed, epoch);
+    Progress bar(cfg.progress, epoch, steps);
+    const auto t0 = Clock::now();
+    double loss_sum = 0;
+    for (int64_t s = 0; s < steps; ++s) {
+      const int64_t lo = s * cfg.batch_size;
+      const int64_t hi = std::min<int64_t>(lo + cfg.batch_size, cfg.train_size);
+      std::vector<int64_t> idx(perm.begin() + lo, perm.begin() + hi);
+      Batch b = data.batch(idx, cfg.dtype);
+      Tape tape;
+      double loss_value;
+      {
+        TapeScope scope(tape);
+        Tensor loss = segmentation_loss(cfg.loss, model.forward(b.images), b.masks);
+        loss_value = loss.item();
+        UNETCU_CHECK(std::isfinite(loss_value), "loss is not finite (", loss_value,
+                     ") at epoch ", epoch, " step ", s + 1, "; lower --lr");
+        opt->zero_grad();
+        tape.backward(loss);
+      }
+      opt->step();
+      loss_sum += loss_value * double(hi - lo);
+      bar.update(s + 1, seconds_since(t0), hi);
+    }
+    st.seconds = seconds_since(t0);
+    bar.finish();
+    st.train_loss = loss_sum / double(cfg.train_size);
+    st.images_per_second = double(cfg.train_size) / st.seconds;
+
+    // Validation: eval-mode BN, no tape.
+    model.eval();
+    SegmentationCounts counts;
+    double val_loss = 0;
+    for (int64_t lo = 0; lo < cfg.val_size; lo += cfg.batch_size) {
+      const int64_t hi = std::min<int64_t>(lo + cfg.batch_size, cfg.val_size);
+      std::vector<int64_t> idx;
+      for (int64_t i = lo; i < hi; ++i) idx.push_back(cfg.train_size + i);
+      Batch b = data.batch(idx, cfg.dtype);
+      Tensor logits = model.forward(b.images);
+      val_loss += segmentation_loss(cfg.loss, logits, b.masks).item() * double(hi - lo);
+      counts.add(logits, b.masks);
+    }
+    st.val_loss = val_loss / double(cfg.val_size);
+    st.val_iou = counts.iou();
+    st.val_dice = counts.dice();
+
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "epoch %d/%d  time %.2fs  loss %.4f  val_loss %.4f  val_iou %.4f  "
+                  "val_dice %.4f  %.1f img/s",
+                  epoch, cfg.epochs, st.seconds, st.train_loss, st.val_loss, st.val_iou,
+                  st.val_dice, st.images_per_second);
+    out << line << "\n";
+    out.flush();
+    result.epochs.push_back(st);
+    if (on_epoch) on_epoch(st);
+  }
+
+  double sum = 0, sq = 0;
+  for (const auto& e : result.epochs) sum += e.seconds;
+  result.mean_epoch_seconds = sum / result.epochs.size();
+  for (const auto& e : result.epochs)
+    sq += (e.seconds - result.mean_epoch_seconds) * (e.seconds - result.mean_epoch_seconds);
+  // Sample standard deviation (n - 1), 0 for a single epoch.
+  result.std_epoch_seconds =
+      result.epochs.size() > 1 ? std::sqrt(sq / double(result.epochs.size() - 1)) : 0.0;
+  char line[160];
+  std::snprintf(line, sizeof line, "mean epoch time %.3fs, std %.3fs over %zu epochs",
+                result.mean_epoch_seconds, result.std_epoch_seconds, result.epochs.size());
+  out << line << "\n";
+  return result;
+}
+
+}  // namespace unetcu

@@ -1,0 +1,56 @@
+// Single-device training of the UNet on the synthetic set: the loop behind apps/unet_train
+// (and the training tests). One epoch = every training sample once, in a seeded per-epoch
+// order, in batches of batch_size (a smaller last batch is kept); then a validation pass in
+// eval mode.
+#pragma once
+#include <functional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "engine/ops.h"
+
+namespace unetcu {
+
+struct TrainConfig {
+  int epochs = 6;
+  int batch_size = 8;
+  int image_size = 64;
+  double lr = 1e-3;
+  uint64_t seed = 0;
+  LossKind loss = LossKind::BCEDice;
+  std::string device = "auto";
+  int64_t train_size = 512;
+  int64_t val_size = 128;
+  int width_divisor = 1;
+  std::string optimizer = "adam";  // adam | sgd
+  double momentum = 0.9;           // sgd only
+  double weight_decay = 0;
+  int threads = 0;                 // 0: every core
+  DType dtype = DType::F32;
+  bool progress = true;            // progress bar on stderr (only when it is a terminal)
+};
+
+// Throws unetcu::Error with a clear message for a bad configuration.
+void validate(const TrainConfig& cfg);
+
+struct EpochStats {
+  int epoch = 0;
+  double seconds = 0;      // training part of the epoch (validation excluded)
+  double train_loss = 0;   // mean over the epoch's batches, weighted by batch size
+  double val_loss = 0, val_iou = 0, val_dice = 0;
+  double images_per_second = 0;
+};
+
+struct TrainResult {
+  std::vector<EpochStats> epochs;
+  double mean_epoch_seconds = 0, std_epoch_seconds = 0;
+  int64_t parameter_count = 0;
+};
+
+// Runs the whole training; each finished epoch is printed to `out` (one line) and passed to
+// `on_epoch` if given. A non-finite loss stops training with an Error.
+TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
+                       const std::function<void(const EpochStats&)>& on_epoch = {});
+
+}  // namespace unetcu

@@ -1,0 +1,63 @@
+// unet_train: trains segmentation_models_pytorch's Unet('resnet34') on the embedded synthetic
+// segmentation set and reports per-epoch time, loss, validation IoU/Dice and images/s.
+#include <CLI/CLI.hpp>
+#include <iostream>
+
+#include "apps/trainer.h"
+
+int main(int argc, char** argv) {
+  using namespace unetcu;
+  TrainConfig cfg;
+  std::string loss = "bce+dice", dtype = "float32";
+  bool no_progress = false;
+
+  CLI::App app{"unet_train: train a UNet-ResNet34 (segmentation_models_pytorch Unet('resnet34'), "
+               "1 class) on the synthetic segmentation set"};
+  app.add_option("--epochs", cfg.epochs, "Number of epochs")->capture_default_str();
+  app.add_option("--batch-size", cfg.batch_size, "Images per optimizer step")->capture_default_str();
+  app.add_option("--image-size", cfg.image_size, "Image height and width (multiple of 32)")
+      ->capture_default_str();
+  app.add_option("--lr", cfg.lr, "Learning rate")->capture_default_str();
+  app.add_option("--seed", cfg.seed, "Seed of the initialisation, data and shuffling")
+      ->capture_default_str();
+  app.add_option("--loss", loss, "Loss: bce, dice or bce+dice")
+      ->check(CLI::IsMember({"bce", "dice", "bce+dice"}))
+      ->capture_default_str();
+  app.add_option("--device", cfg.device,
+                 "auto (a GPU when one is visible and usable, else the CPU), cpu, cpu:N, cuda:N")
+      ->capture_default_str();
+  app.add_option("--train-size", cfg.train_size, "Number of synthetic training images")
+      ->capture_default_str();
+  app.add_option("--val-size", cfg.val_size, "Number of synthetic validation images")
+      ->capture_default_str();
+  app.add_option("--optimizer", cfg.optimizer, "adam or sgd")
+      ->check(CLI::IsMember({"adam", "sgd"}))
+      ->capture_default_str();
+  app.add_option("--momentum", cfg.momentum, "SGD momentum")->capture_default_str();
+  app.add_option("--weight-decay", cfg.weight_decay, "L2 weight decay (Adam and SGD)")
+      ->capture_default_str();
+  app.add_option("--width-divisor", cfg.width_divisor,
+                 "Divide every channel count by this (1 = the real model)")
+      ->capture_default_str();
+  app.add_option("--threads", cfg.threads, "CPU threads (0 = all cores)")->capture_default_str();
+  app.add_option("--dtype", dtype, "float32 or float64 (CPU only)")
+      ->check(CLI::IsMember({"float32", "float64"}))
+      ->capture_default_str();
+  app.add_flag("--no-progress", no_progress, "Do not draw the progress bar on stderr");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    cfg.loss = parse_loss_kind(loss);
+    cfg.dtype = parse_dtype(dtype);
+    cfg.progress = !no_progress;
+    train_unet(cfg, std::cout);
+  } catch (const std::exception& e) {
+    std::cerr << "unet_train: error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,66 @@
+// Times one CPU training step (forward, loss, backward, Adam) of the full UNet-ResNet34:
+// batch 4 at 128×128 and batch 2 at 256×256 by default, median of several steps after warm-up.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+
+#include "engine/data.h"
+#include "engine/optim.h"
+#include "engine/tape.h"
+#include "models/unet.h"
+
+using namespace unetcu;
+
+static double time_steps(int batch, int size, int warmup, int steps, std::vector<double>* all) {
+  UNet model(UNetConfig{});
+  Adam opt(model.parameters());
+  SyntheticSegmentation data(size, 1);
+  std::vector<int64_t> idx;
+  for (int i = 0; i < batch; ++i) idx.push_back(i);
+  Batch b = data.batch(idx);
+  for (int s = 0; s < warmup + steps; ++s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Tape tape;
+    {
+      TapeScope scope(tape);
+      Tensor loss = segmentation_loss(LossKind::BCEDice, model.forward(b.images), b.masks);
+      opt.zero_grad();
+      tape.backward(loss);
+    }
+    opt.step();
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s >= warmup) all->push_back(dt);
+  }
+  std::vector<double> v = *all;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int main(int argc, char** argv) {
+  int threads = 2, warmup = 2, steps = 7;
+  CLI::App app{"bench_cpu_step: median CPU Adam training step of the full UNet-ResNet34"};
+  app.add_option("--threads", threads, "CPU threads")->capture_default_str();
+  app.add_option("--warmup", warmup, "Untimed steps first")->capture_default_str();
+  app.add_option("--steps", steps, "Timed steps")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    set_cpu_threads(threads);
+    std::printf("| batch | image | threads | median step (s) | min (s) | max (s) | img/s |\n");
+    std::printf("|---|---|---|---|---|---|---|\n");
+    for (auto [batch, size] : {std::pair{4, 128}, std::pair{2, 256}}) {
+      std::vector<double> all;
+      const double med = time_steps(batch, size, warmup, steps, &all);
+      std::printf("| %d | %dx%d | %d | %.3f | %.3f | %.3f | %.1f |\n", batch, size, size, threads,
+                  med, *std::min_element(all.begin(), all.end()),
+                  *std::max_element(all.begin(), all.end()), batch / med);
+      std::fflush(stdout);
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "bench_cpu_step: error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,136 @@
+#include "engine/data.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "engine/random.h"
+#include "kernels/cpu/parallel.h"
+
+namespace unetcu {
+
+SyntheticSegmentation::SyntheticSegmentation(int image_size, uint64_t seed)
+    : size_(image_size), seed_(seed) {
+  UNETCU_CHECK(image_size > 0 && image_size % 32 == 0,
+               "image size must be a positive multiple of 32, got ", image_size);
+}
+
+namespace {
+
+struct Shape2D {
+  int kind;  // 0 ellipse, 1 rotated rectangle, 2 triangle
+  double cx, cy, a, b, cos_t, sin_t;
+  double tx[3], ty[3];
+  float color[3];
+  double noise;
+
+  bool contains(double x, double y) const {
+    if (kind == 2) {  // same side of all three edges
+      double s[3];
+      for (int e = 0; e < 3; ++e) {
+        const int f = (e + 1) % 3;
+        s[e] = (tx[f] - tx[e]) * (y - ty[e]) - (ty[f] - ty[e]) * (x - tx[e]);
+      }
+      return (s[0] >= 0 && s[1] >= 0 && s[2] >= 0) || (s[0] <= 0 && s[1] <= 0 && s[2] <= 0);
+    }
+    const double dx = x - cx, dy = y - cy;
+    const double u = dx * cos_t + dy * sin_t, v = -dx * sin_t + dy * cos_t;
+    if (kind == 0) return (u * u) / (a * a) + (v * v) / (b * b) <= 1.0;
+    return std::fabs(u) <= a && std::fabs(v) <= b;
+  }
+};
+
+}  // namespace
+
+void SyntheticSegmentation::render(int64_t index, float* image, float* mask) const {
+  Rng rng(Rng::mix(seed_, uint64_t(index)));
+  const int S = size_;
+  const size_t plane = size_t(S) * S;
+
+  // Background: a base colour, two sinusoidal gratings and pixel noise.
+  float bg[3];
+  for (float& c : bg) c = float(rng.uniform(0.15, 0.85));
+  double fx[2], fy[2], ph[2], amp[2];
+  for (int k = 0; k < 2; ++k) {
+    const double freq = rng.uniform(2.0, 10.0) * 6.283185307179586 / S;
+    const double ang = rng.uniform(0, 3.141592653589793);
+    fx[k] = freq * std::cos(ang);
+    fy[k] = freq * std::sin(ang);
+    ph[k] = rng.uniform(0, 6.283185307179586);
+    amp[k] = rng.uniform(0.04, 0.12);
+  }
+  const double bg_noise = rng.uniform(0.02, 0.08);
+
+  // 1..3 shapes whose colour differs clearly from the background.
+  const int count = 1 + int(rng.below(3));
+  std::vector<Shape2D> shapes(count);
+  for (Shape2D& s : shapes) {
+    s.kind = int(rng.below(3));
+    s.cx = rng.uniform(0.15, 0.85) * S;
+    s.cy = rng.uniform(0.15, 0.85) * S;
+    s.a = rng.uniform(0.08, 0.25) * S;
+    s.b = rng.uniform(0.08, 0.25) * S;
+    const double t = rng.uniform(0, 3.141592653589793);
+    s.cos_t = std::cos(t);
+    s.sin_t = std::sin(t);
+    for (int v = 0; v < 3; ++v) {
+      const double r = rng.uniform(0.08, 0.3) * S, ang = rng.uniform(0, 6.283185307179586);
+      s.tx[v] = s.cx + r * std::cos(ang);
+      s.ty[v] = s.cy + r * std::sin(ang);
+    }
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      double dist2 = 0;
+      for (int c = 0; c < 3; ++c) {
+        s.color[c] = float(rng.uniform(0.0, 1.0));
+        dist2 += (s.color[c] - bg[c]) * (s.color[c] - bg[c]);
+      }
+      if (dist2 > 0.35 * 0.35) break;
+    }
+    s.noise = rng.uniform(0.01, 0.06);
+  }
+
+  for (int y = 0; y < S; ++y)
+    for (int x = 0; x < S; ++x) {
+      const size_t p = size_t(y) * S + x;
+      int inside = -1;  // the last shape drawn wins
+      for (int k = count - 1; k >= 0 && inside < 0; --k)
+        if (shapes[k].contains(x + 0.5, y + 0.5)) inside = k;
+      const double tex = amp[0] * std::sin(fx[0] * x + fy[0] * y + ph[0]) +
+                         amp[1] * std::sin(fx[1] * x + fy[1] * y + ph[1]);
+      for (int c = 0; c < 3; ++c) {
+        double v = inside >= 0 ? shapes[inside].color[c] + shapes[inside].noise * rng.normal()
+                               : bg[c] + tex + bg_noise * rng.normal();
+        image[c * plane + p] = float(std::clamp(v, 0.0, 1.0));
+      }
+      mask[p] = inside >= 0 ? 1.0f : 0.0f;
+    }
+}
+
+Batch SyntheticSegmentation::batch(const std::vector<int64_t>& indices, DType dtype) const {
+  const int64_t B = int64_t(indices.size()), S = size_;
+  UNETCU_CHECK(B > 0, "empty batch");
+  Batch out{Tensor::empty({B, 3, S, S}, dtype), Tensor::empty({B, 1, S, S}, dtype)};
+  const size_t plane = size_t(S) * S;
+  kernels::cpu::parallel_for(B, [&](int64_t b) {
+    std::vector<float> img(3 * plane), msk(plane);
+    render(indices[b], img.data(), msk.data());
+    UNETCU_DISPATCH_FLOAT(dtype, T, {
+      T* ip = out.images.data<T>() + b * 3 * plane;
+      T* mp = out.masks.data<T>() + b * plane;
+      for (int c = 0; c < 3; ++c)
+        for (size_t q = 0; q < plane; ++q)
+          ip[c * plane + q] = T((img[c * plane + q] - kImageMean[c]) / kImageStd[c]);
+      for (size_t q = 0; q < plane; ++q) mp[q] = T(msk[q]);
+    });
+  }, 1);
+  return out;
+}
+
+std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int epoch) {
+  std::vector<int64_t> perm(n);
+  for (int64_t i = 0; i < n; ++i) perm[i] = i;
+  Rng rng(Rng::mix(seed ^ 0x5EEDu, uint64_t(epoch)));
+  for (int64_t i = n - 1; i > 0; --i) std::swap(perm[i], perm[rng.below(i + 1)]);
+  return perm;
+}
+
+}  // namespace unetcu

@@ -1,0 +1,41 @@
+// The embedded synthetic segmentation set: RGB images of random shapes (ellipses, rotated
+// rectangles, triangles) on a textured, noisy background, with the binary mask of the shapes.
+// Sample i is a pure function of (seed, i), so any subset is reproducible and training and
+// validation samples never overlap (they are different index ranges).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "engine/tensor.h"
+
+namespace unetcu {
+
+struct Batch {
+  Tensor images;  // [B, 3, S, S], normalised with the ImageNet mean/std
+  Tensor masks;   // [B, 1, S, S], 0 or 1
+};
+
+class SyntheticSegmentation {
+ public:
+  // image_size must be a positive multiple of 32.
+  SyntheticSegmentation(int image_size, uint64_t seed);
+  int image_size() const { return size_; }
+
+  // Writes sample `index`: image [3, S, S] in [0, 1] (not normalised) and mask [S, S].
+  void render(int64_t index, float* image, float* mask) const;
+  // Normalised images and masks of the given sample indices.
+  Batch batch(const std::vector<int64_t>& indices, DType dtype = DType::F32) const;
+
+ private:
+  int size_;
+  uint64_t seed_;
+};
+
+// A seeded permutation of [0, n) for one epoch (the same seed and epoch give the same order).
+std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int epoch);
+
+// ImageNet normalisation used by torchvision / SMP encoders.
+constexpr float kImageMean[3] = {0.485f, 0.456f, 0.406f};
+constexpr float kImageStd[3] = {0.229f, 0.224f, 0.225f};
+
+}  // namespace unetcu

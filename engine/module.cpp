@@ -1,0 +1,101 @@
+#include "engine/module.h"
+
+#include <cmath>
+
+namespace unetcu {
+
+void Module::register_parameter(const std::string& name, Tensor* t) {
+  t->set_requires_grad(true);
+  own_.push_back({name, t, nullptr, true});
+}
+void Module::register_buffer(const std::string& name, Tensor* t) {
+  own_.push_back({name, t, nullptr, false});
+}
+void Module::register_counter(const std::string& name, int64_t* c) {
+  own_.push_back({name, nullptr, c, false});
+}
+
+void Module::collect(const std::string& prefix, std::vector<StateEntry>* out) const {
+  for (const Own& o : own_)
+    if (o.is_parameter) out->push_back({prefix + o.name, *o.tensor, nullptr, true});
+  for (const Own& o : own_)
+    if (!o.is_parameter)
+      out->push_back({prefix + o.name, o.tensor ? *o.tensor : Tensor(), o.counter, false});
+  for (const auto& [name, child] : children_) child->collect(prefix + name + ".", out);
+}
+
+std::vector<StateEntry> Module::state() const {
+  std::vector<StateEntry> out;
+  collect("", &out);
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const StateEntry& e : state())
+    if (e.is_parameter) out.emplace_back(e.name, e.tensor);
+  return out;
+}
+
+std::vector<Tensor> Module::parameters() const {
+  std::vector<Tensor> out;
+  for (const StateEntry& e : state())
+    if (e.is_parameter) out.push_back(e.tensor);
+  return out;
+}
+
+int64_t Module::parameter_count() const {
+  int64_t n = 0;
+  for (const Tensor& p : parameters()) n += p.numel();
+  return n;
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& c : children_) c.second->train(on);
+}
+
+Conv2d::Conv2d(int in, int out, int kernel, int stride, int padding, bool has_bias, Init init,
+               Rng& rng, DType dtype)
+    : stride_(stride), padding_(padding) {
+  weight = Tensor::empty({out, in, kernel, kernel}, dtype);
+  const double fan_in = double(in) * kernel * kernel, fan_out = double(out) * kernel * kernel;
+  const int64_t n = weight.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    double v = 0;
+    switch (init) {
+      case Init::KaimingNormalFanOut: v = rng.normal() * std::sqrt(2.0 / fan_out); break;
+      case Init::KaimingUniformFanIn: v = rng.uniform(-1, 1) * std::sqrt(6.0 / fan_in); break;
+      case Init::XavierUniform: v = rng.uniform(-1, 1) * std::sqrt(6.0 / (fan_in + fan_out)); break;
+      case Init::PyTorchDefault: v = rng.uniform(-1, 1) / std::sqrt(fan_in); break;
+    }
+    weight.set(i, v);
+  }
+  register_parameter("weight", &weight);
+  if (has_bias) {
+    bias = Tensor::zeros({out}, dtype);
+    if (init == Init::PyTorchDefault)
+      for (int i = 0; i < out; ++i) bias.set(i, rng.uniform(-1, 1) / std::sqrt(fan_in));
+    register_parameter("bias", &bias);
+  }
+}
+
+BatchNorm2d::BatchNorm2d(int channels, DType dtype, double momentum, double eps)
+    : momentum_(momentum), eps_(eps) {
+  weight = Tensor::full({channels}, 1.0, dtype);
+  bias = Tensor::zeros({channels}, dtype);
+  running_mean = Tensor::zeros({channels}, dtype);
+  running_var = Tensor::full({channels}, 1.0, dtype);
+  register_parameter("weight", &weight);
+  register_parameter("bias", &bias);
+  register_buffer("running_mean", &running_mean);
+  register_buffer("running_var", &running_var);
+  register_counter("num_batches_tracked", &num_batches_tracked);
+}
+
+Tensor BatchNorm2d::forward(const Tensor& x) {
+  if (training_) ++num_batches_tracked;
+  return batch_norm2d(x, weight, bias, running_mean, running_var, training_, momentum_, eps_);
+}
+
+}  // namespace unetcu

@@ -1,0 +1,60 @@
+// The op API. Every op checks its inputs once here (shape, dtype, device), computes on the
+// backend of its inputs' device, and records a tape node when a tape is active and an input
+// requires a gradient. Gradient rule of every backward: parameter and input gradients are
+// *accumulated* into a leaf's existing gradient (beta = 1) and *written* into a fresh buffer
+// otherwise (beta = 0); see engine/tape.h.
+#pragma once
+#include <vector>
+
+#include "engine/tensor.h"
+
+namespace unetcu {
+
+struct Conv2dOptions {
+  int stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
+  static Conv2dOptions square(int stride, int pad) { return {stride, stride, pad, pad}; }
+};
+
+// x [N, C, H, W], w [O, C, kh, kw], b [O] or undefined -> [N, O, OH, OW].
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOptions& opt);
+inline Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, int stride = 1,
+                     int padding = 0) {
+  return conv2d(x, w, b, Conv2dOptions::square(stride, padding));
+}
+
+// x [N, C, H, W]; gamma, beta, running_mean, running_var [C].
+// training: normalise with the batch statistics (biased variance) and update the running
+// statistics in place, running = (1 - momentum) * running + momentum * batch (unbiased
+// variance), as PyTorch. Eval: normalise with the running statistics.
+Tensor batch_norm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                    Tensor& running_mean, Tensor& running_var, bool training,
+                    double momentum = 0.1, double eps = 1e-5);
+
+Tensor relu(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor add(const Tensor& a, const Tensor& b);  // same shape
+Tensor scale(const Tensor& x, double alpha);   // alpha * x
+
+struct Pool2dOptions {
+  int kernel_h, kernel_w, stride_h, stride_w, pad_h = 0, pad_w = 0;
+  static Pool2dOptions square(int kernel, int stride, int pad) {
+    return {kernel, kernel, stride, stride, pad, pad};
+  }
+};
+Tensor max_pool2d(const Tensor& x, const Pool2dOptions& opt);
+
+Tensor upsample_nearest2x(const Tensor& x);             // [N, C, H, W] -> [N, C, 2H, 2W]
+Tensor concat_channels(const std::vector<Tensor>& xs);  // along dimension 1
+
+// Losses return a 0-dimensional tensor. target has the logits' shape, values in [0, 1].
+Tensor bce_with_logits(const Tensor& logits, const Tensor& target);  // mean over elements
+// Soft Dice over the whole batch: 1 - (2 sum(p t) + smooth) / (sum p + sum t + smooth),
+// p = sigmoid(logits).
+Tensor dice_loss(const Tensor& logits, const Tensor& target, double smooth = 1.0);
+
+enum class LossKind { BCE, Dice, BCEDice };
+LossKind parse_loss_kind(const std::string& s);  // "bce", "dice", "bce+dice"
+const char* loss_kind_name(LossKind k);
+Tensor segmentation_loss(LossKind kind, const Tensor& logits, const Tensor& target);
+
+}  // namespace unetcu

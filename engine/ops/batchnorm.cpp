@@ -1,0 +1,60 @@
+// batch_norm2d: autograd glue. The running statistics are buffers updated in place during a
+// training forward; they take no gradient.
+#include "engine/ops.h"
+#include "engine/ops/op_util.h"
+#include "kernels/cpu/launchers.h"
+
+#include <cmath>
+
+namespace unetcu {
+
+Tensor batch_norm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                    Tensor& running_mean, Tensor& running_var, bool training, double momentum,
+                    double eps) {
+  using namespace ops_detail;
+  check_backend("batch_norm2d", x);
+  check_ndim("batch_norm2d", x, 4, "input");
+  const int64_t C = x.dim(1);
+  for (const Tensor* t : {&gamma, &beta, const_cast<const Tensor*>(&running_mean),
+                          const_cast<const Tensor*>(&running_var)}) {
+    check_same_dtype_device("batch_norm2d", x, *t);
+    UNETCU_CHECK(t->ndim() == 1 && t->dim(0) == C, "batch_norm2d: per-channel tensor ",
+                 shape_str(t->shape()), " does not match ", C, " channels");
+  }
+  Tensor y = empty_like(x);
+  Tensor mean, invstd;
+  if (training) {
+    UNETCU_CHECK(x.dim(0) * x.dim(2) * x.dim(3) > 1,
+                 "batch_norm2d: training needs more than one value per channel, got input ",
+                 shape_str(x.shape()));
+    mean = Tensor::empty({C}, x.dtype(), x.device());
+    invstd = Tensor::empty({C}, x.dtype(), x.device());
+    kernels::cpu::batchnorm_forward_train(x, gamma, beta, y, mean, invstd, running_mean,
+                                          running_var, momentum, eps);
+  } else {
+    kernels::cpu::batchnorm_forward_eval(x, gamma, beta, running_mean, running_var, eps, y);
+  }
+
+  if (Tape::should_record({&x, &gamma, &beta})) {
+    if (!training) {  // the backward of eval mode uses the running statistics as constants
+      mean = running_mean.clone();
+      invstd = Tensor::empty({C}, x.dtype(), x.device());
+      for (int64_t c = 0; c < C; ++c) invstd.set(c, 1.0 / std::sqrt(running_var.at(c) + eps));
+    }
+    Tape::record("batch_norm2d", {x, gamma, beta}, {y},
+                 [x, gamma, mean, invstd, training](BackwardContext& ctx) {
+                   Tensor gx, gg, gb;
+                   double bx = 0, bg = 0, bb = 0;
+                   if (ctx.needs_grad(0)) gx = ctx.grad_input(0, &bx);
+                   if (ctx.needs_grad(1)) gg = ctx.grad_input(1, &bg);
+                   if (ctx.needs_grad(2)) gb = ctx.grad_input(2, &bb);
+                   kernels::cpu::batchnorm_backward(
+                       ctx.grad_output(0), x, gamma, mean, invstd, training,
+                       gx.defined() ? &gx : nullptr, bx, gg.defined() ? &gg : nullptr, bg,
+                       gb.defined() ? &gb : nullptr, bb);
+                 });
+  }
+  return y;
+}
+
+}  // namespace unetcu

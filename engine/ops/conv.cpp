@@ -1,0 +1,50 @@
+// conv2d: autograd glue. Gradients: weight/bias/input grads follow the tape's rule (written
+// into a fresh buffer, accumulated into an existing one); the kernels take that beta.
+#include "engine/ops.h"
+#include "engine/ops/op_util.h"
+#include "kernels/cpu/launchers.h"
+
+namespace unetcu {
+
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOptions& opt) {
+  using namespace ops_detail;
+  check_backend("conv2d", x);
+  check_ndim("conv2d", x, 4, "input");
+  check_ndim("conv2d", w, 4, "weight");
+  check_same_dtype_device("conv2d", x, w);
+  UNETCU_CHECK(x.dim(1) == w.dim(1), "conv2d: input has ", x.dim(1), " channels but weight ",
+               shape_str(w.shape()), " expects ", w.dim(1));
+  UNETCU_CHECK(opt.stride_h >= 1 && opt.stride_w >= 1 && opt.pad_h >= 0 && opt.pad_w >= 0,
+               "conv2d: stride must be >= 1 and padding >= 0");
+  if (b.defined()) {
+    check_same_dtype_device("conv2d", x, b);
+    UNETCU_CHECK(b.ndim() == 1 && b.dim(0) == w.dim(0), "conv2d: bias ", shape_str(b.shape()),
+                 " does not match ", w.dim(0), " output channels");
+  }
+  kernels::ConvGeometry g;
+  g.N = x.dim(0), g.C = x.dim(1), g.H = x.dim(2), g.W = x.dim(3), g.O = w.dim(0);
+  g.kh = int(w.dim(2)), g.kw = int(w.dim(3));
+  g.sh = opt.stride_h, g.sw = opt.stride_w, g.ph = opt.pad_h, g.pw = opt.pad_w;
+  g.OH = kernels::window_out_size(g.H, g.kh, g.sh, g.ph, 1);
+  g.OW = kernels::window_out_size(g.W, g.kw, g.sw, g.pw, 1);
+  UNETCU_CHECK(g.OH > 0 && g.OW > 0, "conv2d: input ", shape_str(x.shape()),
+               " is smaller than the kernel ", shape_str(w.shape()));
+  Tensor y = Tensor::empty({g.N, g.O, g.OH, g.OW}, x.dtype(), x.device());
+  kernels::cpu::conv2d_forward(x, w, b, y, g);
+
+  if (Tape::should_record({&x, &w, &b})) {
+    Tape::record("conv2d", {x, w, b}, {y}, [x, w, g](BackwardContext& ctx) {
+      Tensor gx, gw, gb;
+      double bx = 0, bw = 0, bb = 0;
+      if (ctx.needs_grad(0)) gx = ctx.grad_input(0, &bx);
+      if (ctx.needs_grad(1)) gw = ctx.grad_input(1, &bw);
+      if (ctx.needs_grad(2)) gb = ctx.grad_input(2, &bb);
+      kernels::cpu::conv2d_backward(ctx.grad_output(0), x, w, gx.defined() ? &gx : nullptr, bx,
+                                    gw.defined() ? &gw : nullptr, bw,
+                                    gb.defined() ? &gb : nullptr, bb, g);
+    });
+  }
+  return y;
+}
+
+}  // namespace unetcu

@@ -1,0 +1,76 @@
+// Losses: autograd glue. The loss is a 0-dimensional tensor of the logits' dtype.
+#include <cmath>
+
+#include "engine/ops.h"
+#include "engine/ops/op_util.h"
+#include "kernels/cpu/launchers.h"
+
+namespace unetcu {
+
+static void check_loss_inputs(const char* op, const Tensor& logits, const Tensor& target) {
+  ops_detail::check_backend(op, logits);
+  check_same_dtype_device(op, logits, target);
+  check_same_shape(op, logits, target);
+  UNETCU_CHECK(logits.numel() > 0, op, ": empty input");
+  UNETCU_CHECK(!target.requires_grad(), op, ": the target must not require a gradient");
+}
+
+Tensor bce_with_logits(const Tensor& logits, const Tensor& target) {
+  check_loss_inputs("bce_with_logits", logits, target);
+  Tensor loss = Tensor::full({}, kernels::cpu::bce_with_logits_forward(logits, target),
+                             logits.dtype(), logits.device());
+  if (Tape::should_record({&logits})) {
+    Tape::record("bce_with_logits", {logits}, {loss}, [logits, target](BackwardContext& ctx) {
+      double beta;
+      Tensor gx = ctx.grad_input(0, &beta);
+      const double s = ctx.grad_output(0).item() / double(logits.numel());
+      kernels::cpu::bce_with_logits_backward(logits, target, s, gx, beta);
+    });
+  }
+  return loss;
+}
+
+Tensor dice_loss(const Tensor& logits, const Tensor& target, double smooth) {
+  check_loss_inputs("dice_loss", logits, target);
+  UNETCU_CHECK(smooth >= 0, "dice_loss: smooth must be >= 0");
+  const kernels::cpu::DiceSums s = kernels::cpu::dice_sums(logits, target);
+  const double card = s.prob_sum + s.target_sum;
+  UNETCU_CHECK(card + smooth > 0, "dice_loss: empty prediction and target with smooth = 0");
+  Tensor loss = Tensor::full({}, 1.0 - (2.0 * s.intersection + smooth) / (card + smooth),
+                             logits.dtype(), logits.device());
+  if (Tape::should_record({&logits})) {
+    Tape::record("dice_loss", {logits}, {loss}, [logits, target, s, smooth](BackwardContext& ctx) {
+      double beta;
+      Tensor gx = ctx.grad_input(0, &beta);
+      kernels::cpu::dice_backward(logits, target, s, smooth, ctx.grad_output(0).item(), gx, beta);
+    });
+  }
+  return loss;
+}
+
+LossKind parse_loss_kind(const std::string& s) {
+  if (s == "bce") return LossKind::BCE;
+  if (s == "dice") return LossKind::Dice;
+  if (s == "bce+dice") return LossKind::BCEDice;
+  throw Error("unknown loss '" + s + "' (expected bce, dice or bce+dice)");
+}
+
+const char* loss_kind_name(LossKind k) {
+  switch (k) {
+    case LossKind::BCE: return "bce";
+    case LossKind::Dice: return "dice";
+    case LossKind::BCEDice: return "bce+dice";
+  }
+  return "?";
+}
+
+Tensor segmentation_loss(LossKind kind, const Tensor& logits, const Tensor& target) {
+  switch (kind) {
+    case LossKind::BCE: return bce_with_logits(logits, target);
+    case LossKind::Dice: return dice_loss(logits, target);
+    case LossKind::BCEDice: return add(bce_with_logits(logits, target), dice_loss(logits, target));
+  }
+  throw Error("segmentation_loss: bad loss kind");
+}
+
+}  // namespace unetcu

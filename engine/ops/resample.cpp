@@ -1,0 +1,57 @@
+// upsample_nearest2x and concat_channels: autograd glue.
+#include "engine/ops.h"
+#include "engine/ops/op_util.h"
+#include "kernels/cpu/launchers.h"
+
+namespace unetcu {
+
+Tensor upsample_nearest2x(const Tensor& x) {
+  ops_detail::check_backend("upsample_nearest2x", x);
+  check_ndim("upsample_nearest2x", x, 4, "input");
+  Tensor y = Tensor::empty({x.dim(0), x.dim(1), 2 * x.dim(2), 2 * x.dim(3)}, x.dtype(), x.device());
+  kernels::cpu::upsample2x_forward(x, y);
+  if (Tape::should_record({&x})) {
+    Tape::record("upsample_nearest2x", {x}, {y}, [](BackwardContext& ctx) {
+      double beta;
+      Tensor gx = ctx.grad_input(0, &beta);
+      kernels::cpu::upsample2x_backward(ctx.grad_output(0), gx, beta);
+    });
+  }
+  return y;
+}
+
+Tensor concat_channels(const std::vector<Tensor>& xs) {
+  UNETCU_CHECK(!xs.empty(), "concat_channels: no inputs");
+  const Tensor& x0 = xs[0];
+  ops_detail::check_backend("concat_channels", x0);
+  int64_t C = 0;
+  for (const Tensor& x : xs) {
+    check_ndim("concat_channels", x, 4, "input");
+    check_same_dtype_device("concat_channels", x0, x);
+    UNETCU_CHECK(x.dim(0) == x0.dim(0) && x.dim(2) == x0.dim(2) && x.dim(3) == x0.dim(3),
+                 "concat_channels: shapes ", shape_str(x0.shape()), " and ", shape_str(x.shape()),
+                 " differ outside the channel dimension");
+    C += x.dim(1);
+  }
+  Tensor y = Tensor::empty({x0.dim(0), C, x0.dim(2), x0.dim(3)}, x0.dtype(), x0.device());
+  std::vector<int64_t> offsets;
+  int64_t off = 0;
+  for (const Tensor& x : xs) {
+    offsets.push_back(off);
+    kernels::cpu::concat_forward_part(x, y, off);
+    off += x.dim(1);
+  }
+  if (Tape::should_record(xs)) {
+    Tape::record("concat_channels", xs, {y}, [offsets](BackwardContext& ctx) {
+      for (size_t i = 0; i < offsets.size(); ++i) {
+        if (!ctx.needs_grad(int(i))) continue;
+        double beta;
+        Tensor g = ctx.grad_input(int(i), &beta);
+        kernels::cpu::concat_backward_part(ctx.grad_output(0), g, offsets[i], beta);
+      }
+    });
+  }
+  return y;
+}
+
+}  // namespace unetcu

@@ -1,0 +1,74 @@
+#include "engine/optim.h"
+
+#include <cmath>
+
+#include "kernels/cpu/launchers.h"
+
+namespace unetcu {
+
+Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {
+  for (const Tensor& p : params_)
+    UNETCU_CHECK(p.requires_grad(), "optimizer given a tensor that does not require a gradient");
+}
+
+void Optimizer::zero_grad() {
+  for (Tensor& p : params_) p.zero_grad();
+}
+
+static void check_grad(const Tensor& p, const Tensor& g) {
+  UNETCU_CHECK(g.shape() == p.shape() && g.dtype() == p.dtype() && g.device() == p.device(),
+               "optimizer: gradient ", shape_str(g.shape()), " does not match its parameter ",
+               shape_str(p.shape()));
+}
+
+Adam::Adam(std::vector<Tensor> params, const AdamOptions& opt)
+    : Optimizer(std::move(params)), opt_(opt) {
+  UNETCU_CHECK(opt.lr >= 0 && opt.eps >= 0 && opt.beta1 >= 0 && opt.beta1 < 1 &&
+                   opt.beta2 >= 0 && opt.beta2 < 1 && opt.weight_decay >= 0,
+               "Adam: invalid hyper-parameters");
+  lr_ = opt.lr;
+  for (const Tensor& p : params_) {
+    m_.push_back(Tensor::zeros(p.shape(), p.dtype(), p.device()));
+    v_.push_back(Tensor::zeros(p.shape(), p.dtype(), p.device()));
+  }
+  steps_.assign(params_.size(), 0);
+}
+
+void Adam::step() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor g = params_[i].grad();
+    if (!g.defined()) continue;
+    check_grad(params_[i], g);
+    const int64_t t = ++steps_[i];
+    kernels::AdamStep s{lr_, opt_.beta1, opt_.beta2, opt_.eps, opt_.weight_decay,
+                        1 - std::pow(opt_.beta1, double(t)), 1 - std::pow(opt_.beta2, double(t))};
+    kernels::cpu::adam_update(params_[i], g, m_[i], v_[i], s);
+  }
+}
+
+SGD::SGD(std::vector<Tensor> params, const SgdOptions& opt)
+    : Optimizer(std::move(params)), opt_(opt) {
+  UNETCU_CHECK(opt.lr >= 0 && opt.momentum >= 0 && opt.weight_decay >= 0,
+               "SGD: invalid hyper-parameters");
+  UNETCU_CHECK(!opt.nesterov || (opt.momentum > 0 && opt.dampening == 0),
+               "SGD: nesterov needs momentum > 0 and dampening 0");
+  lr_ = opt.lr;
+  for (const Tensor& p : params_)
+    // Without momentum the buffer is never read or written; the parameter stands in for it.
+    buf_.push_back(opt.momentum != 0 ? Tensor::zeros(p.shape(), p.dtype(), p.device()) : p);
+  started_.assign(params_.size(), false);
+}
+
+void SGD::step() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor g = params_[i].grad();
+    if (!g.defined()) continue;
+    check_grad(params_[i], g);
+    kernels::SgdStep s{lr_, opt_.momentum, opt_.dampening, opt_.weight_decay, opt_.nesterov,
+                       !started_[i]};
+    started_[i] = true;
+    kernels::cpu::sgd_update(params_[i], g, buf_[i], s);
+  }
+}
+
+}  // namespace unetcu

@@ -1,0 +1,114 @@
+// Tensor: up to 4 dimensions, contiguous (NCHW for images), float32 or float64, on a device.
+// Storage is shared: copies of a Tensor handle and views (reshape, detach) alias the same
+// memory. Autograd state (requires_grad, the gradient of a leaf, which tape produced it) lives
+// in the TensorImpl; the graph itself lives in engine/tape.h.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/device.h"
+#include "engine/dtype.h"
+
+namespace unetcu {
+
+using Shape = std::vector<int64_t>;
+std::string shape_str(const Shape& s);
+int64_t shape_numel(const Shape& s);
+
+enum class MemoryFormat : uint8_t { NCHW, NHWC };
+
+// A block of memory on one device. Freed when the last tensor using it goes away.
+struct Storage {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  Device device;
+  Storage(size_t bytes, Device device);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+};
+
+class Tape;
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;
+  Shape shape;
+  DType dtype = DType::F32;
+  Device device;
+  MemoryFormat format = MemoryFormat::NCHW;
+  bool requires_grad = false;
+  uint64_t id = 0;                  // unique per TensorImpl; the tape keys gradients by it
+  const Tape* producer = nullptr;   // tape that recorded the op making it; null for a leaf
+  std::shared_ptr<TensorImpl> grad; // accumulated gradient of a leaf (parameters, inputs)
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  // Uninitialised memory.
+  static Tensor empty(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu());
+  static Tensor zeros(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu());
+  static Tensor full(const Shape& shape, double value, DType dtype = DType::F32,
+                     Device device = Device::cpu());
+  static Tensor from_vector(const Shape& shape, const std::vector<double>& values,
+                            DType dtype = DType::F32, Device device = Device::cpu());
+
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& shape() const { return impl().shape; }
+  int ndim() const { return static_cast<int>(impl().shape.size()); }
+  int64_t dim(int i) const;
+  int64_t numel() const { return shape_numel(impl().shape); }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype()); }
+  DType dtype() const { return impl().dtype; }
+  Device device() const { return impl().device; }
+  MemoryFormat format() const { return impl().format; }
+
+  void* raw() const { return impl().storage->ptr; }
+  template <class T> T* data() const {
+    UNETCU_CHECK(dtype_of<T>() == dtype(), "tensor holds ", dtype_name(dtype()),
+                 " but was read as ", dtype_name(dtype_of<T>()));
+    return static_cast<T*>(raw());
+  }
+
+  // Autograd.
+  bool requires_grad() const { return defined() && impl().requires_grad; }
+  Tensor& set_requires_grad(bool r);
+  bool is_leaf() const { return impl().producer == nullptr; }
+  Tensor grad() const { return Tensor(impl().grad); }  // undefined until a backward writes it
+  void zero_grad() { impl().grad.reset(); }
+  uint64_t id() const { return impl().id; }
+
+  // Same storage, new shape (same element count). No gradient flows through a view.
+  Tensor view(const Shape& shape) const;
+  // Same storage, no autograd history, requires_grad false.
+  Tensor detach() const;
+  Tensor clone() const;
+  Tensor to(DType dtype) const;
+
+  void fill_(double value);
+  void copy_(const Tensor& src);  // same shape; converts dtype
+  double item() const;            // one-element tensor -> double
+  double at(int64_t flat_index) const;
+  void set(int64_t flat_index, double value);
+  std::vector<double> to_vector() const;
+
+  bool same_storage(const Tensor& o) const { return impl().storage == o.impl().storage; }
+  TensorImpl& impl() const {
+    UNETCU_CHECK(impl_ != nullptr, "use of an undefined tensor");
+    return *impl_;
+  }
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+
+ private:
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+// Shape/dtype/device agreement checks used at every op's public entry point.
+void check_same_dtype_device(const char* op, const Tensor& a, const Tensor& b);
+void check_same_shape(const char* op, const Tensor& a, const Tensor& b);
+void check_ndim(const char* op, const Tensor& t, int ndim, const char* what);
+
+}  // namespace unetcu

@@ -1,0 +1,20 @@
+// Shared by every math body: HD marks a function that both g++ (CPU launchers) and nvcc
+// (CUDA launchers) compile, so each op's arithmetic is written once.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define HD __host__ __device__ __forceinline__
+#else
+#define HD inline
+#endif
+
+namespace unetcu::kernels {
+
+// Output size of a sliding window (conv, pooling) along one axis.
+HD int64_t window_out_size(int64_t in, int64_t k, int64_t stride, int64_t pad, int64_t dilation) {
+  return (in + 2 * pad - dilation * (k - 1) - 1) / stride + 1;
+}
+
+}  // namespace unetcu::kernels

@@ -1,0 +1,133 @@
+// CPU batch normalisation over kernels/batchnorm.h. One OpenMP task per channel; sums are
+// accumulated in double whatever the tensor dtype, two passes (mean, then variance).
+#include <cmath>
+
+#include "kernels/batchnorm.h"
+#include "kernels/cpu/launchers.h"
+#include "kernels/elementwise.h"
+
+namespace unetcu::kernels::cpu {
+namespace {
+
+struct Dims {
+  int64_t N, C, HW;
+};
+Dims dims_of(const Tensor& x) { return {x.dim(0), x.dim(1), x.dim(2) * x.dim(3)}; }
+
+template <class T>
+void forward_train(const T* x, const T* gamma, const T* beta, T* y, T* save_mean, T* save_invstd,
+                   T* run_mean, T* run_var, double momentum, double eps, Dims d) {
+  const double M = double(d.N * d.HW);
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < d.C; ++c) {
+    double sum = 0;
+    for (int64_t n = 0; n < d.N; ++n) {
+      const T* p = x + (n * d.C + c) * d.HW;
+      for (int64_t q = 0; q < d.HW; ++q) sum += p[q];
+    }
+    const double mean = sum / M;
+    double sq = 0;
+    for (int64_t n = 0; n < d.N; ++n) {
+      const T* p = x + (n * d.C + c) * d.HW;
+      for (int64_t q = 0; q < d.HW; ++q) {
+        const double t = p[q] - mean;
+        sq += t * t;
+      }
+    }
+    const double var = sq / M;  // biased: used to normalise
+    const double invstd = 1.0 / std::sqrt(var + eps);
+    save_mean[c] = T(mean);
+    save_invstd[c] = T(invstd);
+    run_mean[c] = bn_running_update(run_mean[c], T(mean), T(momentum));
+    run_var[c] = bn_running_update(run_var[c], T(var * M / (M - 1)), T(momentum));
+    const T m = T(mean), is = T(invstd), gm = gamma[c], bt = beta[c];
+    for (int64_t n = 0; n < d.N; ++n) {
+      const T* p = x + (n * d.C + c) * d.HW;
+      T* o = y + (n * d.C + c) * d.HW;
+      for (int64_t q = 0; q < d.HW; ++q) o[q] = bn_normalize(p[q], m, is, gm, bt);
+    }
+  }
+}
+
+template <class T>
+void forward_eval(const T* x, const T* gamma, const T* beta, const T* run_mean, const T* run_var,
+                  double eps, T* y, Dims d) {
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t n = 0; n < d.N; ++n)
+    for (int64_t c = 0; c < d.C; ++c) {
+      const T is = T(1.0 / std::sqrt(double(run_var[c]) + eps));
+      const T* p = x + (n * d.C + c) * d.HW;
+      T* o = y + (n * d.C + c) * d.HW;
+      for (int64_t q = 0; q < d.HW; ++q) o[q] = bn_normalize(p[q], run_mean[c], is, gamma[c], beta[c]);
+    }
+}
+
+template <class T>
+void backward(const T* gy, const T* x, const T* gamma, const T* mean, const T* invstd,
+              bool training, T* gx, T beta_x, T* ggamma, T beta_gamma, T* gbeta, T beta_beta,
+              Dims d) {
+  const double M = double(d.N * d.HW);
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < d.C; ++c) {
+    const T m = mean[c], is = invstd[c];
+    double sum_dy = 0, sum_dy_xhat = 0;
+    for (int64_t n = 0; n < d.N; ++n) {
+      const T* g = gy + (n * d.C + c) * d.HW;
+      const T* p = x + (n * d.C + c) * d.HW;
+      for (int64_t q = 0; q < d.HW; ++q) {
+        sum_dy += g[q];
+        sum_dy_xhat += double(g[q]) * double((p[q] - m) * is);
+      }
+    }
+    if (ggamma) store(ggamma + c, T(sum_dy_xhat), beta_gamma);
+    if (gbeta) store(gbeta + c, T(sum_dy), beta_beta);
+    if (!gx) continue;
+    const T gi = gamma[c] * is, inv_m = T(1.0 / M), sdy = T(sum_dy), sdx = T(sum_dy_xhat);
+    for (int64_t n = 0; n < d.N; ++n) {
+      const T* g = gy + (n * d.C + c) * d.HW;
+      const T* p = x + (n * d.C + c) * d.HW;
+      T* o = gx + (n * d.C + c) * d.HW;
+      if (training) {
+        for (int64_t q = 0; q < d.HW; ++q)
+          store(o + q, bn_backward_train(g[q], (p[q] - m) * is, gi, inv_m, sdy, sdx), beta_x);
+      } else {
+        for (int64_t q = 0; q < d.HW; ++q) store(o + q, g[q] * gi, beta_x);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
+                             Tensor& save_mean, Tensor& save_invstd, Tensor& running_mean,
+                             Tensor& running_var, double momentum, double eps) {
+  UNETCU_DISPATCH_FLOAT(x.dtype(), T,
+                        forward_train<T>(x.data<T>(), gamma.data<T>(), beta.data<T>(), y.data<T>(),
+                                         save_mean.data<T>(), save_invstd.data<T>(),
+                                         running_mean.data<T>(), running_var.data<T>(), momentum,
+                                         eps, dims_of(x)));
+}
+
+void batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                            const Tensor& running_mean, const Tensor& running_var, double eps,
+                            Tensor& y) {
+  UNETCU_DISPATCH_FLOAT(x.dtype(), T,
+                        forward_eval<T>(x.data<T>(), gamma.data<T>(), beta.data<T>(),
+                                        running_mean.data<T>(), running_var.data<T>(), eps,
+                                        y.data<T>(), dims_of(x)));
+}
+
+void batchnorm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& gamma,
+                        const Tensor& mean, const Tensor& invstd, bool training, Tensor* grad_x,
+                        double beta_x, Tensor* grad_gamma, double beta_gamma, Tensor* grad_beta,
+                        double beta_beta) {
+  UNETCU_DISPATCH_FLOAT(
+      x.dtype(), T,
+      backward<T>(grad_y.data<T>(), x.data<T>(), gamma.data<T>(), mean.data<T>(), invstd.data<T>(),
+                  training, grad_x ? grad_x->data<T>() : nullptr, T(beta_x),
+                  grad_gamma ? grad_gamma->data<T>() : nullptr, T(beta_gamma),
+                  grad_beta ? grad_beta->data<T>() : nullptr, T(beta_beta), dims_of(x)));
+}
+
+}  // namespace unetcu::kernels::cpu

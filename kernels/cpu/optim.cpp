@@ -1,0 +1,29 @@
+// CPU optimizer updates over kernels/optim.h.
+#include "kernels/cpu/launchers.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/optim.h"
+
+namespace unetcu::kernels::cpu {
+
+void adam_update(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamStep& s) {
+  const int64_t n = p.numel();
+  UNETCU_DISPATCH_FLOAT(p.dtype(), T, {
+    T* pp = p.data<T>();
+    const T* gp = g.data<T>();
+    T* mp = m.data<T>();
+    T* vp = v.data<T>();
+    parallel_for(n, [&](int64_t i) { kernels::adam_update(pp + i, gp[i], mp + i, vp + i, s); });
+  });
+}
+
+void sgd_update(Tensor& p, const Tensor& g, Tensor& buf, const SgdStep& s) {
+  const int64_t n = p.numel();
+  UNETCU_DISPATCH_FLOAT(p.dtype(), T, {
+    T* pp = p.data<T>();
+    const T* gp = g.data<T>();
+    T* bp = buf.data<T>();
+    parallel_for(n, [&](int64_t i) { kernels::sgd_update(pp + i, gp[i], bp + i, s); });
+  });
+}
+
+}  // namespace unetcu::kernels::cpu

@@ -1,0 +1,24 @@
+// Per-element bodies of relu, sigmoid, add and scale, forward and backward.
+#pragma once
+#include "kernels/common.h"
+
+namespace unetcu::kernels {
+
+template <class T> HD T relu_forward(T x) { return x > T(0) ? x : T(0); }
+// The gradient passes where the output is positive (at x == 0 it is 0, as in PyTorch).
+template <class T> HD T relu_backward(T grad_y, T y) { return y > T(0) ? grad_y : T(0); }
+
+// Stable for any |x|: exp is only taken of a non-positive number.
+template <class T> HD T sigmoid_forward(T x) {
+  if (x >= T(0)) return T(1) / (T(1) + exp(-x));
+  T e = exp(x);
+  return e / (T(1) + e);
+}
+template <class T> HD T sigmoid_backward(T grad_y, T y) { return grad_y * y * (T(1) - y); }
+
+// beta is 0 (overwrite; the destination may hold garbage) or 1 (accumulate).
+template <class T> HD void store(T* dst, T value, T beta) {
+  *dst = beta == T(0) ? value : *dst + value;
+}
+
+}  // namespace unetcu::kernels

@@ -1,0 +1,26 @@
+// Per-element bodies of the losses. Reductions (means, Dice sums) are done by the launchers.
+#pragma once
+#include "kernels/common.h"
+#include "kernels/elementwise.h"
+
+namespace unetcu::kernels {
+
+// Binary cross-entropy on logits: max(x,0) - x*t + log(1 + exp(-|x|)). Never overflows:
+// at |x| = 100 the log term is log1p(e^-100), and max/x*t are exact.
+template <class T> HD T bce_with_logits(T x, T t) {
+  T relu_x = x > T(0) ? x : T(0);
+  return relu_x - x * t + log1p(exp(-fabs(x)));
+}
+// d/dx of the per-element BCE: sigmoid(x) - t.
+template <class T> HD T bce_with_logits_grad(T x, T t) { return sigmoid_forward(x) - t; }
+
+// Soft Dice on probabilities p = sigmoid(x), over all elements of the batch:
+//   loss = 1 - (2*I + s) / (S + s),  I = sum p*t,  S = sum p + sum t,  s = smooth.
+// d loss / d p_i = -(2*t_i*(S + s) - (2*I + s)) / (S + s)^2, then times p(1-p) for d/dx.
+template <class T> HD T dice_grad_logit(T p, T t, T inter, T card, T smooth) {
+  T denom = card + smooth;
+  T dp = -(T(2) * t * denom - (T(2) * inter + smooth)) / (denom * denom);
+  return dp * p * (T(1) - p);
+}
+
+}  // namespace unetcu::kernels

@@ -1,0 +1,39 @@
+// Per-element optimizer updates, PyTorch semantics (torch.optim.Adam / SGD).
+#pragma once
+#include "kernels/common.h"
+
+namespace unetcu::kernels {
+
+struct AdamStep {
+  double lr, beta1, beta2, eps, weight_decay;
+  double bias_correction1, bias_correction2;  // 1 - beta^t for this parameter's step t
+};
+
+// Adam (L2 weight decay added to the gradient, as torch.optim.Adam):
+//   g += wd*p; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g^2;
+//   p -= lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps)
+template <class T> HD void adam_update(T* p, T g, T* m, T* v, const AdamStep& s) {
+  if (s.weight_decay != 0) g += T(s.weight_decay) * *p;
+  *m = T(s.beta1) * *m + T(1 - s.beta1) * g;
+  *v = T(s.beta2) * *v + T(1 - s.beta2) * g * g;
+  T denom = sqrt(*v) / T(sqrt(s.bias_correction2)) + T(s.eps);
+  *p -= T(s.lr / s.bias_correction1) * *m / denom;
+}
+
+struct SgdStep {
+  double lr, momentum, dampening, weight_decay;
+  bool nesterov, first_step;  // first step: the momentum buffer starts as the gradient
+};
+
+// SGD with momentum: g += wd*p; buf = first ? g : mu*buf + (1-dampening)*g;
+// g = nesterov ? g + mu*buf : buf; p -= lr*g.
+template <class T> HD void sgd_update(T* p, T g, T* buf, const SgdStep& s) {
+  if (s.weight_decay != 0) g += T(s.weight_decay) * *p;
+  if (s.momentum != 0) {
+    *buf = s.first_step ? g : T(s.momentum) * *buf + T(1 - s.dampening) * g;
+    g = s.nesterov ? g + T(s.momentum) * *buf : *buf;
+  }
+  *p -= T(s.lr) * g;
+}
+
+}  // namespace unetcu::kernels

@@ -1,0 +1,224 @@
+#include "models/unet.h"
+
+#include <algorithm>
+
+namespace unetcu {
+namespace {
+
+int width(int channels, int divisor) { return std::max(1, channels / divisor); }
+
+// A container whose children are named "0", "1", ... like nn.Sequential.
+class Sequential : public Module {
+ public:
+  template <class M>
+  M* add(std::unique_ptr<M> m) {
+    return add_child(std::to_string(count_++), std::move(m));
+  }
+
+ private:
+  int count_ = 0;
+};
+
+// torchvision BasicBlock: conv3×3(stride)+BN+ReLU, conv3×3+BN, + identity or 1×1/stride
+// conv+BN downsample, ReLU.
+class BasicBlock : public Module {
+ public:
+  BasicBlock(int in, int out, int stride, Rng& rng, DType dt) {
+    conv1 = add_child("conv1", std::make_unique<Conv2d>(in, out, 3, stride, 1, false,
+                                                         Init::KaimingNormalFanOut, rng, dt));
+    bn1 = add_child("bn1", std::make_unique<BatchNorm2d>(out, dt));
+    conv2 = add_child("conv2", std::make_unique<Conv2d>(out, out, 3, 1, 1, false,
+                                                         Init::KaimingNormalFanOut, rng, dt));
+    bn2 = add_child("bn2", std::make_unique<BatchNorm2d>(out, dt));
+    if (stride != 1 || in != out) {
+      auto ds = std::make_unique<Sequential>();
+      down_conv = ds->add(std::make_unique<Conv2d>(in, out, 1, stride, 0, false,
+                                                   Init::KaimingNormalFanOut, rng, dt));
+      down_bn = ds->add(std::make_unique<BatchNorm2d>(out, dt));
+      add_child("downsample", std::move(ds));
+    }
+  }
+  Tensor forward(const Tensor& x) {
+    Tensor h = relu(bn1->forward(conv1->forward(x)));
+    h = bn2->forward(conv2->forward(h));
+    Tensor identity = down_conv ? down_bn->forward(down_conv->forward(x)) : x;
+    return relu(add(h, identity));
+  }
+
+ private:
+  Conv2d* conv1;
+  BatchNorm2d* bn1;
+  Conv2d* conv2;
+  BatchNorm2d* bn2;
+  Conv2d* down_conv = nullptr;
+  BatchNorm2d* down_bn = nullptr;
+};
+
+class ResLayer : public Sequential {
+ public:
+  ResLayer(int in, int out, int count, int stride, Rng& rng, DType dt) {
+    for (int i = 0; i < count; ++i)
+      blocks.push_back(add(std::make_unique<BasicBlock>(i == 0 ? in : out, out,
+                                                        i == 0 ? stride : 1, rng, dt)));
+  }
+  Tensor forward(Tensor x) {
+    for (BasicBlock* b : blocks) x = b->forward(x);
+    return x;
+  }
+
+ private:
+  std::vector<BasicBlock*> blocks;
+};
+
+// SMP Conv2dReLU: Sequential(conv3×3 no bias, BN, ReLU) -> names "<name>.0.weight", "<name>.1.*".
+class ConvBnRelu : public Sequential {
+ public:
+  ConvBnRelu(int in, int out, Rng& rng, DType dt) {
+    conv = add(std::make_unique<Conv2d>(in, out, 3, 1, 1, false, Init::KaimingUniformFanIn, rng, dt));
+    bn = add(std::make_unique<BatchNorm2d>(out, dt));
+  }
+  Tensor forward(const Tensor& x) { return relu(bn->forward(conv->forward(x))); }
+
+ private:
+  Conv2d* conv;
+  BatchNorm2d* bn;
+};
+
+// SMP DecoderBlock: nearest ×2 upsample, concat the skip (if any), two ConvBnRelu.
+class DecoderBlock : public Module {
+ public:
+  DecoderBlock(int in, int skip, int out, Rng& rng, DType dt) {
+    conv1 = add_child("conv1", std::make_unique<ConvBnRelu>(in + skip, out, rng, dt));
+    conv2 = add_child("conv2", std::make_unique<ConvBnRelu>(out, out, rng, dt));
+  }
+  Tensor forward(const Tensor& x, const Tensor* skip) {
+    Tensor h = upsample_nearest2x(x);
+    if (skip) h = concat_channels({h, *skip});
+    return conv2->forward(conv1->forward(h));
+  }
+
+ private:
+  ConvBnRelu* conv1;
+  ConvBnRelu* conv2;
+};
+
+class Encoder : public Module {
+ public:
+  Encoder(int in_channels, int d, Rng& rng, DType dt) {
+    const int c64 = width(64, d), c128 = width(128, d), c256 = width(256, d), c512 = width(512, d);
+    conv1 = add_child("conv1", std::make_unique<Conv2d>(in_channels, c64, 7, 2, 3, false,
+                                                         Init::KaimingNormalFanOut, rng, dt));
+    bn1 = add_child("bn1", std::make_unique<BatchNorm2d>(c64, dt));
+    layer1 = add_child("layer1", std::make_unique<ResLayer>(c64, c64, 3, 1, rng, dt));
+    layer2 = add_child("layer2", std::make_unique<ResLayer>(c64, c128, 4, 2, rng, dt));
+    layer3 = add_child("layer3", std::make_unique<ResLayer>(c128, c256, 6, 2, rng, dt));
+    layer4 = add_child("layer4", std::make_unique<ResLayer>(c256, c512, 3, 2, rng, dt));
+  }
+  Conv2d* conv1;
+  BatchNorm2d* bn1;
+  ResLayer *layer1, *layer2, *layer3, *layer4;
+};
+
+class Decoder : public Module {
+ public:
+  Decoder(int d, Rng& rng, DType dt) {
+    auto seq = std::make_unique<Sequential>();
+    // in: previous decoder output (the first: encoder layer4); skip: encoder features.
+    const int enc[5] = {width(512, d), width(256, d), width(128, d), width(64, d), width(64, d)};
+    const int dec[5] = {width(256, d), width(128, d), width(64, d), width(32, d), width(16, d)};
+    for (int i = 0; i < 5; ++i) {
+      const int in = i == 0 ? enc[0] : dec[i - 1];
+      const int skip = i < 4 ? enc[i + 1] : 0;
+      blocks.push_back(seq->add(std::make_unique<DecoderBlock>(in, skip, dec[i], rng, dt)));
+    }
+    add_child("blocks", std::move(seq));
+  }
+  std::vector<DecoderBlock*> blocks;
+};
+
+class Head : public Sequential {
+ public:
+  Head(int in, int classes, Rng& rng, DType dt) {
+    conv = add(std::make_unique<Conv2d>(in, classes, 3, 1, 1, true, Init::XavierUniform, rng, dt));
+  }
+  Conv2d* conv;
+};
+
+}  // namespace
+
+UNet::UNet(const UNetConfig& cfg) : cfg_(cfg) {
+  UNETCU_CHECK(cfg.width_divisor >= 1, "width divisor must be >= 1, got ", cfg.width_divisor);
+  Rng rng(cfg.seed);
+  const int d = cfg.width_divisor;
+  Encoder* enc = add_child("encoder", std::make_unique<Encoder>(cfg.in_channels, d, rng, cfg.dtype));
+  Decoder* dec = add_child("decoder", std::make_unique<Decoder>(d, rng, cfg.dtype));
+  Head* head = add_child("segmentation_head",
+                         std::make_unique<Head>(width(16, d), cfg.classes, rng, cfg.dtype));
+
+  blocks_.push_back({"encoder.stem", {-1}, {enc->conv1, enc->bn1},
+                     [enc](const std::vector<Tensor>& in) {
+                       return relu(enc->bn1->forward(enc->conv1->forward(in[0])));
+                     }});
+  blocks_.push_back({"encoder.layer1", {0}, {enc->layer1}, [enc](const std::vector<Tensor>& in) {
+                       return enc->layer1->forward(max_pool2d(in[0], Pool2dOptions::square(3, 2, 1)));
+                     }});
+  ResLayer* layers[3] = {enc->layer2, enc->layer3, enc->layer4};
+  for (int i = 0; i < 3; ++i) {
+    ResLayer* l = layers[i];
+    blocks_.push_back({"encoder.layer" + std::to_string(i + 2), {i + 1}, {l},
+                       [l](const std::vector<Tensor>& in) { return l->forward(in[0]); }});
+  }
+  for (int i = 0; i < 5; ++i) {
+    DecoderBlock* b = dec->blocks[i];
+    std::vector<int> inputs = {4 + i};
+    if (i < 4) inputs.push_back(3 - i);  // skips: layer3, layer2, layer1, stem
+    blocks_.push_back({"decoder.blocks." + std::to_string(i), inputs, {b},
+                       [b](const std::vector<Tensor>& in) {
+                         return b->forward(in[0], in.size() > 1 ? &in[1] : nullptr);
+                       }});
+  }
+  blocks_.push_back({"segmentation_head", {9}, {head}, [head](const std::vector<Tensor>& in) {
+                       return head->conv->forward(in[0]);
+                     }});
+}
+
+void UNet::check_input(const Tensor& x, int in_channels) {
+  UNETCU_CHECK(x.ndim() == 4, "UNet input must be [N, C, H, W], got ", shape_str(x.shape()));
+  UNETCU_CHECK(x.dim(1) == in_channels, "UNet input has ", x.dim(1), " channels, expected ",
+               in_channels);
+  UNETCU_CHECK(x.dim(2) % 32 == 0 && x.dim(3) % 32 == 0 && x.dim(2) > 0 && x.dim(3) > 0,
+               "UNet input height and width must be multiples of 32, got ", x.dim(2), "x",
+               x.dim(3));
+}
+
+std::vector<Tensor> UNet::forward_all(const Tensor& x) {
+  check_input(x, cfg_.in_channels);
+  std::vector<Tensor> outs;
+  outs.reserve(blocks_.size());
+  for (const Block& b : blocks_) {
+    std::vector<Tensor> in;
+    for (int i : b.inputs) in.push_back(i < 0 ? x : outs[i]);
+    outs.push_back(b.forward(in));
+  }
+  return outs;
+}
+
+Tensor UNet::forward(const Tensor& x) {
+  check_input(x, cfg_.in_channels);
+  // Keeps only the tensors later blocks still read, so inference frees activations early.
+  std::vector<Tensor> outs(blocks_.size());
+  std::vector<int> last_use(blocks_.size(), -1);
+  for (size_t b = 0; b < blocks_.size(); ++b)
+    for (int i : blocks_[b].inputs)
+      if (i >= 0) last_use[i] = int(b);
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    std::vector<Tensor> in;
+    for (int i : blocks_[b].inputs) in.push_back(i < 0 ? x : outs[i]);
+    outs[b] = blocks_[b].forward(in);
+    for (int i : blocks_[b].inputs)
+      if (i >= 0 && last_use[i] == int(b)) outs[i] = Tensor();
+  }
+  return outs.back();
+}
+
+}  // namespace unetcu

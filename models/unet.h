@@ -1,0 +1,60 @@
+// UNet with a ResNet34 encoder, exactly segmentation_models_pytorch's
+// Unet('resnet34', classes=1): same layers, same parameter/buffer names, same initialisation.
+//
+// The model is a list of named blocks with explicit skip edges, so it can be cut between any
+// two blocks (model parallelism):
+//    0 encoder.stem       conv1 7×7/2 + bn1 + relu          in: image        -> 64,  H/2
+//    1 encoder.layer1     maxpool 3×3/2 + 3 BasicBlocks      in: 0            -> 64,  H/4
+//    2 encoder.layer2     4 BasicBlocks (first /2)           in: 1            -> 128, H/8
+//    3 encoder.layer3     6 BasicBlocks (first /2)           in: 2            -> 256, H/16
+//    4 encoder.layer4     3 BasicBlocks (first /2)           in: 3            -> 512, H/32
+//    5 decoder.blocks.0   up×2, cat skip, 2×(conv3×3+BN+ReLU) in: 4, skip 3  -> 256, H/16
+//    6 decoder.blocks.1                                      in: 5, skip 2    -> 128, H/8
+//    7 decoder.blocks.2                                      in: 6, skip 1    -> 64,  H/4
+//    8 decoder.blocks.3                                      in: 7, skip 0    -> 32,  H/2
+//    9 decoder.blocks.4   (no skip)                          in: 8            -> 16,  H
+//   10 segmentation_head  conv3×3 16→1 with bias             in: 9            -> 1,   H
+// Channel counts are divided by `width_divisor` (at least 1) for small test models.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/module.h"
+
+namespace unetcu {
+
+struct UNetConfig {
+  int width_divisor = 1;
+  DType dtype = DType::F32;
+  uint64_t seed = 0;  // initialisation
+  int in_channels = 3;
+  int classes = 1;
+};
+
+class UNet : public Module {
+ public:
+  explicit UNet(const UNetConfig& cfg);
+
+  struct Block {
+    std::string name;
+    std::vector<int> inputs;        // indices of earlier blocks; -1 is the model input
+    std::vector<Module*> modules;   // the modules whose parameters this block uses
+    std::function<Tensor(const std::vector<Tensor>&)> forward;
+  };
+  const std::vector<Block>& blocks() const { return blocks_; }
+
+  // Logits [N, classes, H, W]; H and W must be multiples of 32.
+  Tensor forward(const Tensor& x);
+  // The output of every block, in order (the last is the logits).
+  std::vector<Tensor> forward_all(const Tensor& x);
+
+  const UNetConfig& config() const { return cfg_; }
+  static void check_input(const Tensor& x, int in_channels);
+
+ private:
+  UNetConfig cfg_;
+  std::vector<Block> blocks_;
+};
+
+}  // namespace unetcu
