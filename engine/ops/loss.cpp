@@ -35,7 +35,8 @@ Tensor dice_loss(const Tensor& logits, const Tensor& target, double smooth) {
   UNETCU_CHECK(smooth >= 0, "dice_loss: smooth must be >= 0");
   const kernels::cpu::DiceSums s = kernels::cpu::dice_sums(logits, target);
   const double card = s.prob_sum + s.target_sum;
-  UNETCU_CHECK(card + smooth > 0, "dice_loss: empty prediction and target with smooth = 0");
+  // Written so that a NaN sum passes through (the caller reports a non-finite loss).
+  UNETCU_CHECK(!(card + smooth <= 0), "dice_loss: empty prediction and target with smooth = 0");
   Tensor loss = Tensor::full({}, 1.0 - (2.0 * s.intersection + smooth) / (card + smooth),
                              logits.dtype(), logits.device());
   if (Tape::should_record({&logits})) {

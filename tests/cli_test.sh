@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Bad input to unet_train ends with one clear message and a non-zero exit; --help succeeds.
+set -u
+bin="$1"
+fail=0
+expect_error() {  # expect_error "<text the message must contain>" args...
+  local want="$1"; shift
+  local out rc
+  out=$("$bin" --no-progress "$@" 2>&1 >/dev/null); rc=$?
+  if [ $rc -eq 0 ]; then
+    echo "FAIL: '$*' exited 0"; fail=1
+  elif ! grep -qF -- "$want" <<<"$out"; then
+    echo "FAIL: '$*' said: $out (expected '$want')"; fail=1
+  elif [ "$(wc -l <<<"$out")" -gt 3 ]; then
+    echo "FAIL: '$*' printed more than a short message: $out"; fail=1
+  else
+    echo "ok: '$*' -> rc $rc: $out"
+  fi
+}
+expect_error "--batch-size must be at least 1" --batch-size 0
+expect_error "multiple of 32" --image-size 100
+expect_error "bad device" --device tpu:0
+expect_error "no GPU is visible" --device cuda:0
+expect_error "The following argument was not expected: --bogus" --bogus
+expect_error "--loss" --loss focal
+expect_error "--epochs must be at least 1" --epochs 0
+expect_error "larger than --train-size" --batch-size 64 --train-size 8
+expect_error "not finite" --lr 1e300 --optimizer sgd --epochs 2 --image-size 32 \
+  --train-size 16 --val-size 8 --width-divisor 16
+expect_error "Could not convert" --lr abc
+if ! "$bin" --help | grep -q -- "--batch-size"; then echo "FAIL: --help"; fail=1; fi
+exit $fail

@@ -1,0 +1,69 @@
+// A short training run on the synthetic set: the loss must fall.
+#include <sstream>
+
+#include "apps/trainer.h"
+#include "engine/data.h"
+#include "testing.h"
+
+using namespace unetcu;
+
+TEST_CASE("a short training run lowers the loss") {
+  TrainConfig cfg;
+  cfg.epochs = 5;
+  cfg.batch_size = 8;
+  cfg.lr = 1e-2;
+  cfg.image_size = 32;
+  cfg.train_size = 64;
+  cfg.val_size = 16;
+  cfg.width_divisor = 8;
+  cfg.device = "cpu";
+  cfg.progress = false;
+  std::ostringstream log;
+  TrainResult r = train_unet(cfg, log);
+  REQUIRE(r.epochs.size() == 5);
+  INFO(log.str());
+  CHECK(r.epochs.back().train_loss < 0.8 * r.epochs.front().train_loss);
+  CHECK(log.str().find("mean epoch time") != std::string::npos);
+}
+
+TEST_CASE("bad training configurations are refused with a clear message") {
+  std::ostringstream log;
+  TrainConfig cfg;
+  cfg.batch_size = 0;
+  CHECK_THROWS_WITH(train_unet(cfg, log), doctest::Contains("--batch-size must be at least 1"));
+  cfg = TrainConfig{};
+  cfg.image_size = 100;
+  CHECK_THROWS_WITH(train_unet(cfg, log), doctest::Contains("multiple of 32"));
+  cfg = TrainConfig{};
+  cfg.device = "tpu";
+  CHECK_THROWS_WITH(train_unet(cfg, log), doctest::Contains("bad device"));
+  cfg = TrainConfig{};
+  cfg.lr = 1e300;  // diverges: the NaN loss must stop training with a message
+  cfg.epochs = 3;
+  cfg.image_size = 32;
+  cfg.train_size = 16;
+  cfg.val_size = 8;
+  cfg.width_divisor = 16;
+  cfg.progress = false;
+  cfg.optimizer = "sgd";
+  CHECK_THROWS_WITH(train_unet(cfg, log), doctest::Contains("not finite"));
+}
+
+TEST_CASE("synthetic data: deterministic, masks binary and aligned with the shapes") {
+  SyntheticSegmentation a(64, 3), b(64, 3), c(64, 4);
+  Batch x = a.batch({0, 5}), y = b.batch({0, 5}), z = c.batch({0, 5});
+  CHECK(x.images.to_vector() == y.images.to_vector());
+  CHECK(x.masks.to_vector() == y.masks.to_vector());
+  CHECK(x.images.to_vector() != z.images.to_vector());
+  double fg = 0;
+  for (double m : x.masks.to_vector()) {
+    CHECK((m == 0.0 || m == 1.0));
+    fg += m;
+  }
+  CHECK(fg > 0);
+  CHECK(fg < x.masks.numel());
+  const auto p0 = epoch_permutation(10, 1, 0), p1 = epoch_permutation(10, 1, 1);
+  CHECK(p0 != p1);
+  CHECK(p0 == epoch_permutation(10, 1, 0));
+  CHECK_THROWS_WITH(SyntheticSegmentation(48, 0), doctest::Contains("multiple of 32"));
+}

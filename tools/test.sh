@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Installs what the build needs, builds everything (CUDA parts for sm_90 only, to keep the
+# build short; override with CUDA_ARCHS) and runs the whole test suite through ctest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/setup.sh
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90}" >/dev/null
+cmake --build build -j"$(nproc)"
+ctest --test-dir build --output-on-failure -j"$(nproc)"
