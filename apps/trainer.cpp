@@ -37,6 +37,9 @@ void validate(const TrainConfig& c) {
   UNETCU_CHECK(int64_t(c.batch_size) * last > 1, "--batch-size 1 with --image-size ",
                c.image_size, " leaves one value per channel for batch norm; use a larger batch "
                "or image");
+  UNETCU_CHECK(last > 1 || c.train_size % c.batch_size != 1, "--train-size ", c.train_size,
+               " leaves a last batch of one ", c.image_size, "x", c.image_size,
+               " image: one value per channel for batch norm; change --train-size or --batch-size");
 }
 
 namespace {
@@ -89,6 +92,7 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
   mc.width_divisor = cfg.width_divisor;
   mc.dtype = cfg.dtype;
   mc.seed = cfg.seed;
+  mc.device = device;
   UNet model(mc);
   TrainResult result;
   result.parameter_count = model.parameter_count();
@@ -129,7 +133,7 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
       const int64_t lo = s * cfg.batch_size;
       const int64_t hi = std::min<int64_t>(lo + cfg.batch_size, cfg.train_size);
       std::vector<int64_t> idx(perm.begin() + lo, perm.begin() + hi);
-      Batch b = data.batch(idx, cfg.dtype);
+      Batch b = data.batch(idx, cfg.dtype, device);
       Tape tape;
       double loss_value;
       {
@@ -158,7 +162,7 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
       const int64_t hi = std::min<int64_t>(lo + cfg.batch_size, cfg.val_size);
       std::vector<int64_t> idx;
       for (int64_t i = lo; i < hi; ++i) idx.push_back(cfg.train_size + i);
-      Batch b = data.batch(idx, cfg.dtype);
+      Batch b = data.batch(idx, cfg.dtype, device);
       Tensor logits = model.forward(b.images);
       val_loss += segmentation_loss(cfg.loss, logits, b.masks).item() * double(hi - lo);
       counts.add(logits, b.masks);

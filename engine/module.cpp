@@ -56,9 +56,9 @@ void Module::train(bool on) {
 }
 
 Conv2d::Conv2d(int in, int out, int kernel, int stride, int padding, bool has_bias, Init init,
-               Rng& rng, DType dtype)
+               Rng& rng, DType dtype, Device device)
     : stride_(stride), padding_(padding) {
-  weight = Tensor::empty({out, in, kernel, kernel}, dtype);
+  weight = Tensor::empty({out, in, kernel, kernel}, dtype, device);
   const double fan_in = double(in) * kernel * kernel, fan_out = double(out) * kernel * kernel;
   const int64_t n = weight.numel();
   for (int64_t i = 0; i < n; ++i) {
@@ -73,19 +73,19 @@ Conv2d::Conv2d(int in, int out, int kernel, int stride, int padding, bool has_bi
   }
   register_parameter("weight", &weight);
   if (has_bias) {
-    bias = Tensor::zeros({out}, dtype);
+    bias = Tensor::zeros({out}, dtype, device);
     if (init == Init::PyTorchDefault)
       for (int i = 0; i < out; ++i) bias.set(i, rng.uniform(-1, 1) / std::sqrt(fan_in));
     register_parameter("bias", &bias);
   }
 }
 
-BatchNorm2d::BatchNorm2d(int channels, DType dtype, double momentum, double eps)
+BatchNorm2d::BatchNorm2d(int channels, DType dtype, Device device, double momentum, double eps)
     : momentum_(momentum), eps_(eps) {
-  weight = Tensor::full({channels}, 1.0, dtype);
-  bias = Tensor::zeros({channels}, dtype);
-  running_mean = Tensor::zeros({channels}, dtype);
-  running_var = Tensor::full({channels}, 1.0, dtype);
+  weight = Tensor::full({channels}, 1.0, dtype, device);
+  bias = Tensor::zeros({channels}, dtype, device);
+  running_mean = Tensor::zeros({channels}, dtype, device);
+  running_var = Tensor::full({channels}, 1.0, dtype, device);
   register_parameter("weight", &weight);
   register_parameter("bias", &bias);
   register_buffer("running_mean", &running_mean);

@@ -70,7 +70,7 @@ enum class Init {
 class Conv2d : public Module {
  public:
   Conv2d(int in, int out, int kernel, int stride, int padding, bool bias, Init init, Rng& rng,
-         DType dtype);
+         DType dtype, Device device = Device::cpu());
   Tensor forward(const Tensor& x) const { return conv2d(x, weight, bias, stride_, padding_); }
   Tensor weight, bias;  // bias undefined when the layer has none
 
@@ -80,7 +80,8 @@ class Conv2d : public Module {
 
 class BatchNorm2d : public Module {
  public:
-  BatchNorm2d(int channels, DType dtype, double momentum = 0.1, double eps = 1e-5);
+  BatchNorm2d(int channels, DType dtype, Device device = Device::cpu(), double momentum = 0.1,
+              double eps = 1e-5);
   Tensor forward(const Tensor& x);
   Tensor weight, bias, running_mean, running_var;
   int64_t num_batches_tracked = 0;

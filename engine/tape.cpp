@@ -1,10 +1,19 @@
 #include "engine/tape.h"
 
+#include <atomic>
+
 #include "kernels/cpu/launchers.h"
 
 namespace unetcu {
 
 static thread_local Tape* g_current_tape = nullptr;
+
+static uint64_t next_tape_serial() {
+  static std::atomic<uint64_t> counter{1};
+  return counter.fetch_add(1, std::memory_order_relaxed);
+}
+
+Tape::Tape() : serial_(next_tape_serial()) {}
 
 Tape* Tape::current() { return g_current_tape; }
 
@@ -43,13 +52,13 @@ void Tape::record(const char* name, const std::vector<Tensor>& inputs,
       in.device = t.device();
       // Only tensors this tape does not produce are held: intermediates are found by id, so
       // a node never keeps an activation alive that its backward does not need.
-      if (t.impl().producer != tape) in.leaf = t.impl_ptr();
+      if (t.impl().producer != tape->serial_) in.leaf = t.impl_ptr();
     }
     node.inputs.push_back(std::move(in));
   }
   for (const Tensor& t : outputs) {
     t.impl().requires_grad = true;
-    t.impl().producer = tape;
+    t.impl().producer = tape->serial_;
     node.output_ids.push_back(t.id());
     node.output_shapes.push_back(t.shape());
   }
@@ -109,7 +118,7 @@ void Tape::backward(const std::vector<Tensor>& outputs, const std::vector<Tensor
     check_same_shape("backward", o, g);
     check_same_dtype_device("backward", o, g);
     if (!o.requires_grad()) continue;
-    if (o.impl().producer == this) {
+    if (o.impl().producer == serial_) {
       accumulate(o.id(), g);
     } else if (o.impl().grad) {  // a leaf given directly: its gradient is the seed itself
       kernels::cpu::add_inplace(Tensor(o.impl().grad), g);
@@ -148,6 +157,7 @@ void Tape::backward(const std::vector<Tensor>& outputs, const std::vector<Tensor
 void Tape::clear() {
   nodes_.clear();
   grads_.clear();
+  serial_ = next_tape_serial();
 }
 
 }  // namespace unetcu

@@ -13,7 +13,9 @@
 // saved activations are freed.
 //
 // Each thread has its own current tape (TapeScope), so each pipeline (stage, micro-batch) or
-// data-parallel replica records on a tape of its own.
+// data-parallel replica records on a tape of its own. Accumulation into a leaf's gradient is
+// not synchronised: two threads must not back-propagate into the same leaf at the same time
+// (replicas own their parameters; pipeline stages own theirs).
 #pragma once
 #include <functional>
 #include <unordered_map>
@@ -55,7 +57,7 @@ using BackwardFn = std::function<void(BackwardContext&)>;
 
 class Tape {
  public:
-  Tape() = default;
+  Tape();
   Tape(const Tape&) = delete;
   Tape& operator=(const Tape&) = delete;
 
@@ -78,6 +80,9 @@ class Tape {
   // Drops all nodes (and the activations they saved) without back-propagating.
   void clear();
   size_t size() const { return nodes_.size(); }
+  // Unique among all tapes ever made, renewed by clear(): a tensor recorded by an earlier use
+  // of this tape (or by a tape that happened to live at the same address) is a leaf here.
+  uint64_t serial() const { return serial_; }
 
  private:
   friend class BackwardContext;
@@ -93,6 +98,7 @@ class Tape {
   void accumulate(uint64_t id, const Tensor& g);
   std::vector<Node> nodes_;
   std::unordered_map<uint64_t, Tensor> grads_;  // gradients of intermediate tensors
+  uint64_t serial_;
 };
 
 // Makes `tape` the current tape of this thread for the scope's lifetime (restores the previous).

@@ -30,7 +30,6 @@ struct Storage {
   Storage& operator=(const Storage&) = delete;
 };
 
-class Tape;
 struct TensorImpl {
   std::shared_ptr<Storage> storage;
   Shape shape;
@@ -39,7 +38,7 @@ struct TensorImpl {
   MemoryFormat format = MemoryFormat::NCHW;
   bool requires_grad = false;
   uint64_t id = 0;                  // unique per TensorImpl; the tape keys gradients by it
-  const Tape* producer = nullptr;   // tape that recorded the op making it; null for a leaf
+  uint64_t producer = 0;            // serial of the tape recording that made it; 0 for a leaf
   std::shared_ptr<TensorImpl> grad; // accumulated gradient of a leaf (parameters, inputs)
 };
 
@@ -76,7 +75,7 @@ class Tensor {
   // Autograd.
   bool requires_grad() const { return defined() && impl().requires_grad; }
   Tensor& set_requires_grad(bool r);
-  bool is_leaf() const { return impl().producer == nullptr; }
+  bool is_leaf() const { return impl().producer == 0; }
   Tensor grad() const { return Tensor(impl().grad); }  // undefined until a backward writes it
   void zero_grad() { impl().grad.reset(); }
   uint64_t id() const { return impl().id; }

@@ -23,18 +23,18 @@ class Sequential : public Module {
 // conv+BN downsample, ReLU.
 class BasicBlock : public Module {
  public:
-  BasicBlock(int in, int out, int stride, Rng& rng, DType dt) {
+  BasicBlock(int in, int out, int stride, Rng& rng, DType dt, Device dev) {
     conv1 = add_child("conv1", std::make_unique<Conv2d>(in, out, 3, stride, 1, false,
-                                                         Init::KaimingNormalFanOut, rng, dt));
-    bn1 = add_child("bn1", std::make_unique<BatchNorm2d>(out, dt));
+                                                         Init::KaimingNormalFanOut, rng, dt, dev));
+    bn1 = add_child("bn1", std::make_unique<BatchNorm2d>(out, dt, dev));
     conv2 = add_child("conv2", std::make_unique<Conv2d>(out, out, 3, 1, 1, false,
-                                                         Init::KaimingNormalFanOut, rng, dt));
-    bn2 = add_child("bn2", std::make_unique<BatchNorm2d>(out, dt));
+                                                         Init::KaimingNormalFanOut, rng, dt, dev));
+    bn2 = add_child("bn2", std::make_unique<BatchNorm2d>(out, dt, dev));
     if (stride != 1 || in != out) {
       auto ds = std::make_unique<Sequential>();
       down_conv = ds->add(std::make_unique<Conv2d>(in, out, 1, stride, 0, false,
-                                                   Init::KaimingNormalFanOut, rng, dt));
-      down_bn = ds->add(std::make_unique<BatchNorm2d>(out, dt));
+                                                   Init::KaimingNormalFanOut, rng, dt, dev));
+      down_bn = ds->add(std::make_unique<BatchNorm2d>(out, dt, dev));
       add_child("downsample", std::move(ds));
     }
   }
@@ -56,10 +56,10 @@ class BasicBlock : public Module {
 
 class ResLayer : public Sequential {
  public:
-  ResLayer(int in, int out, int count, int stride, Rng& rng, DType dt) {
+  ResLayer(int in, int out, int count, int stride, Rng& rng, DType dt, Device dev) {
     for (int i = 0; i < count; ++i)
       blocks.push_back(add(std::make_unique<BasicBlock>(i == 0 ? in : out, out,
-                                                        i == 0 ? stride : 1, rng, dt)));
+                                                        i == 0 ? stride : 1, rng, dt, dev)));
   }
   Tensor forward(Tensor x) {
     for (BasicBlock* b : blocks) x = b->forward(x);
@@ -73,9 +73,9 @@ class ResLayer : public Sequential {
 // SMP Conv2dReLU: Sequential(conv3×3 no bias, BN, ReLU) -> names "<name>.0.weight", "<name>.1.*".
 class ConvBnRelu : public Sequential {
  public:
-  ConvBnRelu(int in, int out, Rng& rng, DType dt) {
-    conv = add(std::make_unique<Conv2d>(in, out, 3, 1, 1, false, Init::KaimingUniformFanIn, rng, dt));
-    bn = add(std::make_unique<BatchNorm2d>(out, dt));
+  ConvBnRelu(int in, int out, Rng& rng, DType dt, Device dev) {
+    conv = add(std::make_unique<Conv2d>(in, out, 3, 1, 1, false, Init::KaimingUniformFanIn, rng, dt, dev));
+    bn = add(std::make_unique<BatchNorm2d>(out, dt, dev));
   }
   Tensor forward(const Tensor& x) { return relu(bn->forward(conv->forward(x))); }
 
@@ -87,9 +87,9 @@ class ConvBnRelu : public Sequential {
 // SMP DecoderBlock: nearest ×2 upsample, concat the skip (if any), two ConvBnRelu.
 class DecoderBlock : public Module {
  public:
-  DecoderBlock(int in, int skip, int out, Rng& rng, DType dt) {
-    conv1 = add_child("conv1", std::make_unique<ConvBnRelu>(in + skip, out, rng, dt));
-    conv2 = add_child("conv2", std::make_unique<ConvBnRelu>(out, out, rng, dt));
+  DecoderBlock(int in, int skip, int out, Rng& rng, DType dt, Device dev) {
+    conv1 = add_child("conv1", std::make_unique<ConvBnRelu>(in + skip, out, rng, dt, dev));
+    conv2 = add_child("conv2", std::make_unique<ConvBnRelu>(out, out, rng, dt, dev));
   }
   Tensor forward(const Tensor& x, const Tensor* skip) {
     Tensor h = upsample_nearest2x(x);
@@ -104,15 +104,15 @@ class DecoderBlock : public Module {
 
 class Encoder : public Module {
  public:
-  Encoder(int in_channels, int d, Rng& rng, DType dt) {
+  Encoder(int in_channels, int d, Rng& rng, DType dt, Device dev) {
     const int c64 = width(64, d), c128 = width(128, d), c256 = width(256, d), c512 = width(512, d);
     conv1 = add_child("conv1", std::make_unique<Conv2d>(in_channels, c64, 7, 2, 3, false,
-                                                         Init::KaimingNormalFanOut, rng, dt));
-    bn1 = add_child("bn1", std::make_unique<BatchNorm2d>(c64, dt));
-    layer1 = add_child("layer1", std::make_unique<ResLayer>(c64, c64, 3, 1, rng, dt));
-    layer2 = add_child("layer2", std::make_unique<ResLayer>(c64, c128, 4, 2, rng, dt));
-    layer3 = add_child("layer3", std::make_unique<ResLayer>(c128, c256, 6, 2, rng, dt));
-    layer4 = add_child("layer4", std::make_unique<ResLayer>(c256, c512, 3, 2, rng, dt));
+                                                         Init::KaimingNormalFanOut, rng, dt, dev));
+    bn1 = add_child("bn1", std::make_unique<BatchNorm2d>(c64, dt, dev));
+    layer1 = add_child("layer1", std::make_unique<ResLayer>(c64, c64, 3, 1, rng, dt, dev));
+    layer2 = add_child("layer2", std::make_unique<ResLayer>(c64, c128, 4, 2, rng, dt, dev));
+    layer3 = add_child("layer3", std::make_unique<ResLayer>(c128, c256, 6, 2, rng, dt, dev));
+    layer4 = add_child("layer4", std::make_unique<ResLayer>(c256, c512, 3, 2, rng, dt, dev));
   }
   Conv2d* conv1;
   BatchNorm2d* bn1;
@@ -121,7 +121,7 @@ class Encoder : public Module {
 
 class Decoder : public Module {
  public:
-  Decoder(int d, Rng& rng, DType dt) {
+  Decoder(int d, Rng& rng, DType dt, Device dev) {
     auto seq = std::make_unique<Sequential>();
     // in: previous decoder output (the first: encoder layer4); skip: encoder features.
     const int enc[5] = {width(512, d), width(256, d), width(128, d), width(64, d), width(64, d)};
@@ -129,7 +129,7 @@ class Decoder : public Module {
     for (int i = 0; i < 5; ++i) {
       const int in = i == 0 ? enc[0] : dec[i - 1];
       const int skip = i < 4 ? enc[i + 1] : 0;
-      blocks.push_back(seq->add(std::make_unique<DecoderBlock>(in, skip, dec[i], rng, dt)));
+      blocks.push_back(seq->add(std::make_unique<DecoderBlock>(in, skip, dec[i], rng, dt, dev)));
     }
     add_child("blocks", std::move(seq));
   }
@@ -138,8 +138,8 @@ class Decoder : public Module {
 
 class Head : public Sequential {
  public:
-  Head(int in, int classes, Rng& rng, DType dt) {
-    conv = add(std::make_unique<Conv2d>(in, classes, 3, 1, 1, true, Init::XavierUniform, rng, dt));
+  Head(int in, int classes, Rng& rng, DType dt, Device dev) {
+    conv = add(std::make_unique<Conv2d>(in, classes, 3, 1, 1, true, Init::XavierUniform, rng, dt, dev));
   }
   Conv2d* conv;
 };
@@ -150,10 +150,10 @@ UNet::UNet(const UNetConfig& cfg) : cfg_(cfg) {
   UNETCU_CHECK(cfg.width_divisor >= 1, "width divisor must be >= 1, got ", cfg.width_divisor);
   Rng rng(cfg.seed);
   const int d = cfg.width_divisor;
-  Encoder* enc = add_child("encoder", std::make_unique<Encoder>(cfg.in_channels, d, rng, cfg.dtype));
-  Decoder* dec = add_child("decoder", std::make_unique<Decoder>(d, rng, cfg.dtype));
+  Encoder* enc = add_child("encoder", std::make_unique<Encoder>(cfg.in_channels, d, rng, cfg.dtype, cfg.device));
+  Decoder* dec = add_child("decoder", std::make_unique<Decoder>(d, rng, cfg.dtype, cfg.device));
   Head* head = add_child("segmentation_head",
-                         std::make_unique<Head>(width(16, d), cfg.classes, rng, cfg.dtype));
+                         std::make_unique<Head>(width(16, d), cfg.classes, rng, cfg.dtype, cfg.device));
 
   blocks_.push_back({"encoder.stem", {-1}, {enc->conv1, enc->bn1},
                      [enc](const std::vector<Tensor>& in) {

@@ -1,5 +1,7 @@
 // UNet with a ResNet34 encoder, exactly segmentation_models_pytorch's
-// Unet('resnet34', classes=1): same layers, same parameter/buffer names, same initialisation.
+// Unet('resnet34', classes=1): same layers, same parameter/buffer names, and the
+// initialisation of Unet('resnet34', encoder_weights=None, classes=1) (pretrained encoder
+// weights are loaded separately).
 //
 // The model is a list of named blocks with explicit skip edges, so it can be cut between any
 // two blocks (model parallelism):
@@ -27,6 +29,7 @@ namespace unetcu {
 struct UNetConfig {
   int width_divisor = 1;
   DType dtype = DType::F32;
+  Device device = Device::cpu();
   uint64_t seed = 0;  // initialisation
   int in_channels = 3;
   int classes = 1;

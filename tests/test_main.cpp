@@ -1,2 +1,39 @@
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// doctest main that fails when a run selects no test case: ctest runs each case through a
+// name filter, and a filter that matches nothing must not pass silently.
+#define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
+
+#include <atomic>
+#include <cstdio>
+
+namespace {
+std::atomic<int> g_cases_started{0};
+
+struct CountingListener : doctest::IReporter {
+  explicit CountingListener(const doctest::ContextOptions&) {}
+  void report_query(const doctest::QueryData&) override {}
+  void test_run_start() override {}
+  void test_run_end(const doctest::TestRunStats&) override {}
+  void test_case_start(const doctest::TestCaseData&) override { ++g_cases_started; }
+  void test_case_reenter(const doctest::TestCaseData&) override {}
+  void test_case_end(const doctest::CurrentTestCaseStats&) override {}
+  void test_case_exception(const doctest::TestCaseException&) override {}
+  void subcase_start(const doctest::SubcaseSignature&) override {}
+  void subcase_end() override {}
+  void log_assert(const doctest::AssertData&) override {}
+  void log_message(const doctest::MessageData&) override {}
+  void test_case_skipped(const doctest::TestCaseData&) override {}
+};
+REGISTER_LISTENER("counting", 1, CountingListener);
+}  // namespace
+
+int main(int argc, char** argv) {
+  doctest::Context context(argc, argv);
+  const int rc = context.run();
+  if (context.shouldExit()) return rc;  // --help, --list-test-cases, ...
+  if (rc == 0 && g_cases_started == 0) {
+    std::fprintf(stderr, "no test case matched the filters\n");
+    return 1;
+  }
+  return rc;
+}

@@ -78,7 +78,7 @@ TEST_CASE("initialisation follows torchvision / SMP") {
   CHECK(p["segmentation_head.0.bias"].at(0) == 0.0);
 }
 
-TEST_CASE("full model output shapes at 512x512 and at a non-square size; bad sizes refused") {
+TEST_CASE("full model output shapes at 512x512 and at a non-square size, bad sizes refused") {
   UNet model(UNetConfig{});
   model.eval();
   CHECK(model.forward(Tensor::zeros({1, 3, 512, 512})).shape() == Shape{1, 1, 512, 512});

@@ -107,7 +107,7 @@ TEST_CASE("batch_norm2d training: forward against loops, running statistics, gra
   }, {x, gamma, beta});
 }
 
-TEST_CASE("batch_norm2d eval uses the running statistics; gradients") {
+TEST_CASE("batch_norm2d eval uses the running statistics, gradients") {
   Rng rng(4);
   Tensor x = random_tensor({2, 3, 3, 5}, rng).set_requires_grad(true);
   Tensor gamma = random_tensor({3}, rng, 0.5, 1.5).set_requires_grad(true);
@@ -146,7 +146,7 @@ TEST_CASE("relu, sigmoid, add, scale gradients") {
   gradcheck([](const std::vector<Tensor>& in) { return scale(in[0], -2.5); }, {a});
 }
 
-TEST_CASE("max_pool2d: ResNet's 3x3/2 pad 1 and general windows; forward and gradients") {
+TEST_CASE("max_pool2d: ResNet's 3x3/2 pad 1 and general windows, forward and gradients") {
   struct Case {
     Shape x;
     Pool2dOptions o;
@@ -205,7 +205,7 @@ TEST_CASE("upsample_nearest2x and concat_channels: forward and gradients") {
             {a, c});
 }
 
-TEST_CASE("losses: BCE-with-logits, soft Dice, their sum; values and gradients") {
+TEST_CASE("losses: BCE-with-logits, soft Dice, their sum, values and gradients") {
   Rng rng(8);
   Tensor x = random_tensor({2, 1, 5, 3}, rng, -3, 3).set_requires_grad(true);
   Tensor t = Tensor::empty({2, 1, 5, 3}, DType::F64);

@@ -51,7 +51,7 @@ TEST_CASE("Adam: two steps against the torch.optim.Adam formulas, with and witho
   CHECK(q.at(1) == doctest::Approx(1.0 + 1e-3).epsilon(1e-6));
 }
 
-TEST_CASE("SGD with momentum: two steps by hand; parameters without a gradient are skipped") {
+TEST_CASE("SGD with momentum: two steps by hand, parameters without a gradient are skipped") {
   Tensor p = Tensor::from_vector({2}, {1.0, -1.0}, DType::F64).set_requires_grad(true);
   Tensor untouched = Tensor::from_vector({1}, {5.0}, DType::F64).set_requires_grad(true);
   SgdOptions o;

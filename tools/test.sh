@@ -6,4 +6,6 @@ cd "$(dirname "$0")/.."
 tools/setup.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90}" >/dev/null
 cmake --build build -j"$(nproc)"
-ctest --test-dir build --output-on-failure -j"$(nproc)"
+# Serial: every test already uses all cores through OpenMP, and two spinning OpenMP teams on
+# two cores slow each other down many times over.
+ctest --test-dir build --output-on-failure

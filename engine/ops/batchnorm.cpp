@@ -36,6 +36,9 @@ Tensor batch_norm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   }
 
   if (Tape::should_record({&x, &gamma, &beta})) {
+    // The backward fills all three gradient buffers in one kernel call: they must differ.
+    UNETCU_CHECK(!gamma.same_storage(beta) && !x.same_storage(gamma) && !x.same_storage(beta),
+                 "batch_norm2d: input, weight and bias must be distinct tensors");
     if (!training) {  // the backward of eval mode uses the running statistics as constants
       mean = running_mean.clone();
       invstd = Tensor::empty({C}, x.dtype(), x.device());

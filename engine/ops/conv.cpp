@@ -21,18 +21,23 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOpt
     UNETCU_CHECK(b.ndim() == 1 && b.dim(0) == w.dim(0), "conv2d: bias ", shape_str(b.shape()),
                  " does not match ", w.dim(0), " output channels");
   }
+  UNETCU_CHECK(x.numel() > 0, "conv2d: empty input ", shape_str(x.shape()));
+  UNETCU_CHECK(x.dim(2) + 2 * opt.pad_h >= w.dim(2) && x.dim(3) + 2 * opt.pad_w >= w.dim(3),
+               "conv2d: input ", shape_str(x.shape()), " with padding ", opt.pad_h, "x", opt.pad_w,
+               " is smaller than the kernel ", shape_str(w.shape()));
   kernels::ConvGeometry g;
   g.N = x.dim(0), g.C = x.dim(1), g.H = x.dim(2), g.W = x.dim(3), g.O = w.dim(0);
   g.kh = int(w.dim(2)), g.kw = int(w.dim(3));
   g.sh = opt.stride_h, g.sw = opt.stride_w, g.ph = opt.pad_h, g.pw = opt.pad_w;
   g.OH = kernels::window_out_size(g.H, g.kh, g.sh, g.ph, 1);
   g.OW = kernels::window_out_size(g.W, g.kw, g.sw, g.pw, 1);
-  UNETCU_CHECK(g.OH > 0 && g.OW > 0, "conv2d: input ", shape_str(x.shape()),
-               " is smaller than the kernel ", shape_str(w.shape()));
   Tensor y = Tensor::empty({g.N, g.O, g.OH, g.OW}, x.dtype(), x.device());
   kernels::cpu::conv2d_forward(x, w, b, y, g);
 
   if (Tape::should_record({&x, &w, &b})) {
+    // The backward fills all three gradient buffers in one kernel call: they must differ.
+    UNETCU_CHECK(!x.same_storage(w) && (!b.defined() || (!b.same_storage(x) && !b.same_storage(w))),
+                 "conv2d: input, weight and bias must be distinct tensors");
     Tape::record("conv2d", {x, w, b}, {y}, [x, w, g](BackwardContext& ctx) {
       Tensor gx, gw, gb;
       double bx = 0, bw = 0, bb = 0;

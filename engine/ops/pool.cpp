@@ -13,14 +13,15 @@ Tensor max_pool2d(const Tensor& x, const Pool2dOptions& opt) {
   UNETCU_CHECK(opt.pad_h >= 0 && 2 * opt.pad_h <= opt.kernel_h && opt.pad_w >= 0 &&
                    2 * opt.pad_w <= opt.kernel_w,
                "max_pool2d: padding must be between 0 and half the kernel");
+  UNETCU_CHECK(x.numel() > 0, "max_pool2d: empty input ", shape_str(x.shape()));
+  UNETCU_CHECK(x.dim(2) + 2 * opt.pad_h >= opt.kernel_h && x.dim(3) + 2 * opt.pad_w >= opt.kernel_w,
+               "max_pool2d: input ", shape_str(x.shape()), " is smaller than the window");
   kernels::PoolGeometry g;
   g.H = x.dim(2), g.W = x.dim(3);
   g.kh = opt.kernel_h, g.kw = opt.kernel_w, g.sh = opt.stride_h, g.sw = opt.stride_w;
   g.ph = opt.pad_h, g.pw = opt.pad_w;
   g.OH = kernels::window_out_size(g.H, g.kh, g.sh, g.ph, 1);
   g.OW = kernels::window_out_size(g.W, g.kw, g.sw, g.pw, 1);
-  UNETCU_CHECK(g.OH > 0 && g.OW > 0, "max_pool2d: input ", shape_str(x.shape()),
-               " is smaller than the window");
   Tensor y = Tensor::empty({x.dim(0), x.dim(1), g.OH, g.OW}, x.dtype(), x.device());
   kernels::cpu::maxpool_forward(x, y, g);
   if (Tape::should_record({&x})) {
