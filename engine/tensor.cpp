@@ -1,5 +1,7 @@
 #include "engine/tensor.h"
 
+#include "engine/allocator.h"
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -21,13 +23,10 @@ int64_t shape_numel(const Shape& s) {
 
 Storage::Storage(size_t nbytes, Device dev) : bytes(nbytes), device(dev) {
   UNETCU_CHECK(dev.is_cpu(), "device ", dev.str(), " has no memory allocator in this build");
-  // 64-byte alignment for vector loads; at least one byte so ptr is never null.
-  size_t rounded = (nbytes + 63) / 64 * 64;
-  ptr = std::aligned_alloc(64, rounded ? rounded : 64);
-  if (!ptr) throw Error(str_cat("out of host memory allocating ", nbytes, " bytes"));
+  ptr = HostAllocator::allocate(nbytes, &capacity);
 }
 
-Storage::~Storage() { std::free(ptr); }
+Storage::~Storage() { HostAllocator::free(ptr, capacity); }
 
 static uint64_t next_tensor_id() {
   static std::atomic<uint64_t> counter{1};

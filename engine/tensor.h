@@ -23,6 +23,7 @@ enum class MemoryFormat : uint8_t { NCHW, NHWC };
 struct Storage {
   void* ptr = nullptr;
   size_t bytes = 0;
+  size_t capacity = 0;  // size of the allocator block holding it
   Device device;
   Storage(size_t bytes, Device device);
   ~Storage();

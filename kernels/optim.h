@@ -9,15 +9,24 @@ struct AdamStep {
   double bias_correction1, bias_correction2;  // 1 - beta^t for this parameter's step t
 };
 
+// The per-step scalars of Adam in the parameter's type, computed once per tensor.
+template <class T> struct AdamCoeffs {
+  T beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, inv_sqrt_bc2, eps, weight_decay;
+  explicit AdamCoeffs(const AdamStep& s)
+      : beta1(T(s.beta1)), one_minus_beta1(T(1 - s.beta1)), beta2(T(s.beta2)),
+        one_minus_beta2(T(1 - s.beta2)), step_size(T(s.lr / s.bias_correction1)),
+        inv_sqrt_bc2(T(1 / std::sqrt(s.bias_correction2))), eps(T(s.eps)),
+        weight_decay(T(s.weight_decay)) {}
+};
+
 // Adam (L2 weight decay added to the gradient, as torch.optim.Adam):
 //   g += wd*p; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g^2;
 //   p -= lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps)
-template <class T> HD void adam_update(T* p, T g, T* m, T* v, const AdamStep& s) {
-  if (s.weight_decay != 0) g += T(s.weight_decay) * *p;
-  *m = T(s.beta1) * *m + T(1 - s.beta1) * g;
-  *v = T(s.beta2) * *v + T(1 - s.beta2) * g * g;
-  T denom = sqrt(*v) / T(sqrt(s.bias_correction2)) + T(s.eps);
-  *p -= T(s.lr / s.bias_correction1) * *m / denom;
+template <class T> HD void adam_update(T* p, T g, T* m, T* v, const AdamCoeffs<T>& c) {
+  g += c.weight_decay * *p;
+  *m = c.beta1 * *m + c.one_minus_beta1 * g;
+  *v = c.beta2 * *v + c.one_minus_beta2 * g * g;
+  *p -= c.step_size * *m / (sqrt(*v) * c.inv_sqrt_bc2 + c.eps);
 }
 
 struct SgdStep {

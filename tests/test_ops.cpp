@@ -2,6 +2,7 @@
 // float64), on random inputs of odd shapes; conv and BN forward also against loop references;
 // float32 forward against float64.
 #include "engine/ops.h"
+#include "kernels/cpu/launchers.h"
 #include "testing.h"
 
 using namespace unetcu;
@@ -60,6 +61,50 @@ TEST_CASE("conv2d forward equals the loop reference and backward equals finite d
     gradcheck([&](const std::vector<Tensor>& in) { return conv2d(in[0], in[1], in[2], c.opt); },
               {x, w, b});
   }
+}
+
+TEST_CASE("conv2d banded strategy: bands of output rows on several threads") {
+  // Large planes take the banded path: each thread builds its band's column matrix; input
+  // gradients of neighbouring bands overlap and are accumulated in two phases.
+  const int saved = cpu_threads();
+  set_cpu_threads(3);  // an odd team, whatever the machine has
+  struct Case {
+    Shape x, w;
+    Conv2dOptions opt;
+  };
+  const Case cases[] = {{{2, 64, 35, 33}, {5, 64, 3, 3}, {1, 1, 1, 1}},   // many 3x3 bands
+                        {{3, 3, 140, 69}, {4, 3, 7, 7}, {2, 2, 3, 3}},    // stem: 7x7 stride 2
+                        {{3, 64, 140, 33}, {3, 64, 1, 1}, {1, 1, 0, 0}}};  // 1x1 direct bands
+  Rng rng(21);
+  for (const Case& c : cases) {
+    CAPTURE(shape_str(c.x));
+    kernels::ConvGeometry g{c.x[0], c.x[1], c.x[2], c.x[3], c.w[0], 0, 0, int(c.w[2]), int(c.w[3]),
+                            c.opt.stride_h, c.opt.stride_w, c.opt.pad_h, c.opt.pad_w};
+    g.OH = kernels::window_out_size(g.H, g.kh, g.sh, g.ph, 1);
+    g.OW = kernels::window_out_size(g.W, g.kw, g.sw, g.pw, 1);
+    REQUIRE(kernels::cpu::conv2d_uses_bands(g, DType::F64));
+    Tensor x = random_tensor(c.x, rng).set_requires_grad(true);
+    Tensor w = random_tensor(c.w, rng).set_requires_grad(true);
+    Tensor b = random_tensor({c.w[0]}, rng).set_requires_grad(true);
+    CHECK(max_abs_diff(conv2d(x, w, b, c.opt), conv_reference(x, w, b, c.opt)) < 1e-11);
+    GradcheckOptions go;
+    go.max_checks_per_input = 40;
+    gradcheck([&](const std::vector<Tensor>& in) { return conv2d(in[0], in[1], in[2], c.opt); },
+              {x, w, b}, go);
+    // Accumulation (beta = 1) into existing gradients: a second backward doubles them.
+    Tensor gx1 = x.grad().clone(), gw1 = w.grad().clone();
+    Tape tape;
+    Tensor y;
+    {
+      TapeScope s(tape);
+      y = conv2d(x, w, b, c.opt);
+    }
+    Rng r2(7);  // gradcheck's R: same seed, same first draw
+    tape.backward({y}, {random_tensor(y.shape(), r2, -1, 1, y.dtype())});
+    CHECK(max_abs_diff(x.grad(), scale(gx1, 2.0)) < 1e-10);
+    CHECK(max_abs_diff(w.grad(), scale(gw1, 2.0)) < 1e-9);
+  }
+  set_cpu_threads(saved);
 }
 
 TEST_CASE("conv2d on large planes (one sample per GEMM, 1x1 direct path)") {

@@ -2,9 +2,12 @@
 //
 // gradcheck(f, inputs): y = f(inputs) on a tape; the analytic gradient of the scalar
 // L = sum(y * R), R a fixed random tensor, comes from tape.backward({y}, {R}); the numeric one
-// from (L(x + h) - L(x - h)) / 2h per checked element. In float64 with h = 1e-6 the rounding
-// error of L is ~1e-16 |L| / h = 1e-10 |L| and the truncation error h²/6 |L'''| ~ 2e-13, so the
-// tolerance is 1e-7 relative to max(1, |analytic|, |numeric|), plus 1e-9 |L|.
+// from (L(x + h) - L(x - h)) / 2h per checked element. In float64 with h = 1e-6:
+//  - truncation error h²/6 |L'''| ~ 2e-13 |L'''|;
+//  - rounding: L and every y_i are sums, each carrying ~ε = 2.2e-16 times the sum of the
+//    magnitudes of its terms, so L carries ~ε·A with A = sum |y_i R_i| (more through deep
+//    graphs); differenced over 2h that is ~ε·A/h.
+// The tolerance is rtol (1e-7) relative to max(1, |analytic|, |numeric|) plus 4ε·A/h.
 //
 // Kinks (relu at 0, a max-pool window changing its winner) make L non-smooth: an element whose
 // x ± h straddles one gets a wrong central difference. Each element is therefore
@@ -70,7 +73,9 @@ inline int gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
   Tensor R = random_tensor(y.shape(), rng, -1, 1, y.dtype());
   tape.backward({y}, {R});
   auto L = [&]() { return dot(f(inputs), R); };  // no tape active: nothing recorded
-  const double L0 = std::fabs(L());
+  double A = 0;  // sum |y_i R_i|: the scale of L's rounding error
+  for (int64_t i = 0; i < y.numel(); ++i) A += std::fabs(y.at(i) * R.at(i));
+  const double noise = 4 * 2.2e-16 * A / opt.h;
   int checked = 0, kinks = 0;
   for (size_t k = 0; k < inputs.size(); ++k) {
     Tensor& x = inputs[k];
@@ -95,10 +100,10 @@ inline int gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
       };
       const double numeric = central(opt.h), half = central(opt.h / 2);
       const double analytic = g.at(i);
-      const double tol =
-          opt.rtol * std::max({1.0, std::fabs(numeric), std::fabs(analytic)}) + 1e-9 * L0;
+      const double tol = opt.rtol * std::max({1.0, std::fabs(numeric), std::fabs(analytic)}) + noise;
       ++checked;
-      if (std::fabs(numeric - half) > 2 * tol) {  // straddles a kink (see above)
+      // The h/2 difference carries twice the rounding noise: 3 tol bounds the two together.
+      if (std::fabs(numeric - half) > 3 * tol) {  // straddles a kink (see above)
         ++kinks;
         continue;
       }

@@ -1,85 +1,277 @@
-// CPU convolution: im2col + GEMM (OpenBLAS). Samples are processed in groups so that deep
-// layers with tiny planes still give the GEMM enough columns; the column buffer is bounded.
-//   forward:  Y_g[O, g*HW]  = W[O, K] · col_g[K, g*HW]
-//   backward: dW[O, K]     += dY_g · col_gᵀ      (accumulates over groups; beta_w for the first)
-//             dcol[K, g*HW] = Wᵀ · dY_g,  col2im → dX
-//             db[O]        += Σ dY
-// The column matrix is rebuilt from x in backward instead of being saved.
+// CPU convolution: im2col + GEMM (OpenBLAS), two strategies.
+//
+// Banded (large output planes): the work items are (sample, band of output rows). Each OpenMP
+// thread builds the column matrix of its band in its own workspace, sized to stay in cache,
+// and runs a single-threaded GEMM on it (OpenBLAS runs single-threaded inside a parallel
+// region):
+//   forward:  Y_n[:, band] = W[O, K] · col_band[K, cols]                (ldc = OH*OW)
+//   backward: dW_thread  += dY_n[:, band] · col_bandᵀ, summed over threads at the end
+//             dcol_band   = Wᵀ · dY_n[:, band], col2im → dX_n
+// Neighbouring bands read overlapping input rows, so dX is accumulated in two phases (even
+// bands, then odd bands); bands of the same parity never overlap because every band but the
+// last has at least ceil(kh / stride) rows.
+//
+// Grouped (small planes, deep layers): samples are grouped so the GEMM has >= 4096 columns
+// (column buffer <= 64 MB) and OpenBLAS threads the GEMM itself:
+//   Y_g[O, g*HW] = W · col_g,  dW += dY_g · col_gᵀ,  dcol_g = Wᵀ · dY_g.
+//
+// Gradient rule: grad_x / grad_w / grad_b are written when their beta is 0 and accumulated
+// when it is 1. The column matrix is rebuilt from x in backward instead of being saved.
+#include <omp.h>
+
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/launchers.h"
+#include "kernels/cpu/workspace.h"
 #include "kernels/elementwise.h"
 
 namespace unetcu::kernels::cpu {
 namespace {
 
 constexpr int64_t kMinGemmColumns = 4096;
-constexpr int64_t kMaxColumnElements = int64_t(1) << 24;  // 64 MB of float32
-
-int64_t group_size(const ConvGeometry& g) {
-  const int64_t K = g.C * g.kh * g.kw, HW = g.OH * g.OW;
-  int64_t group = std::clamp<int64_t>((kMinGemmColumns + HW - 1) / HW, 1, g.N);
-  while (group > 1 && group * K * HW > kMaxColumnElements) --group;
-  return group;
-}
+constexpr int64_t kMaxColumnElements = int64_t(1) << 24;  // grouped strategy: 64 MB of float32
+constexpr int64_t kBandBytes = int64_t(1) << 21;  // banded strategy: column matrix per band
+constexpr int64_t kMinBandColumns = 256;
 
 bool is_pointwise(const ConvGeometry& g) {
   return g.kh == 1 && g.kw == 1 && g.sh == 1 && g.sw == 1 && g.ph == 0 && g.pw == 0;
 }
 
-// col[K, gs*HW] from samples [n0, n0+gs) of x.
+// out[ow] = src[ow * stride] and dst[ow * stride] += in[ow] for ow in [lo, hi); the stride-1
+// cases are split out so they vectorise.
 template <class T>
-void im2col(const T* x, int64_t n0, int64_t gs, const ConvGeometry& g, T* col) {
+inline void copy_row(T* out, const T* src, int64_t lo, int64_t hi, int64_t stride) {
+  if (stride == 1) {
+    std::memcpy(out + lo, src + lo, size_t(hi - lo) * sizeof(T));
+  } else {
+    for (int64_t ow = lo; ow < hi; ++ow) out[ow] = src[ow * stride];
+  }
+}
+template <class T>
+inline void add_row(T* __restrict dst, const T* __restrict in, int64_t lo, int64_t hi,
+                    int64_t stride) {
+  if (stride == 1) {
+    for (int64_t ow = lo; ow < hi; ++ow) dst[ow] += in[ow];
+  } else {
+    for (int64_t ow = lo; ow < hi; ++ow) dst[ow * stride] += in[ow];
+  }
+}
+
+// Rows [r0, r1) of the output plane of one sample.
+struct Band {
+  int64_t n, r0, r1, parity;
+};
+
+// The banded plan, or empty when the planes are too small for it to pay off.
+template <class T>
+std::vector<Band> plan_bands(const ConvGeometry& g) {
+  const int64_t K = g.C * g.kh * g.kw;
+  const int threads = omp_get_max_threads();
+  const int64_t cols = std::max<int64_t>(kMinBandColumns, kBandBytes / int64_t(sizeof(T)) / K);
+  const int64_t min_rows = (g.kh + g.sh - 1) / g.sh;
+  const int64_t rows = std::max<int64_t>({min_rows, (cols + g.OW - 1) / g.OW, 1});
+  const int64_t bands = (g.OH + rows - 1) / rows;
+  // Worth it only with enough items to share out and columns enough per GEMM.
+  if (threads < 2 || g.N * bands < 2 * threads || rows * g.OW < kMinBandColumns) return {};
+  std::vector<Band> plan;
+  for (int64_t n = 0; n < g.N; ++n)
+    for (int64_t b = 0; b < bands; ++b)
+      plan.push_back({n, b * rows, std::min(g.OH, (b + 1) * rows), b & 1});
+  return plan;
+}
+
+// col[K, (r1-r0)*OW] for output rows [r0, r1) of the sample plane stack x_n [C, H, W].
+template <class T>
+void im2col_band(const T* x_n, int64_t r0, int64_t r1, const ConvGeometry& g, T* col) {
+  const int64_t K = g.C * g.kh * g.kw, cols = (r1 - r0) * g.OW;
+  for (int64_t row = 0; row < K; ++row) {
+    const int64_t j = row % g.kw, i = (row / g.kw) % g.kh, c = row / (g.kw * g.kh);
+    const T* plane = x_n + c * g.H * g.W;
+    // Valid output columns: 0 <= ow*sw - pw + j < W.
+    const int64_t lo = std::clamp<int64_t>((g.pw - j + g.sw - 1) / g.sw, 0, g.OW);
+    const int64_t hi = std::clamp<int64_t>((g.W + g.pw - j + g.sw - 1) / g.sw, lo, g.OW);
+    T* out = col + row * cols;
+    for (int64_t oh = r0; oh < r1; ++oh, out += g.OW) {
+      const int64_t ih = oh * g.sh - g.ph + i;
+      if (ih < 0 || ih >= g.H) {
+        std::fill(out, out + g.OW, T(0));
+        continue;
+      }
+      const T* src = plane + ih * g.W - g.pw + j;
+      std::fill(out, out + lo, T(0));
+      copy_row(out, src, lo, hi, g.sw);
+      std::fill(out + hi, out + g.OW, T(0));
+    }
+  }
+}
+
+// dx_n += col2im(dcol) for output rows [r0, r1).
+template <class T>
+void col2im_band_add(const T* dcol, int64_t r0, int64_t r1, const ConvGeometry& g, T* dx_n) {
+  const int64_t K = g.C * g.kh * g.kw, cols = (r1 - r0) * g.OW;
+  for (int64_t row = 0; row < K; ++row) {
+    const int64_t j = row % g.kw, i = (row / g.kw) % g.kh, c = row / (g.kw * g.kh);
+    T* plane = dx_n + c * g.H * g.W;
+    const int64_t lo = std::clamp<int64_t>((g.pw - j + g.sw - 1) / g.sw, 0, g.OW);
+    const int64_t hi = std::clamp<int64_t>((g.W + g.pw - j + g.sw - 1) / g.sw, lo, g.OW);
+    const T* in = dcol + row * cols;
+    for (int64_t oh = r0; oh < r1; ++oh, in += g.OW) {
+      const int64_t ih = oh * g.sh - g.ph + i;
+      if (ih < 0 || ih >= g.H) continue;
+      T* dst = plane + ih * g.W - g.pw + j;
+      add_row(dst, in, lo, hi, g.sw);
+    }
+  }
+}
+
+// ---- banded strategy -----------------------------------------------------------------
+
+template <class T>
+void forward_banded(const T* x, const T* w, const T* b, T* y, const ConvGeometry& g,
+                    const std::vector<Band>& plan) {
+  const int64_t K = g.C * g.kh * g.kw, HW = g.OH * g.OW, CHW = g.C * g.H * g.W;
+  const bool direct = is_pointwise(g);
+#pragma omp parallel for schedule(dynamic)
+  for (size_t it = 0; it < plan.size(); ++it) {
+    const Band& band = plan[it];
+    const int64_t cols = (band.r1 - band.r0) * g.OW;
+    const T* xn = x + band.n * CHW;
+    const T* colp;
+    int64_t ldb;
+    if (direct) {  // x_n[:, band] is already the column matrix
+      colp = xn + band.r0 * g.OW;
+      ldb = HW;
+    } else {
+      T* col = workspace<T>(WorkspaceSlot::Columns, size_t(K * cols));
+      im2col_band(xn, band.r0, band.r1, g, col);
+      colp = col;
+      ldb = cols;
+    }
+    T* out = y + band.n * g.O * HW + band.r0 * g.OW;
+    gemm(false, false, int(g.O), int(cols), int(K), T(1), w, int(K), colp, int(ldb), T(0), out,
+         int(HW));
+    if (b)
+      for (int64_t o = 0; o < g.O; ++o)
+        for (int64_t q = 0; q < cols; ++q) out[o * HW + q] += b[o];
+  }
+}
+
+template <class T>
+void backward_banded(const T* gy, const T* x, const T* w, T* gx, T beta_x, T* gw, T beta_w,
+                     const ConvGeometry& g, const std::vector<Band>& plan) {
+  const int64_t K = g.C * g.kh * g.kw, HW = g.OH * g.OW, CHW = g.C * g.H * g.W;
+  const bool direct = is_pointwise(g);
+  const int threads = omp_get_max_threads();
+  // Per-thread weight-gradient partials, summed in a fixed order (deterministic result).
+  std::vector<T> partial(gw ? size_t(threads) * g.O * K : 0);
+  if (gx && beta_x == T(0) && !direct) std::memset(gx, 0, size_t(g.N * CHW) * sizeof(T));
+#pragma omp parallel num_threads(threads)
+  {
+    const int tid = omp_get_thread_num();
+    T* my_gw = gw ? partial.data() + size_t(tid) * g.O * K : nullptr;
+    if (my_gw) std::fill(my_gw, my_gw + g.O * K, T(0));
+    for (int parity = 0; parity < 2; ++parity) {
+#pragma omp for schedule(dynamic)
+      for (size_t it = 0; it < plan.size(); ++it) {
+        const Band& band = plan[it];
+        if (band.parity != parity) continue;
+        const int64_t cols = (band.r1 - band.r0) * g.OW;
+        const T* xn = x + band.n * CHW;
+        const T* dyb = gy + band.n * g.O * HW + band.r0 * g.OW;  // [O, cols], ld HW
+        if (direct) {
+          if (my_gw)
+            gemm(false, true, int(g.O), int(K), int(cols), T(1), dyb, int(HW),
+                 xn + band.r0 * g.OW, int(HW), T(1), my_gw, int(K));
+          if (gx)  // 1×1, stride 1: bands never overlap, write straight into dx
+            gemm(true, false, int(K), int(cols), int(g.O), T(1), w, int(K), dyb, int(HW), beta_x,
+                 gx + band.n * CHW + band.r0 * g.OW, int(HW));
+          continue;
+        }
+        T* col = workspace<T>(WorkspaceSlot::Columns, size_t(K * cols));
+        if (my_gw) {
+          im2col_band(xn, band.r0, band.r1, g, col);
+          gemm(false, true, int(g.O), int(K), int(cols), T(1), dyb, int(HW), col, int(cols), T(1),
+               my_gw, int(K));
+        }
+        if (gx) {
+          gemm(true, false, int(K), int(cols), int(g.O), T(1), w, int(K), dyb, int(HW), T(0), col,
+               int(cols));
+          col2im_band_add(col, band.r0, band.r1, g, gx + band.n * CHW);
+        }
+      }  // implicit barrier: all even bands are done before any odd band starts
+    }
+  }
+  if (gw) {
+    const int64_t n = g.O * K;
+    for (int64_t q = 0; q < n; ++q) {
+      T s = partial[q];
+      for (int t = 1; t < threads; ++t) s += partial[size_t(t) * n + q];
+      store(gw + q, s, beta_w);
+    }
+  }
+}
+
+// ---- grouped strategy ----------------------------------------------------------------
+
+int64_t group_size(const ConvGeometry& g) {
+  const int64_t K = g.C * g.kh * g.kw, HW = g.OH * g.OW;
+  int64_t group = std::clamp<int64_t>((kMinGemmColumns + HW - 1) / HW, 1, std::max<int64_t>(g.N, 1));
+  while (group > 1 && group * K * HW > kMaxColumnElements) --group;
+  return group;
+}
+
+// col[K, gs*HW] from samples [n0, n0+gs), one output plane after another.
+template <class T>
+void im2col_group(const T* x, int64_t n0, int64_t gs, const ConvGeometry& g, T* col) {
   const int64_t K = g.C * g.kh * g.kw, HW = g.OH * g.OW, cols = gs * HW;
 #pragma omp parallel for schedule(static)
   for (int64_t row = 0; row < K; ++row) {
     const int64_t j = row % g.kw, i = (row / g.kw) % g.kh, c = row / (g.kw * g.kh);
-    T* out = col + row * cols;
+    const int64_t lo = std::clamp<int64_t>((g.pw - j + g.sw - 1) / g.sw, 0, g.OW);
+    const int64_t hi = std::clamp<int64_t>((g.W + g.pw - j + g.sw - 1) / g.sw, lo, g.OW);
     for (int64_t s = 0; s < gs; ++s) {
       const T* plane = x + ((n0 + s) * g.C + c) * g.H * g.W;
-      for (int64_t oh = 0; oh < g.OH; ++oh) {
-        T* o = out + s * HW + oh * g.OW;
+      T* out = col + row * cols + s * HW;
+      for (int64_t oh = 0; oh < g.OH; ++oh, out += g.OW) {
         const int64_t ih = oh * g.sh - g.ph + i;
         if (ih < 0 || ih >= g.H) {
-          std::fill(o, o + g.OW, T(0));
+          std::fill(out, out + g.OW, T(0));
           continue;
         }
-        const T* src = plane + ih * g.W;
-        for (int64_t ow = 0; ow < g.OW; ++ow) {
-          const int64_t iw = ow * g.sw - g.pw + j;
-          o[ow] = (iw >= 0 && iw < g.W) ? src[iw] : T(0);
-        }
+        const T* src = plane + ih * g.W - g.pw + j;
+        std::fill(out, out + lo, T(0));
+        copy_row(out, src, lo, hi, g.sw);
+        std::fill(out + hi, out + g.OW, T(0));
       }
     }
   }
 }
 
-// dx[samples n0..n0+gs) += col2im(dcol). Each thread owns whole input channels: no races.
+// dx[samples n0..) += col2im(dcol). Each thread owns whole input channels: no races.
 template <class T>
-void col2im_add(const T* dcol, int64_t n0, int64_t gs, const ConvGeometry& g, T* dx) {
+void col2im_group_add(const T* dcol, int64_t n0, int64_t gs, const ConvGeometry& g, T* dx) {
   const int64_t HW = g.OH * g.OW, cols = gs * HW;
 #pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < g.C; ++c) {
+  for (int64_t c = 0; c < g.C; ++c)
     for (int64_t i = 0; i < g.kh; ++i)
       for (int64_t j = 0; j < g.kw; ++j) {
-        const T* in = dcol + ((c * g.kh + i) * g.kw + j) * cols;
+        const int64_t row = (c * g.kh + i) * g.kw + j;
+        const int64_t lo = std::clamp<int64_t>((g.pw - j + g.sw - 1) / g.sw, 0, g.OW);
+        const int64_t hi = std::clamp<int64_t>((g.W + g.pw - j + g.sw - 1) / g.sw, lo, g.OW);
         for (int64_t s = 0; s < gs; ++s) {
           T* plane = dx + ((n0 + s) * g.C + c) * g.H * g.W;
-          for (int64_t oh = 0; oh < g.OH; ++oh) {
+          const T* in = dcol + row * cols + s * HW;
+          for (int64_t oh = 0; oh < g.OH; ++oh, in += g.OW) {
             const int64_t ih = oh * g.sh - g.ph + i;
             if (ih < 0 || ih >= g.H) continue;
-            const T* src = in + s * HW + oh * g.OW;
-            T* dst = plane + ih * g.W;
-            for (int64_t ow = 0; ow < g.OW; ++ow) {
-              const int64_t iw = ow * g.sw - g.pw + j;
-              if (iw >= 0 && iw < g.W) dst[iw] += src[ow];
-            }
+            T* dst = plane + ih * g.W - g.pw + j;
+            add_row(dst, in, lo, hi, g.sw);
           }
         }
       }
-  }
 }
 
 // tmp[O, gs*HW] <-> y[n0+s][O][HW]
@@ -88,38 +280,35 @@ void scatter_group(const T* tmp, int64_t n0, int64_t gs, int64_t O, int64_t HW, 
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t s = 0; s < gs; ++s)
     for (int64_t o = 0; o < O; ++o)
-      std::copy(tmp + o * gs * HW + s * HW, tmp + o * gs * HW + (s + 1) * HW,
-                y + ((n0 + s) * O + o) * HW);
+      std::memcpy(y + ((n0 + s) * O + o) * HW, tmp + o * gs * HW + s * HW, size_t(HW) * sizeof(T));
 }
 template <class T>
 void gather_group(const T* y, int64_t n0, int64_t gs, int64_t O, int64_t HW, T* tmp) {
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t s = 0; s < gs; ++s)
     for (int64_t o = 0; o < O; ++o)
-      std::copy(y + ((n0 + s) * O + o) * HW, y + ((n0 + s) * O + o + 1) * HW,
-                tmp + o * gs * HW + s * HW);
+      std::memcpy(tmp + o * gs * HW + s * HW, y + ((n0 + s) * O + o) * HW, size_t(HW) * sizeof(T));
 }
 
 template <class T>
-void forward_impl(const T* x, const T* w, const T* b, T* y, const ConvGeometry& g) {
+void forward_grouped(const T* x, const T* w, const T* b, T* y, const ConvGeometry& g) {
   const int64_t K = g.C * g.kh * g.kw, HW = g.OH * g.OW;
   const int64_t group = group_size(g);
   // A 1×1/stride 1 conv over single samples needs no column matrix: x_n is already [C, HW].
   const bool direct = is_pointwise(g) && group == 1;
-  std::vector<T> col, tmp;
-  if (!direct) col.resize(K * group * HW);
-  if (group > 1) tmp.resize(g.O * group * HW);
+  T* col = direct ? nullptr : workspace<T>(WorkspaceSlot::Columns, size_t(K * group * HW));
+  T* tmp = group > 1 ? workspace<T>(WorkspaceSlot::Scratch, size_t(g.O * group * HW)) : nullptr;
   for (int64_t n0 = 0; n0 < g.N; n0 += group) {
     const int64_t gs = std::min(group, g.N - n0), cols = gs * HW;
-    const T* colp = col.data();
+    const T* colp = col;
     if (direct)
       colp = x + n0 * g.C * g.H * g.W;
     else
-      im2col(x, n0, gs, g, col.data());
-    T* out = gs == 1 ? y + n0 * g.O * HW : tmp.data();
+      im2col_group(x, n0, gs, g, col);
+    T* out = gs == 1 ? y + n0 * g.O * HW : tmp;
     gemm(false, false, int(g.O), int(cols), int(K), T(1), w, int(K), colp, int(cols), T(0), out,
          int(cols));
-    if (gs > 1) scatter_group(tmp.data(), n0, gs, g.O, HW, y);
+    if (gs > 1) scatter_group(tmp, n0, gs, g.O, HW, y);
   }
   if (b) {
 #pragma omp parallel for collapse(2) schedule(static)
@@ -132,9 +321,59 @@ void forward_impl(const T* x, const T* w, const T* b, T* y, const ConvGeometry& 
 }
 
 template <class T>
+void backward_grouped(const T* gy, const T* x, const T* w, T* gx, T beta_x, T* gw, T beta_w,
+                      const ConvGeometry& g) {
+  const int64_t K = g.C * g.kh * g.kw, HW = g.OH * g.OW;
+  const int64_t group = group_size(g);
+  const bool direct = is_pointwise(g) && group == 1;
+  if (gx && beta_x == T(0) && !direct) std::memset(gx, 0, size_t(g.N * g.C * g.H * g.W) * sizeof(T));
+  T* col = direct ? nullptr : workspace<T>(WorkspaceSlot::Columns, size_t(K * group * HW));
+  T* tmp = group > 1 ? workspace<T>(WorkspaceSlot::Scratch, size_t(g.O * group * HW)) : nullptr;
+  bool first_w = true;
+  for (int64_t n0 = 0; n0 < g.N; n0 += group) {
+    const int64_t gs = std::min(group, g.N - n0), cols = gs * HW;
+    const T* dyg = gy + n0 * g.O * HW;
+    if (gs > 1) {
+      gather_group(gy, n0, gs, g.O, HW, tmp);
+      dyg = tmp;
+    }
+    if (gw) {
+      const T* colp = col;
+      if (direct)
+        colp = x + n0 * g.C * g.H * g.W;
+      else
+        im2col_group(x, n0, gs, g, col);
+      gemm(false, true, int(g.O), int(K), int(cols), T(1), dyg, int(cols), colp, int(cols),
+           first_w ? beta_w : T(1), gw, int(K));
+      first_w = false;
+    }
+    if (gx) {
+      if (direct) {
+        // dX_n[C, HW] = Wᵀ · dY_n, written (or accumulated) straight into dx.
+        gemm(true, false, int(K), int(cols), int(g.O), T(1), w, int(K), dyg, int(cols), beta_x,
+             gx + n0 * g.C * HW, int(cols));
+      } else {
+        gemm(true, false, int(K), int(cols), int(g.O), T(1), w, int(K), dyg, int(cols), T(0), col,
+             int(cols));
+        col2im_group_add(col, n0, gs, g, gx);
+      }
+    }
+  }
+}
+
+template <class T>
+void forward_impl(const T* x, const T* w, const T* b, T* y, const ConvGeometry& g) {
+  const std::vector<Band> plan = plan_bands<T>(g);
+  if (!plan.empty())
+    forward_banded(x, w, b, y, g, plan);
+  else
+    forward_grouped(x, w, b, y, g);
+}
+
+template <class T>
 void backward_impl(const T* gy, const T* x, const T* w, T* gx, T beta_x, T* gw, T beta_w, T* gb,
                    T beta_b, const ConvGeometry& g) {
-  const int64_t K = g.C * g.kh * g.kw, HW = g.OH * g.OW;
+  const int64_t HW = g.OH * g.OW;
   if (gb) {
 #pragma omp parallel for schedule(static)
     for (int64_t o = 0; o < g.O; ++o) {
@@ -147,45 +386,18 @@ void backward_impl(const T* gy, const T* x, const T* w, T* gx, T beta_x, T* gw, 
     }
   }
   if (!gx && !gw) return;
-  const int64_t group = group_size(g);
-  const bool direct = is_pointwise(g) && group == 1;
-  if (gx && beta_x == T(0) && !direct) std::fill(gx, gx + g.N * g.C * g.H * g.W, T(0));
-  std::vector<T> col, tmp;
-  if (!direct) col.resize(K * group * HW);
-  if (group > 1) tmp.resize(g.O * group * HW);
-  bool first_w = true;
-  for (int64_t n0 = 0; n0 < g.N; n0 += group) {
-    const int64_t gs = std::min(group, g.N - n0), cols = gs * HW;
-    const T* dyg = gy + n0 * g.O * HW;
-    if (gs > 1) {
-      gather_group(gy, n0, gs, g.O, HW, tmp.data());
-      dyg = tmp.data();
-    }
-    if (gw) {
-      const T* colp = col.data();
-      if (direct)
-        colp = x + n0 * g.C * g.H * g.W;
-      else
-        im2col(x, n0, gs, g, col.data());
-      gemm(false, true, int(g.O), int(K), int(cols), T(1), dyg, int(cols), colp, int(cols),
-           first_w ? beta_w : T(1), gw, int(K));
-      first_w = false;
-    }
-    if (gx) {
-      if (direct) {
-        // dX_n[C, HW] = Wᵀ · dY_n, written (or accumulated) straight into dx.
-        gemm(true, false, int(K), int(cols), int(g.O), T(1), w, int(K), dyg, int(cols), beta_x,
-             gx + n0 * g.C * HW, int(cols));
-      } else {
-        gemm(true, false, int(K), int(cols), int(g.O), T(1), w, int(K), dyg, int(cols), T(0),
-             col.data(), int(cols));
-        col2im_add(col.data(), n0, gs, g, gx);
-      }
-    }
-  }
+  const std::vector<Band> plan = plan_bands<T>(g);
+  if (!plan.empty())
+    backward_banded(gy, x, w, gx, beta_x, gw, beta_w, g, plan);
+  else
+    backward_grouped(gy, x, w, gx, beta_x, gw, beta_w, g);
 }
 
 }  // namespace
+
+bool conv2d_uses_bands(const ConvGeometry& g, DType dtype) {
+  return dtype == DType::F32 ? !plan_bands<float>(g).empty() : !plan_bands<double>(g).empty();
+}
 
 void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y,
                     const ConvGeometry& g) {

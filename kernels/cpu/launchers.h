@@ -24,6 +24,9 @@ void add_forward(const Tensor& a, const Tensor& b, Tensor& y);
 // y = conv(x, w) + b. b may be undefined.
 void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y,
                     const ConvGeometry& g);
+// True when conv2d on this geometry takes the banded strategy (see kernels/cpu/conv.cpp)
+// with the calling thread's thread budget; for tests that must cover both strategies.
+bool conv2d_uses_bands(const ConvGeometry& g, DType dtype);
 // Any of grad_x / grad_w / grad_b may be null (not needed).
 void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, Tensor* grad_x,
                      double beta_x, Tensor* grad_w, double beta_w, Tensor* grad_b, double beta_b,

@@ -12,7 +12,8 @@ void adam_update(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamSte
     const T* gp = g.data<T>();
     T* mp = m.data<T>();
     T* vp = v.data<T>();
-    parallel_for(n, [&](int64_t i) { kernels::adam_update(pp + i, gp[i], mp + i, vp + i, s); });
+    const AdamCoeffs<T> c(s);
+    parallel_for(n, [=](int64_t i) { kernels::adam_update(pp + i, gp[i], mp + i, vp + i, c); });
   });
 }
 

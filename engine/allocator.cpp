@@ -1,0 +1,93 @@
+#include "engine/allocator.h"
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+
+#include "engine/common.h"
+
+namespace unetcu {
+namespace {
+
+struct State {
+  std::mutex mu;
+  std::multimap<size_t, void*> free_blocks;  // capacity -> block
+  AllocatorStats stats;
+};
+
+State& state() {
+  static State* s = new State();  // never destroyed: tensors may be freed during exit
+  return *s;
+}
+
+// Small blocks round to 64 bytes, large ones to 1/16 of their power of two, so that nearly
+// equal sizes share blocks without wasting more than ~6%.
+size_t round_size(size_t bytes) {
+  if (bytes <= 4096) return (bytes + 63) / 64 * 64;
+  size_t p = 4096;
+  while (p * 2 <= bytes) p *= 2;
+  const size_t step = p / 16;
+  return (bytes + step - 1) / step * step;
+}
+
+}  // namespace
+
+void* HostAllocator::allocate(size_t bytes, size_t* capacity) {
+  const size_t want = round_size(bytes ? bytes : 1);
+  State& s = state();
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    auto it = s.free_blocks.lower_bound(want);
+    if (it != s.free_blocks.end() && it->first <= want + want / 8) {
+      void* p = it->second;
+      *capacity = it->first;
+      s.stats.cached_bytes -= it->first;
+      s.free_blocks.erase(it);
+      s.stats.current_bytes += *capacity;
+      if (s.stats.current_bytes > s.stats.peak_bytes) s.stats.peak_bytes = s.stats.current_bytes;
+      return p;
+    }
+  }
+  void* p = std::aligned_alloc(64, want);
+  if (!p) {
+    release_cache();
+    p = std::aligned_alloc(64, want);
+  }
+  if (!p) throw Error(str_cat("out of host memory allocating ", bytes, " bytes"));
+  *capacity = want;
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.stats.current_bytes += want;
+  if (s.stats.current_bytes > s.stats.peak_bytes) s.stats.peak_bytes = s.stats.current_bytes;
+  return p;
+}
+
+void HostAllocator::free(void* ptr, size_t capacity) {
+  if (!ptr) return;
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.free_blocks.emplace(capacity, ptr);
+  s.stats.current_bytes -= capacity;
+  s.stats.cached_bytes += capacity;
+}
+
+AllocatorStats HostAllocator::stats() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.stats;
+}
+
+void HostAllocator::reset_peak() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.stats.peak_bytes = s.stats.current_bytes;
+}
+
+void HostAllocator::release_cache() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  for (auto& [size, p] : s.free_blocks) std::free(p);
+  s.free_blocks.clear();
+  s.stats.cached_bytes = 0;
+}
+
+}  // namespace unetcu

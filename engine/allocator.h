@@ -1,0 +1,25 @@
+// Caching host allocator: tensor storage on CPU devices. A training step allocates the same
+// sizes every time; keeping freed blocks (by size) avoids a fresh mmap and its page faults for
+// every activation. Blocks are 64-byte aligned. Thread-safe.
+#pragma once
+#include <cstddef>
+
+namespace unetcu {
+
+struct AllocatorStats {
+  size_t current_bytes = 0;  // in tensors now
+  size_t peak_bytes = 0;     // most ever in tensors at once
+  size_t cached_bytes = 0;   // freed blocks kept for reuse
+};
+
+class HostAllocator {
+ public:
+  // Returns a block of at least `bytes`; *capacity receives its real size (pass it to free).
+  static void* allocate(size_t bytes, size_t* capacity);
+  static void free(void* ptr, size_t capacity);
+  static AllocatorStats stats();
+  static void reset_peak();
+  static void release_cache();  // returns every cached block to the system
+};
+
+}  // namespace unetcu
