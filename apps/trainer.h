@@ -13,7 +13,7 @@
 namespace unetcu {
 
 struct TrainConfig {
-  int epochs = 6;
+  int epochs = 10;
   int batch_size = 8;
   int image_size = 64;
   double lr = 1e-3;

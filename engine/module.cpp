@@ -61,16 +61,19 @@ Conv2d::Conv2d(int in, int out, int kernel, int stride, int padding, bool has_bi
   weight = Tensor::empty({out, in, kernel, kernel}, dtype, device);
   const double fan_in = double(in) * kernel * kernel, fan_out = double(out) * kernel * kernel;
   const int64_t n = weight.numel();
-  for (int64_t i = 0; i < n; ++i) {
-    double v = 0;
-    switch (init) {
-      case Init::KaimingNormalFanOut: v = rng.normal() * std::sqrt(2.0 / fan_out); break;
-      case Init::KaimingUniformFanIn: v = rng.uniform(-1, 1) * std::sqrt(6.0 / fan_in); break;
-      case Init::XavierUniform: v = rng.uniform(-1, 1) * std::sqrt(6.0 / (fan_in + fan_out)); break;
-      case Init::PyTorchDefault: v = rng.uniform(-1, 1) / std::sqrt(fan_in); break;
+  UNETCU_DISPATCH_FLOAT(dtype, T, {
+    T* w = weight.data<T>();
+    for (int64_t i = 0; i < n; ++i) {
+      double v = 0;
+      switch (init) {
+        case Init::KaimingNormalFanOut: v = rng.normal() * std::sqrt(2.0 / fan_out); break;
+        case Init::KaimingUniformFanIn: v = rng.uniform(-1, 1) * std::sqrt(6.0 / fan_in); break;
+        case Init::XavierUniform: v = rng.uniform(-1, 1) * std::sqrt(6.0 / (fan_in + fan_out)); break;
+        case Init::PyTorchDefault: v = rng.uniform(-1, 1) / std::sqrt(fan_in); break;
+      }
+      w[i] = T(v);
     }
-    weight.set(i, v);
-  }
+  });
   register_parameter("weight", &weight);
   if (has_bias) {
     bias = Tensor::zeros({out}, dtype, device);
