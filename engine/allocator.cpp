@@ -1,5 +1,6 @@
 #include "engine/allocator.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -65,8 +66,15 @@ void HostAllocator::free(void* ptr, size_t capacity) {
   if (!ptr) return;
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
-  s.free_blocks.emplace(capacity, ptr);
   s.stats.current_bytes -= capacity;
+  // The cache holds at most as much as the busiest moment ever needed in tensors (plus a
+  // floor), so sizes that stop recurring cannot pile up without bound.
+  const size_t limit = std::max<size_t>(s.stats.peak_bytes, size_t(256) << 20);
+  if (s.stats.cached_bytes + capacity > limit) {
+    std::free(ptr);
+    return;
+  }
+  s.free_blocks.emplace(capacity, ptr);
   s.stats.cached_bytes += capacity;
 }
 

@@ -1,6 +1,7 @@
 // Caching host allocator: tensor storage on CPU devices. A training step allocates the same
 // sizes every time; keeping freed blocks (by size) avoids a fresh mmap and its page faults for
-// every activation. Blocks are 64-byte aligned. Thread-safe.
+// every activation. The cache is bounded by the peak bytes ever held in tensors (at least
+// 256 MB). Blocks are 64-byte aligned. Thread-safe.
 #pragma once
 #include <cstddef>
 

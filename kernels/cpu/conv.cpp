@@ -83,6 +83,12 @@ std::vector<Band> plan_bands(const ConvGeometry& g) {
   return plan;
 }
 
+int64_t max_band_columns(const std::vector<Band>& plan, const ConvGeometry& g) {
+  int64_t m = 0;
+  for (const Band& b : plan) m = std::max(m, (b.r1 - b.r0) * g.OW);
+  return m;
+}
+
 // col[K, (r1-r0)*OW] for output rows [r0, r1) of the sample plane stack x_n [C, H, W].
 template <class T>
 void im2col_band(const T* x_n, int64_t r0, int64_t r1, const ConvGeometry& g, T* col) {
@@ -134,7 +140,12 @@ void forward_banded(const T* x, const T* w, const T* b, T* y, const ConvGeometry
                     const std::vector<Band>& plan) {
   const int64_t K = g.C * g.kh * g.kw, HW = g.OH * g.OW, CHW = g.C * g.H * g.W;
   const bool direct = is_pointwise(g);
-#pragma omp parallel for schedule(dynamic)
+  // Column buffers for every thread, taken before the parallel region (an allocation failure
+  // must throw here, not inside it).
+  const int threads = omp_get_max_threads();
+  const int64_t band_elems = K * max_band_columns(plan, g);
+  T* cols_all = direct ? nullptr : workspace<T>(WorkspaceSlot::Columns, size_t(threads * band_elems));
+#pragma omp parallel for schedule(static) num_threads(threads)
   for (size_t it = 0; it < plan.size(); ++it) {
     const Band& band = plan[it];
     const int64_t cols = (band.r1 - band.r0) * g.OW;
@@ -145,7 +156,7 @@ void forward_banded(const T* x, const T* w, const T* b, T* y, const ConvGeometry
       colp = xn + band.r0 * g.OW;
       ldb = HW;
     } else {
-      T* col = workspace<T>(WorkspaceSlot::Columns, size_t(K * cols));
+      T* col = cols_all + omp_get_thread_num() * band_elems;
       im2col_band(xn, band.r0, band.r1, g, col);
       colp = col;
       ldb = cols;
@@ -165,8 +176,11 @@ void backward_banded(const T* gy, const T* x, const T* w, T* gx, T beta_x, T* gw
   const int64_t K = g.C * g.kh * g.kw, HW = g.OH * g.OW, CHW = g.C * g.H * g.W;
   const bool direct = is_pointwise(g);
   const int threads = omp_get_max_threads();
-  // Per-thread weight-gradient partials, summed in a fixed order (deterministic result).
+  // Per-thread weight-gradient partials, summed in a fixed order; with the static schedule each
+  // thread always gets the same bands, so the result is the same from run to run.
   std::vector<T> partial(gw ? size_t(threads) * g.O * K : 0);
+  const int64_t band_elems = K * max_band_columns(plan, g);
+  T* cols_all = direct ? nullptr : workspace<T>(WorkspaceSlot::Columns, size_t(threads * band_elems));
   if (gx && beta_x == T(0) && !direct) std::memset(gx, 0, size_t(g.N * CHW) * sizeof(T));
 #pragma omp parallel num_threads(threads)
   {
@@ -174,7 +188,7 @@ void backward_banded(const T* gy, const T* x, const T* w, T* gx, T beta_x, T* gw
     T* my_gw = gw ? partial.data() + size_t(tid) * g.O * K : nullptr;
     if (my_gw) std::fill(my_gw, my_gw + g.O * K, T(0));
     for (int parity = 0; parity < 2; ++parity) {
-#pragma omp for schedule(dynamic)
+#pragma omp for schedule(static)
       for (size_t it = 0; it < plan.size(); ++it) {
         const Band& band = plan[it];
         if (band.parity != parity) continue;
@@ -190,7 +204,7 @@ void backward_banded(const T* gy, const T* x, const T* w, T* gx, T beta_x, T* gw
                  gx + band.n * CHW + band.r0 * g.OW, int(HW));
           continue;
         }
-        T* col = workspace<T>(WorkspaceSlot::Columns, size_t(K * cols));
+        T* col = cols_all + tid * band_elems;
         if (my_gw) {
           im2col_band(xn, band.r0, band.r1, g, col);
           gemm(false, true, int(g.O), int(K), int(cols), T(1), dyb, int(HW), col, int(cols), T(1),
