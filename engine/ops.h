@@ -51,10 +51,17 @@ Tensor bce_with_logits(const Tensor& logits, const Tensor& target);  // mean ove
 // Soft Dice over the whole batch: 1 - (2 sum(p t) + smooth) / (sum p + sum t + smooth),
 // p = sigmoid(logits).
 Tensor dice_loss(const Tensor& logits, const Tensor& target, double smooth = 1.0);
+// (0/0 with nothing predicted, nothing to find and smooth 0 counts as a perfect match: 0.)
 
 enum class LossKind { BCE, Dice, BCEDice };
 LossKind parse_loss_kind(const std::string& s);  // "bce", "dice", "bce+dice"
 const char* loss_kind_name(LossKind k);
 Tensor segmentation_loss(LossKind kind, const Tensor& logits, const Tensor& target);
 
+}  // namespace unetcu
+
+namespace unetcu {
+// Moves x to another device (CPU <-> GPU, GPU <-> GPU). Its backward moves the gradient back
+// to x's device, so a model can span devices with explicit transfers.
+Tensor to_device(const Tensor& x, Device device);
 }  // namespace unetcu

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "kernels/cpu/launchers.h"
+#include "kernels/launchers.h"
 
 namespace unetcu {
 
@@ -42,7 +42,7 @@ void Adam::step() {
     const int64_t t = ++steps_[i];
     kernels::AdamStep s{lr_, opt_.beta1, opt_.beta2, opt_.eps, opt_.weight_decay,
                         1 - std::pow(opt_.beta1, double(t)), 1 - std::pow(opt_.beta2, double(t))};
-    kernels::cpu::adam_update(params_[i], g, m_[i], v_[i], s);
+    UNETCU_LAUNCH(params_[i].device(), adam_update, params_[i], g, m_[i], v_[i], s);
   }
 }
 
@@ -67,7 +67,7 @@ void SGD::step() {
     kernels::SgdStep s{lr_, opt_.momentum, opt_.dampening, opt_.weight_decay, opt_.nesterov,
                        !started_[i]};
     started_[i] = true;
-    kernels::cpu::sgd_update(params_[i], g, buf_[i], s);
+    UNETCU_LAUNCH(params_[i].device(), sgd_update, params_[i], g, buf_[i], s);
   }
 }
 

@@ -2,7 +2,7 @@
 
 #include <atomic>
 
-#include "kernels/cpu/launchers.h"
+#include "kernels/launchers.h"
 
 namespace unetcu {
 
@@ -100,7 +100,7 @@ void Tape::accumulate(uint64_t id, const Tensor& g) {
     grads_.emplace(id, g.clone());
     return;
   }
-  kernels::cpu::add_inplace(it->second, g);
+  UNETCU_LAUNCH(g.device(), axpby, it->second, 1.0, g, 1.0);
 }
 
 void Tape::backward(const Tensor& loss) {
@@ -121,7 +121,8 @@ void Tape::backward(const std::vector<Tensor>& outputs, const std::vector<Tensor
     if (o.impl().producer == serial_) {
       accumulate(o.id(), g);
     } else if (o.impl().grad) {  // a leaf given directly: its gradient is the seed itself
-      kernels::cpu::add_inplace(Tensor(o.impl().grad), g);
+      Tensor existing(o.impl().grad);
+      UNETCU_LAUNCH(g.device(), axpby, existing, 1.0, g, 1.0);
     } else {
       o.impl().grad = g.clone().impl_ptr();
     }

@@ -1,6 +1,8 @@
 #include "engine/tensor.h"
 
 #include "engine/allocator.h"
+#include "engine/cuda_api.h"
+#include "kernels/launchers.h"
 
 #include <atomic>
 #include <cstdlib>
@@ -21,23 +23,36 @@ int64_t shape_numel(const Shape& s) {
   return n;
 }
 
-Storage::Storage(size_t nbytes, Device dev) : bytes(nbytes), device(dev) {
-  UNETCU_CHECK(dev.is_cpu(), "device ", dev.str(), " has no memory allocator in this build");
-  ptr = HostAllocator::allocate(nbytes, &capacity);
+Storage::Storage(size_t nbytes, Device dev, bool pin) : bytes(nbytes), device(dev), pinned(pin) {
+  if (dev.is_cuda()) {
+    ptr = cuda::device_alloc(dev.index, nbytes, &capacity);
+  } else if (pin) {
+    ptr = cuda::pinned_alloc(nbytes);
+    capacity = nbytes;
+  } else {
+    ptr = HostAllocator::allocate(nbytes, &capacity);
+  }
 }
 
-Storage::~Storage() { HostAllocator::free(ptr, capacity); }
+Storage::~Storage() {
+  if (device.is_cuda())
+    cuda::device_free(device.index, ptr, capacity);
+  else if (pinned)
+    cuda::pinned_free(ptr);
+  else
+    HostAllocator::free(ptr, capacity);
+}
 
 static uint64_t next_tensor_id() {
   static std::atomic<uint64_t> counter{1};
   return counter.fetch_add(1, std::memory_order_relaxed);
 }
 
-Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+static Tensor make_tensor(const Shape& shape, DType dtype, Device device, bool pinned) {
   UNETCU_CHECK(shape.size() <= 4, "tensors have at most 4 dimensions, got ", shape_str(shape));
   for (int64_t d : shape) UNETCU_CHECK(d >= 0, "negative dimension in shape ", shape_str(shape));
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(shape_numel(shape) * dtype_size(dtype), device);
+  impl->storage = std::make_shared<Storage>(shape_numel(shape) * dtype_size(dtype), device, pinned);
   impl->shape = shape;
   impl->dtype = dtype;
   impl->device = device;
@@ -45,9 +60,20 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   return Tensor(std::move(impl));
 }
 
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  return make_tensor(shape, dtype, device, false);
+}
+
+Tensor Tensor::empty_pinned(const Shape& shape, DType dtype) {
+  return make_tensor(shape, dtype, Device::cpu(), true);
+}
+
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
   Tensor t = empty(shape, dtype, device);
-  std::memset(t.raw(), 0, t.nbytes());
+  if (device.is_cuda())
+    cuda::memset_zero(t.raw(), device.index, t.nbytes());
+  else
+    std::memset(t.raw(), 0, t.nbytes());
   return t;
 }
 
@@ -61,12 +87,12 @@ Tensor Tensor::from_vector(const Shape& shape, const std::vector<double>& values
                            Device device) {
   UNETCU_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape), "from_vector: ",
                values.size(), " values for shape ", shape_str(shape));
-  Tensor t = empty(shape, dtype, device);
+  Tensor t = empty(shape, dtype);
   UNETCU_DISPATCH_FLOAT(dtype, T, {
     T* p = t.data<T>();
     for (size_t i = 0; i < values.size(); ++i) p[i] = static_cast<T>(values[i]);
   });
-  return t;
+  return device.is_cpu() ? t : t.to(device);
 }
 
 int64_t Tensor::dim(int i) const {
@@ -99,28 +125,45 @@ Tensor Tensor::detach() const { return view(shape()); }
 
 Tensor Tensor::clone() const {
   Tensor t = empty(shape(), dtype(), device());
-  std::memcpy(t.raw(), raw(), nbytes());
+  t.copy_(*this);
   return t;
 }
 
 Tensor Tensor::to(DType d) const {
+  if (device().is_cuda()) {  // convert through the host
+    UNETCU_CHECK(d == dtype(), "dtype conversion of a ", device().str(), " tensor");
+    return clone();
+  }
   Tensor t = empty(shape(), d, device());
   t.copy_(*this);
   return t;
 }
 
+Tensor Tensor::to(Device d) const {
+  Tensor t = empty(shape(), dtype(), d);
+  t.copy_(*this);
+  return t;
+}
+
 void Tensor::fill_(double value) {
-  UNETCU_DISPATCH_FLOAT(dtype(), T, {
-    T* p = data<T>();
-    const int64_t n = numel();
-    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(value);
-  });
+  UNETCU_LAUNCH(device(), fill, *this, value);
 }
 
 void Tensor::copy_(const Tensor& src) {
   check_same_shape("copy_", *this, src);
   if (dtype() == src.dtype()) {
-    if (raw() != src.raw()) std::memcpy(raw(), src.raw(), nbytes());
+    if (raw() == src.raw()) return;
+    if (device().is_cpu() && src.device().is_cpu())
+      std::memcpy(raw(), src.raw(), nbytes());
+    else
+      cuda::copy(raw(), device(), src.raw(), src.device(), nbytes(), src.is_pinned());
+    return;
+  }
+  if (!device().is_cpu() || !src.device().is_cpu()) {  // convert on the host
+    Tensor host_src = src.device().is_cpu() ? src : src.to(Device::cpu());
+    Tensor host_dst = Tensor::empty(shape(), dtype());
+    host_dst.copy_(host_src);
+    copy_(host_dst);
     return;
   }
   const int64_t n = numel();
@@ -135,6 +178,15 @@ void Tensor::copy_(const Tensor& src) {
 
 double Tensor::at(int64_t i) const {
   UNETCU_CHECK(i >= 0 && i < numel(), "index ", i, " out of range for ", shape_str(shape()));
+  if (device().is_cuda()) {
+    double v = 0;
+    UNETCU_DISPATCH_FLOAT(dtype(), T, {
+      T host;
+      cuda::copy(&host, Device::cpu(), data<T>() + i, device(), sizeof(T));
+      v = host;
+    });
+    return v;
+  }
   double v = 0;
   UNETCU_DISPATCH_FLOAT(dtype(), T, v = data<T>()[i]);
   return v;
@@ -142,6 +194,14 @@ double Tensor::at(int64_t i) const {
 
 void Tensor::set(int64_t i, double value) {
   UNETCU_CHECK(i >= 0 && i < numel(), "index ", i, " out of range for ", shape_str(shape()));
+  if (device().is_cuda()) {
+    UNETCU_DISPATCH_FLOAT(dtype(), T, {
+      const T host = static_cast<T>(value);
+      cuda::copy(data<T>() + i, device(), &host, Device::cpu(), sizeof(T));
+      cuda::synchronize(device().index);  // `host` dies with this scope
+    });
+    return;
+  }
   UNETCU_DISPATCH_FLOAT(dtype(), T, data<T>()[i] = static_cast<T>(value));
 }
 
@@ -151,6 +211,7 @@ double Tensor::item() const {
 }
 
 std::vector<double> Tensor::to_vector() const {
+  if (device().is_cuda()) return to(Device::cpu()).to_vector();
   std::vector<double> v(static_cast<size_t>(numel()));
   UNETCU_DISPATCH_FLOAT(dtype(), T, {
     const T* p = data<T>();

@@ -25,7 +25,8 @@ struct Storage {
   size_t bytes = 0;
   size_t capacity = 0;  // size of the allocator block holding it
   Device device;
-  Storage(size_t bytes, Device device);
+  bool pinned = false;   // page-locked host memory (CPU device), for asynchronous uploads
+  Storage(size_t bytes, Device device, bool pinned = false);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -50,6 +51,9 @@ class Tensor {
 
   // Uninitialised memory.
   static Tensor empty(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu());
+  // Host tensor in page-locked memory (needs the CUDA backend): its upload to a GPU with
+  // to(Device) does not wait for the copy.
+  static Tensor empty_pinned(const Shape& shape, DType dtype = DType::F32);
   static Tensor zeros(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu());
   static Tensor full(const Shape& shape, double value, DType dtype = DType::F32,
                      Device device = Device::cpu());
@@ -67,6 +71,7 @@ class Tensor {
   MemoryFormat format() const { return impl().format; }
 
   void* raw() const { return impl().storage->ptr; }
+  // Typed pointer to the elements (device memory for a CUDA tensor).
   template <class T> T* data() const {
     UNETCU_CHECK(dtype_of<T>() == dtype(), "tensor holds ", dtype_name(dtype()),
                  " but was read as ", dtype_name(dtype_of<T>()));
@@ -87,9 +92,13 @@ class Tensor {
   Tensor detach() const;
   Tensor clone() const;
   Tensor to(DType dtype) const;
+  // A copy on another device (no autograd; the op to_device in engine/ops.h records one).
+  Tensor to(Device device) const;
+  bool is_pinned() const { return impl().storage->pinned; }
 
+  // Element access works on every device; on CUDA each call copies through the host and waits.
   void fill_(double value);
-  void copy_(const Tensor& src);  // same shape; converts dtype
+  void copy_(const Tensor& src);  // same shape, any devices; converts dtype on the CPU only
   double item() const;            // one-element tensor -> double
   double at(int64_t flat_index) const;
   void set(int64_t flat_index, double value);

@@ -17,10 +17,17 @@ template <class T> HD T bce_with_logits_grad(T x, T t) { return sigmoid_forward(
 // Soft Dice on probabilities p = sigmoid(x), over all elements of the batch:
 //   loss = 1 - (2*I + s) / (S + s),  I = sum p*t,  S = sum p + sum t,  s = smooth.
 // d loss / d p_i = -(2*t_i*(S + s) - (2*I + s)) / (S + s)^2, then times p(1-p) for d/dx.
+// With nothing predicted, nothing to find and smooth = 0 the ratio is 0/0: the loss is taken
+// as 0 (a perfect match) and so is its gradient.
 template <class T> HD T dice_grad_logit(T p, T t, T inter, T card, T smooth) {
   T denom = card + smooth;
+  if (denom == T(0)) return T(0);
   T dp = -(T(2) * t * denom - (T(2) * inter + smooth)) / (denom * denom);
   return dp * p * (T(1) - p);
+}
+HD double dice_loss_value(double inter, double card, double smooth) {
+  const double denom = card + smooth;
+  return denom == 0 ? 0.0 : 1.0 - (2.0 * inter + smooth) / denom;
 }
 
 }  // namespace unetcu::kernels

@@ -2,7 +2,7 @@
 // float64), on random inputs of odd shapes; conv and BN forward also against loop references;
 // float32 forward against float64.
 #include "engine/ops.h"
-#include "kernels/cpu/launchers.h"
+#include "kernels/launchers.h"
 #include "testing.h"
 
 using namespace unetcu;

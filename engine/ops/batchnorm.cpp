@@ -2,7 +2,7 @@
 // training forward; they take no gradient.
 #include "engine/ops.h"
 #include "engine/ops/op_util.h"
-#include "kernels/cpu/launchers.h"
+#include "kernels/launchers.h"
 
 #include <cmath>
 
@@ -29,10 +29,10 @@ Tensor batch_norm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                  shape_str(x.shape()));
     mean = Tensor::empty({C}, x.dtype(), x.device());
     invstd = Tensor::empty({C}, x.dtype(), x.device());
-    kernels::cpu::batchnorm_forward_train(x, gamma, beta, y, mean, invstd, running_mean,
+    UNETCU_LAUNCH(x.device(), batchnorm_forward_train, x, gamma, beta, y, mean, invstd, running_mean,
                                           running_var, momentum, eps);
   } else {
-    kernels::cpu::batchnorm_forward_eval(x, gamma, beta, running_mean, running_var, eps, y);
+    UNETCU_LAUNCH(x.device(), batchnorm_forward_eval, x, gamma, beta, running_mean, running_var, eps, y);
   }
 
   if (Tape::should_record({&x, &gamma, &beta})) {
@@ -40,19 +40,19 @@ Tensor batch_norm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta,
     UNETCU_CHECK(!gamma.same_storage(beta) && !x.same_storage(gamma) && !x.same_storage(beta),
                  "batch_norm2d: input, weight and bias must be distinct tensors");
     if (!training) {  // the backward of eval mode uses the running statistics as constants
-      mean = running_mean.clone();
+      mean = Tensor::empty({C}, x.dtype(), x.device());
       invstd = Tensor::empty({C}, x.dtype(), x.device());
-      for (int64_t c = 0; c < C; ++c) invstd.set(c, 1.0 / std::sqrt(running_var.at(c) + eps));
+      UNETCU_LAUNCH(x.device(), batchnorm_eval_stats, running_mean, running_var, eps, mean, invstd);
     }
     Tape::record("batch_norm2d", {x, gamma, beta}, {y},
-                 [x, gamma, mean, invstd, training](BackwardContext& ctx) {
+                 [x, gamma, mean, invstd, training, eps](BackwardContext& ctx) {
                    Tensor gx, gg, gb;
                    double bx = 0, bg = 0, bb = 0;
                    if (ctx.needs_grad(0)) gx = ctx.grad_input(0, &bx);
                    if (ctx.needs_grad(1)) gg = ctx.grad_input(1, &bg);
                    if (ctx.needs_grad(2)) gb = ctx.grad_input(2, &bb);
-                   kernels::cpu::batchnorm_backward(
-                       ctx.grad_output(0), x, gamma, mean, invstd, training,
+                   UNETCU_LAUNCH(x.device(), batchnorm_backward, 
+                       ctx.grad_output(0), x, gamma, mean, invstd, training, eps,
                        gx.defined() ? &gx : nullptr, bx, gg.defined() ? &gg : nullptr, bg,
                        gb.defined() ? &gb : nullptr, bb);
                  });

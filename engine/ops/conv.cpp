@@ -2,7 +2,7 @@
 // into a fresh buffer, accumulated into an existing one); the kernels take that beta.
 #include "engine/ops.h"
 #include "engine/ops/op_util.h"
-#include "kernels/cpu/launchers.h"
+#include "kernels/launchers.h"
 
 namespace unetcu {
 
@@ -32,7 +32,7 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOpt
   g.OH = kernels::window_out_size(g.H, g.kh, g.sh, g.ph, 1);
   g.OW = kernels::window_out_size(g.W, g.kw, g.sw, g.pw, 1);
   Tensor y = Tensor::empty({g.N, g.O, g.OH, g.OW}, x.dtype(), x.device());
-  kernels::cpu::conv2d_forward(x, w, b, y, g);
+  UNETCU_LAUNCH(x.device(), conv2d_forward, x, w, b, y, g);
 
   if (Tape::should_record({&x, &w, &b})) {
     // The backward fills all three gradient buffers in one kernel call: they must differ.
@@ -44,7 +44,7 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOpt
       if (ctx.needs_grad(0)) gx = ctx.grad_input(0, &bx);
       if (ctx.needs_grad(1)) gw = ctx.grad_input(1, &bw);
       if (ctx.needs_grad(2)) gb = ctx.grad_input(2, &bb);
-      kernels::cpu::conv2d_backward(ctx.grad_output(0), x, w, gx.defined() ? &gx : nullptr, bx,
+      UNETCU_LAUNCH(x.device(), conv2d_backward, ctx.grad_output(0), x, w, gx.defined() ? &gx : nullptr, bx,
                                     gw.defined() ? &gw : nullptr, bw,
                                     gb.defined() ? &gb : nullptr, bb, g);
     });

@@ -1,20 +1,20 @@
 // relu, sigmoid, add, scale: autograd glue.
 #include "engine/ops.h"
 #include "engine/ops/op_util.h"
-#include "kernels/cpu/launchers.h"
+#include "kernels/launchers.h"
 
 namespace unetcu {
 
 Tensor relu(const Tensor& x) {
   ops_detail::check_backend("relu", x);
   Tensor y = ops_detail::empty_like(x);
-  kernels::cpu::relu_forward(x, y);
+  UNETCU_LAUNCH(x.device(), relu_forward, x, y);
   if (Tape::should_record({&x})) {
     // Saves the output, not the input: y > 0 exactly where x > 0.
     Tape::record("relu", {x}, {y}, [y = y.detach()](BackwardContext& ctx) {
       double beta;
       Tensor gx = ctx.grad_input(0, &beta);
-      kernels::cpu::relu_backward(ctx.grad_output(0), y, gx, beta);
+      UNETCU_LAUNCH(y.device(), relu_backward, ctx.grad_output(0), y, gx, beta);
     });
   }
   return y;
@@ -23,12 +23,12 @@ Tensor relu(const Tensor& x) {
 Tensor sigmoid(const Tensor& x) {
   ops_detail::check_backend("sigmoid", x);
   Tensor y = ops_detail::empty_like(x);
-  kernels::cpu::sigmoid_forward(x, y);
+  UNETCU_LAUNCH(x.device(), sigmoid_forward, x, y);
   if (Tape::should_record({&x})) {
     Tape::record("sigmoid", {x}, {y}, [y = y.detach()](BackwardContext& ctx) {
       double beta;
       Tensor gx = ctx.grad_input(0, &beta);
-      kernels::cpu::sigmoid_backward(ctx.grad_output(0), y, gx, beta);
+      UNETCU_LAUNCH(y.device(), sigmoid_backward, ctx.grad_output(0), y, gx, beta);
     });
   }
   return y;
@@ -39,14 +39,14 @@ Tensor add(const Tensor& a, const Tensor& b) {
   check_same_dtype_device("add", a, b);
   check_same_shape("add", a, b);
   Tensor y = ops_detail::empty_like(a);
-  kernels::cpu::add_forward(a, b, y);
+  UNETCU_LAUNCH(a.device(), add_forward, a, b, y);
   if (Tape::should_record({&a, &b})) {
     Tape::record("add", {a, b}, {y}, [](BackwardContext& ctx) {
       for (int i = 0; i < 2; ++i) {
         if (!ctx.needs_grad(i)) continue;
         double beta;
         Tensor g = ctx.grad_input(i, &beta);
-        kernels::cpu::axpby(g, 1.0, ctx.grad_output(0), beta);
+        UNETCU_LAUNCH(g.device(), axpby, g, 1.0, ctx.grad_output(0), beta);
       }
     });
   }
@@ -56,12 +56,12 @@ Tensor add(const Tensor& a, const Tensor& b) {
 Tensor scale(const Tensor& x, double alpha) {
   ops_detail::check_backend("scale", x);
   Tensor y = ops_detail::empty_like(x);
-  kernels::cpu::axpby(y, alpha, x, 0.0);
+  UNETCU_LAUNCH(x.device(), axpby, y, alpha, x, 0.0);
   if (Tape::should_record({&x})) {
     Tape::record("scale", {x}, {y}, [alpha](BackwardContext& ctx) {
       double beta;
       Tensor g = ctx.grad_input(0, &beta);
-      kernels::cpu::axpby(g, alpha, ctx.grad_output(0), beta);
+      UNETCU_LAUNCH(g.device(), axpby, g, alpha, ctx.grad_output(0), beta);
     });
   }
   return y;

@@ -1,9 +1,8 @@
-// Losses: autograd glue. The loss is a 0-dimensional tensor of the logits' dtype.
-#include <cmath>
-
+// Losses: autograd glue. The loss is a 0-dimensional tensor of the logits' dtype on the logits'
+// device; on CUDA nothing here waits for the device (sums stay in device memory).
 #include "engine/ops.h"
 #include "engine/ops/op_util.h"
-#include "kernels/cpu/launchers.h"
+#include "kernels/launchers.h"
 
 namespace unetcu {
 
@@ -17,14 +16,14 @@ static void check_loss_inputs(const char* op, const Tensor& logits, const Tensor
 
 Tensor bce_with_logits(const Tensor& logits, const Tensor& target) {
   check_loss_inputs("bce_with_logits", logits, target);
-  Tensor loss = Tensor::full({}, kernels::cpu::bce_with_logits_forward(logits, target),
-                             logits.dtype(), logits.device());
+  Tensor loss = Tensor::empty({}, logits.dtype(), logits.device());
+  UNETCU_LAUNCH(logits.device(), bce_with_logits_forward, logits, target, loss);
   if (Tape::should_record({&logits})) {
     Tape::record("bce_with_logits", {logits}, {loss}, [logits, target](BackwardContext& ctx) {
       double beta;
       Tensor gx = ctx.grad_input(0, &beta);
-      const double s = ctx.grad_output(0).item() / double(logits.numel());
-      kernels::cpu::bce_with_logits_backward(logits, target, s, gx, beta);
+      UNETCU_LAUNCH(logits.device(), bce_with_logits_backward, logits, target, ctx.grad_output(0),
+                    gx, beta);
     });
   }
   return loss;
@@ -33,18 +32,18 @@ Tensor bce_with_logits(const Tensor& logits, const Tensor& target) {
 Tensor dice_loss(const Tensor& logits, const Tensor& target, double smooth) {
   check_loss_inputs("dice_loss", logits, target);
   UNETCU_CHECK(smooth >= 0, "dice_loss: smooth must be >= 0");
-  const kernels::cpu::DiceSums s = kernels::cpu::dice_sums(logits, target);
-  const double card = s.prob_sum + s.target_sum;
-  // Written so that a NaN sum passes through (the caller reports a non-finite loss).
-  UNETCU_CHECK(!(card + smooth <= 0), "dice_loss: empty prediction and target with smooth = 0");
-  Tensor loss = Tensor::full({}, 1.0 - (2.0 * s.intersection + smooth) / (card + smooth),
-                             logits.dtype(), logits.device());
+  Tensor sums = Tensor::empty({3}, DType::F64, logits.device());
+  UNETCU_LAUNCH(logits.device(), dice_sums, logits, target, sums);
+  Tensor loss = Tensor::empty({}, logits.dtype(), logits.device());
+  UNETCU_LAUNCH(logits.device(), dice_loss_from_sums, sums, smooth, loss);
   if (Tape::should_record({&logits})) {
-    Tape::record("dice_loss", {logits}, {loss}, [logits, target, s, smooth](BackwardContext& ctx) {
-      double beta;
-      Tensor gx = ctx.grad_input(0, &beta);
-      kernels::cpu::dice_backward(logits, target, s, smooth, ctx.grad_output(0).item(), gx, beta);
-    });
+    Tape::record("dice_loss", {logits}, {loss},
+                 [logits, target, sums, smooth](BackwardContext& ctx) {
+                   double beta;
+                   Tensor gx = ctx.grad_input(0, &beta);
+                   UNETCU_LAUNCH(logits.device(), dice_backward, logits, target, sums, smooth,
+                                 ctx.grad_output(0), gx, beta);
+                 });
   }
   return loss;
 }

@@ -1,7 +1,7 @@
 // max_pool2d: autograd glue. Saves the input; backward recomputes the argmax.
 #include "engine/ops.h"
 #include "engine/ops/op_util.h"
-#include "kernels/cpu/launchers.h"
+#include "kernels/launchers.h"
 
 namespace unetcu {
 
@@ -23,12 +23,12 @@ Tensor max_pool2d(const Tensor& x, const Pool2dOptions& opt) {
   g.OH = kernels::window_out_size(g.H, g.kh, g.sh, g.ph, 1);
   g.OW = kernels::window_out_size(g.W, g.kw, g.sw, g.pw, 1);
   Tensor y = Tensor::empty({x.dim(0), x.dim(1), g.OH, g.OW}, x.dtype(), x.device());
-  kernels::cpu::maxpool_forward(x, y, g);
+  UNETCU_LAUNCH(x.device(), maxpool_forward, x, y, g);
   if (Tape::should_record({&x})) {
     Tape::record("max_pool2d", {x}, {y}, [x, g](BackwardContext& ctx) {
       double beta;
       Tensor gx = ctx.grad_input(0, &beta);
-      kernels::cpu::maxpool_backward(ctx.grad_output(0), x, gx, beta, g);
+      UNETCU_LAUNCH(x.device(), maxpool_backward, ctx.grad_output(0), x, gx, beta, g);
     });
   }
   return y;

@@ -1,7 +1,7 @@
 // upsample_nearest2x and concat_channels: autograd glue.
 #include "engine/ops.h"
 #include "engine/ops/op_util.h"
-#include "kernels/cpu/launchers.h"
+#include "kernels/launchers.h"
 
 namespace unetcu {
 
@@ -9,12 +9,12 @@ Tensor upsample_nearest2x(const Tensor& x) {
   ops_detail::check_backend("upsample_nearest2x", x);
   check_ndim("upsample_nearest2x", x, 4, "input");
   Tensor y = Tensor::empty({x.dim(0), x.dim(1), 2 * x.dim(2), 2 * x.dim(3)}, x.dtype(), x.device());
-  kernels::cpu::upsample2x_forward(x, y);
+  UNETCU_LAUNCH(x.device(), upsample2x_forward, x, y);
   if (Tape::should_record({&x})) {
     Tape::record("upsample_nearest2x", {x}, {y}, [](BackwardContext& ctx) {
       double beta;
       Tensor gx = ctx.grad_input(0, &beta);
-      kernels::cpu::upsample2x_backward(ctx.grad_output(0), gx, beta);
+      UNETCU_LAUNCH(gx.device(), upsample2x_backward, ctx.grad_output(0), gx, beta);
     });
   }
   return y;
@@ -38,7 +38,7 @@ Tensor concat_channels(const std::vector<Tensor>& xs) {
   int64_t off = 0;
   for (const Tensor& x : xs) {
     offsets.push_back(off);
-    kernels::cpu::concat_forward_part(x, y, off);
+    UNETCU_LAUNCH(x.device(), concat_forward_part, x, y, off);
     off += x.dim(1);
   }
   if (Tape::should_record(xs)) {
@@ -47,7 +47,7 @@ Tensor concat_channels(const std::vector<Tensor>& xs) {
         if (!ctx.needs_grad(int(i))) continue;
         double beta;
         Tensor g = ctx.grad_input(int(i), &beta);
-        kernels::cpu::concat_backward_part(ctx.grad_output(0), g, offsets[i], beta);
+        UNETCU_LAUNCH(g.device(), concat_backward_part, ctx.grad_output(0), g, offsets[i], beta);
       }
     });
   }

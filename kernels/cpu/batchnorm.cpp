@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "kernels/batchnorm.h"
-#include "kernels/cpu/launchers.h"
+#include "kernels/launchers.h"
 #include "kernels/elementwise.h"
 
 namespace unetcu::kernels::cpu {
@@ -118,8 +118,23 @@ void batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& 
                                         y.data<T>(), dims_of(x)));
 }
 
+void batchnorm_eval_stats(const Tensor& running_mean, const Tensor& running_var, double eps,
+                          Tensor& mean, Tensor& invstd) {
+  UNETCU_DISPATCH_FLOAT(running_mean.dtype(), T, {
+    const T* rm = running_mean.data<T>();
+    const T* rv = running_var.data<T>();
+    T* m = mean.data<T>();
+    T* is = invstd.data<T>();
+    for (int64_t c = 0; c < mean.numel(); ++c) {
+      m[c] = rm[c];
+      is[c] = T(1.0 / std::sqrt(double(rv[c]) + eps));
+    }
+  });
+}
+
 void batchnorm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& gamma,
-                        const Tensor& mean, const Tensor& invstd, bool training, Tensor* grad_x,
+                        const Tensor& mean, const Tensor& invstd, bool training, double,
+                        Tensor* grad_x,
                         double beta_x, Tensor* grad_gamma, double beta_gamma, Tensor* grad_beta,
                         double beta_beta) {
   UNETCU_DISPATCH_FLOAT(

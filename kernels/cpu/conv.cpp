@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
-#include "kernels/cpu/launchers.h"
+#include "kernels/launchers.h"
 #include "kernels/cpu/workspace.h"
 #include "kernels/elementwise.h"
 

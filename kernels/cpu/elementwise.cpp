@@ -1,7 +1,7 @@
 // CPU launchers of relu, sigmoid, add, axpby: OpenMP loops over kernels/elementwise.h.
 #include "kernels/elementwise.h"
 
-#include "kernels/cpu/launchers.h"
+#include "kernels/launchers.h"
 #include "kernels/cpu/parallel.h"
 
 namespace unetcu::kernels::cpu {
@@ -13,6 +13,15 @@ void axpby(Tensor& dst, double alpha, const Tensor& src, double beta) {
     const T* s = src.data<T>();
     const T a = T(alpha), b = T(beta);
     parallel_for(n, [&](int64_t i) { store(d + i, a * s[i], b); });
+  });
+}
+
+void fill(Tensor& dst, double value) {
+  const int64_t n = dst.numel();
+  UNETCU_DISPATCH_FLOAT(dst.dtype(), T, {
+    T* d = dst.data<T>();
+    const T v = T(value);
+    parallel_for(n, [&](int64_t i) { d[i] = v; });
   });
 }
 

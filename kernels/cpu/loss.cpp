@@ -1,13 +1,13 @@
 // CPU losses over kernels/loss.h. Reductions accumulate in double.
-#include "kernels/cpu/launchers.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/launchers.h"
 #include "kernels/loss.h"
 
 namespace unetcu::kernels::cpu {
 namespace {
 
 template <class T>
-DiceSums dice_sums_impl(const T* x, const T* t, int64_t n) {
+void dice_sums_impl(const T* x, const T* t, int64_t n, double* out) {
   double inter = 0, psum = 0, tsum = 0;
 #pragma omp parallel for reduction(+ : inter, psum, tsum) schedule(static) if (n >= kParallelGrain)
   for (int64_t i = 0; i < n; ++i) {
@@ -16,50 +16,55 @@ DiceSums dice_sums_impl(const T* x, const T* t, int64_t n) {
     psum += p;
     tsum += t[i];
   }
-  return {inter, psum, tsum};
+  out[0] = inter, out[1] = psum, out[2] = tsum;
 }
 
 }  // namespace
 
-double bce_with_logits_forward(const Tensor& logits, const Tensor& target) {
+void bce_with_logits_forward(const Tensor& logits, const Tensor& target, Tensor& loss) {
   const int64_t n = logits.numel();
-  double sum = 0;
   UNETCU_DISPATCH_FLOAT(logits.dtype(), T, {
     const T* x = logits.data<T>();
     const T* t = target.data<T>();
-    sum = parallel_sum(n, [&](int64_t i) { return double(kernels::bce_with_logits(x[i], t[i])); });
+    const double sum =
+        parallel_sum(n, [&](int64_t i) { return double(kernels::bce_with_logits(x[i], t[i])); });
+    loss.data<T>()[0] = T(sum / double(n));
   });
-  return sum / double(n);
 }
 
-void bce_with_logits_backward(const Tensor& logits, const Tensor& target, double scale,
+void bce_with_logits_backward(const Tensor& logits, const Tensor& target, const Tensor& grad_loss,
                               Tensor& grad_x, double beta) {
   const int64_t n = logits.numel();
   UNETCU_DISPATCH_FLOAT(logits.dtype(), T, {
     const T* x = logits.data<T>();
     const T* t = target.data<T>();
     T* g = grad_x.data<T>();
-    const T s = T(scale), b = T(beta);
+    const T s = T(double(grad_loss.data<T>()[0]) / double(n)), b = T(beta);
     parallel_for(n, [&](int64_t i) { store(g + i, s * bce_with_logits_grad(x[i], t[i]), b); });
   });
 }
 
-DiceSums dice_sums(const Tensor& logits, const Tensor& target) {
-  DiceSums s{};
+void dice_sums(const Tensor& logits, const Tensor& target, Tensor& sums) {
   UNETCU_DISPATCH_FLOAT(logits.dtype(), T,
-                        s = dice_sums_impl(logits.data<T>(), target.data<T>(), logits.numel()));
-  return s;
+                        dice_sums_impl(logits.data<T>(), target.data<T>(), logits.numel(),
+                                       sums.data<double>()));
 }
 
-void dice_backward(const Tensor& logits, const Tensor& target, const DiceSums& s, double smooth,
-                   double scale, Tensor& grad_x, double beta) {
+void dice_loss_from_sums(const Tensor& sums, double smooth, Tensor& loss) {
+  const double* s = sums.data<double>();
+  UNETCU_DISPATCH_FLOAT(loss.dtype(), T, loss.data<T>()[0] = T(dice_loss_value(s[0], s[1] + s[2], smooth)));
+}
+
+void dice_backward(const Tensor& logits, const Tensor& target, const Tensor& sums, double smooth,
+                   const Tensor& grad_loss, Tensor& grad_x, double beta) {
   const int64_t n = logits.numel();
+  const double* s = sums.data<double>();
   UNETCU_DISPATCH_FLOAT(logits.dtype(), T, {
     const T* x = logits.data<T>();
     const T* t = target.data<T>();
     T* g = grad_x.data<T>();
-    const T inter = T(s.intersection), card = T(s.prob_sum + s.target_sum), sm = T(smooth);
-    const T sc = T(scale), b = T(beta);
+    const T inter = T(s[0]), card = T(s[1] + s[2]), sm = T(smooth);
+    const T sc = grad_loss.data<T>()[0], b = T(beta);
     parallel_for(n, [&](int64_t i) {
       const T p = kernels::sigmoid_forward(x[i]);
       store(g + i, sc * dice_grad_logit(p, t[i], inter, card, sm), b);

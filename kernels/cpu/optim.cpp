@@ -1,5 +1,5 @@
 // CPU optimizer updates over kernels/optim.h.
-#include "kernels/cpu/launchers.h"
+#include "kernels/launchers.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/optim.h"
 

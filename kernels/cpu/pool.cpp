@@ -1,6 +1,6 @@
 // CPU max pooling over kernels/pool.h. Backward recomputes each window's argmax from the
 // saved input (no index tensor is kept) and scatters within one (n, c) plane per thread.
-#include "kernels/cpu/launchers.h"
+#include "kernels/launchers.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/elementwise.h"
 

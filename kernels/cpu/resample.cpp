@@ -1,7 +1,7 @@
 // CPU nearest ×2 upsampling and channel concatenation.
 #include <algorithm>
 
-#include "kernels/cpu/launchers.h"
+#include "kernels/launchers.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/elementwise.h"
 #include "kernels/resample.h"

@@ -1,0 +1,25 @@
+// engine/cuda_api.h for builds without the CUDA backend.
+#include "engine/common.h"
+#include "engine/cuda_api.h"
+
+namespace unetcu::cuda {
+
+[[noreturn]] static void no_cuda() { throw Error("this build has no CUDA backend"); }
+
+bool built() { return false; }
+void* device_alloc(int, size_t, size_t*) { no_cuda(); }
+void device_free(int, void*, size_t) { no_cuda(); }
+AllocatorStats device_memory_stats(int) { no_cuda(); }
+void reset_device_peak(int) { no_cuda(); }
+void release_device_cache(int) { no_cuda(); }
+void set_poison_allocations(bool) {}
+void* pinned_alloc(size_t) { no_cuda(); }
+void pinned_free(void*) { no_cuda(); }
+void copy(void*, Device, const void*, Device, size_t, bool) { no_cuda(); }
+void memset_zero(void*, int, size_t) { no_cuda(); }
+void synchronize(int) { no_cuda(); }
+std::string device_name(int) { no_cuda(); }
+void set_allow_tf32(bool) {}
+bool allow_tf32() { return false; }
+
+}  // namespace unetcu::cuda

@@ -1,0 +1,45 @@
+// The CUDA runtime as the rest of the engine sees it: plain C++, no CUDA headers, so engine
+// code compiles the same with and without the CUDA parts. Implemented in engine/cuda/runtime.cu
+// (CUDA builds) or engine/cuda/stubs.cpp (builds without CUDA, where every call but the
+// queries throws: no CUDA tensor can exist there).
+#pragma once
+#include <cstddef>
+#include <string>
+
+#include "engine/allocator.h"
+#include "engine/device.h"
+
+namespace unetcu::cuda {
+
+bool built();  // this build has the CUDA backend
+
+// Device memory from the caching allocator of `device` (blocks reused by size, per stream).
+void* device_alloc(int device, size_t bytes, size_t* capacity);
+void device_free(int device, void* ptr, size_t capacity);
+AllocatorStats device_memory_stats(int device);
+void reset_device_peak(int device);
+void release_device_cache(int device);
+// Tests: fill every new device block with 0xFF bytes (NaN in float) so an element a kernel
+// fails to write shows up.
+void set_poison_allocations(bool on);
+
+// Page-locked host memory, for batches copied to the device asynchronously.
+void* pinned_alloc(size_t bytes);
+void pinned_free(void* ptr);
+
+// Copies between any two of host / cuda:N, on the current stream of the CUDA device involved
+// (the destination's for device-to-device). Returns when the bytes may be used by the host
+// side: a copy into pageable host memory is waited for; a copy out of pinned memory is not.
+void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes,
+          bool src_pinned = false);
+void memset_zero(void* ptr, int device, size_t bytes);
+void synchronize(int device);
+
+std::string device_name(int device);
+
+// cuDNN convolutions may use TF32 tensor cores (PyTorch's default). Tests comparing with the
+// float64 reference at 1e-5 turn it off.
+void set_allow_tf32(bool on);
+bool allow_tf32();
+
+}  // namespace unetcu::cuda

@@ -1,0 +1,130 @@
+// CUDA batch normalisation. Training forward/backward and eval forward through cuDNN's
+// spatial batch-norm calls; the running statistics follow PyTorch (exponential average with
+// factor = momentum, unbiased variance), as cuDNN does. The eval-mode backward (statistics as
+// constants) and the eval statistics are small hand-written kernels.
+//
+// Gradient rule: dx is written (beta 0) or accumulated (beta 1) through cuDNN's
+// betaDataDiff; dgamma/dbeta through betaParamDiff, which cuDNN applies to both, so when
+// their betas differ (or one is not wanted) the parameter gradients go through scratch.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cudnn_util.cuh"
+#include "kernels/elementwise.h"
+#include "kernels/launchers.h"
+
+namespace unetcu::kernels::cuda {
+namespace {
+
+struct BnDescs {
+  TensorDesc x, param;
+  explicit BnDescs(const Tensor& t) {
+    x.set(t.dim(0), t.dim(1), t.dim(2), t.dim(3));
+    CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(param.d, x.d, CUDNN_BATCHNORM_SPATIAL));
+  }
+};
+
+__global__ void eval_stats_kernel(const float* rm, const float* rv, double eps, float* mean,
+                                  float* invstd, int64_t C) {
+  GRID_STRIDE(c, C) {
+    mean[c] = rm[c];
+    invstd[c] = float(1.0 / sqrt(double(rv[c]) + eps));
+  }
+}
+
+// One block per channel: sums over N*HW, then dx = dy * gamma * invstd.
+__global__ void eval_backward_kernel(const float* dy, const float* x, const float* gamma,
+                                     const float* mean, const float* invstd, int64_t N, int64_t C,
+                                     int64_t HW, float* dx, float beta_x, float* dgamma,
+                                     float beta_g, float* dbeta, float beta_b) {
+  const int64_t c = blockIdx.x;
+  const float m = mean[c], is = invstd[c], gi = gamma[c] * is;
+  double s_dy = 0, s_dy_xhat = 0;
+  for (int64_t k = threadIdx.x; k < N * HW; k += blockDim.x) {
+    const int64_t i = ((k / HW) * C + c) * HW + k % HW;
+    s_dy += dy[i];
+    s_dy_xhat += double(dy[i]) * double((x[i] - m) * is);
+    if (dx) store(dx + i, dy[i] * gi, beta_x);
+  }
+  s_dy = block_sum(s_dy);
+  s_dy_xhat = block_sum(s_dy_xhat);
+  if (threadIdx.x == 0) {
+    if (dgamma) store(dgamma + c, float(s_dy_xhat), beta_g);
+    if (dbeta) store(dbeta + c, float(s_dy), beta_b);
+  }
+}
+
+}  // namespace
+
+void batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
+                             Tensor& save_mean, Tensor& save_invstd, Tensor& running_mean,
+                             Tensor& running_var, double momentum, double eps) {
+  Launch l(x);
+  BnDescs d(x);
+  const float one = 1, zero = 0;
+  unetcu::cuda::CudnnLock h(x.device().index);
+  CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
+      h.handle(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, d.x.d, x.raw(), d.x.d, y.raw(), d.param.d,
+      gamma.raw(), beta.raw(), momentum, running_mean.raw(), running_var.raw(), eps,
+      save_mean.raw(), save_invstd.raw()));
+  CUDA_CHECK_LAUNCH(l.stream, "batchnorm_forward_train");
+}
+
+void batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                            const Tensor& running_mean, const Tensor& running_var, double eps,
+                            Tensor& y) {
+  Launch l(x);
+  BnDescs d(x);
+  const float one = 1, zero = 0;
+  unetcu::cuda::CudnnLock h(x.device().index);
+  CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
+      h.handle(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, d.x.d, x.raw(), d.x.d, y.raw(), d.param.d,
+      gamma.raw(), beta.raw(), running_mean.raw(), running_var.raw(), eps));
+  CUDA_CHECK_LAUNCH(l.stream, "batchnorm_forward_eval");
+}
+
+void batchnorm_eval_stats(const Tensor& running_mean, const Tensor& running_var, double eps,
+                          Tensor& mean, Tensor& invstd) {
+  const int64_t C = mean.numel();
+  Launch l(mean);
+  eval_stats_kernel<<<blocks_for(C), kThreads, 0, l.stream>>>(
+      fdata(running_mean), fdata(running_var), eps, fdata(mean), fdata(invstd), C);
+  CUDA_CHECK_LAUNCH(l.stream, "batchnorm_eval_stats");
+}
+
+void batchnorm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& gamma,
+                        const Tensor& mean, const Tensor& invstd, bool training, double eps,
+                        Tensor* grad_x, double beta_x, Tensor* grad_gamma, double beta_gamma,
+                        Tensor* grad_beta, double beta_beta) {
+  Launch l(x);
+  const int64_t N = x.dim(0), C = x.dim(1), HW = x.dim(2) * x.dim(3);
+  if (!training) {
+    eval_backward_kernel<<<int(C), kThreads, 0, l.stream>>>(
+        fdata(grad_y), fdata(x), fdata(gamma), fdata(mean), fdata(invstd), N, C, HW,
+        grad_x ? fdata(*grad_x) : nullptr, float(beta_x),
+        grad_gamma ? fdata(*grad_gamma) : nullptr, float(beta_gamma),
+        grad_beta ? fdata(*grad_beta) : nullptr, float(beta_beta));
+    CUDA_CHECK_LAUNCH(l.stream, "batchnorm_backward (eval)");
+    return;
+  }
+  // cuDNN writes dx, dgamma and dbeta every time: point the unwanted ones at scratch.
+  const bool direct_params = grad_gamma && grad_beta && beta_gamma == beta_beta;
+  Tensor dx = grad_x ? *grad_x : Tensor::empty(x.shape(), DType::F32, x.device());
+  Tensor dg = direct_params ? *grad_gamma : Tensor::empty({C}, DType::F32, x.device());
+  Tensor db = direct_params ? *grad_beta : Tensor::empty({C}, DType::F32, x.device());
+  const float one = 1, bx = grad_x ? float(beta_x) : 0.f;
+  const float bp = direct_params ? float(beta_gamma) : 0.f;
+  BnDescs d(x);
+  {
+    unetcu::cuda::CudnnLock h(x.device().index);
+    CUDNN_CHECK(cudnnBatchNormalizationBackward(
+        h.handle(), CUDNN_BATCHNORM_SPATIAL, &one, &bx, &one, &bp, d.x.d, x.raw(), d.x.d,
+        grad_y.raw(), d.x.d, dx.raw(), d.param.d, gamma.raw(), dg.raw(), db.raw(), eps, mean.raw(),
+        invstd.raw()));
+  }
+  CUDA_CHECK_LAUNCH(l.stream, "batchnorm_backward");
+  if (!direct_params) {
+    if (grad_gamma) axpby(*grad_gamma, 1.0, dg, beta_gamma);
+    if (grad_beta) axpby(*grad_beta, 1.0, db, beta_beta);
+  }
+}
+
+}  // namespace unetcu::kernels::cuda

@@ -1,0 +1,53 @@
+// Shared pieces of the CUDA launchers: grid-stride loops, a block sum reduction, and the
+// stream/device set-up every launcher starts with.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "engine/cuda/runtime.cuh"
+#include "engine/tensor.h"
+#include "kernels/common.h"
+
+namespace unetcu::kernels::cuda {
+
+constexpr int kThreads = 256;
+
+// Blocks for a grid-stride loop over n elements: enough to fill the GPU, no more.
+inline int blocks_for(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return int(std::clamp<int64_t>(b, 1, 4096));
+}
+
+#define GRID_STRIDE(i, n) \
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
+
+// Sets the tensor's device for the scope and gives its current stream.
+struct Launch {
+  explicit Launch(const Tensor& t) : guard(t.device().index), stream(unetcu::cuda::current_stream(t.device().index)) {}
+  unetcu::cuda::DeviceGuard guard;
+  cudaStream_t stream;
+};
+
+// Sum of `v` over the block (blockDim.x a multiple of 32, at most 1024); valid in thread 0.
+template <class T>
+__device__ T block_sum(T v) {
+  __shared__ T warp_sums[32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) warp_sums[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < int(blockDim.x >> 5) ? warp_sums[lane] : T(0);
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+  }
+  __syncthreads();  // warp_sums may be reused by a following call
+  return v;
+}
+
+// The CUDA backend computes in float32 (the op layer checks); launchers read float data.
+inline const float* fdata(const Tensor& t) { return t.data<float>(); }
+inline float* fdata(Tensor& t) { return t.data<float>(); }
+
+}  // namespace unetcu::kernels::cuda

@@ -1,0 +1,108 @@
+// CUDA losses over kernels/loss.h: block reductions in double (one atomicAdd per block), the
+// loss finished on the device, and backward kernels that read the upstream gradient and the
+// Dice sums from device memory, so no host synchronisation happens inside a step.
+#include "kernels/cuda/common.cuh"
+#include "kernels/launchers.h"
+#include "kernels/loss.h"
+
+namespace unetcu::kernels::cuda {
+namespace {
+
+__global__ void bce_sum_kernel(const float* x, const float* t, double* sum, int64_t n) {
+  double acc = 0;
+  GRID_STRIDE(i, n) acc += double(bce_with_logits(x[i], t[i]));
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) atomicAdd(sum, acc);
+}
+
+__global__ void mean_kernel(const double* sum, float* loss, int64_t n) {
+  loss[0] = float(sum[0] / double(n));
+}
+
+__global__ void bce_backward_kernel(const float* x, const float* t, const float* grad_loss,
+                                    float* gx, float beta, int64_t n) {
+  const float s = float(double(grad_loss[0]) / double(n));
+  GRID_STRIDE(i, n) store(gx + i, s * bce_with_logits_grad(x[i], t[i]), beta);
+}
+
+__global__ void dice_sums_kernel(const float* x, const float* t, double* sums, int64_t n) {
+  double inter = 0, ps = 0, ts = 0;
+  GRID_STRIDE(i, n) {
+    const double p = kernels::sigmoid_forward(x[i]);
+    inter += p * t[i];
+    ps += p;
+    ts += t[i];
+  }
+  inter = block_sum(inter);
+  ps = block_sum(ps);
+  ts = block_sum(ts);
+  if (threadIdx.x == 0) {
+    atomicAdd(sums + 0, inter);
+    atomicAdd(sums + 1, ps);
+    atomicAdd(sums + 2, ts);
+  }
+}
+
+__global__ void dice_loss_kernel(const double* sums, double smooth, float* loss) {
+  loss[0] = float(dice_loss_value(sums[0], sums[1] + sums[2], smooth));
+}
+
+__global__ void dice_backward_kernel(const float* x, const float* t, const double* sums,
+                                     float smooth, const float* grad_loss, float* gx, float beta,
+                                     int64_t n) {
+  const float inter = float(sums[0]), card = float(sums[1] + sums[2]), sc = grad_loss[0];
+  GRID_STRIDE(i, n) {
+    const float p = kernels::sigmoid_forward(x[i]);
+    store(gx + i, sc * dice_grad_logit(p, t[i], inter, card, smooth), beta);
+  }
+}
+
+}  // namespace
+
+void bce_with_logits_forward(const Tensor& logits, const Tensor& target, Tensor& loss) {
+  const int64_t n = logits.numel();
+  Launch l(logits);
+  unetcu::cuda::DeviceBuffer sum(logits.device().index, sizeof(double));
+  CUDA_CHECK(cudaMemsetAsync(sum.get(), 0, sizeof(double), l.stream));
+  bce_sum_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(fdata(logits), fdata(target),
+                                                           static_cast<double*>(sum.get()), n);
+  CUDA_CHECK_LAUNCH(l.stream, "bce_with_logits_forward");
+  mean_kernel<<<1, 1, 0, l.stream>>>(static_cast<double*>(sum.get()), fdata(loss), n);
+  CUDA_CHECK_LAUNCH(l.stream, "bce_with_logits_forward (mean)");
+}
+
+void bce_with_logits_backward(const Tensor& logits, const Tensor& target, const Tensor& grad_loss,
+                              Tensor& grad_x, double beta) {
+  const int64_t n = logits.numel();
+  Launch l(logits);
+  bce_backward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
+      fdata(logits), fdata(target), fdata(grad_loss), fdata(grad_x), float(beta), n);
+  CUDA_CHECK_LAUNCH(l.stream, "bce_with_logits_backward");
+}
+
+void dice_sums(const Tensor& logits, const Tensor& target, Tensor& sums) {
+  const int64_t n = logits.numel();
+  Launch l(logits);
+  CUDA_CHECK(cudaMemsetAsync(sums.raw(), 0, 3 * sizeof(double), l.stream));
+  dice_sums_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(fdata(logits), fdata(target),
+                                                             sums.data<double>(), n);
+  CUDA_CHECK_LAUNCH(l.stream, "dice_sums");
+}
+
+void dice_loss_from_sums(const Tensor& sums, double smooth, Tensor& loss) {
+  Launch l(sums);
+  dice_loss_kernel<<<1, 1, 0, l.stream>>>(sums.data<double>(), smooth, fdata(loss));
+  CUDA_CHECK_LAUNCH(l.stream, "dice_loss_from_sums");
+}
+
+void dice_backward(const Tensor& logits, const Tensor& target, const Tensor& sums, double smooth,
+                   const Tensor& grad_loss, Tensor& grad_x, double beta) {
+  const int64_t n = logits.numel();
+  Launch l(logits);
+  dice_backward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
+      fdata(logits), fdata(target), sums.data<double>(), float(smooth), fdata(grad_loss),
+      fdata(grad_x), float(beta), n);
+  CUDA_CHECK_LAUNCH(l.stream, "dice_backward");
+}
+
+}  // namespace unetcu::kernels::cuda
