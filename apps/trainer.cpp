@@ -3,10 +3,12 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <iomanip>
 #include <cmath>
 #include <cstdio>
 #include <memory>
 
+#include "engine/cuda_api.h"
 #include "engine/data.h"
 #include "engine/metrics.h"
 #include "engine/optim.h"
@@ -87,6 +89,18 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
   const Device device = resolve_device(cfg.device, &note);
   out << "device: " << device.str() << " (" << note << ")\n";
   if (cfg.threads > 0) set_cpu_threads(cfg.threads);
+  SyntheticSegmentation data(cfg.image_size, cfg.seed);
+  UNETCU_CHECK(device.is_cpu() || cfg.dtype == DType::F32, "--dtype ", dtype_name(cfg.dtype),
+               " is CPU only; ", device.str(), " trains in float32");
+  if (device.is_cuda()) cuda::set_allow_tf32(cfg.tf32);
+  const bool on_gpu = device.is_cuda();
+  // A batch is made on the host (in pinned memory for a GPU) and uploaded.
+  auto make_batch = [&](const std::vector<int64_t>& idx) {
+    return data.batch(idx, cfg.dtype, Device::cpu(), on_gpu);
+  };
+  auto upload = [&](const Batch& host) {
+    return on_gpu ? Batch{host.images.to(device), host.masks.to(device)} : host;
+  };
 
   UNetConfig mc;
   mc.width_divisor = cfg.width_divisor;
@@ -111,7 +125,6 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
     opt = std::make_unique<SGD>(model.parameters(), o);
   }
 
-  SyntheticSegmentation data(cfg.image_size, cfg.seed);
   out << "model: Unet(resnet34), " << result.parameter_count << " parameters, width divisor "
       << cfg.width_divisor << ", " << dtype_name(cfg.dtype) << "\n"
       << "data: synthetic " << cfg.image_size << "x" << cfg.image_size << ", "
@@ -126,28 +139,38 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
     st.epoch = epoch;
     model.train();
     const auto perm = epoch_permutation(cfg.train_size, cfg.seed, epoch);
-    Progress bar(cfg.progress, epoch, steps);
-    const auto t0 = Clock::now();
-    double loss_sum = 0;
-    for (int64_t s = 0; s < steps; ++s) {
+    auto batch_indices = [&](int64_t s) {
       const int64_t lo = s * cfg.batch_size;
       const int64_t hi = std::min<int64_t>(lo + cfg.batch_size, cfg.train_size);
-      std::vector<int64_t> idx(perm.begin() + lo, perm.begin() + hi);
-      Batch b = data.batch(idx, cfg.dtype, device);
+      return std::vector<int64_t>(perm.begin() + lo, perm.begin() + hi);
+    };
+    Progress bar(cfg.progress, epoch, steps);
+    if (on_gpu) cuda::reset_device_peak(device.index);
+    const auto t0 = Clock::now();
+    double loss_sum = 0;
+    int64_t seen = 0;
+    Batch next_host = make_batch(batch_indices(0));
+    for (int64_t s = 0; s < steps; ++s) {
+      const Batch host = std::move(next_host);  // kept alive until its upload is done
+      const Batch b = upload(host);
+      const int64_t count = b.images.dim(0);
       Tape tape;
-      double loss_value;
+      Tensor loss;
       {
         TapeScope scope(tape);
-        Tensor loss = segmentation_loss(cfg.loss, model.forward(b.images), b.masks);
-        loss_value = loss.item();
-        UNETCU_CHECK(std::isfinite(loss_value), "loss is not finite (", loss_value,
-                     ") at epoch ", epoch, " step ", s + 1, "; lower --lr");
+        loss = segmentation_loss(cfg.loss, model.forward(b.images), b.masks);
         opt->zero_grad();
         tape.backward(loss);
       }
       opt->step();
-      loss_sum += loss_value * double(hi - lo);
-      bar.update(s + 1, seconds_since(t0), hi);
+      // On a GPU the step above is only queued: make the next batch while it runs.
+      if (s + 1 < steps) next_host = make_batch(batch_indices(s + 1));
+      const double loss_value = loss.item();
+      UNETCU_CHECK(std::isfinite(loss_value), "loss is not finite (", loss_value, ") at epoch ",
+                   epoch, " step ", s + 1, "; lower --lr");
+      loss_sum += loss_value * double(count);
+      seen += count;
+      bar.update(s + 1, seconds_since(t0), seen);
     }
     st.seconds = seconds_since(t0);
     bar.finish();
@@ -162,7 +185,8 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
       const int64_t hi = std::min<int64_t>(lo + cfg.batch_size, cfg.val_size);
       std::vector<int64_t> idx;
       for (int64_t i = lo; i < hi; ++i) idx.push_back(cfg.train_size + i);
-      Batch b = data.batch(idx, cfg.dtype, device);
+      const Batch host = make_batch(idx);  // alive until the loss below has been read
+      const Batch b = upload(host);
       Tensor logits = model.forward(b.images);
       val_loss += segmentation_loss(cfg.loss, logits, b.masks).item() * double(hi - lo);
       counts.add(logits, b.masks);
@@ -170,6 +194,7 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
     st.val_loss = val_loss / double(cfg.val_size);
     st.val_iou = counts.iou();
     st.val_dice = counts.dice();
+    if (on_gpu) st.peak_device_bytes = cuda::device_memory_stats(device.index).peak_bytes;
 
     char line[256];
     std::snprintf(line, sizeof line,
@@ -177,7 +202,10 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
                   "val_dice %.4f  %.1f img/s",
                   epoch, cfg.epochs, st.seconds, st.train_loss, st.val_loss, st.val_iou,
                   st.val_dice, st.images_per_second);
-    out << line << "\n";
+    out << line;
+    if (on_gpu) out << "  peak_mem " << std::fixed << std::setprecision(0)
+                    << double(st.peak_device_bytes) / (1 << 20) << " MiB" << std::defaultfloat;
+    out << "\n";
     out.flush();
     result.epochs.push_back(st);
     if (on_epoch) on_epoch(st);

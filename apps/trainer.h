@@ -29,6 +29,7 @@ struct TrainConfig {
   int threads = 0;                 // 0: every core
   DType dtype = DType::F32;
   bool progress = true;            // progress bar on stderr (only when it is a terminal)
+  bool tf32 = true;                // CUDA: cuDNN convolutions may use TF32 tensor cores
 };
 
 // Throws unetcu::Error with a clear message for a bad configuration.
@@ -40,6 +41,7 @@ struct EpochStats {
   double train_loss = 0;   // mean over the epoch's batches, weighted by batch size
   double val_loss = 0, val_iou = 0, val_dice = 0;
   double images_per_second = 0;
+  size_t peak_device_bytes = 0;    // CUDA: peak of the caching allocator during the epoch
 };
 
 struct TrainResult {

@@ -9,7 +9,7 @@ int main(int argc, char** argv) {
   using namespace unetcu;
   TrainConfig cfg;
   std::string loss = "bce+dice", dtype = "float32";
-  bool no_progress = false;
+  bool no_progress = false, no_tf32 = false;
 
   CLI::App app{"unet_train: train a UNet-ResNet34 (segmentation_models_pytorch Unet('resnet34'), "
                "1 class) on the synthetic segmentation set"};
@@ -40,10 +40,13 @@ int main(int argc, char** argv) {
                  "Divide every channel count by this (1 = the real model)")
       ->capture_default_str();
   app.add_option("--threads", cfg.threads, "CPU threads (0 = all cores)")->capture_default_str();
-  app.add_option("--dtype", dtype, "float32 or float64 (CPU only)")
+  app.add_option("--dtype", dtype, "float32 or float64 (float64 on the CPU only)")
       ->check(CLI::IsMember({"float32", "float64"}))
       ->capture_default_str();
   app.add_flag("--no-progress", no_progress, "Do not draw the progress bar on stderr");
+  app.add_flag("--no-tf32", no_tf32,
+               "CUDA: keep cuDNN convolutions in full float32 (by default they may use TF32 "
+               "tensor cores, as PyTorch does)");
 
   try {
     app.parse(argc, argv);
@@ -54,6 +57,7 @@ int main(int argc, char** argv) {
     cfg.loss = parse_loss_kind(loss);
     cfg.dtype = parse_dtype(dtype);
     cfg.progress = !no_progress;
+    cfg.tf32 = !no_tf32;
     train_unet(cfg, std::cout);
   } catch (const std::exception& e) {
     std::cerr << "unet_train: error: " << e.what() << "\n";

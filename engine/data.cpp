@@ -106,11 +106,14 @@ void SyntheticSegmentation::render(int64_t index, float* image, float* mask) con
 }
 
 Batch SyntheticSegmentation::batch(const std::vector<int64_t>& indices, DType dtype,
-                                   Device device) const {
+                                   Device device, bool pinned) const {
   const int64_t B = int64_t(indices.size()), S = size_;
   UNETCU_CHECK(B > 0, "empty batch");
   UNETCU_CHECK(device.is_cpu(), "synthetic batches are made on a CPU device");
-  Batch out{Tensor::empty({B, 3, S, S}, dtype, device), Tensor::empty({B, 1, S, S}, dtype, device)};
+  Batch out = pinned ? Batch{Tensor::empty_pinned({B, 3, S, S}, dtype),
+                             Tensor::empty_pinned({B, 1, S, S}, dtype)}
+                     : Batch{Tensor::empty({B, 3, S, S}, dtype, device),
+                             Tensor::empty({B, 1, S, S}, dtype, device)};
   const size_t plane = size_t(S) * S;
   kernels::cpu::parallel_for(B, [&](int64_t b) {
     std::vector<float> img(3 * plane), msk(plane);

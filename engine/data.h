@@ -24,8 +24,9 @@ class SyntheticSegmentation {
   // Writes sample `index`: image [3, S, S] in [0, 1] (not normalised) and mask [S, S].
   void render(int64_t index, float* image, float* mask) const;
   // Normalised images and masks of the given sample indices.
+  // pinned: page-locked host memory, so the upload to a GPU does not wait (needs CUDA).
   Batch batch(const std::vector<int64_t>& indices, DType dtype = DType::F32,
-              Device device = Device::cpu()) const;
+              Device device = Device::cpu(), bool pinned = false) const;
 
  private:
   int size_;

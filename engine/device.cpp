@@ -5,6 +5,7 @@
 #include <cctype>
 
 #include "engine/common.h"
+#include "engine/cuda_api.h"
 
 namespace unetcu {
 
@@ -32,27 +33,28 @@ std::string Device::str() const {
 }
 
 #ifndef UNETCU_WITH_CUDA
-int cuda_device_count() { return 0; }
+int cuda_device_count() { return 0; }  // the CUDA build's lives in engine/cuda/runtime.cu
 #endif
 
 Device resolve_device(const std::string& spec, std::string* note) {
-  const int gpus = cuda_device_count();
+  const bool built = cuda::built();
+  const int gpus = built ? cuda_device_count() : 0;
   if (spec == "auto") {
-    // The CUDA op backend is a separate layer; until it is linked in, a visible GPU cannot
-    // be used and the CPU reference backend runs.
-    if (note) {
-      *note = gpus > 0 ? str_cat(gpus, " GPU(s) visible, but this build has no CUDA op backend; "
-                                       "using the CPU")
-                       : "no GPU visible; using the CPU";
+    if (gpus > 0) {
+      if (note) *note = str_cat(gpus, " GPU(s) visible; using cuda:0 (", cuda::device_name(0), ")");
+      return Device::cuda(0);
     }
+    if (note) *note = built ? "no GPU visible; using the CPU" : "built without CUDA; using the CPU";
     return Device::cpu(0);
   }
   Device d = Device::parse(spec);
   if (d.is_cuda()) {
+    UNETCU_CHECK(built, "device ", d.str(), " requested, but this build has no CUDA backend");
     UNETCU_CHECK(gpus > 0, "device ", d.str(), " requested, but no GPU is visible");
     UNETCU_CHECK(d.index < gpus, "device ", d.str(), " requested, but only ", gpus,
                  " GPU(s) are visible");
-    throw Error(str_cat("device ", d.str(), ": this build has no CUDA op backend"));
+    if (note) *note = str_cat("using ", d.str(), " (", cuda::device_name(d.index), ")");
+    return d;
   }
   if (note) *note = "using " + d.str();
   return d;

@@ -27,7 +27,7 @@ struct Device {
 // a build without CUDA) means zero: "no GPU" is a normal answer, never a crash.
 int cuda_device_count();
 
-// Resolves "auto" (CUDA when a GPU is visible and the build has the CUDA backend, else the
+// Resolves "auto" (cuda:0 when a GPU is visible and the build has the CUDA backend, else the
 // CPU) and validates an explicit device. `note` receives a one-line explanation of the choice.
 Device resolve_device(const std::string& spec, std::string* note);
 

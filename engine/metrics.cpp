@@ -2,9 +2,12 @@
 
 namespace unetcu {
 
-void SegmentationCounts::add(const Tensor& logits, const Tensor& masks) {
-  check_same_shape("SegmentationCounts::add", logits, masks);
-  check_same_dtype_device("SegmentationCounts::add", logits, masks);
+void SegmentationCounts::add(const Tensor& logits_in, const Tensor& masks_in) {
+  check_same_shape("SegmentationCounts::add", logits_in, masks_in);
+  check_same_dtype_device("SegmentationCounts::add", logits_in, masks_in);
+  // Counted on the host: a GPU's logits come back once per evaluation batch.
+  const Tensor logits = logits_in.device().is_cpu() ? logits_in : logits_in.to(Device::cpu());
+  const Tensor masks = masks_in.device().is_cpu() ? masks_in : masks_in.to(Device::cpu());
   const int64_t n = logits.numel();
   int64_t tp_ = 0, fp_ = 0, fn_ = 0, tn_ = 0;
   UNETCU_DISPATCH_FLOAT(logits.dtype(), T, {

@@ -58,7 +58,7 @@ void Module::train(bool on) {
 Conv2d::Conv2d(int in, int out, int kernel, int stride, int padding, bool has_bias, Init init,
                Rng& rng, DType dtype, Device device)
     : stride_(stride), padding_(padding) {
-  weight = Tensor::empty({out, in, kernel, kernel}, dtype, device);
+  weight = Tensor::empty({out, in, kernel, kernel}, dtype);  // drawn on the host, then moved
   const double fan_in = double(in) * kernel * kernel, fan_out = double(out) * kernel * kernel;
   const int64_t n = weight.numel();
   UNETCU_DISPATCH_FLOAT(dtype, T, {
@@ -74,11 +74,13 @@ Conv2d::Conv2d(int in, int out, int kernel, int stride, int padding, bool has_bi
       w[i] = T(v);
     }
   });
+  if (!device.is_cpu()) weight = weight.to(device);
   register_parameter("weight", &weight);
   if (has_bias) {
-    bias = Tensor::zeros({out}, dtype, device);
+    bias = Tensor::zeros({out}, dtype);
     if (init == Init::PyTorchDefault)
       for (int i = 0; i < out; ++i) bias.set(i, rng.uniform(-1, 1) / std::sqrt(fan_in));
+    if (!device.is_cpu()) bias = bias.to(device);
     register_parameter("bias", &bias);
   }
 }

@@ -1,0 +1,293 @@
+// Contract 2: every CUDA op equals the CPU float64 op on the same random input, forward and
+// backward; a reduced-width UNet training step on CUDA equals the CPU step.
+//
+// Inputs are drawn fresh (the seed is printed on failure), rounded to float32, and given to
+// both backends: the CUDA op in float32, the CPU op in float64. Every new device block is
+// filled with NaN first (poisoned allocations), so an element a kernel forgets to write fails.
+// Error measure: ‖cuda − cpu‖ / ‖cpu‖. Float32 accumulation over up to ~10^4 terms stays under
+// 1e-5; convolutions are checked with TF32 off at 1e-5, and once with TF32 on at 2e-3 (TF32
+// keeps 10 mantissa bits: ~5e-4 relative per product).
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cmath>
+#include <functional>
+
+#include "engine/cuda_api.h"
+#include "engine/ops.h"
+#include "engine/optim.h"
+#include "engine/random.h"
+#include "engine/tape.h"
+#include "models/unet.h"
+
+using namespace unetcu;
+
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+uint64_t fresh_seed() {
+  return uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
+}
+
+// A float32-representable random host tensor in float64.
+Tensor random64(const Shape& s, Rng& rng, double lo = -1, double hi = 1) {
+  Tensor t = Tensor::empty(s, DType::F64);
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, double(float(rng.uniform(lo, hi))));
+  return t;
+}
+
+Tensor gpu(const Tensor& t64) { return t64.to(DType::F32).to(kGpu); }
+
+double rel(const Tensor& got, const Tensor& want) {
+  const std::vector<double> a = got.to_vector(), b = want.to_vector();
+  REQUIRE(a.size() == b.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;  // unwritten (poisoned) or overflowed
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+struct Setup {
+  Setup() {
+    cuda::set_poison_allocations(true);
+    cuda::set_allow_tf32(false);
+  }
+};
+
+// Runs f on the CPU (float64) and on the GPU (float32) with the same inputs, back-propagates
+// the same random output gradient twice (the second pass accumulates), and compares the
+// output and every input gradient.
+void check_op(const char* name, const std::function<Tensor(const std::vector<Tensor>&)>& f,
+              const std::vector<Tensor>& inputs64, const std::vector<bool>& needs_grad,
+              double tol = 1e-5) {
+  CAPTURE(name);
+  std::vector<Tensor> cpu_in, gpu_in;
+  for (size_t i = 0; i < inputs64.size(); ++i) {
+    cpu_in.push_back(inputs64[i].clone().set_requires_grad(needs_grad[i]));
+    gpu_in.push_back(gpu(inputs64[i]).set_requires_grad(needs_grad[i]));
+  }
+  Rng rng(fresh_seed());
+  Tensor ref_out;
+  for (int pass = 0; pass < 2; ++pass) {
+    Tape tc, tg;
+    Tensor yc, yg;
+    {
+      TapeScope s(tc);
+      yc = f(cpu_in);
+    }
+    {
+      TapeScope s(tg);
+      yg = f(gpu_in);
+    }
+    CHECK(yg.device() == kGpu);
+    CHECK(rel(yg, yc) < tol);
+    if (!ref_out.defined()) ref_out = random64(yc.shape(), rng);
+    tc.backward({yc}, {ref_out});
+    tg.backward({yg}, {gpu(ref_out)});
+    for (size_t i = 0; i < inputs64.size(); ++i) {
+      if (!needs_grad[i]) continue;
+      CAPTURE(i);
+      CAPTURE(pass);
+      CHECK(rel(gpu_in[i].grad(), cpu_in[i].grad()) < tol);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("CUDA conv2d equals the CPU float64 conv (TF32 off), forward and backward") {
+  Setup setup;
+  Rng rng(fresh_seed());
+  struct Case {
+    Shape x, w;
+    Conv2dOptions o;
+    bool bias;
+  };
+  const Case cases[] = {{{2, 3, 33, 31}, {8, 3, 7, 7}, {2, 2, 3, 3}, false},
+                        {{2, 16, 17, 19}, {12, 16, 3, 3}, {1, 1, 1, 1}, true},
+                        {{3, 8, 16, 16}, {16, 8, 3, 3}, {2, 2, 1, 1}, false},
+                        {{2, 8, 15, 15}, {4, 8, 1, 1}, {2, 2, 0, 0}, false},
+                        {{1, 16, 32, 32}, {1, 16, 3, 3}, {1, 1, 1, 1}, true}};
+  for (const Case& c : cases) {
+    CAPTURE(shape_str(c.x));
+    std::vector<Tensor> in = {random64(c.x, rng), random64(c.w, rng),
+                              c.bias ? random64({c.w[0]}, rng) : Tensor()};
+    std::vector<bool> need = {true, true, c.bias};
+    if (!c.bias) {
+      in.pop_back();
+      need.pop_back();
+    }
+    check_op("conv2d", [&](const std::vector<Tensor>& v) {
+      return conv2d(v[0], v[1], v.size() > 2 ? v[2] : Tensor(), c.o);
+    }, in, need);
+  }
+}
+
+TEST_CASE("CUDA conv2d with TF32 tensor cores stays within 2e-3 of float64") {
+  Setup setup;
+  cuda::set_allow_tf32(true);
+  Rng rng(fresh_seed());
+  check_op("conv2d tf32", [](const std::vector<Tensor>& v) { return conv2d(v[0], v[1], Tensor(), 1, 1); },
+           {random64({4, 64, 32, 32}, rng), random64({64, 64, 3, 3}, rng)}, {true, true}, 2e-3);
+  cuda::set_allow_tf32(false);
+}
+
+TEST_CASE("CUDA batch_norm2d equals the CPU op: training (with running statistics) and eval") {
+  Setup setup;
+  Rng rng(fresh_seed());
+  const Shape xs = {4, 6, 9, 7};
+  Tensor rm64 = random64({6}, rng), rv64 = random64({6}, rng, 0.5, 2);
+  for (bool training : {true, false}) {
+    CAPTURE(training);
+    Tensor rmc = rm64.clone(), rvc = rv64.clone(), rmg = gpu(rm64), rvg = gpu(rv64);
+    check_op("batch_norm2d", [&](const std::vector<Tensor>& v) {
+      const bool on_gpu = v[0].device().is_cuda();
+      return batch_norm2d(v[0], v[1], v[2], on_gpu ? rmg : rmc, on_gpu ? rvg : rvc, training);
+    }, {random64(xs, rng, -2, 3), random64({6}, rng, 0.5, 1.5), random64({6}, rng)},
+             {true, true, true});
+    // Both ran the forward twice: the running statistics moved the same way.
+    CHECK(rel(rmg, rmc) < 1e-5);
+    CHECK(rel(rvg, rvc) < 1e-5);
+  }
+}
+
+TEST_CASE("CUDA elementwise, pooling, resampling and concat equal the CPU ops") {
+  Setup setup;
+  Rng rng(fresh_seed());
+  const Shape s = {2, 5, 13, 11};
+  check_op("relu", [](const std::vector<Tensor>& v) { return relu(v[0]); }, {random64(s, rng)}, {true});
+  check_op("sigmoid", [](const std::vector<Tensor>& v) { return sigmoid(v[0]); },
+           {random64(s, rng, -6, 6)}, {true});
+  check_op("add", [](const std::vector<Tensor>& v) { return add(v[0], v[1]); },
+           {random64(s, rng), random64(s, rng)}, {true, true});
+  check_op("scale", [](const std::vector<Tensor>& v) { return scale(v[0], -1.5); }, {random64(s, rng)},
+           {true});
+  check_op("max_pool2d 3x3/2 pad 1", [](const std::vector<Tensor>& v) {
+    return max_pool2d(v[0], Pool2dOptions::square(3, 2, 1));
+  }, {random64(s, rng)}, {true});
+  check_op("max_pool2d 2x3/(1,2)", [](const std::vector<Tensor>& v) {
+    return max_pool2d(v[0], Pool2dOptions{2, 3, 1, 2, 1, 1});
+  }, {random64(s, rng)}, {true});
+  check_op("upsample_nearest2x", [](const std::vector<Tensor>& v) { return upsample_nearest2x(v[0]); },
+           {random64(s, rng)}, {true});
+  check_op("concat_channels", [](const std::vector<Tensor>& v) { return concat_channels({v[0], v[1], v[2]}); },
+           {random64({2, 3, 7, 5}, rng), random64({2, 1, 7, 5}, rng), random64({2, 4, 7, 5}, rng)},
+           {true, false, true});
+  check_op("to_device round trip", [](const std::vector<Tensor>& v) {
+    // cuda -> cpu -> cuda (or cpu -> cpu): the gradient must travel back through both moves.
+    const Device home = v[0].device();
+    return to_device(scale(to_device(v[0], Device::cpu()), 2.0), home);
+  }, {random64(s, rng)}, {true});
+}
+
+TEST_CASE("CUDA losses equal the CPU losses, values and gradients") {
+  Setup setup;
+  Rng rng(fresh_seed());
+  const Shape s = {3, 1, 40, 37};
+  Tensor target = Tensor::empty(s, DType::F64);
+  for (int64_t i = 0; i < target.numel(); ++i) target.set(i, rng.uniform() < 0.3 ? 1.0 : 0.0);
+  const Tensor tc = target, tg = gpu(target);
+  for (LossKind k : {LossKind::BCE, LossKind::Dice, LossKind::BCEDice}) {
+    check_op(loss_kind_name(k), [&](const std::vector<Tensor>& v) {
+      return segmentation_loss(k, v[0], v[0].device().is_cuda() ? tg : tc);
+    }, {random64(s, rng, -8, 8)}, {true});
+  }
+}
+
+TEST_CASE("CUDA Adam and SGD steps equal the CPU steps") {
+  Setup setup;
+  Rng rng(fresh_seed());
+  for (int which = 0; which < 2; ++which) {
+    Tensor p64 = random64({1000}, rng), g1 = random64({1000}, rng), g2 = random64({1000}, rng);
+    Tensor pc = p64.clone().set_requires_grad(true), pg = gpu(p64).set_requires_grad(true);
+    std::unique_ptr<Optimizer> oc, og;
+    if (which == 0) {
+      AdamOptions o;
+      o.weight_decay = 0.01;
+      oc = std::make_unique<Adam>(std::vector<Tensor>{pc}, o);
+      og = std::make_unique<Adam>(std::vector<Tensor>{pg}, o);
+    } else {
+      SgdOptions o;
+      o.lr = 0.1;
+      o.momentum = 0.9;
+      oc = std::make_unique<SGD>(std::vector<Tensor>{pc}, o);
+      og = std::make_unique<SGD>(std::vector<Tensor>{pg}, o);
+    }
+    for (const Tensor* g : {&g1, &g2}) {
+      for (auto [p, opt, grad] : {std::tuple{&pc, oc.get(), g->clone()}, std::tuple{&pg, og.get(), gpu(*g)}}) {
+        opt->zero_grad();
+        Tape t;
+        Tensor y;
+        {
+          TapeScope s(t);
+          y = scale(*p, 1.0);
+        }
+        t.backward({y}, {grad});
+        opt->step();
+      }
+    }
+    CAPTURE(which);
+    CHECK(rel(pg, pc) < 1e-6);
+  }
+}
+
+TEST_CASE("one training step of the reduced-width UNet on CUDA equals the CPU step") {
+  Setup setup;
+  Rng rng(fresh_seed());
+  UNetConfig cg;
+  cg.width_divisor = 8;
+  cg.seed = 5;
+  cg.device = kGpu;
+  UNet mg(cg);
+  UNetConfig cc = cg;
+  cc.device = Device::cpu();
+  cc.dtype = DType::F64;
+  UNet mc(cc);
+  // Same starting values: the CPU model takes the GPU model's float32 parameters.
+  auto sg = mg.state(), sc = mc.state();
+  REQUIRE(sg.size() == sc.size());
+  for (size_t i = 0; i < sg.size(); ++i)
+    if (sg[i].tensor.defined()) sc[i].tensor.copy_(sg[i].tensor);
+  Tensor x = random64({2, 3, 64, 64}, rng, -2, 2);
+  Tensor t = Tensor::empty({2, 1, 64, 64}, DType::F64);
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, rng.uniform() < 0.4 ? 1.0 : 0.0);
+  std::vector<Tensor> before;
+  for (auto& e : sc)
+    if (e.is_parameter) before.push_back(e.tensor.clone());
+  Adam ac(mc.parameters()), ag(mg.parameters());
+  double losses[2];
+  for (int k = 0; k < 2; ++k) {
+    UNet& m = k ? mg : mc;
+    Adam& opt = k ? ag : ac;
+    Tape tape;
+    Tensor loss;
+    {
+      TapeScope s(tape);
+      loss = segmentation_loss(LossKind::BCEDice, m.forward(k ? gpu(x) : x), k ? gpu(t) : t);
+    }
+    tape.backward(loss);
+    opt.step();
+    losses[k] = loss.item();
+  }
+  CHECK(std::fabs(losses[1] - losses[0]) <= 1e-5 * std::fabs(losses[0]));
+  // Adam's first step moves each weight by about lr * g / |g|: compare the updates. An element
+  // whose gradient is within float32 noise of 0 may move differently, so the bound is on the
+  // whole tensor's update, relative: 1e-3.
+  const auto pc = mc.parameters(), pg = mg.parameters();
+  for (size_t i = 0; i < pc.size(); ++i) {
+    CAPTURE(i);
+    Tensor uc = add(pc[i], scale(before[i], -1.0));
+    Tensor ug = add(pg[i].to(Device::cpu()).to(DType::F64), scale(before[i], -1.0));
+    CHECK(rel(ug, uc) < 1e-3);
+  }
+  // Running statistics after one training forward.
+  for (size_t i = 0; i < sg.size(); ++i)
+    if (!sg[i].is_parameter && sg[i].tensor.defined()) {
+      CAPTURE(sg[i].name);
+      CHECK(rel(sg[i].tensor, sc[i].tensor) < 1e-5);
+    }
+}
