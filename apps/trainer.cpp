@@ -46,6 +46,9 @@ void validate(const TrainConfig& c) {
 
 namespace {
 
+// Rendered samples are kept in memory when they fit in this much (see enable_cache).
+constexpr double kDataCacheBytes = 4.0 * (1 << 30);
+
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -90,6 +93,9 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
   out << "device: " << device.str() << " (" << note << ")\n";
   if (cfg.threads > 0) set_cpu_threads(cfg.threads);
   SyntheticSegmentation data(cfg.image_size, cfg.seed);
+  const int64_t total = cfg.train_size + cfg.val_size;
+  const bool cached = double(total) * SyntheticSegmentation::sample_bytes(cfg.image_size) <= kDataCacheBytes;
+  if (cached) data.enable_cache(total);
   UNETCU_CHECK(device.is_cpu() || cfg.dtype == DType::F32, "--dtype ", dtype_name(cfg.dtype),
                " is CPU only; ", device.str(), " trains in float32");
   if (device.is_cuda()) cuda::set_allow_tf32(cfg.tf32);
@@ -128,7 +134,8 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
   out << "model: Unet(resnet34), " << result.parameter_count << " parameters, width divisor "
       << cfg.width_divisor << ", " << dtype_name(cfg.dtype) << "\n"
       << "data: synthetic " << cfg.image_size << "x" << cfg.image_size << ", "
-      << cfg.train_size << " train / " << cfg.val_size << " validation, batch " << cfg.batch_size
+      << cfg.train_size << " train / " << cfg.val_size << " validation"
+      << (cached ? " (kept in memory after the first epoch)" : "") << ", batch " << cfg.batch_size
       << ", loss " << loss_kind_name(cfg.loss) << ", " << cfg.optimizer << " lr " << cfg.lr
       << "\n";
   out.flush();

@@ -116,8 +116,16 @@ Batch SyntheticSegmentation::batch(const std::vector<int64_t>& indices, DType dt
                              Tensor::empty({B, 1, S, S}, dtype, device)};
   const size_t plane = size_t(S) * S;
   kernels::cpu::parallel_for(B, [&](int64_t b) {
-    std::vector<float> img(3 * plane), msk(plane);
-    render(indices[b], img.data(), msk.data());
+    const int64_t index = indices[b];
+    std::vector<float> local;
+    std::vector<float>* sample = &local;
+    if (index >= 0 && index < int64_t(cache_.size())) sample = &cache_[index];
+    if (sample->empty()) {
+      sample->resize(4 * plane);
+      render(index, sample->data(), sample->data() + 3 * plane);
+    }
+    const float* img = sample->data();
+    const float* msk = img + 3 * plane;
     UNETCU_DISPATCH_FLOAT(dtype, T, {
       T* ip = out.images.data<T>() + b * 3 * plane;
       T* mp = out.masks.data<T>() + b * plane;
@@ -128,6 +136,10 @@ Batch SyntheticSegmentation::batch(const std::vector<int64_t>& indices, DType dt
     });
   }, 1);
   return out;
+}
+
+void SyntheticSegmentation::enable_cache(int64_t count) {
+  cache_.assign(size_t(std::max<int64_t>(count, 0)), {});
 }
 
 std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int epoch) {

@@ -23,6 +23,12 @@ class SyntheticSegmentation {
 
   // Writes sample `index`: image [3, S, S] in [0, 1] (not normalised) and mask [S, S].
   void render(int64_t index, float* image, float* mask) const;
+
+  // Keeps rendered samples [0, count) in memory so later epochs copy instead of drawing
+  // (drawing a 512×512 sample costs milliseconds of transcendental math). Not thread-safe
+  // against batch() calls running at the same time for the same index.
+  void enable_cache(int64_t count);
+  static size_t sample_bytes(int image_size) { return size_t(4) * image_size * image_size * sizeof(float); }
   // Normalised images and masks of the given sample indices.
   // pinned: page-locked host memory, so the upload to a GPU does not wait (needs CUDA).
   Batch batch(const std::vector<int64_t>& indices, DType dtype = DType::F32,
@@ -31,6 +37,7 @@ class SyntheticSegmentation {
  private:
   int size_;
   uint64_t seed_;
+  mutable std::vector<std::vector<float>> cache_;  // image (3 planes) then mask, per index
 };
 
 // A seeded permutation of [0, n) for one epoch (the same seed and epoch give the same order).
