@@ -89,7 +89,9 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
                        const std::function<void(const EpochStats&)>& on_epoch) {
   validate(cfg);
   std::string note;
-  const Device device = resolve_device(cfg.device, &note);
+  // float64 is a CPU-only type: "auto" then means the CPU.
+  const Device device = resolve_device(
+      cfg.device == "auto" && cfg.dtype != DType::F32 ? std::string("cpu") : cfg.device, &note);
   out << "device: " << device.str() << " (" << note << ")\n";
   if (cfg.threads > 0) set_cpu_threads(cfg.threads);
   SyntheticSegmentation data(cfg.image_size, cfg.seed);

@@ -13,7 +13,10 @@ namespace unetcu::cuda {
 
 bool built();  // this build has the CUDA backend
 
-// Device memory from the caching allocator of `device` (blocks reused by size, per stream).
+// Device memory from the caching allocator of `device`. A freed block is reused only by work on
+// the stream it was allocated on (stream order makes that safe). A tensor used on another
+// stream must be kept alive by its user until that stream has passed the use (as the peer
+// copy does with an event); there is no record_stream yet.
 void* device_alloc(int device, size_t bytes, size_t* capacity);
 void device_free(int device, void* ptr, size_t capacity);
 AllocatorStats device_memory_stats(int device);

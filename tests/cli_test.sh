@@ -20,7 +20,7 @@ expect_error() {  # expect_error "<text the message must contain>" args...
 expect_error "--batch-size must be at least 1" --batch-size 0
 expect_error "multiple of 32" --image-size 100
 expect_error "bad device" --device tpu:0
-expect_error "device cuda:0 requested, but" --device cuda:0
+expect_error "device cuda:99 requested, but" --device cuda:99
 expect_error "The following argument was not expected: --bogus" --bogus
 expect_error "--loss" --loss focal
 expect_error "--epochs must be at least 1" --epochs 0

@@ -69,10 +69,14 @@ Stream Stream::create(int device) {
   s.device_ = device;
   return s;
 }
+// Destructors must not throw: they switch devices with unchecked calls.
 Stream::~Stream() {
   if (stream_) {
-    DeviceGuard g(device_);
+    int prev = 0;
+    cudaGetDevice(&prev);
+    cudaSetDevice(device_);
     cudaStreamDestroy(stream_);
+    cudaSetDevice(prev);
   }
 }
 Stream& Stream::operator=(Stream&& o) noexcept {
@@ -90,8 +94,11 @@ Event Event::create(int device, bool timing) {
 }
 Event::~Event() {
   if (event_) {
-    DeviceGuard g(device_);
+    int prev = 0;
+    cudaGetDevice(&prev);
+    cudaSetDevice(device_);
     cudaEventDestroy(event_);
+    cudaSetDevice(prev);
   }
 }
 Event& Event::operator=(Event&& o) noexcept {
@@ -293,19 +300,49 @@ DeviceBuffer::~DeviceBuffer() {
 
 // ---- host side -----------------------------------------------------------------------
 
+// Pinned blocks are cached by size: cudaFreeHost synchronises the device, and a training
+// loop asks for the same batch sizes every step.
+namespace {
+struct PinnedPool {
+  std::mutex mu;
+  std::multimap<size_t, void*> free_blocks;
+  std::unordered_map<void*, size_t> sizes;
+};
+PinnedPool& pinned_pool() {
+  static PinnedPool* p = new PinnedPool();
+  return *p;
+}
+}  // namespace
+
 void* pinned_alloc(size_t bytes) {
+  const size_t want = round_device_size(bytes ? bytes : 1);
+  PinnedPool& pool = pinned_pool();
+  {
+    std::lock_guard<std::mutex> lock(pool.mu);
+    auto it = pool.free_blocks.find(want);
+    if (it != pool.free_blocks.end()) {
+      void* p = it->second;
+      pool.free_blocks.erase(it);
+      return p;
+    }
+  }
   void* p = nullptr;
-  cudaError_t err = cudaMallocHost(&p, bytes ? bytes : 1);
+  cudaError_t err = cudaMallocHost(&p, want);
   if (err != cudaSuccess) {
     cudaGetLastError();
     throw Error(str_cat("cannot allocate ", bytes, " bytes of pinned host memory: ",
                         cudaGetErrorString(err)));
   }
+  std::lock_guard<std::mutex> lock(pool.mu);
+  pool.sizes[p] = want;
   return p;
 }
 
 void pinned_free(void* ptr) {
-  if (ptr) cudaFreeHost(ptr);
+  if (!ptr) return;
+  PinnedPool& pool = pinned_pool();
+  std::lock_guard<std::mutex> lock(pool.mu);
+  pool.free_blocks.emplace(pool.sizes.at(ptr), ptr);
 }
 
 void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes,
@@ -319,9 +356,10 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, size
     DeviceGuard g(dst_device.index);
     cudaStream_t s = current_stream(dst_device.index);
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
-    // Pageable sources are staged by the driver before the call returns; a pinned source must
-    // stay untouched until the stream passes this point (the caller keeps the batch alive).
-    (void)src_pinned;
+    // A pageable source may be reused by the host allocator as soon as we return: wait. A
+    // pinned source stays untouched until the caller has synchronised (the trainer keeps its
+    // batch alive until the step's loss has been read).
+    if (!src_pinned) CUDA_CHECK(cudaStreamSynchronize(s));
     return;
   }
   if (dst_device.is_cpu() && src_device.is_cuda()) {
@@ -345,6 +383,11 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, size
   DeviceGuard g(dd);
   ready.wait_on(ds);
   CUDA_CHECK(cudaMemcpyPeerAsync(dst, dd, src, sd, bytes, ds));
+  // ...and the source's stream waits for the copy, so the source block cannot be handed out
+  // again (to work on that stream) while the copy still reads it.
+  Event copied = Event::create(dd);
+  copied.record(ds);
+  copied.wait_on(current_stream(sd));
 }
 
 void memset_zero(void* ptr, int device, size_t bytes) {

@@ -75,9 +75,33 @@ Perf pick(const Perf* results, int count, const char* what) {
 }
 
 // Algorithms are searched with the handle already locked (h) and on the tensors of the call.
+// The search may use a large workspace once per shape: it comes straight from cudaMalloc, so
+// it neither stays in the caching allocator nor counts in the training's peak memory.
+struct SearchWorkspace {
+  void* ptr = nullptr;
+  size_t bytes;
+  SearchWorkspace() : bytes(search_workspace_bytes()) {
+    if (bytes && cudaMalloc(&ptr, bytes) != cudaSuccess) {
+      cudaGetLastError();
+      ptr = nullptr;
+      bytes = 0;  // search among the algorithms that need none
+    }
+  }
+  ~SearchWorkspace() {
+    if (ptr) cudaFree(ptr);
+  }
+  void* get() const { return ptr; }
+};
+
+// Each direction is searched under the requested math type (the descriptor keeps the type
+// of the last algorithm used).
+void reset_math(Plan& p, bool tf32) {
+  CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv.d, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+}
+
 void find_forward(Plan& p, cudnnHandle_t h, int device, const Tensor& x, const Tensor& w, Tensor& y) {
-  const size_t ws_bytes = search_workspace_bytes();
-  unetcu::cuda::DeviceBuffer ws(device, ws_bytes);
+  SearchWorkspace ws;
+  const size_t ws_bytes = ws.bytes;
   cudnnConvolutionFwdAlgoPerf_t res[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
   int n = 0;
   CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, p.x.d, x.raw(), p.w.d, w.raw(), p.conv.d,
@@ -89,8 +113,8 @@ void find_forward(Plan& p, cudnnHandle_t h, int device, const Tensor& x, const T
 
 void find_backward_data(Plan& p, cudnnHandle_t h, int device, const Tensor& w, const Tensor& dy,
                         const Tensor& x) {
-  const size_t ws_bytes = search_workspace_bytes();
-  unetcu::cuda::DeviceBuffer ws(device, ws_bytes);
+  SearchWorkspace ws;
+  const size_t ws_bytes = ws.bytes;
   unetcu::cuda::DeviceBuffer scratch_dx(device, x.nbytes());  // the real dx may hold a gradient
   cudnnConvolutionBwdDataAlgoPerf_t res[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
   int n = 0;
@@ -103,8 +127,8 @@ void find_backward_data(Plan& p, cudnnHandle_t h, int device, const Tensor& w, c
 
 void find_backward_filter(Plan& p, cudnnHandle_t h, int device, const Tensor& x, const Tensor& dy,
                           const Tensor& w) {
-  const size_t ws_bytes = search_workspace_bytes();
-  unetcu::cuda::DeviceBuffer ws(device, ws_bytes);
+  SearchWorkspace ws;
+  const size_t ws_bytes = ws.bytes;
   unetcu::cuda::DeviceBuffer scratch_dw(device, w.nbytes());
   cudnnConvolutionBwdFilterAlgoPerf_t res[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
   int n = 0;
@@ -121,10 +145,14 @@ void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y
                     const ConvGeometry& g) {
   Launch l(x);
   const int dev = x.device().index;
-  Plan& p = plan_for(dev, g, unetcu::cuda::allow_tf32());
+  const bool tf32 = unetcu::cuda::allow_tf32();
+  Plan& p = plan_for(dev, g, tf32);
   const float one = 1, zero = 0;
   unetcu::cuda::CudnnLock h(dev);
-  if (!p.has_fwd) find_forward(p, h.handle(), dev, x, w, y);
+  if (!p.has_fwd) {
+    reset_math(p, tf32);
+    find_forward(p, h.handle(), dev, x, w, y);
+  }
   CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv.d, p.fwd.mathType));
   unetcu::cuda::DeviceBuffer ws(dev, p.fwd.memory);
   CUDNN_CHECK(cudnnConvolutionForward(h.handle(), &one, p.x.d, x.raw(), p.w.d, w.raw(), p.conv.d,
@@ -139,7 +167,8 @@ void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, Ten
                      const ConvGeometry& g) {
   Launch l(x);
   const int dev = x.device().index;
-  Plan& p = plan_for(dev, g, unetcu::cuda::allow_tf32());
+  const bool tf32 = unetcu::cuda::allow_tf32();
+  Plan& p = plan_for(dev, g, tf32);
   const float one = 1;
   unetcu::cuda::CudnnLock h(dev);
   if (grad_b) {
@@ -148,7 +177,10 @@ void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, Ten
                                              grad_b->raw()));
   }
   if (grad_w) {
-    if (!p.has_bwd_filter) find_backward_filter(p, h.handle(), dev, x, grad_y, w);
+    if (!p.has_bwd_filter) {
+      reset_math(p, tf32);
+      find_backward_filter(p, h.handle(), dev, x, grad_y, w);
+    }
     CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv.d, p.bwd_filter.mathType));
     unetcu::cuda::DeviceBuffer ws(dev, p.bwd_filter.memory);
     const float bw = float(beta_w);
@@ -157,7 +189,10 @@ void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, Ten
                                                p.bwd_filter.memory, &bw, p.w.d, grad_w->raw()));
   }
   if (grad_x) {
-    if (!p.has_bwd_data) find_backward_data(p, h.handle(), dev, w, grad_y, x);
+    if (!p.has_bwd_data) {
+      reset_math(p, tf32);
+      find_backward_data(p, h.handle(), dev, w, grad_y, x);
+    }
     CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv.d, p.bwd_data.mathType));
     unetcu::cuda::DeviceBuffer ws(dev, p.bwd_data.memory);
     const float bx = float(beta_x);

@@ -26,9 +26,14 @@ namespace {
 
 const Device kGpu = Device::cuda(0);
 
+// A new seed per check, printed with any failure (CAPTURE) so it can be replayed.
 uint64_t fresh_seed() {
   return uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
 }
+#define FRESH_RNG(name)               \
+  const uint64_t name##_seed = fresh_seed(); \
+  CAPTURE(name##_seed);               \
+  Rng name(name##_seed)
 
 // A float32-representable random host tensor in float64.
 Tensor random64(const Shape& s, Rng& rng, double lo = -1, double hi = 1) {
@@ -70,7 +75,7 @@ void check_op(const char* name, const std::function<Tensor(const std::vector<Ten
     cpu_in.push_back(inputs64[i].clone().set_requires_grad(needs_grad[i]));
     gpu_in.push_back(gpu(inputs64[i]).set_requires_grad(needs_grad[i]));
   }
-  Rng rng(fresh_seed());
+  FRESH_RNG(rng);
   Tensor ref_out;
   for (int pass = 0; pass < 2; ++pass) {
     Tape tc, tg;
@@ -101,7 +106,7 @@ void check_op(const char* name, const std::function<Tensor(const std::vector<Ten
 
 TEST_CASE("CUDA conv2d equals the CPU float64 conv (TF32 off), forward and backward") {
   Setup setup;
-  Rng rng(fresh_seed());
+  FRESH_RNG(rng);
   struct Case {
     Shape x, w;
     Conv2dOptions o;
@@ -130,7 +135,7 @@ TEST_CASE("CUDA conv2d equals the CPU float64 conv (TF32 off), forward and backw
 TEST_CASE("CUDA conv2d with TF32 tensor cores stays within 2e-3 of float64") {
   Setup setup;
   cuda::set_allow_tf32(true);
-  Rng rng(fresh_seed());
+  FRESH_RNG(rng);
   check_op("conv2d tf32", [](const std::vector<Tensor>& v) { return conv2d(v[0], v[1], Tensor(), 1, 1); },
            {random64({4, 64, 32, 32}, rng), random64({64, 64, 3, 3}, rng)}, {true, true}, 2e-3);
   cuda::set_allow_tf32(false);
@@ -138,7 +143,7 @@ TEST_CASE("CUDA conv2d with TF32 tensor cores stays within 2e-3 of float64") {
 
 TEST_CASE("CUDA batch_norm2d equals the CPU op: training (with running statistics) and eval") {
   Setup setup;
-  Rng rng(fresh_seed());
+  FRESH_RNG(rng);
   const Shape xs = {4, 6, 9, 7};
   Tensor rm64 = random64({6}, rng), rv64 = random64({6}, rng, 0.5, 2);
   for (bool training : {true, false}) {
@@ -157,7 +162,7 @@ TEST_CASE("CUDA batch_norm2d equals the CPU op: training (with running statistic
 
 TEST_CASE("CUDA elementwise, pooling, resampling and concat equal the CPU ops") {
   Setup setup;
-  Rng rng(fresh_seed());
+  FRESH_RNG(rng);
   const Shape s = {2, 5, 13, 11};
   check_op("relu", [](const std::vector<Tensor>& v) { return relu(v[0]); }, {random64(s, rng)}, {true});
   check_op("sigmoid", [](const std::vector<Tensor>& v) { return sigmoid(v[0]); },
@@ -186,7 +191,7 @@ TEST_CASE("CUDA elementwise, pooling, resampling and concat equal the CPU ops") 
 
 TEST_CASE("CUDA losses equal the CPU losses, values and gradients") {
   Setup setup;
-  Rng rng(fresh_seed());
+  FRESH_RNG(rng);
   const Shape s = {3, 1, 40, 37};
   Tensor target = Tensor::empty(s, DType::F64);
   for (int64_t i = 0; i < target.numel(); ++i) target.set(i, rng.uniform() < 0.3 ? 1.0 : 0.0);
@@ -200,7 +205,7 @@ TEST_CASE("CUDA losses equal the CPU losses, values and gradients") {
 
 TEST_CASE("CUDA Adam and SGD steps equal the CPU steps") {
   Setup setup;
-  Rng rng(fresh_seed());
+  FRESH_RNG(rng);
   for (int which = 0; which < 2; ++which) {
     Tensor p64 = random64({1000}, rng), g1 = random64({1000}, rng), g2 = random64({1000}, rng);
     Tensor pc = p64.clone().set_requires_grad(true), pg = gpu(p64).set_requires_grad(true);
@@ -237,7 +242,7 @@ TEST_CASE("CUDA Adam and SGD steps equal the CPU steps") {
 
 TEST_CASE("one training step of the reduced-width UNet on CUDA equals the CPU step") {
   Setup setup;
-  Rng rng(fresh_seed());
+  FRESH_RNG(rng);
   UNetConfig cg;
   cg.width_divisor = 8;
   cg.seed = 5;
@@ -273,21 +278,30 @@ TEST_CASE("one training step of the reduced-width UNet on CUDA equals the CPU st
     opt.step();
     losses[k] = loss.item();
   }
-  CHECK(std::fabs(losses[1] - losses[0]) <= 1e-5 * std::fabs(losses[0]));
-  // Adam's first step moves each weight by about lr * g / |g|: compare the updates. An element
-  // whose gradient is within float32 noise of 0 may move differently, so the bound is on the
-  // whole tensor's update, relative: 1e-3.
+  // Float32 rounding compounds over ~40 conv/BN layers: 1e-4 for the whole network.
+  CHECK(std::fabs(losses[1] - losses[0]) <= 1e-4 * std::fabs(losses[0]));
   const auto pc = mc.parameters(), pg = mg.parameters();
   for (size_t i = 0; i < pc.size(); ++i) {
     CAPTURE(i);
-    Tensor uc = add(pc[i], scale(before[i], -1.0));
-    Tensor ug = add(pg[i].to(Device::cpu()).to(DType::F64), scale(before[i], -1.0));
-    CHECK(rel(ug, uc) < 1e-3);
+    CHECK(rel(pg[i].grad(), pc[i].grad()) < 1e-4);
+    // Adam's first step moves a weight by lr * g / (|g| + eps): where |g| is far above float32
+    // noise both steps agree to a tiny fraction of lr; where g is noise-level (< 1e-3 of the
+    // tensor's RMS gradient) the direction may legitimately differ, so those are left out.
+    const std::vector<double> g = pc[i].grad().to_vector(), b = before[i].to_vector();
+    const std::vector<double> ac = pc[i].to_vector(), ag = pg[i].to_vector();
+    double rms = 0;
+    for (double v : g) rms += v * v;
+    rms = std::sqrt(rms / double(g.size()));
+    int bad = 0;
+    for (size_t k = 0; k < g.size(); ++k)
+      if (std::fabs(g[k]) > 1e-3 * rms && std::fabs((ag[k] - b[k]) - (ac[k] - b[k])) > 1e-2 * 1e-3)
+        ++bad;
+    CHECK(bad == 0);
   }
   // Running statistics after one training forward.
   for (size_t i = 0; i < sg.size(); ++i)
     if (!sg[i].is_parameter && sg[i].tensor.defined()) {
       CAPTURE(sg[i].name);
-      CHECK(rel(sg[i].tensor, sc[i].tensor) < 1e-5);
+      CHECK(rel(sg[i].tensor, sc[i].tensor) < 1e-4);
     }
 }
