@@ -47,6 +47,7 @@ export CUBLAS_LIB_DIR=$(locate 'libcublas.so*')
 export CUBLAS_INCLUDE_DIR=$(locate 'cublas_v2.h')
 NCCL_LIB_DIR=$(locate 'libnccl.so*')
 NCCL_INCLUDE_DIR=$(locate 'nccl.h')
+export NCCL_LIB_DIR NCCL_INCLUDE_DIR
 for v in CUDNN_LIB_DIR CUDNN_INCLUDE_DIR CUBLAS_LIB_DIR CUBLAS_INCLUDE_DIR NCCL_LIB_DIR NCCL_INCLUDE_DIR; do
   echo "$v=${!v}" >> "$OUT/machine.txt"
 done

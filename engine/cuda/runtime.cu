@@ -171,6 +171,11 @@ CudnnLock::CudnnLock(int device)
   CUDNN_CHECK(cudnnSetStream(handle_, current_stream(device)));
 }
 
+CublasLock::CublasLock(int device)
+    : lock_(context(device).handle_mutex), handle_(context(device).cublas) {
+  CUBLAS_CHECK(cublasSetStream(handle_, current_stream(device)));
+}
+
 // ---- caching device allocator --------------------------------------------------------
 
 namespace {

@@ -42,7 +42,7 @@ int current_device();
       ::unetcu::cuda::throw_error("cuBLAS", #expr, __FILE__, __LINE__,                     \
                                   cublasGetStatusString(st_));                             \
   } while (0)
-// NCCL_CHECK lives in parallel/ with the NCCL communicator (nccl.h is only needed there).
+// NCCL_CHECK is in engine/cuda/nccl.cuh (only the communicator needs nccl.h).
 
 namespace unetcu::cuda {
 
@@ -139,6 +139,17 @@ class CudnnLock {
  private:
   std::lock_guard<std::mutex> lock_;
   cudnnHandle_t handle_;
+};
+
+// The cuBLAS handle, likewise bound to the calling thread's current stream.
+class CublasLock {
+ public:
+  explicit CublasLock(int device);
+  cublasHandle_t handle() const { return handle_; }
+
+ private:
+  std::lock_guard<std::mutex> lock_;
+  cublasHandle_t handle_;
 };
 
 // Temporary device memory (cuDNN workspaces) from the caching allocator.

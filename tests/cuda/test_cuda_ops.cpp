@@ -13,6 +13,7 @@
 #include <cmath>
 #include <functional>
 
+#include "engine/cuda/nccl.cuh"
 #include "engine/cuda_api.h"
 #include "engine/ops.h"
 #include "engine/optim.h"
@@ -304,4 +305,20 @@ TEST_CASE("one training step of the reduced-width UNet on CUDA equals the CPU st
       CAPTURE(sg[i].name);
       CHECK(rel(sg[i].tensor, sc[i].tensor) < 1e-4);
     }
+}
+
+TEST_CASE("the CUDA runtime: device name, allocator statistics, NCCL linked") {
+  Setup setup;
+  CHECK(!cuda::device_name(0).empty());
+  cuda::reset_device_peak(0);
+  const size_t before = cuda::device_memory_stats(0).current_bytes;
+  {
+    Tensor t = Tensor::zeros({1 << 20}, DType::F32, kGpu);  // 4 MiB
+    CHECK(cuda::device_memory_stats(0).current_bytes >= before + (size_t(4) << 20));
+    CHECK(t.to_vector()[12345] == 0.0);  // zeros overwrote the poison
+  }
+  CHECK(cuda::device_memory_stats(0).current_bytes == before);
+  CHECK(cuda::device_memory_stats(0).peak_bytes >= before + (size_t(4) << 20));
+  CHECK(cuda::nccl_version() >= 20000);
+  CHECK_THROWS_WITH(Tensor::zeros({1}, DType::F32, Device::cuda(999)), doctest::Contains("does not exist"));
 }
