@@ -74,13 +74,13 @@ Conv2d::Conv2d(int in, int out, int kernel, int stride, int padding, bool has_bi
       w[i] = T(v);
     }
   });
-  if (!device.is_cpu()) weight = weight.to(device);
+  if (weight.device() != device) weight = weight.to(device);
   register_parameter("weight", &weight);
   if (has_bias) {
     bias = Tensor::zeros({out}, dtype);
     if (init == Init::PyTorchDefault)
       for (int i = 0; i < out; ++i) bias.set(i, rng.uniform(-1, 1) / std::sqrt(fan_in));
-    if (!device.is_cpu()) bias = bias.to(device);
+    if (bias.device() != device) bias = bias.to(device);
     register_parameter("bias", &bias);
   }
 }

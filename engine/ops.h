@@ -30,6 +30,25 @@ Tensor batch_norm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                     Tensor& running_mean, Tensor& running_var, bool training,
                     double momentum = 0.1, double eps = 1e-5);
 
+// Synchronized batch norm: while a BatchNormSyncScope is active on a thread, training-mode
+// batch_norm2d sums its per-channel statistics (forward) and gradient sums (backward) over all
+// replicas through `all_reduce_sum`, so N replicas with b samples each normalise as one batch
+// of N·b. (CPU devices; data parallelism installs it for --sync-bn.)
+class BatchNormSync {
+ public:
+  virtual ~BatchNormSync() = default;
+  virtual void all_reduce_sum(Tensor& t) = 0;  // float64, in place, every replica in step
+};
+class BatchNormSyncScope {
+ public:
+  explicit BatchNormSyncScope(BatchNormSync* sync);
+  ~BatchNormSyncScope();
+  static BatchNormSync* current();
+
+ private:
+  BatchNormSync* previous_;
+};
+
 Tensor relu(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
 Tensor add(const Tensor& a, const Tensor& b);  // same shape

@@ -127,6 +127,13 @@ void Tape::backward(const std::vector<Tensor>& outputs, const std::vector<Tensor
       o.impl().grad = g.clone().impl_ptr();
     }
   }
+  // For the leaf-ready hook: the first node (in forward order) reading each leaf. Once the
+  // walk back has passed it, that leaf's gradient is final.
+  std::unordered_map<const TensorImpl*, size_t> first_use;
+  if (leaf_ready_)
+    for (size_t i = nodes_.size(); i-- > 0;)
+      for (const auto& in : nodes_[i].inputs)
+        if (in.leaf && in.requires_grad) first_use[in.leaf.get()] = i;
   for (auto node = nodes_.rbegin(); node != nodes_.rend(); ++node) {
     BackwardContext ctx;
     ctx.tape_ = this;
@@ -151,6 +158,15 @@ void Tape::backward(const std::vector<Tensor>& outputs, const std::vector<Tensor
     }
     for (uint64_t id : node->output_ids) grads_.erase(id);
     node->backward = nullptr;  // frees the saved activations as soon as they are used
+    if (node_done_) node_done_(node->name);
+    if (leaf_ready_) {
+      const size_t index = size_t(nodes_.rend() - node) - 1;
+      for (const auto& in : node->inputs)
+        if (in.leaf && in.requires_grad && first_use[in.leaf.get()] == index) {
+          first_use[in.leaf.get()] = SIZE_MAX;  // once, even if the node reads it twice
+          leaf_ready_(in.leaf.get());
+        }
+    }
   }
   clear();
 }

@@ -77,6 +77,12 @@ class Tape {
   // Back-propagates from the given gradients of the given outputs.
   void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs);
 
+  // Called during backward() as soon as a leaf's gradient is final (no node left to run uses
+  // it): data parallelism starts reducing gradient buckets while the rest of backward runs.
+  void set_leaf_ready_hook(std::function<void(const TensorImpl*)> hook) { leaf_ready_ = std::move(hook); }
+  // Called after each node's backward with the node's op name (event traces, tests).
+  void set_node_done_hook(std::function<void(const char*)> hook) { node_done_ = std::move(hook); }
+
   // Drops all nodes (and the activations they saved) without back-propagating.
   void clear();
   size_t size() const { return nodes_.size(); }
@@ -99,6 +105,8 @@ class Tape {
   std::vector<Node> nodes_;
   std::unordered_map<uint64_t, Tensor> grads_;  // gradients of intermediate tensors
   uint64_t serial_;
+  std::function<void(const TensorImpl*)> leaf_ready_;
+  std::function<void(const char*)> node_done_;
 };
 
 // Makes `tape` the current tape of this thread for the scope's lifetime (restores the previous).

@@ -220,6 +220,13 @@ std::vector<double> Tensor::to_vector() const {
   return v;
 }
 
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+  if (dst_device.is_cpu() && src_device.is_cpu())
+    std::memcpy(dst, src, bytes);
+  else
+    cuda::copy(dst, dst_device, src, src_device, bytes);
+}
+
 void check_same_dtype_device(const char* op, const Tensor& a, const Tensor& b) {
   UNETCU_CHECK(a.dtype() == b.dtype(), op, ": dtype mismatch (", dtype_name(a.dtype()), " vs ",
                dtype_name(b.dtype()), ")");

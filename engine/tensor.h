@@ -115,6 +115,10 @@ class Tensor {
   std::shared_ptr<TensorImpl> impl_;
 };
 
+// Copies `bytes` between any two devices (memcpy between CPU devices, the CUDA runtime
+// otherwise).
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+
 // Shape/dtype/device agreement checks used at every op's public entry point.
 void check_same_dtype_device(const char* op, const Tensor& a, const Tensor& b);
 void check_same_shape(const char* op, const Tensor& a, const Tensor& b);

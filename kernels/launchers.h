@@ -74,6 +74,20 @@ inline void add_inplace(Tensor dst, const Tensor& src) { axpby(dst, 1.0, src, 1.
 // True when conv2d on this geometry takes the banded strategy (kernels/cpu/conv.cpp) with the
 // calling thread's thread budget; for tests that must cover both strategies.
 bool conv2d_uses_bands(const ConvGeometry& g, DType dtype);
+
+// Synchronized batch norm pieces (CPU). sums: [2, C] float64.
+// Per channel sum(x) and sum(x²) of this replica's batch.
+void batchnorm_channel_sums(const Tensor& x, Tensor& sums);
+// y = (x - mean) * invstd * gamma + beta with the given (global) statistics.
+void batchnorm_apply(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& mean,
+                     const Tensor& invstd, Tensor& y);
+// Per channel sum(dy) and sum(dy * xhat) of this replica's batch.
+void batchnorm_grad_sums(const Tensor& grad_y, const Tensor& x, const Tensor& mean,
+                         const Tensor& invstd, Tensor& sums);
+// dx from the sums over all replicas (count elements per channel in all).
+void batchnorm_grad_apply(const Tensor& grad_y, const Tensor& x, const Tensor& gamma,
+                          const Tensor& mean, const Tensor& invstd, const Tensor& global_sums,
+                          double count, Tensor& grad_x, double beta_x);
 }  // namespace unetcu::kernels::cpu
 
 namespace unetcu::kernels::cuda {

@@ -4,6 +4,7 @@
 
 #include "kernels/batchnorm.h"
 #include "kernels/launchers.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/elementwise.h"
 
 namespace unetcu::kernels::cpu {
@@ -143,6 +144,97 @@ void batchnorm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& gam
                   training, grad_x ? grad_x->data<T>() : nullptr, T(beta_x),
                   grad_gamma ? grad_gamma->data<T>() : nullptr, T(beta_gamma),
                   grad_beta ? grad_beta->data<T>() : nullptr, T(beta_beta), dims_of(x)));
+}
+
+}  // namespace unetcu::kernels::cpu
+
+// ---- synchronized batch norm (sums exchanged between replicas by the caller) ----------
+
+namespace unetcu::kernels::cpu {
+namespace {
+
+template <class T>
+void channel_sums(const T* x, Dims d, double* s) {
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < d.C; ++c) {
+    double a = 0, b = 0;
+    for (int64_t n = 0; n < d.N; ++n) {
+      const T* p = x + (n * d.C + c) * d.HW;
+      for (int64_t q = 0; q < d.HW; ++q) {
+        a += p[q];
+        b += double(p[q]) * p[q];
+      }
+    }
+    s[c] = a;
+    s[d.C + c] = b;
+  }
+}
+
+template <class T>
+void grad_sums(const T* gy, const T* x, const T* mean, const T* invstd, Dims d, double* s) {
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < d.C; ++c) {
+    double a = 0, b = 0;
+    for (int64_t n = 0; n < d.N; ++n) {
+      const T* g = gy + (n * d.C + c) * d.HW;
+      const T* p = x + (n * d.C + c) * d.HW;
+      for (int64_t q = 0; q < d.HW; ++q) {
+        a += g[q];
+        b += double(g[q]) * double((p[q] - mean[c]) * invstd[c]);
+      }
+    }
+    s[c] = a;
+    s[d.C + c] = b;
+  }
+}
+
+}  // namespace
+
+void batchnorm_channel_sums(const Tensor& x, Tensor& sums) {
+  UNETCU_DISPATCH_FLOAT(x.dtype(), T, channel_sums(x.data<T>(), dims_of(x), sums.data<double>()));
+}
+
+void batchnorm_apply(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& mean,
+                     const Tensor& invstd, Tensor& y) {
+  const Dims d = dims_of(x);
+  UNETCU_DISPATCH_FLOAT(x.dtype(), T, {
+    const T *xp = x.data<T>(), *g = gamma.data<T>(), *b = beta.data<T>();
+    const T *m = mean.data<T>(), *is = invstd.data<T>();
+    T* yp = y.data<T>();
+    parallel_for(d.N * d.C, [&](int64_t nc) {
+      const int64_t c = nc % d.C;
+      for (int64_t q = 0; q < d.HW; ++q)
+        yp[nc * d.HW + q] = bn_normalize(xp[nc * d.HW + q], m[c], is[c], g[c], b[c]);
+    }, 1);
+  });
+}
+
+void batchnorm_grad_sums(const Tensor& grad_y, const Tensor& x, const Tensor& mean,
+                         const Tensor& invstd, Tensor& sums) {
+  UNETCU_DISPATCH_FLOAT(x.dtype(), T,
+                        grad_sums(grad_y.data<T>(), x.data<T>(), mean.data<T>(), invstd.data<T>(),
+                                  dims_of(x), sums.data<double>()));
+}
+
+void batchnorm_grad_apply(const Tensor& grad_y, const Tensor& x, const Tensor& gamma,
+                          const Tensor& mean, const Tensor& invstd, const Tensor& global_sums,
+                          double count, Tensor& grad_x, double beta_x) {
+  const Dims d = dims_of(x);
+  const double* s = global_sums.data<double>();
+  UNETCU_DISPATCH_FLOAT(x.dtype(), T, {
+    const T *gy = grad_y.data<T>(), *xp = x.data<T>(), *g = gamma.data<T>();
+    const T *m = mean.data<T>(), *is = invstd.data<T>();
+    T* gx = grad_x.data<T>();
+    const T inv_m = T(1.0 / count), bx = T(beta_x);
+    parallel_for(d.N * d.C, [&](int64_t nc) {
+      const int64_t c = nc % d.C;
+      const T gi = g[c] * is[c], sdy = T(s[c]), sdx = T(s[d.C + c]);
+      for (int64_t q = 0; q < d.HW; ++q) {
+        const int64_t i = nc * d.HW + q;
+        store(gx + i, bn_backward_train(gy[i], (xp[i] - m[c]) * is[c], gi, inv_m, sdy, sdx), bx);
+      }
+    }, 1);
+  });
 }
 
 }  // namespace unetcu::kernels::cpu

@@ -1,0 +1,57 @@
+// Collective communication between the replicas of data parallelism. One Communicator object
+// per rank, used by that rank's thread(s); all ranks of a group call the same collectives in
+// the same order with tensors of the same size and dtype.
+//
+// Implementations:
+//  - CpuRingGroup: ranks are CPU devices (cpu:N) in one process. All-reduce is the ring
+//    algorithm: reduce-scatter, then all-gather, each N-1 steps over N chunks; every rank sends
+//    and receives 2(N-1)/N of the buffer (S bytes): 2(N-1)/N·S per rank, independent of N for
+//    large N. The "ps" flavour reduces to rank 0 and broadcasts back: rank 0 receives and sends
+//    (N-1)·S, the parameter-server bottleneck.
+//  - NCCL (parallel/nccl_communicator.*, CUDA builds): one host thread per GPU.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/tensor.h"
+
+namespace unetcu {
+
+enum class ReduceOp { Sum, Average };
+enum class AllReduceAlgo { Ring, ParameterServer };
+AllReduceAlgo parse_allreduce(const std::string& s);  // "ring" | "ps"
+
+// An all-reduce in flight. wait(): on CPU ranks, blocks until it is done; on a GPU, makes the
+// calling thread's current stream wait for it (no host wait).
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // In place on `t` (contiguous, float32 or float64). Blocks until this rank's part is done.
+  virtual void all_reduce(Tensor& t, ReduceOp op) = 0;
+  virtual void broadcast(Tensor& t, int root) = 0;
+  // The result lands in root's tensor; other ranks' tensors are left as they were.
+  virtual void reduce(Tensor& t, int root, ReduceOp op) = 0;
+  virtual void barrier() = 0;
+  // Starts an all-reduce that runs while the caller goes on (the CPU ring on a communication
+  // thread per rank; NCCL on a communication stream). Every rank must issue the same async
+  // collectives in the same order, and not touch `t` until wait() returns.
+  virtual std::unique_ptr<Work> all_reduce_async(Tensor& t, ReduceOp op) = 0;
+  // After a rank failed: every rank's pending and later collectives end with an error. The
+  // group cannot be used again.
+  virtual void abort() = 0;
+};
+
+// An in-process group of CPU ranks. make_communicators returns one Communicator per rank;
+// they share the group's state and must each be driven by a different thread.
+std::vector<std::unique_ptr<Communicator>> make_cpu_communicators(int size, AllReduceAlgo algo);
+
+}  // namespace unetcu

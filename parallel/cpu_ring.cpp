@@ -1,0 +1,249 @@
+// The CPU communicator: ranks are threads of one process, buffers are host memory. Data moves
+// as in a message-passing ring: in each step a rank reads only its left neighbour's buffer (the
+// chunk that neighbour "sends") and writes only its own; a barrier separates the steps.
+#include <condition_variable>
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <future>
+#include <thread>
+#include <mutex>
+
+#include "engine/device.h"
+#include "parallel/communicator.h"
+
+namespace unetcu {
+
+AllReduceAlgo parse_allreduce(const std::string& s) {
+  if (s == "ring") return AllReduceAlgo::Ring;
+  if (s == "ps") return AllReduceAlgo::ParameterServer;
+  throw Error("unknown --allreduce '" + s + "' (expected ring or ps)");
+}
+
+namespace {
+
+// Reusable barrier for `n` threads (C++17 has no std::barrier) that can be aborted.
+class Barrier {
+ public:
+  explicit Barrier(int n) : n_(n) {}
+  void wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (aborted_) throw Error("collective aborted: another rank failed");
+    const uint64_t gen = generation_;
+    if (++arrived_ == n_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+    } else {
+      cv_.wait(lock, [&] { return generation_ != gen || aborted_; });
+      if (generation_ == gen) throw Error("collective aborted: another rank failed");
+    }
+  }
+  void abort() {
+    std::lock_guard<std::mutex> lock(mu_);
+    aborted_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int n_, arrived_ = 0;
+  uint64_t generation_ = 0;
+  bool aborted_ = false;
+};
+
+struct Group {
+  explicit Group(int n, AllReduceAlgo a) : size(n), algo(a), barrier(n), buffers(n), counts(n), dtypes(n) {}
+  int size;
+  AllReduceAlgo algo;
+  Barrier barrier;
+  std::vector<void*> buffers;  // each rank's tensor for the collective in progress
+  std::vector<int64_t> counts;
+  std::vector<DType> dtypes;
+};
+
+// Chunk c of a length-L buffer split in N: [c*L/N, (c+1)*L/N) (possibly empty when L < N).
+inline int64_t chunk_begin(int64_t L, int N, int c) { return L * c / N; }
+
+template <class T>
+void add_into(T* dst, const T* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+class CpuRingCommunicator : public Communicator {
+ public:
+  CpuRingCommunicator(std::shared_ptr<Group> g, int rank) : g_(std::move(g)), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return g_->size; }
+
+  void all_reduce(Tensor& t, ReduceOp op) override {
+    publish(t, "all_reduce");
+    if (g_->algo == AllReduceAlgo::Ring)
+      UNETCU_DISPATCH_FLOAT(t.dtype(), T, ring_all_reduce<T>(op));
+    else
+      UNETCU_DISPATCH_FLOAT(t.dtype(), T, ps_all_reduce<T>(op));
+    g_->barrier.wait();  // nobody leaves while a neighbour may still read its buffer
+  }
+
+  void broadcast(Tensor& t, int root) override {
+    publish(t, "broadcast");
+    check_root(root);
+    if (rank_ != root) std::memcpy(t.raw(), g_->buffers[root], t.nbytes());
+    g_->barrier.wait();
+  }
+
+  void reduce(Tensor& t, int root, ReduceOp op) override {
+    publish(t, "reduce");
+    check_root(root);
+    if (rank_ == root) UNETCU_DISPATCH_FLOAT(t.dtype(), T, sum_at_root<T>(op));
+    g_->barrier.wait();
+  }
+
+  void barrier() override { g_->barrier.wait(); }
+  void abort() override { g_->barrier.abort(); }
+
+  std::unique_ptr<Work> all_reduce_async(Tensor& t, ReduceOp op) override {
+    auto done = std::make_shared<std::promise<void>>();
+    auto work = std::make_unique<CpuWork>(done->get_future());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!comm_thread_.joinable()) comm_thread_ = std::thread([this] { comm_loop(); });
+      queue_.push_back([this, t, op, done]() mutable {
+        try {
+          all_reduce(t, op);
+          done->set_value();
+        } catch (...) {
+          done->set_exception(std::current_exception());
+        }
+      });
+    }
+    cv_.notify_one();
+    return work;
+  }
+
+  ~CpuRingCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    if (comm_thread_.joinable()) comm_thread_.join();
+  }
+
+ private:
+  struct CpuWork : Work {
+    explicit CpuWork(std::future<void> f) : f_(std::move(f)) {}
+    void wait() override { f_.get(); }
+    std::future<void> f_;
+  };
+
+  // The rank's communication thread: runs queued collectives in order, one thread budget.
+  void comm_loop() {
+    set_cpu_threads(1);
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        job = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      job();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  std::thread comm_thread_;
+  bool stop_ = false;
+
+  // Every rank registers its buffer; after the barrier all ranks see all buffers.
+  void publish(Tensor& t, const char* what) {
+    UNETCU_CHECK(t.device().is_cpu(), what, ": the CPU communicator needs CPU tensors, got ",
+                 t.device().str());
+    g_->buffers[rank_] = t.raw();
+    g_->counts[rank_] = t.numel();
+    g_->dtypes[rank_] = t.dtype();
+    g_->barrier.wait();
+    // All ranks check the same thing, so they all throw together (no rank left waiting).
+    for (int r = 0; r < g_->size; ++r)
+      UNETCU_CHECK(g_->counts[r] == g_->counts[0] && g_->dtypes[r] == g_->dtypes[0], what,
+                   ": ranks disagree on the tensor (rank ", r, ": ", g_->counts[r], " elements, rank 0: ",
+                   g_->counts[0], ")");
+  }
+  void check_root(int root) {
+    UNETCU_CHECK(root >= 0 && root < g_->size, "root rank ", root, " out of range");
+  }
+
+  template <class T>
+  T* buf(int r) const { return static_cast<T*>(g_->buffers[r]); }
+
+  template <class T>
+  void ring_all_reduce(ReduceOp op) {
+    const int N = g_->size;
+    const int64_t L = g_->counts[rank_];
+    const int left = (rank_ + N - 1) % N;
+    T* mine = buf<T>(rank_);
+    const T* from_left = buf<T>(left);
+    // Reduce-scatter: in step s, receive chunk (r - s - 1) from the left and add it to ours.
+    // The left neighbour is itself adding into chunk (r - s - 2) in this step, so the chunk we
+    // read is not being written. After N - 1 steps we own the full sum of chunk (r + 1).
+    for (int s = 0; s < N - 1; ++s) {
+      const int c = ((rank_ - s - 1) % N + N) % N;
+      const int64_t b = chunk_begin(L, N, c), e = chunk_begin(L, N, c + 1);
+      add_into(mine + b, from_left + b, e - b);
+      g_->barrier.wait();
+    }
+    const int owned = (rank_ + 1) % N;
+    if (op == ReduceOp::Average) {
+      const int64_t b = chunk_begin(L, N, owned), e = chunk_begin(L, N, owned + 1);
+      for (int64_t i = b; i < e; ++i) mine[i] /= T(N);
+      g_->barrier.wait();
+    }
+    // All-gather: in step s, copy the finished chunk (r - s) from the left.
+    for (int s = 0; s < N - 1; ++s) {
+      const int c = ((rank_ - s) % N + N) % N;
+      const int64_t b = chunk_begin(L, N, c), e = chunk_begin(L, N, c + 1);
+      std::copy(from_left + b, from_left + e, mine + b);
+      g_->barrier.wait();
+    }
+  }
+
+  // Parameter-server pattern: every rank's buffer goes to rank 0, which sums in rank order and
+  // the result goes back to every rank.
+  template <class T>
+  void ps_all_reduce(ReduceOp op) {
+    if (rank_ == 0) sum_at_root<T>(op);
+    g_->barrier.wait();
+    if (rank_ != 0) std::copy(buf<T>(0), buf<T>(0) + g_->counts[0], buf<T>(rank_));
+  }
+
+  template <class T>
+  void sum_at_root(ReduceOp op) {
+    const int64_t L = g_->counts[rank_];
+    T* mine = buf<T>(rank_);
+    for (int r = 0; r < g_->size; ++r)
+      if (r != rank_) add_into(mine, buf<T>(r), L);
+    if (op == ReduceOp::Average)
+      for (int64_t i = 0; i < L; ++i) mine[i] /= T(g_->size);
+  }
+
+  std::shared_ptr<Group> g_;
+  int rank_;
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<Communicator>> make_cpu_communicators(int size, AllReduceAlgo algo) {
+  UNETCU_CHECK(size >= 1, "a communicator group needs at least one rank");
+  auto g = std::make_shared<Group>(size, algo);
+  std::vector<std::unique_ptr<Communicator>> out;
+  for (int r = 0; r < size; ++r) out.push_back(std::make_unique<CpuRingCommunicator>(g, r));
+  return out;
+}
+
+}  // namespace unetcu

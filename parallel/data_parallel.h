@@ -1,0 +1,78 @@
+// Data parallelism: one UNet replica per device, each driven by its own host thread and fed
+// its own shard of every global batch; gradients are averaged across replicas by all-reduce
+// in buckets that start while backward is still running; then every replica takes the same
+// optimizer step, so replicas stay identical (contract 6).
+//
+//  - Start: parameters and BN buffers are broadcast from rank 0.
+//  - Each step (without --sync-bn): BN running statistics are broadcast from rank 0 first, as
+//    PyTorch DDP does, so they follow rank 0.
+//  - Buckets: parameters in reverse order of registration (≈ reverse order of use in forward,
+//    so backward finishes them first), a small first bucket (1 MB) then 25 MB buckets; a bucket
+//    is copied into a flat buffer and all-reduced (average) as soon as its last gradient is
+//    final, in bucket order on every rank.
+//  - --sync-bn: batch-norm statistics are all-reduced over the replicas (a second
+//    communicator group, so it never interleaves with the gradient buckets).
+#pragma once
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/data.h"
+#include "engine/optim.h"
+#include "models/unet.h"
+#include "parallel/communicator.h"
+
+namespace unetcu {
+
+struct DataParallelOptions {
+  std::vector<Device> devices;
+  AllReduceAlgo algo = AllReduceAlgo::Ring;
+  bool sync_bn = false;
+  size_t bucket_bytes = size_t(25) << 20;
+  size_t first_bucket_bytes = size_t(1) << 20;
+  int threads_per_replica = 0;  // CPU devices; 0: the cores shared out, at least 1 each
+  bool record_events = false;   // keep an ordered log of backward nodes and bucket launches
+};
+
+// Parses "cpu:0,cpu:1" / "cuda:0,cuda:1"; all of one kind, no repeats.
+std::vector<Device> parse_device_list(const std::string& s);
+
+using OptimizerFactory = std::function<std::unique_ptr<Optimizer>(std::vector<Tensor>)>;
+
+class DataParallel {
+ public:
+  DataParallel(const UNetConfig& model, const DataParallelOptions& options,
+               const OptimizerFactory& make_optimizer);
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  int size() const;
+  UNet& replica(int rank);
+  const DataParallelOptions& options() const { return options_; }
+
+  // One optimizer step on a global batch: shards[r] (host tensors) goes to replica r. Returns
+  // each replica's loss (its shard's mean).
+  std::vector<double> step(const std::vector<Batch>& shards, LossKind loss);
+
+  // Runs f(rank) on every replica's thread and waits for all; rethrows the first error.
+  void run(const std::function<void(int)>& f);
+
+  // Rank 0's event log of the last step (with record_events): "backward <op>",
+  // "allreduce bucket <k>", in the order they happened.
+  std::vector<std::string> events() const;
+  size_t bucket_count() const;
+
+ private:
+  struct Replica;
+  struct Pool;
+  DataParallelOptions options_;
+  std::vector<std::unique_ptr<Replica>> replicas_;
+  std::unique_ptr<Pool> pool_;
+  mutable std::mutex events_mu_;
+  std::vector<std::string> events_;
+};
+
+}  // namespace unetcu

@@ -1,0 +1,18 @@
+// NCCL communicators for data parallelism over GPUs: one process, one host thread per GPU.
+// The communicators come from ncclGetUniqueId + ncclCommInitRank (inside one NCCL group), the
+// calls that serve several processes too once the unique id is shared between them.
+// Collectives are ordered on the calling thread's current stream of the rank's GPU;
+// all_reduce_async runs on a communication stream that first waits on an event of the compute
+// stream, and its wait() makes the compute stream wait in turn (no host synchronisation).
+// Builds without CUDA get a stub that throws.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "parallel/communicator.h"
+
+namespace unetcu {
+
+std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::vector<int>& devices);
+
+}  // namespace unetcu

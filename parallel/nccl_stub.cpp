@@ -1,0 +1,10 @@
+// make_nccl_communicators for builds without CUDA.
+#include "parallel/nccl_communicator.h"
+
+namespace unetcu {
+
+std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::vector<int>&) {
+  throw Error("data parallelism over GPUs needs the CUDA build (NCCL)");
+}
+
+}  // namespace unetcu
