@@ -14,6 +14,7 @@
 #include "engine/optim.h"
 #include "engine/tape.h"
 #include "models/unet.h"
+#include "parallel/data_parallel.h"
 
 namespace unetcu {
 
@@ -33,6 +34,17 @@ void validate(const TrainConfig& c) {
   UNETCU_CHECK(c.weight_decay >= 0, "--weight-decay must be >= 0");
   UNETCU_CHECK(c.momentum >= 0 && c.momentum < 1, "--momentum must be in [0, 1)");
   UNETCU_CHECK(c.threads >= 0, "--threads must be >= 0");
+  UNETCU_CHECK(c.mode == "single" || c.mode == "dp", "--mode must be single or dp, got '", c.mode, "'");
+  UNETCU_CHECK(c.mode == "dp" || (!c.sync_bn && c.devices.empty()),
+               "--devices and --sync-bn belong to --mode dp");
+  if (c.mode == "dp") {
+    UNETCU_CHECK(!c.devices.empty(), "--mode dp needs --devices (e.g. cpu:0,cpu:1)");
+    const int64_t n = int64_t(parse_device_list(c.devices).size());
+    parse_allreduce(c.allreduce);
+    UNETCU_CHECK(c.train_size / n >= c.batch_size, "--train-size ", c.train_size,
+                 " gives each of the ", n, " replicas ", c.train_size / n,
+                 " samples, fewer than --batch-size ", c.batch_size);
+  }
   // BN in training mode needs more than one value per channel: at layer4 a sample is
   // (S/32)² values, so a batch of one 32×32 image cannot train.
   const int64_t last = int64_t(c.image_size / 32) * (c.image_size / 32);
@@ -89,11 +101,24 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
                        const std::function<void(const EpochStats&)>& on_epoch) {
   validate(cfg);
   std::string note;
-  // float64 is a CPU-only type: "auto" then means the CPU.
-  const Device device = resolve_device(
-      cfg.device == "auto" && cfg.dtype != DType::F32 ? std::string("cpu") : cfg.device, &note);
-  out << "device: " << device.str() << " (" << note << ")\n";
-  if (cfg.threads > 0) set_cpu_threads(cfg.threads);
+  const bool dp_mode = cfg.mode == "dp";
+  std::vector<Device> dp_devices;
+  Device device;
+  if (dp_mode) {
+    dp_devices = parse_device_list(cfg.devices);
+    for (const Device& d : dp_devices) resolve_device(d.str(), nullptr);  // exists?
+    device = dp_devices[0];  // rank 0: evaluation and reporting
+    out << "devices: " << cfg.devices << " (data parallel: " << dp_devices.size()
+        << " replicas x batch " << cfg.batch_size << " = global batch "
+        << dp_devices.size() * cfg.batch_size << ", " << cfg.allreduce << " all-reduce"
+        << (cfg.sync_bn ? ", synchronized BN" : "") << ")\n";
+  } else {
+    // float64 is a CPU-only type: "auto" then means the CPU.
+    device = resolve_device(
+        cfg.device == "auto" && cfg.dtype != DType::F32 ? std::string("cpu") : cfg.device, &note);
+    out << "device: " << device.str() << " (" << note << ")\n";
+  }
+  if (cfg.threads > 0 && !dp_mode) set_cpu_threads(cfg.threads);
   SyntheticSegmentation data(cfg.image_size, cfg.seed);
   const int64_t total = cfg.train_size + cfg.val_size;
   const bool cached = double(total) * SyntheticSegmentation::sample_bytes(cfg.image_size) <= kDataCacheBytes;
@@ -115,23 +140,41 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
   mc.dtype = cfg.dtype;
   mc.seed = cfg.seed;
   mc.device = device;
-  UNet model(mc);
-  TrainResult result;
-  result.parameter_count = model.parameter_count();
-
-  std::unique_ptr<Optimizer> opt;
-  if (cfg.optimizer == "adam") {
-    AdamOptions o;
-    o.lr = cfg.lr;
-    o.weight_decay = cfg.weight_decay;
-    opt = std::make_unique<Adam>(model.parameters(), o);
-  } else {
+  std::unique_ptr<UNet> single_model;
+  std::unique_ptr<DataParallel> dp;
+  const OptimizerFactory make_optimizer = [&](std::vector<Tensor> params) -> std::unique_ptr<Optimizer> {
+    if (cfg.optimizer == "adam") {
+      AdamOptions o;
+      o.lr = cfg.lr;
+      o.weight_decay = cfg.weight_decay;
+      return std::make_unique<Adam>(std::move(params), o);
+    }
     SgdOptions o;
     o.lr = cfg.lr;
     o.momentum = cfg.momentum;
     o.weight_decay = cfg.weight_decay;
-    opt = std::make_unique<SGD>(model.parameters(), o);
+    return std::make_unique<SGD>(std::move(params), o);
+  };
+  std::unique_ptr<Optimizer> opt;
+  if (dp_mode) {
+    DataParallelOptions o;
+    o.devices = dp_devices;
+    o.algo = parse_allreduce(cfg.allreduce);
+    o.sync_bn = cfg.sync_bn;
+    o.threads_per_replica = cfg.threads;
+    dp = std::make_unique<DataParallel>(mc, o, make_optimizer);
+  } else {
+    single_model = std::make_unique<UNet>(mc);
+    opt = make_optimizer(single_model->parameters());
   }
+  UNet& model = dp ? dp->replica(0) : *single_model;
+  TrainResult result;
+  result.parameter_count = model.parameter_count();
+  const int N = dp ? dp->size() : 1;
+  // Data parallel sampling (DistributedSampler semantics): each epoch's permutation is cut to
+  // a multiple of N (the last train_size mod N samples of it are dropped) and rank r takes
+  // every N-th sample from position r: disjoint, equally sized shards.
+  const int64_t per_rank = cfg.train_size / N;
 
   out << "model: Unet(resnet34), " << result.parameter_count << " parameters, width divisor "
       << cfg.width_divisor << ", " << dtype_name(cfg.dtype) << "\n"
@@ -142,24 +185,43 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
       << "\n";
   out.flush();
 
-  const int64_t steps = (cfg.train_size + cfg.batch_size - 1) / cfg.batch_size;
+  const int64_t steps = (per_rank + cfg.batch_size - 1) / cfg.batch_size;
+  const int64_t epoch_samples = per_rank * N;
   for (int epoch = 1; epoch <= cfg.epochs; ++epoch) {
     EpochStats st;
     st.epoch = epoch;
-    model.train();
+    if (dp)
+      for (int r = 0; r < N; ++r) dp->replica(r).train();
+    else
+      model.train();
     const auto perm = epoch_permutation(cfg.train_size, cfg.seed, epoch);
-    auto batch_indices = [&](int64_t s) {
-      const int64_t lo = s * cfg.batch_size;
-      const int64_t hi = std::min<int64_t>(lo + cfg.batch_size, cfg.train_size);
-      return std::vector<int64_t>(perm.begin() + lo, perm.begin() + hi);
+    // Step s of rank r: its samples [s*b, min((s+1)*b, per_rank)) of the strided shard.
+    auto shard_indices = [&](int64_t s, int r) {
+      std::vector<int64_t> idx;
+      const int64_t hi = std::min<int64_t>((s + 1) * cfg.batch_size, per_rank);
+      for (int64_t i = s * cfg.batch_size; i < hi; ++i) idx.push_back(perm[r + i * N]);
+      return idx;
     };
+    auto batch_indices = [&](int64_t s) { return shard_indices(s, 0); };
     Progress bar(cfg.progress, epoch, steps);
     if (on_gpu) cuda::reset_device_peak(device.index);
     const auto t0 = Clock::now();
     double loss_sum = 0;
     int64_t seen = 0;
-    Batch next_host = make_batch(batch_indices(0));
-    for (int64_t s = 0; s < steps; ++s) {
+    Batch next_host = dp ? Batch{} : make_batch(batch_indices(0));
+    for (int64_t s = 0; s < steps && dp; ++s) {
+      std::vector<Batch> shards;  // host tensors; each replica uploads its own
+      for (int r = 0; r < N; ++r) shards.push_back(data.batch(shard_indices(s, r), cfg.dtype));
+      const std::vector<double> losses = dp->step(shards, cfg.loss);
+      const double loss_value = losses[0];  // reported from rank 0
+      UNETCU_CHECK(std::isfinite(loss_value), "loss is not finite (", loss_value, ") at epoch ",
+                   epoch, " step ", s + 1, "; lower --lr");
+      const int64_t count = shards[0].images.dim(0);
+      loss_sum += loss_value * double(count);
+      seen += count * N;
+      bar.update(s + 1, seconds_since(t0), seen);
+    }
+    for (int64_t s = 0; s < steps && !dp; ++s) {
       const Batch host = std::move(next_host);  // kept alive until its upload is done
       const Batch b = upload(host);
       const int64_t count = b.images.dim(0);
@@ -183,8 +245,8 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
     }
     st.seconds = seconds_since(t0);
     bar.finish();
-    st.train_loss = loss_sum / double(cfg.train_size);
-    st.images_per_second = double(cfg.train_size) / st.seconds;
+    st.train_loss = loss_sum / double(per_rank);
+    st.images_per_second = double(epoch_samples) / st.seconds;
 
     // Validation: eval-mode BN, no tape.
     model.eval();

@@ -30,6 +30,12 @@ struct TrainConfig {
   DType dtype = DType::F32;
   bool progress = true;            // progress bar on stderr (only when it is a terminal)
   bool tf32 = true;                // CUDA: cuDNN convolutions may use TF32 tensor cores
+  // Parallelism. mode "single" trains on `device`; "dp" keeps one replica on each of `devices`
+  // ("cpu:0,cpu:1" / "cuda:0,cuda:1"), batch_size samples per replica per step.
+  std::string mode = "single";
+  std::string devices;
+  std::string allreduce = "ring";  // ring | ps
+  bool sync_bn = false;
 };
 
 // Throws unetcu::Error with a clear message for a bad configuration.

@@ -14,7 +14,10 @@ int main(int argc, char** argv) {
   CLI::App app{"unet_train: train a UNet-ResNet34 (segmentation_models_pytorch Unet('resnet34'), "
                "1 class) on the synthetic segmentation set"};
   app.add_option("--epochs", cfg.epochs, "Number of epochs")->capture_default_str();
-  app.add_option("--batch-size", cfg.batch_size, "Images per optimizer step")->capture_default_str();
+  app.add_option("--batch-size", cfg.batch_size,
+                 "Images per optimizer step; with --mode dp, per replica (the global batch is "
+                 "--batch-size x the number of devices, as in the article)")
+      ->capture_default_str();
   app.add_option("--image-size", cfg.image_size, "Image height and width (multiple of 32)")
       ->capture_default_str();
   app.add_option("--lr", cfg.lr, "Learning rate")->capture_default_str();
@@ -39,11 +42,29 @@ int main(int argc, char** argv) {
   app.add_option("--width-divisor", cfg.width_divisor,
                  "Divide every channel count by this (1 = the real model)")
       ->capture_default_str();
-  app.add_option("--threads", cfg.threads, "CPU threads (0 = all cores)")->capture_default_str();
+  app.add_option("--threads", cfg.threads,
+                 "CPU threads (0 = all cores; with --mode dp: per replica, 0 = cores/N)")
+      ->capture_default_str();
   app.add_option("--dtype", dtype, "float32 or float64 (float64 on the CPU only)")
       ->check(CLI::IsMember({"float32", "float64"}))
       ->capture_default_str();
   app.add_flag("--no-progress", no_progress, "Do not draw the progress bar on stderr");
+  app.add_option("--mode", cfg.mode,
+                 "single (one device, --device) or dp (data parallel: one replica per device "
+                 "of --devices, gradients averaged by all-reduce)")
+      ->check(CLI::IsMember({"single", "dp"}))
+      ->capture_default_str();
+  app.add_option("--devices", cfg.devices,
+                 "--mode dp: the replicas' devices, e.g. cpu:0,cpu:1,cpu:2 or cuda:0,cuda:1 "
+                 "(CPU devices share the cores: --threads each, default cores/N)");
+  app.add_option("--allreduce", cfg.allreduce,
+                 "--mode dp: ring (reduce-scatter + all-gather) or ps (reduce to rank 0, "
+                 "broadcast back); GPUs use NCCL's ring")
+      ->check(CLI::IsMember({"ring", "ps"}))
+      ->capture_default_str();
+  app.add_flag("--sync-bn", cfg.sync_bn,
+               "--mode dp: batch-norm statistics over all replicas (CPU devices), so N x b "
+               "trains as one batch of N*b");
   app.add_flag("--no-tf32", no_tf32,
                "CUDA: keep cuDNN convolutions in full float32 (by default they may use TF32 "
                "tensor cores, as PyTorch does)");
