@@ -6,7 +6,7 @@
 #   3. the whole test suite with the CUDA tests active;
 #   4. single-GPU training at 512x512, batch 14 (the article's) and 64: images/s (median of
 #      the epochs after the first, which finds cuDNN algorithms and draws the data) and peak
-#      device memory.
+#      device memory; then data parallelism through NCCL with one rank (batch 14).
 # Full logs go to $OUT (the device tool sets it; else ./gpu_check_out); a short table is
 # printed last. Run from the repository root with `.deps` carried (tools/gpu_deps.sh).
 set -uo pipefail
@@ -81,22 +81,24 @@ row "CUDA tests (doctest)" "$(grep -E 'test cases:' "$OUT/cuda_tests.log" | tail
 grep -E "ERROR|FAILED|SKIPPED" "$OUT/cuda_tests.log" | head -20
 
 # ---- 4. training at 512x512 ------------------------------------------------------------
-train() {  # batch size
-  local bs=$1 log="$OUT/train_b$1.log"
-  timeout 150 "$B/unet_train" --device cuda:0 --image-size 512 --batch-size "$bs" \
-    --train-size $((bs * 8)) --val-size "$bs" --epochs 4 --no-progress > "$log" 2>&1
+train() {  # batch size, label, extra flags
+  local bs=$1 label=$2 log="$OUT/train_$2.log"
+  shift 2
+  timeout 150 "$B/unet_train" --image-size 512 --batch-size "$bs" \
+    --train-size $((bs * 8)) --val-size "$bs" --epochs 4 --no-progress "$@" > "$log" 2>&1
   local rc=$?
   local ips peak
   ips=$(grep -E '^epoch [2-9]' "$log" | sed -E 's/.* ([0-9.]+) img\/s.*/\1/' | sort -n | awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]}')
   peak=$(grep -E '^epoch' "$log" | tail -1 | sed -E 's/.*peak_mem ([0-9]+) MiB.*/\1/')
   if [ $rc -eq 0 ] && [ -n "$ips" ]; then
-    row "train 512x512 batch $bs (TF32)" "${ips} img/s, peak ${peak} MiB"
+    row "$label 512x512 batch $bs (TF32)" "${ips} img/s, peak ${peak} MiB"
   else
-    row "train 512x512 batch $bs (TF32)" "FAILED rc=$rc: $(tail -1 "$log")"
+    row "$label 512x512 batch $bs (TF32)" "FAILED rc=$rc: $(tail -1 "$log")"
   fi
 }
-train 14
-train 64
+train 14 single --device cuda:0
+train 64 single --device cuda:0
+train 14 dp-nccl-1rank --mode dp --devices cuda:0
 
 echo
 echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(elapsed) in all; logs in $OUT"

@@ -20,6 +20,7 @@
 #include "engine/random.h"
 #include "engine/tape.h"
 #include "models/unet.h"
+#include "parallel/data_parallel.h"
 
 using namespace unetcu;
 
@@ -321,4 +322,45 @@ TEST_CASE("the CUDA runtime: device name, allocator statistics, NCCL linked") {
   CHECK(cuda::device_memory_stats(0).peak_bytes >= before + (size_t(4) << 20));
   CHECK(cuda::nccl_version() >= 20000);
   CHECK_THROWS_WITH(Tensor::zeros({1}, DType::F32, Device::cuda(999)), doctest::Contains("does not exist"));
+}
+
+TEST_CASE("data parallelism through NCCL with one GPU rank equals the single-GPU step") {
+  Setup setup;
+  FRESH_RNG(rng);
+  UNetConfig c;
+  c.width_divisor = 8;
+  c.seed = 6;
+  c.device = kGpu;
+  auto make_sgd = [](std::vector<Tensor> p) {
+    SgdOptions o;
+    o.lr = 0.1;
+    o.momentum = 0.9;
+    return std::unique_ptr<Optimizer>(new SGD(std::move(p), o));
+  };
+  DataParallelOptions o;
+  o.devices = {kGpu};
+  o.first_bucket_bytes = 4096;  // several buckets, each through NCCL
+  o.bucket_bytes = 64 << 10;
+  DataParallel dp(c, o, make_sgd);
+  UNet single(c);
+  auto opt = make_sgd(single.parameters());
+  for (int step = 0; step < 2; ++step) {
+    Batch b{random64({2, 3, 64, 64}, rng, -2, 2).to(DType::F32), Tensor::empty({2, 1, 64, 64})};
+    for (int64_t i = 0; i < b.masks.numel(); ++i) b.masks.set(i, rng.uniform() < 0.4);
+    const double dp_loss = dp.step({b}, LossKind::BCEDice)[0];
+    opt->zero_grad();
+    Tape tape;
+    Tensor loss;
+    {
+      TapeScope s(tape);
+      loss = segmentation_loss(LossKind::BCEDice, single.forward(b.images.to(kGpu)), b.masks.to(kGpu));
+    }
+    tape.backward(loss);
+    opt->step();
+    // Same device, same kernels, an average over one rank: equal up to the cuDNN algorithms'
+    // run-to-run differences (atomics in some backward-filter algorithms).
+    CHECK(std::fabs(dp_loss - loss.item()) <= 1e-5 * std::fabs(loss.item()));
+    const auto pa = dp.replica(0).parameters(), pb = single.parameters();
+    for (size_t i = 0; i < pa.size(); ++i) CHECK(rel(pa[i], pb[i]) < 1e-5);
+  }
 }
