@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
                  "(CPU devices share the cores: --threads each, default cores/N)");
   app.add_option("--allreduce", cfg.allreduce,
                  "--mode dp: ring (reduce-scatter + all-gather) or ps (reduce to rank 0, "
-                 "broadcast back); GPUs use NCCL's ring")
+                 "broadcast back)")
       ->check(CLI::IsMember({"ring", "ps"}))
       ->capture_default_str();
   app.add_flag("--sync-bn", cfg.sync_bn,

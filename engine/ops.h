@@ -33,11 +33,12 @@ Tensor batch_norm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta,
 // Synchronized batch norm: while a BatchNormSyncScope is active on a thread, training-mode
 // batch_norm2d sums its per-channel statistics (forward) and gradient sums (backward) over all
 // replicas through `all_reduce_sum`, so N replicas with b samples each normalise as one batch
-// of N·b. (CPU devices; data parallelism installs it for --sync-bn.)
+// of N·b. (Data parallelism installs it for --sync-bn.)
 class BatchNormSync {
  public:
   virtual ~BatchNormSync() = default;
   virtual void all_reduce_sum(Tensor& t) = 0;  // float64, in place, every replica in step
+  virtual int world_size() const = 0;            // replicas; each holds an equal shard
 };
 class BatchNormSyncScope {
  public:

@@ -65,6 +65,27 @@
   void dice_loss_from_sums(const Tensor& sums, double smooth, Tensor& loss);                  \
   void dice_backward(const Tensor& logits, const Tensor& target, const Tensor& sums,          \
                      double smooth, const Tensor& grad_loss, Tensor& grad_x, double beta);    \
+  /* Synchronized batch norm; sums are [2, C] float64 on the tensors' device. */             \
+  /* Per channel sum(x) and sum(x²) of this replica's batch. */                               \
+  void batchnorm_channel_sums(const Tensor& x, Tensor& sums);                                 \
+  /* From the sums over all replicas (count values per channel): mean, invstd, and the       \
+     running statistics updated as by batchnorm_forward_train. */                             \
+  void batchnorm_sync_stats(const Tensor& sums, double count, double momentum, double eps,    \
+                            Tensor& mean, Tensor& invstd, Tensor& running_mean,               \
+                            Tensor& running_var);                                             \
+  /* y = (x - mean) * invstd * gamma + beta with the given statistics. */                     \
+  void batchnorm_apply(const Tensor& x, const Tensor& gamma, const Tensor& beta,              \
+                       const Tensor& mean, const Tensor& invstd, Tensor& y);                  \
+  /* Per channel sum(dy) and sum(dy * xhat) of this replica's batch. */                       \
+  void batchnorm_grad_sums(const Tensor& grad_y, const Tensor& x, const Tensor& mean,         \
+                           const Tensor& invstd, Tensor& sums);                               \
+  /* dgamma = sum(dy * xhat), dbeta = sum(dy) from this replica's sums. */                    \
+  void batchnorm_param_grads(const Tensor& sums, Tensor* grad_gamma, double beta_gamma,       \
+                             Tensor* grad_beta, double beta_beta);                            \
+  /* dx from the sums over all replicas (count values per channel in all). */                \
+  void batchnorm_grad_apply(const Tensor& grad_y, const Tensor& x, const Tensor& gamma,       \
+                            const Tensor& mean, const Tensor& invstd, const Tensor& global_sums, \
+                            double count, Tensor& grad_x, double beta_x);                     \
   void adam_update(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamStep& s);      \
   void sgd_update(Tensor& p, const Tensor& g, Tensor& buf, const SgdStep& s);
 
@@ -74,20 +95,6 @@ inline void add_inplace(Tensor dst, const Tensor& src) { axpby(dst, 1.0, src, 1.
 // True when conv2d on this geometry takes the banded strategy (kernels/cpu/conv.cpp) with the
 // calling thread's thread budget; for tests that must cover both strategies.
 bool conv2d_uses_bands(const ConvGeometry& g, DType dtype);
-
-// Synchronized batch norm pieces (CPU). sums: [2, C] float64.
-// Per channel sum(x) and sum(x²) of this replica's batch.
-void batchnorm_channel_sums(const Tensor& x, Tensor& sums);
-// y = (x - mean) * invstd * gamma + beta with the given (global) statistics.
-void batchnorm_apply(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& mean,
-                     const Tensor& invstd, Tensor& y);
-// Per channel sum(dy) and sum(dy * xhat) of this replica's batch.
-void batchnorm_grad_sums(const Tensor& grad_y, const Tensor& x, const Tensor& mean,
-                         const Tensor& invstd, Tensor& sums);
-// dx from the sums over all replicas (count elements per channel in all).
-void batchnorm_grad_apply(const Tensor& grad_y, const Tensor& x, const Tensor& gamma,
-                          const Tensor& mean, const Tensor& invstd, const Tensor& global_sums,
-                          double count, Tensor& grad_x, double beta_x);
 }  // namespace unetcu::kernels::cpu
 
 namespace unetcu::kernels::cuda {

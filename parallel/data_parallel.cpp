@@ -104,6 +104,7 @@ class CommBatchNormSync : public BatchNormSync {
  public:
   explicit CommBatchNormSync(Communicator* c) : comm_(c) {}
   void all_reduce_sum(Tensor& t) override { comm_->all_reduce(t, ReduceOp::Sum); }
+  int world_size() const override { return comm_->size(); }
 
  private:
   Communicator* comm_;
@@ -163,12 +164,9 @@ DataParallel::DataParallel(const UNetConfig& model_cfg, const DataParallelOption
     options_.threads_per_replica = std::max(1, omp_get_num_procs() / N);
   std::vector<std::unique_ptr<Communicator>> grad_comms, ctrl_comms;
   if (options.devices[0].is_cuda()) {
-    UNETCU_CHECK(!options.sync_bn, "--sync-bn runs on CPU devices only for now");
-    UNETCU_CHECK(options.algo == AllReduceAlgo::Ring,
-                 "--allreduce ps is implemented for CPU devices; NCCL runs its own ring");
     std::vector<int> ids;
     for (const Device& d : options.devices) ids.push_back(d.index);
-    grad_comms = make_nccl_communicators(ids);
+    grad_comms = make_nccl_communicators(ids, options.algo);
     ctrl_comms = make_nccl_communicators(ids);
   } else {
     grad_comms = make_cpu_communicators(N, options.algo);

@@ -21,8 +21,8 @@ class NcclWork : public Work {
 
 class NcclCommunicator : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, int rank, int size, int device)
-      : comm_(comm), rank_(rank), size_(size), device_(device),
+  NcclCommunicator(ncclComm_t comm, int rank, int size, int device, AllReduceAlgo algo)
+      : comm_(comm), algo_(algo), rank_(rank), size_(size), device_(device),
         comm_stream_(cuda::Stream::create(device)) {}
   ~NcclCommunicator() override {
     if (aborted_) return;  // ncclCommAbort released it
@@ -35,8 +35,7 @@ class NcclCommunicator : public Communicator {
   void all_reduce(Tensor& t, ReduceOp op) override {
     check(t);
     cuda::DeviceGuard g(device_);
-    NCCL_CHECK(ncclAllReduce(t.raw(), t.raw(), size_t(t.numel()), nccl_type(t), nccl_op(op), comm_,
-                             cuda::current_stream(device_)));
+    enqueue_all_reduce(t, op, cuda::current_stream(device_));
   }
   void broadcast(Tensor& t, int root) override {
     check(t);
@@ -62,20 +61,30 @@ class NcclCommunicator : public Communicator {
     cuda::Event ready = cuda::Event::create(device_);
     ready.record(cuda::current_stream(device_));  // the gradients in t are final there
     ready.wait_on(comm_stream_.get());
-    NCCL_CHECK(ncclAllReduce(t.raw(), t.raw(), size_t(t.numel()), nccl_type(t), nccl_op(op), comm_,
-                             comm_stream_.get()));
+    enqueue_all_reduce(t, op, comm_stream_.get());
     cuda::Event done = cuda::Event::create(device_);
     done.record(comm_stream_.get());
     return std::make_unique<NcclWork>(std::move(done), device_);
   }
 
  private:
+  void enqueue_all_reduce(Tensor& t, ReduceOp op, cudaStream_t s) {
+    const size_t n = size_t(t.numel());
+    if (algo_ == AllReduceAlgo::Ring) {
+      NCCL_CHECK(ncclAllReduce(t.raw(), t.raw(), n, nccl_type(t), nccl_op(op), comm_, s));
+      return;
+    }
+    // Stream order runs the broadcast after the reduce has finished at rank 0.
+    NCCL_CHECK(ncclReduce(t.raw(), t.raw(), n, nccl_type(t), nccl_op(op), 0, comm_, s));
+    NCCL_CHECK(ncclBroadcast(t.raw(), t.raw(), n, nccl_type(t), 0, comm_, s));
+  }
   static ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Sum ? ncclSum : ncclAvg; }
   void check(const Tensor& t) const {
     UNETCU_CHECK(t.device() == Device::cuda(device_), "NCCL rank ", rank_, " works on cuda:",
                  device_, ", got a tensor on ", t.device().str());
   }
   ncclComm_t comm_;
+  AllReduceAlgo algo_;
   bool aborted_ = false;
   int rank_, size_, device_;
   cuda::Stream comm_stream_;
@@ -83,7 +92,8 @@ class NcclCommunicator : public Communicator {
 
 }  // namespace
 
-std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::vector<int>& devices) {
+std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::vector<int>& devices,
+                                                                  AllReduceAlgo algo) {
   const int n = int(devices.size());
   ncclUniqueId id;
   NCCL_CHECK(ncclGetUniqueId(&id));
@@ -96,7 +106,7 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::ve
   NCCL_CHECK(ncclGroupEnd());
   std::vector<std::unique_ptr<Communicator>> out;
   for (int r = 0; r < n; ++r)
-    out.push_back(std::make_unique<NcclCommunicator>(comms[r], r, n, devices[r]));
+    out.push_back(std::make_unique<NcclCommunicator>(comms[r], r, n, devices[r], algo));
   return out;
 }
 

@@ -13,6 +13,9 @@
 
 namespace unetcu {
 
-std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::vector<int>& devices);
+// algo: Ring is NCCL's all-reduce; ParameterServer is ncclReduce to rank 0 then ncclBroadcast
+// (the parameter-server traffic pattern, for the article's comparison).
+std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(
+    const std::vector<int>& devices, AllReduceAlgo algo = AllReduceAlgo::Ring);
 
 }  // namespace unetcu

@@ -3,7 +3,7 @@
 
 namespace unetcu {
 
-std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::vector<int>&) {
+std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::vector<int>&, AllReduceAlgo) {
   throw Error("data parallelism over GPUs needs the CUDA build (NCCL)");
 }
 

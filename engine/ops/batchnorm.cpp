@@ -14,58 +14,47 @@ BatchNormSyncScope::BatchNormSyncScope(BatchNormSync* sync) : previous_(g_bn_syn
 BatchNormSyncScope::~BatchNormSyncScope() { g_bn_sync = previous_; }
 BatchNormSync* BatchNormSyncScope::current() { return g_bn_sync; }
 
-// Training-mode batch norm over all replicas: the per-channel sums (and the element count) are
-// all-reduced, so every replica normalises with the statistics of the whole global batch; the
-// backward all-reduces sum(dy) and sum(dy * xhat) likewise (as PyTorch's SyncBatchNorm).
-// dgamma/dbeta stay local: data parallelism averages them with the other gradients.
+// Training-mode batch norm over all replicas: the per-channel sums are all-reduced, so every
+// replica normalises with the statistics of the whole global batch (replicas hold equal
+// shards: count = local count x replicas); the backward all-reduces sum(dy) and
+// sum(dy * xhat) likewise (as PyTorch's SyncBatchNorm). dgamma/dbeta stay local: data
+// parallelism averages them with the other gradients. No host synchronisation on a GPU.
 static Tensor batch_norm2d_synced(BatchNormSync* sync, const Tensor& x, const Tensor& gamma,
                                   const Tensor& beta, Tensor& running_mean, Tensor& running_var,
                                   double momentum, double eps) {
-  UNETCU_CHECK(x.device().is_cpu(), "synchronized batch norm runs on CPU devices; ",
-               x.device().str(), " is not supported yet");
+  const Device dev = x.device();
   const int64_t C = x.dim(1);
-  // [sum x (C), sum x² (C), count]
-  Tensor stats = Tensor::empty({2 * C + 1}, DType::F64, x.device());
-  kernels::cpu::batchnorm_channel_sums(x, stats);  // fills the first 2C
-  stats.data<double>()[2 * C] = double(x.dim(0) * x.dim(2) * x.dim(3));
-  sync->all_reduce_sum(stats);
-  const double* s = stats.data<double>();
-  const double M = s[2 * C];
-  UNETCU_CHECK(M > 1, "batch_norm2d: training needs more than one value per channel");
-  Tensor mean = Tensor::empty({C}, x.dtype(), x.device());
-  Tensor invstd = Tensor::empty({C}, x.dtype(), x.device());
-  for (int64_t c = 0; c < C; ++c) {
-    const double m = s[c] / M;
-    const double var = std::max(0.0, s[C + c] / M - m * m);
-    mean.set(c, m);
-    invstd.set(c, 1.0 / std::sqrt(var + eps));
-    running_mean.set(c, (1 - momentum) * running_mean.at(c) + momentum * m);
-    running_var.set(c, (1 - momentum) * running_var.at(c) + momentum * var * M / (M - 1));
-  }
+  const double count = double(x.dim(0) * x.dim(2) * x.dim(3)) * sync->world_size();
+  UNETCU_CHECK(count > 1, "batch_norm2d: training needs more than one value per channel");
+  Tensor sums = Tensor::empty({2 * C}, DType::F64, dev);
+  UNETCU_LAUNCH(dev, batchnorm_channel_sums, x, sums);
+  sync->all_reduce_sum(sums);
+  Tensor mean = Tensor::empty({C}, x.dtype(), dev);
+  Tensor invstd = Tensor::empty({C}, x.dtype(), dev);
+  UNETCU_LAUNCH(dev, batchnorm_sync_stats, sums, count, momentum, eps, mean, invstd, running_mean,
+                running_var);
   Tensor y = ops_detail::empty_like(x);
-  kernels::cpu::batchnorm_apply(x, gamma, beta, mean, invstd, y);
+  UNETCU_LAUNCH(dev, batchnorm_apply, x, gamma, beta, mean, invstd, y);
   if (Tape::should_record({&x, &gamma, &beta})) {
     Tape::record("batch_norm2d_sync", {x, gamma, beta}, {y},
-                 [x, gamma, mean, invstd, sync, M](BackwardContext& ctx) {
-                   const int64_t C = x.dim(1);
-                   Tensor local = Tensor::empty({2 * C}, DType::F64, x.device());
-                   kernels::cpu::batchnorm_grad_sums(ctx.grad_output(0), x, mean, invstd, local);
-                   const double* l = local.data<double>();
-                   double beta;
-                   if (ctx.needs_grad(1)) {  // dgamma = sum(dy * xhat), this replica's
-                     Tensor gg = ctx.grad_input(1, &beta);
-                     for (int64_t c = 0; c < C; ++c) gg.set(c, (beta ? gg.at(c) : 0.0) + l[C + c]);
-                   }
-                   if (ctx.needs_grad(2)) {  // dbeta = sum(dy)
-                     Tensor gb = ctx.grad_input(2, &beta);
-                     for (int64_t c = 0; c < C; ++c) gb.set(c, (beta ? gb.at(c) : 0.0) + l[c]);
-                   }
+                 [x, gamma, mean, invstd, sync, count](BackwardContext& ctx) {
+                   const Device dev = x.device();
+                   Tensor local = Tensor::empty({2 * x.dim(1)}, DType::F64, dev);
+                   UNETCU_LAUNCH(dev, batchnorm_grad_sums, ctx.grad_output(0), x, mean, invstd,
+                                 local);
+                   Tensor gg, gb;
+                   double bg = 0, bb = 0;
+                   if (ctx.needs_grad(1)) gg = ctx.grad_input(1, &bg);
+                   if (ctx.needs_grad(2)) gb = ctx.grad_input(2, &bb);
+                   UNETCU_LAUNCH(dev, batchnorm_param_grads, local, gg.defined() ? &gg : nullptr,
+                                 bg, gb.defined() ? &gb : nullptr, bb);
                    Tensor global = local.clone();
                    sync->all_reduce_sum(global);  // every replica, also when x needs no grad
                    if (ctx.needs_grad(0)) {
-                     Tensor gx = ctx.grad_input(0, &beta);
-                     kernels::cpu::batchnorm_grad_apply(ctx.grad_output(0), x, gamma, mean, invstd,
-                                                        global, M, gx, beta);
+                     double bx;
+                     Tensor gx = ctx.grad_input(0, &bx);
+                     UNETCU_LAUNCH(dev, batchnorm_grad_apply, ctx.grad_output(0), x, gamma, mean,
+                                   invstd, global, count, gx, bx);
                    }
                  });
   }

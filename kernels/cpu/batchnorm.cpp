@@ -1,5 +1,6 @@
 // CPU batch normalisation over kernels/batchnorm.h. One OpenMP task per channel; sums are
 // accumulated in double whatever the tensor dtype, two passes (mean, then variance).
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/batchnorm.h"
@@ -192,6 +193,39 @@ void grad_sums(const T* gy, const T* x, const T* mean, const T* invstd, Dims d, 
 
 void batchnorm_channel_sums(const Tensor& x, Tensor& sums) {
   UNETCU_DISPATCH_FLOAT(x.dtype(), T, channel_sums(x.data<T>(), dims_of(x), sums.data<double>()));
+}
+
+void batchnorm_sync_stats(const Tensor& sums, double count, double momentum, double eps,
+                          Tensor& mean, Tensor& invstd, Tensor& running_mean, Tensor& running_var) {
+  const int64_t C = mean.numel();
+  const double* s = sums.data<double>();
+  UNETCU_DISPATCH_FLOAT(mean.dtype(), T, {
+    T *m = mean.data<T>(), *is = invstd.data<T>();
+    T *rm = running_mean.data<T>(), *rv = running_var.data<T>();
+    for (int64_t c = 0; c < C; ++c) {
+      const double mu = s[c] / count;
+      const double var = std::max(0.0, s[C + c] / count - mu * mu);  // biased: normalises
+      m[c] = T(mu);
+      is[c] = T(1.0 / std::sqrt(var + eps));
+      rm[c] = bn_running_update(rm[c], T(mu), T(momentum));
+      rv[c] = bn_running_update(rv[c], T(var * count / (count - 1)), T(momentum));
+    }
+  });
+}
+
+void batchnorm_param_grads(const Tensor& sums, Tensor* grad_gamma, double beta_gamma,
+                           Tensor* grad_beta, double beta_beta) {
+  const double* s = sums.data<double>();
+  const int64_t C = sums.numel() / 2;
+  for (Tensor* t : {grad_gamma, grad_beta}) {
+    if (!t) continue;
+    const double* src = t == grad_gamma ? s + C : s;
+    const double b = t == grad_gamma ? beta_gamma : beta_beta;
+    UNETCU_DISPATCH_FLOAT(t->dtype(), T, {
+      T* d = t->data<T>();
+      for (int64_t c = 0; c < C; ++c) store(d + c, T(src[c]), T(b));
+    });
+  }
 }
 
 void batchnorm_apply(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& mean,

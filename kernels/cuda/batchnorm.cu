@@ -7,6 +7,7 @@
 // betaDataDiff; dgamma/dbeta through betaParamDiff, which cuDNN applies to both, so when
 // their betas differ (or one is not wanted) the parameter gradients go through scratch.
 #include "kernels/cuda/common.cuh"
+#include "kernels/batchnorm.h"
 #include "kernels/cuda/cudnn_util.cuh"
 #include "kernels/elementwise.h"
 #include "kernels/launchers.h"
@@ -125,6 +126,150 @@ void batchnorm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& gam
     if (grad_gamma) axpby(*grad_gamma, 1.0, dg, beta_gamma);
     if (grad_beta) axpby(*grad_beta, 1.0, db, beta_beta);
   }
+}
+
+}  // namespace unetcu::kernels::cuda
+
+// ---- synchronized batch norm: the per-replica pieces; the caller all-reduces the sums ----
+
+namespace unetcu::kernels::cuda {
+namespace {
+
+// One block per channel: s[c] = sum x, s[C + c] = sum x² over N*HW.
+__global__ void channel_sums_kernel(const float* x, int64_t N, int64_t C, int64_t HW, double* s) {
+  const int64_t c = blockIdx.x;
+  double a = 0, b = 0;
+  for (int64_t k = threadIdx.x; k < N * HW; k += blockDim.x) {
+    const float v = x[((k / HW) * C + c) * HW + k % HW];
+    a += v;
+    b += double(v) * v;
+  }
+  a = block_sum(a);
+  b = block_sum(b);
+  if (threadIdx.x == 0) {
+    s[c] = a;
+    s[C + c] = b;
+  }
+}
+
+__global__ void sync_stats_kernel(const double* s, double count, double momentum, double eps,
+                                  float* mean, float* invstd, float* rm, float* rv, int64_t C) {
+  GRID_STRIDE(c, C) {
+    const double mu = s[c] / count;
+    const double var = fmax(0.0, s[C + c] / count - mu * mu);
+    mean[c] = float(mu);
+    invstd[c] = float(1.0 / sqrt(var + eps));
+    rm[c] = bn_running_update(rm[c], float(mu), float(momentum));
+    rv[c] = bn_running_update(rv[c], float(var * count / (count - 1)), float(momentum));
+  }
+}
+
+__global__ void apply_kernel(const float* x, const float* gamma, const float* beta,
+                             const float* mean, const float* invstd, float* y, int64_t C,
+                             int64_t HW, int64_t n) {
+  GRID_STRIDE(i, n) {
+    const int64_t c = (i / HW) % C;
+    y[i] = bn_normalize(x[i], mean[c], invstd[c], gamma[c], beta[c]);
+  }
+}
+
+__global__ void grad_sums_kernel(const float* dy, const float* x, const float* mean,
+                                 const float* invstd, int64_t N, int64_t C, int64_t HW, double* s) {
+  const int64_t c = blockIdx.x;
+  const float m = mean[c], is = invstd[c];
+  double a = 0, b = 0;
+  for (int64_t k = threadIdx.x; k < N * HW; k += blockDim.x) {
+    const int64_t i = ((k / HW) * C + c) * HW + k % HW;
+    a += dy[i];
+    b += double(dy[i]) * double((x[i] - m) * is);
+  }
+  a = block_sum(a);
+  b = block_sum(b);
+  if (threadIdx.x == 0) {
+    s[c] = a;
+    s[C + c] = b;
+  }
+}
+
+__global__ void param_grads_kernel(const double* s, float* dg, float beta_g, float* db,
+                                   float beta_b, int64_t C) {
+  GRID_STRIDE(c, C) {
+    if (dg) store(dg + c, float(s[C + c]), beta_g);
+    if (db) store(db + c, float(s[c]), beta_b);
+  }
+}
+
+__global__ void grad_apply_kernel(const float* dy, const float* x, const float* gamma,
+                                  const float* mean, const float* invstd, const double* s,
+                                  float inv_count, float* dx, float beta_x, int64_t C, int64_t HW,
+                                  int64_t n) {
+  GRID_STRIDE(i, n) {
+    const int64_t c = (i / HW) % C;
+    const float is = invstd[c];
+    store(dx + i,
+          bn_backward_train(dy[i], (x[i] - mean[c]) * is, gamma[c] * is, inv_count, float(s[c]),
+                            float(s[C + c])),
+          beta_x);
+  }
+}
+
+}  // namespace
+
+void batchnorm_channel_sums(const Tensor& x, Tensor& sums) {
+  Launch l(x);
+  channel_sums_kernel<<<int(x.dim(1)), kThreads, 0, l.stream>>>(
+      fdata(x), x.dim(0), x.dim(1), x.dim(2) * x.dim(3), sums.data<double>());
+  CUDA_CHECK_LAUNCH(l.stream, "batchnorm_channel_sums");
+}
+
+void batchnorm_sync_stats(const Tensor& sums, double count, double momentum, double eps,
+                          Tensor& mean, Tensor& invstd, Tensor& running_mean, Tensor& running_var) {
+  const int64_t C = mean.numel();
+  Launch l(mean);
+  sync_stats_kernel<<<blocks_for(C), kThreads, 0, l.stream>>>(
+      sums.data<double>(), count, momentum, eps, fdata(mean), fdata(invstd), fdata(running_mean),
+      fdata(running_var), C);
+  CUDA_CHECK_LAUNCH(l.stream, "batchnorm_sync_stats");
+}
+
+void batchnorm_apply(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& mean,
+                     const Tensor& invstd, Tensor& y) {
+  const int64_t n = x.numel();
+  Launch l(x);
+  apply_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(fdata(x), fdata(gamma), fdata(beta),
+                                                         fdata(mean), fdata(invstd), fdata(y),
+                                                         x.dim(1), x.dim(2) * x.dim(3), n);
+  CUDA_CHECK_LAUNCH(l.stream, "batchnorm_apply");
+}
+
+void batchnorm_grad_sums(const Tensor& grad_y, const Tensor& x, const Tensor& mean,
+                         const Tensor& invstd, Tensor& sums) {
+  Launch l(x);
+  grad_sums_kernel<<<int(x.dim(1)), kThreads, 0, l.stream>>>(
+      fdata(grad_y), fdata(x), fdata(mean), fdata(invstd), x.dim(0), x.dim(1), x.dim(2) * x.dim(3),
+      sums.data<double>());
+  CUDA_CHECK_LAUNCH(l.stream, "batchnorm_grad_sums");
+}
+
+void batchnorm_param_grads(const Tensor& sums, Tensor* grad_gamma, double beta_gamma,
+                           Tensor* grad_beta, double beta_beta) {
+  const int64_t C = sums.numel() / 2;
+  Launch l(sums);
+  param_grads_kernel<<<blocks_for(C), kThreads, 0, l.stream>>>(
+      sums.data<double>(), grad_gamma ? fdata(*grad_gamma) : nullptr, float(beta_gamma),
+      grad_beta ? fdata(*grad_beta) : nullptr, float(beta_beta), C);
+  CUDA_CHECK_LAUNCH(l.stream, "batchnorm_param_grads");
+}
+
+void batchnorm_grad_apply(const Tensor& grad_y, const Tensor& x, const Tensor& gamma,
+                          const Tensor& mean, const Tensor& invstd, const Tensor& global_sums,
+                          double count, Tensor& grad_x, double beta_x) {
+  const int64_t n = x.numel();
+  Launch l(x);
+  grad_apply_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
+      fdata(grad_y), fdata(x), fdata(gamma), fdata(mean), fdata(invstd), global_sums.data<double>(),
+      float(1.0 / count), fdata(grad_x), float(beta_x), x.dim(1), x.dim(2) * x.dim(3), n);
+  CUDA_CHECK_LAUNCH(l.stream, "batchnorm_grad_apply");
 }
 
 }  // namespace unetcu::kernels::cuda

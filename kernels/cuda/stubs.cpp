@@ -56,3 +56,22 @@ void adam_update(Tensor&, const Tensor&, Tensor&, Tensor&, const AdamStep&) { no
 void sgd_update(Tensor&, const Tensor&, Tensor&, const SgdStep&) { no_cuda(); }
 
 }  // namespace unetcu::kernels::cuda
+
+namespace unetcu::kernels::cuda {
+void batchnorm_channel_sums(const Tensor&, Tensor&) { no_cuda(); }
+void batchnorm_sync_stats(const Tensor&, double, double, double, Tensor&, Tensor&, Tensor&, Tensor&) {
+  no_cuda();
+}
+void batchnorm_apply(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                     Tensor&) {
+  no_cuda();
+}
+void batchnorm_grad_sums(const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&) {
+  no_cuda();
+}
+void batchnorm_param_grads(const Tensor&, Tensor*, double, Tensor*, double) { no_cuda(); }
+void batchnorm_grad_apply(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                          const Tensor&, double, Tensor&, double) {
+  no_cuda();
+}
+}  // namespace unetcu::kernels::cuda

@@ -326,6 +326,8 @@ TEST_CASE("the CUDA runtime: device name, allocator statistics, NCCL linked") {
 
 TEST_CASE("data parallelism through NCCL with one GPU rank equals the single-GPU step") {
   Setup setup;
+  for (bool sync_bn : {false, true}) {
+  CAPTURE(sync_bn);
   FRESH_RNG(rng);
   UNetConfig c;
   c.width_divisor = 8;
@@ -339,6 +341,7 @@ TEST_CASE("data parallelism through NCCL with one GPU rank equals the single-GPU
   };
   DataParallelOptions o;
   o.devices = {kGpu};
+  o.sync_bn = sync_bn;  // one rank: the synchronized kernels against cuDNN's batch norm
   o.first_bucket_bytes = 4096;  // several buckets, each through NCCL
   o.bucket_bytes = 64 << 10;
   DataParallel dp(c, o, make_sgd);
@@ -357,10 +360,13 @@ TEST_CASE("data parallelism through NCCL with one GPU rank equals the single-GPU
     }
     tape.backward(loss);
     opt->step();
-    // Same device, same kernels, an average over one rank: equal up to the cuDNN algorithms'
-    // run-to-run differences (atomics in some backward-filter algorithms).
-    CHECK(std::fabs(dp_loss - loss.item()) <= 1e-5 * std::fabs(loss.item()));
+    // Same device, an average over one rank: equal up to the cuDNN algorithms' run-to-run
+    // differences (atomics in some backward-filter algorithms) and, with sync_bn, float32
+    // rounding of two batch-norm implementations through the network.
+    const double tol = sync_bn ? 1e-4 : 1e-5;
+    CHECK(std::fabs(dp_loss - loss.item()) <= tol * std::fabs(loss.item()));
     const auto pa = dp.replica(0).parameters(), pb = single.parameters();
-    for (size_t i = 0; i < pa.size(); ++i) CHECK(rel(pa[i], pb[i]) < 1e-5);
+    for (size_t i = 0; i < pa.size(); ++i) CHECK(rel(pa[i], pb[i]) < tol);
+  }
   }
 }
