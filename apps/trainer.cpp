@@ -51,7 +51,9 @@ void validate(const TrainConfig& c) {
   UNETCU_CHECK(int64_t(c.batch_size) * last > 1, "--batch-size 1 with --image-size ",
                c.image_size, " leaves one value per channel for batch norm; use a larger batch "
                "or image");
-  UNETCU_CHECK(last > 1 || c.train_size % c.batch_size != 1, "--train-size ", c.train_size,
+  // With --mode dp each replica batches its own train_size / N samples.
+  const int64_t replicas = c.mode == "dp" && !c.devices.empty() ? int64_t(parse_device_list(c.devices).size()) : 1;
+  UNETCU_CHECK(last > 1 || (c.train_size / replicas) % c.batch_size != 1, "--train-size ", c.train_size,
                " leaves a last batch of one ", c.image_size, "x", c.image_size,
                " image: one value per channel for batch norm; change --train-size or --batch-size");
 }

@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"ring", "ps"}))
       ->capture_default_str();
   app.add_flag("--sync-bn", cfg.sync_bn,
-               "--mode dp: batch-norm statistics over all replicas (CPU devices), so N x b "
+               "--mode dp: batch-norm statistics over all replicas, so N x b "
                "trains as one batch of N*b");
   app.add_flag("--no-tf32", no_tf32,
                "CUDA: keep cuDNN convolutions in full float32 (by default they may use TF32 "

@@ -169,11 +169,16 @@ class CpuRingCommunicator : public Communicator {
     g_->counts[rank_] = t.numel();
     g_->dtypes[rank_] = t.dtype();
     g_->barrier.wait();
-    // All ranks check the same thing, so they all throw together (no rank left waiting).
+    // All ranks check the same thing, so they all throw together (no rank left waiting); the
+    // second barrier keeps a rank that throws from overwriting its entry for its next
+    // collective while a slower rank is still checking this one.
+    bool agree = true;
     for (int r = 0; r < g_->size; ++r)
-      UNETCU_CHECK(g_->counts[r] == g_->counts[0] && g_->dtypes[r] == g_->dtypes[0], what,
-                   ": ranks disagree on the tensor (rank ", r, ": ", g_->counts[r], " elements, rank 0: ",
-                   g_->counts[0], ")");
+      agree = agree && g_->counts[r] == g_->counts[0] && g_->dtypes[r] == g_->dtypes[0];
+    const int64_t mine = g_->counts[rank_], first = g_->counts[0];
+    g_->barrier.wait();
+    UNETCU_CHECK(agree, what, ": ranks disagree on the tensor (rank ", rank_, ": ", mine,
+                 " elements, rank 0: ", first, ")");
   }
   void check_root(int root) {
     UNETCU_CHECK(root >= 0 && root < g_->size, "root rank ", root, " out of range");

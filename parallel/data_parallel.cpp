@@ -209,19 +209,32 @@ int DataParallel::size() const { return int(replicas_.size()); }
 UNet& DataParallel::replica(int rank) { return *replicas_.at(rank)->model; }
 size_t DataParallel::bucket_count() const { return replicas_[0]->buckets.size(); }
 void DataParallel::run(const std::function<void(int)>& f) {
-  // A rank that fails aborts the communicators, so the others leave their collectives with
-  // an error instead of waiting for it forever.
-  pool_->run([&](int r) {
-    try {
-      f(r);
-    } catch (...) {
-      for (auto& rep : replicas_) {
-        rep->grad_comm->abort();
-        rep->ctrl_comm->abort();
+  // A rank that fails aborts the communicators (once), so the others leave their collectives
+  // with an error instead of waiting for it forever; the first failure is the one reported.
+  std::mutex mu;
+  std::exception_ptr root_cause;
+  bool aborted = false;
+  try {
+    pool_->run([&](int r) {
+      try {
+        f(r);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!aborted) {
+          aborted = true;
+          root_cause = std::current_exception();
+          for (auto& rep : replicas_) {
+            rep->grad_comm->abort();
+            rep->ctrl_comm->abort();
+          }
+        }
+        throw;
       }
-      throw;
-    }
-  });
+    });
+  } catch (...) {
+    if (root_cause) std::rethrow_exception(root_cause);
+    throw;
+  }
 }
 
 std::vector<std::string> DataParallel::events() const {

@@ -2,6 +2,9 @@
 #include "engine/cuda_api.h"
 #include "parallel/nccl_communicator.h"
 
+#include <atomic>
+#include <mutex>
+
 namespace unetcu {
 namespace {
 
@@ -19,16 +22,38 @@ class NcclWork : public Work {
   int device_;
 };
 
+// The communicators of one set of ranks, owned together: NCCL's finalize is a collective
+// over the ranks, so when one thread holds them all it must finalize them in one group (one at
+// a time would wait for ranks that never come); abort likewise happens once, for all.
+struct NcclGroup {
+  std::vector<ncclComm_t> comms;
+  std::vector<int> devices;
+  std::atomic<bool> aborted{false};
+  std::once_flag abort_once;
+  ~NcclGroup() {
+    if (aborted) return;  // ncclCommAbort released them
+    ncclGroupStart();
+    for (size_t r = 0; r < comms.size(); ++r) {
+      cudaSetDevice(devices[r]);
+      ncclCommFinalize(comms[r]);
+    }
+    ncclGroupEnd();
+    for (size_t r = 0; r < comms.size(); ++r) ncclCommDestroy(comms[r]);
+  }
+  void abort() {
+    std::call_once(abort_once, [&] {
+      aborted = true;
+      for (ncclComm_t c : comms) ncclCommAbort(c);
+    });
+  }
+};
+
 class NcclCommunicator : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, int rank, int size, int device, AllReduceAlgo algo)
-      : comm_(comm), algo_(algo), rank_(rank), size_(size), device_(device),
-        comm_stream_(cuda::Stream::create(device)) {}
-  ~NcclCommunicator() override {
-    if (aborted_) return;  // ncclCommAbort released it
-    cuda::DeviceGuard g(device_);
-    ncclCommDestroy(comm_);
-  }
+  NcclCommunicator(std::shared_ptr<NcclGroup> group, int rank, AllReduceAlgo algo)
+      : group_(std::move(group)), comm_(group_->comms[rank]), algo_(algo), rank_(rank),
+        size_(int(group_->comms.size())), device_(group_->devices[rank]),
+        comm_stream_(cuda::Stream::create(device_)) {}
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
@@ -54,7 +79,8 @@ class NcclCommunicator : public Communicator {
     all_reduce(one, ReduceOp::Sum);
     cuda::synchronize(device_);
   }
-  void abort() override { ncclCommAbort(comm_); aborted_ = true; }
+  // Error path only: after a rank failed, every rank's collectives end with an error.
+  void abort() override { group_->abort(); }
   std::unique_ptr<Work> all_reduce_async(Tensor& t, ReduceOp op) override {
     check(t);
     cuda::DeviceGuard g(device_);
@@ -69,6 +95,7 @@ class NcclCommunicator : public Communicator {
 
  private:
   void enqueue_all_reduce(Tensor& t, ReduceOp op, cudaStream_t s) {
+    UNETCU_CHECK(!group_->aborted, "NCCL collective after an abort: another rank failed");
     const size_t n = size_t(t.numel());
     if (algo_ == AllReduceAlgo::Ring) {
       NCCL_CHECK(ncclAllReduce(t.raw(), t.raw(), n, nccl_type(t), nccl_op(op), comm_, s));
@@ -83,9 +110,9 @@ class NcclCommunicator : public Communicator {
     UNETCU_CHECK(t.device() == Device::cuda(device_), "NCCL rank ", rank_, " works on cuda:",
                  device_, ", got a tensor on ", t.device().str());
   }
+  std::shared_ptr<NcclGroup> group_;
   ncclComm_t comm_;
   AllReduceAlgo algo_;
-  bool aborted_ = false;
   int rank_, size_, device_;
   cuda::Stream comm_stream_;
 };
@@ -95,18 +122,32 @@ class NcclCommunicator : public Communicator {
 std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::vector<int>& devices,
                                                                   AllReduceAlgo algo) {
   const int n = int(devices.size());
+  auto group = std::make_shared<NcclGroup>();
+  group->devices = devices;
+  group->comms.assign(n, nullptr);
   ncclUniqueId id;
   NCCL_CHECK(ncclGetUniqueId(&id));
-  std::vector<ncclComm_t> comms(n);
-  NCCL_CHECK(ncclGroupStart());
-  for (int r = 0; r < n; ++r) {
-    CUDA_CHECK(cudaSetDevice(devices[r]));
-    NCCL_CHECK(ncclCommInitRank(&comms[r], n, id, r));
+  {
+    cuda::DeviceGuard restore(devices[0]);  // puts the caller's device back afterwards
+    ncclResult_t res = ncclGroupStart();
+    for (int r = 0; r < n && res == ncclSuccess; ++r) {
+      if (cudaSetDevice(devices[r]) != cudaSuccess) {
+        res = ncclInvalidArgument;
+        break;
+      }
+      res = ncclCommInitRank(&group->comms[r], n, id, r);
+    }
+    const ncclResult_t end = ncclGroupEnd();  // always closes the group
+    if (res == ncclSuccess) res = end;
+    if (res != ncclSuccess) {
+      group->aborted = true;  // nothing usable to finalize
+      for (ncclComm_t c : group->comms)
+        if (c) ncclCommAbort(c);
+      NCCL_CHECK(res);
+    }
   }
-  NCCL_CHECK(ncclGroupEnd());
   std::vector<std::unique_ptr<Communicator>> out;
-  for (int r = 0; r < n; ++r)
-    out.push_back(std::make_unique<NcclCommunicator>(comms[r], r, n, devices[r], algo));
+  for (int r = 0; r < n; ++r) out.push_back(std::make_unique<NcclCommunicator>(group, r, algo));
   return out;
 }
 

@@ -1,5 +1,6 @@
 // Data parallelism on CPU devices: the ring/PS all-reduce, contracts 4 and 6 of the design,
 // overlap of gradient buckets with backward.
+#include <chrono>
 #include <cstring>
 #include <thread>
 
@@ -225,10 +226,12 @@ TEST_CASE("contract 4: DP on N CPU devices equals one device accumulating over t
 TEST_CASE("contract 4 with synchronized BN: DP on N x b equals one device on the whole batch") {
   // BCE is a mean over pixels, so the mean of the replicas' losses is the whole batch's loss
   // (Dice over a shard is not Dice over the batch, hence BCE here).
-  const int N = 2, b = 2;
+  for (int N : {2, 3}) {
+  CAPTURE(N);
+  const int b = 2;
   SyntheticSegmentation data(kImage, 10);
   DataParallelOptions o;
-  o.devices = {Device::cpu(0), Device::cpu(1)};
+  for (int r = 0; r < N; ++r) o.devices.push_back(Device::cpu(r));
   o.sync_bn = true;
   DataParallel dp(small_model(), o, make_sgd);
   UNet single(small_model());
@@ -246,7 +249,9 @@ TEST_CASE("contract 4 with synchronized BN: DP on N x b equals one device on the
     }
     tape.backward(loss);
     opt->step();
-    CHECK((dp_losses[0] + dp_losses[1]) / 2 == doctest::Approx(loss.item()).epsilon(1e-12));
+    double mean_loss = 0;
+    for (double l : dp_losses) mean_loss += l / N;
+    CHECK(mean_loss == doctest::Approx(loss.item()).epsilon(1e-12));
     CHECK(max_rel_param_diff(dp.replica(0), single) < kParamTol);
     CHECK(replicas_identical(dp));
   }
@@ -258,6 +263,7 @@ TEST_CASE("contract 4 with synchronized BN: DP on N x b equals one device on the
       CAPTURE(ss[i].name);
       CHECK(max_abs_diff(s0[i].tensor, ss[i].tensor) < 1e-10);
     }
+  }
 }
 
 TEST_CASE("ps and ring all-reduce give the same parameters") {
@@ -304,4 +310,49 @@ TEST_CASE("--devices parsing") {
   CHECK_THROWS_WITH(parse_device_list("cpu:0,cpu:0"), doctest::Contains("twice"));
   CHECK_THROWS_WITH(parse_device_list("cpu:0,cuda:0"), doctest::Contains("all CPU devices or all GPUs"));
   CHECK_THROWS_WITH(parse_device_list(""), doctest::Contains("empty"));
+}
+
+TEST_CASE("CPU communicator: async all-reduces queue up while another group runs, abort frees waiters") {
+  const int N = 3;
+  auto grads = make_cpu_communicators(N, AllReduceAlgo::Ring);
+  auto ctrl = make_cpu_communicators(N, AllReduceAlgo::Ring);
+  std::vector<std::vector<Tensor>> bufs(N);
+  std::vector<Tensor> side(N);
+  for (int r = 0; r < N; ++r) {
+    for (int k = 0; k < 4; ++k) bufs[r].push_back(Tensor::full({37 + k}, double(r + k), DType::F64));
+    side[r] = Tensor::full({5}, double(r), DType::F64);
+  }
+  on_ranks(N, [&](int r) {
+    std::vector<std::unique_ptr<Work>> work;
+    for (auto& b : bufs[r]) work.push_back(grads[r]->all_reduce_async(b, ReduceOp::Sum));
+    ctrl[r]->broadcast(side[r], 1);  // meanwhile, on the compute thread, the other group
+    ctrl[r]->all_reduce(side[r], ReduceOp::Average);
+    for (auto& w : work) w->wait();
+  });
+  for (int r = 0; r < N; ++r) {
+    for (int k = 0; k < 4; ++k)
+      CHECK(bufs[r][k].to_vector() == std::vector<double>(size_t(37 + k), double(3 * k + 3)));
+    CHECK(side[r].to_vector() == std::vector<double>(5, 1.0));
+  }
+  // A rank that never arrives: abort releases the others with an error.
+  auto comms = make_cpu_communicators(2, AllReduceAlgo::Ring);
+  Tensor t = Tensor::zeros({8});
+  std::thread waiter([&] {
+    CHECK_THROWS_WITH(comms[0]->all_reduce(t, ReduceOp::Sum), doctest::Contains("aborted"));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  comms[1]->abort();
+  waiter.join();
+}
+
+TEST_CASE("data parallel: a failing rank ends the step with its own error, no rank hangs") {
+  SyntheticSegmentation data(kImage, 13);
+  DataParallelOptions o;
+  o.devices = {Device::cpu(0), Device::cpu(1)};
+  DataParallel dp(small_model(), o, make_sgd);
+  auto shards = shards_for(data, 0, 2, 2);
+  // Rank 1 gets masks of the wrong shape: its loss fails after the forward, while rank 0 goes
+  // on into backward and its gradient buckets.
+  shards[1].masks = Tensor::zeros({2, 1, kImage, kImage / 2}, DType::F64);
+  CHECK_THROWS_WITH(dp.step(shards, LossKind::BCE), doctest::Contains("shape mismatch"));
 }
