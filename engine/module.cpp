@@ -50,6 +50,15 @@ int64_t Module::parameter_count() const {
   return n;
 }
 
+void Module::move_to(Device device) {
+  for (Own& o : own_) {
+    if (!o.tensor || o.tensor->device() == device) continue;
+    *o.tensor = o.tensor->to(device);
+    if (o.is_parameter) o.tensor->set_requires_grad(true);
+  }
+  for (auto& c : children_) c.second->move_to(device);
+}
+
 void Module::train(bool on) {
   training_ = on;
   for (auto& c : children_) c.second->train(on);

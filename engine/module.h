@@ -31,6 +31,10 @@ class Module {
   std::vector<StateEntry> state() const;  // parameters, buffers and counters, state_dict order
   int64_t parameter_count() const;
 
+  // Moves every parameter and buffer of this module and its children to `device` (pipeline
+  // stages place their blocks this way). Gradients are dropped.
+  void move_to(Device device);
+
   void train(bool on = true);
   void eval() { train(false); }
   bool is_training() const { return training_; }

@@ -12,6 +12,7 @@
 
 #include "engine/tape.h"
 #include "parallel/nccl_communicator.h"
+#include "parallel/worker_pool.h"
 
 namespace unetcu {
 
@@ -31,70 +32,6 @@ std::vector<Device> parse_device_list(const std::string& s) {
   UNETCU_CHECK(!out.empty(), "--devices is empty");
   return out;
 }
-
-// ---- one persistent host thread per replica --------------------------------------------
-
-struct DataParallel::Pool {
-  explicit Pool(const std::vector<Device>& devices, int threads_per_replica) {
-    for (size_t r = 0; r < devices.size(); ++r)
-      threads.emplace_back([this, r, threads_per_replica, d = devices[r]] {
-        if (d.is_cpu()) set_cpu_threads(threads_per_replica);
-        loop(int(r));
-      });
-  }
-  ~Pool() {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      stop = true;
-    }
-    cv.notify_all();
-    for (auto& t : threads) t.join();
-  }
-  void run(const std::function<void(int)>& f) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      job = &f;
-      pending = int(threads.size());
-      error = nullptr;
-      ++generation;
-    }
-    cv.notify_all();
-    std::unique_lock<std::mutex> lock(mu);
-    done_cv.wait(lock, [&] { return pending == 0; });
-    job = nullptr;
-    if (error) std::rethrow_exception(error);
-  }
-  void loop(int rank) {
-    uint64_t seen = 0;
-    for (;;) {
-      const std::function<void(int)>* f;
-      {
-        std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return stop || generation != seen; });
-        if (stop) return;
-        seen = generation;
-        f = job;
-      }
-      std::exception_ptr err;
-      try {
-        (*f)(rank);
-      } catch (...) {
-        err = std::current_exception();
-      }
-      std::lock_guard<std::mutex> lock(mu);
-      if (err && !error) error = err;
-      if (--pending == 0) done_cv.notify_all();
-    }
-  }
-  std::vector<std::thread> threads;
-  std::mutex mu;
-  std::condition_variable cv, done_cv;
-  const std::function<void(int)>* job = nullptr;
-  int pending = 0;
-  uint64_t generation = 0;
-  bool stop = false;
-  std::exception_ptr error;
-};
 
 // ---- a replica and its gradient buckets ---------------------------------------------------
 
@@ -192,7 +129,7 @@ DataParallel::DataParallel(const UNetConfig& model_cfg, const DataParallelOption
     }
     replicas_.push_back(std::move(rep));
   }
-  pool_ = std::make_unique<Pool>(options.devices, options_.threads_per_replica);
+  pool_ = std::make_unique<WorkerPool>(options.devices, options_.threads_per_replica);
   // Every replica starts from rank 0's parameters and buffers.
   run([&](int r) {
     for (const StateEntry& e : replicas_[r]->model->state()) {

@@ -23,6 +23,7 @@
 #include "engine/optim.h"
 #include "models/unet.h"
 #include "parallel/communicator.h"
+#include "parallel/worker_pool.h"
 
 namespace unetcu {
 
@@ -67,10 +68,9 @@ class DataParallel {
 
  private:
   struct Replica;
-  struct Pool;
   DataParallelOptions options_;
   std::vector<std::unique_ptr<Replica>> replicas_;
-  std::unique_ptr<Pool> pool_;
+  std::unique_ptr<WorkerPool> pool_;
   mutable std::mutex events_mu_;
   std::vector<std::string> events_;
 };

@@ -1,0 +1,287 @@
+#include "parallel/pipeline.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "engine/tape.h"
+
+namespace unetcu {
+
+Schedule parse_schedule(const std::string& s) {
+  if (s == "gpipe") return Schedule::GPipe;
+  if (s == "1f1b") return Schedule::OneFOneB;
+  throw Error("unknown --schedule '" + s + "' (expected gpipe or 1f1b)");
+}
+
+std::vector<int> parse_cuts(const std::string& spec, const UNet& model) {
+  const auto& blocks = model.blocks();
+  std::vector<int> cuts;
+  std::stringstream ss(spec);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    int after = -1;
+    if (std::all_of(item.begin(), item.end(), ::isdigit)) {
+      after = std::stoi(item);
+    } else {
+      for (size_t b = 0; b < blocks.size(); ++b) {
+        const std::string& n = blocks[b].name;
+        if (n == item || (n.size() > item.size() && n.compare(n.size() - item.size(), item.size(), item) == 0 &&
+                          n[n.size() - item.size() - 1] == '.'))
+          after = int(b);
+      }
+    }
+    UNETCU_CHECK(after >= 0 && after + 1 < int(blocks.size()), "--split: '", item,
+                 "' is not a block the model can be cut after (blocks: encoder.stem, "
+                 "encoder.layer1..4, decoder.blocks.0..4, segmentation_head; or their index)");
+    cuts.push_back(after + 1);
+  }
+  UNETCU_CHECK(!cuts.empty(), "--split is empty");
+  for (size_t i = 1; i < cuts.size(); ++i)
+    UNETCU_CHECK(cuts[i] > cuts[i - 1], "--split: cuts must be in increasing block order");
+  return cuts;
+}
+
+namespace {
+
+// Rows [lo, hi) of a host NCHW tensor, as a new tensor.
+Tensor slice_rows(const Tensor& t, int64_t lo, int64_t hi) {
+  Shape s = t.shape();
+  s[0] = hi - lo;
+  Tensor out = Tensor::empty(s, t.dtype());
+  const size_t row = t.nbytes() / size_t(t.dim(0));
+  std::memcpy(out.raw(), static_cast<const char*>(t.raw()) + row * lo, row * size_t(hi - lo));
+  return out;
+}
+
+}  // namespace
+
+struct Pipeline::Impl {};
+
+Pipeline::Pipeline(const UNetConfig& model_cfg, const PipelineOptions& options,
+                   const OptimizerFactory& make_optimizer)
+    : options_(options) {
+  const int S = int(options.devices.size());
+  UNETCU_CHECK(S >= 2, "model parallelism needs at least two stages (devices)");
+  UNETCU_CHECK(int(options.cuts.size()) == S - 1, "model parallelism: ", S, " devices need ", S - 1,
+               " cuts, got ", options.cuts.size());
+  UNetConfig cfg = model_cfg;
+  cfg.device = options.devices[0];
+  model_ = std::make_unique<UNet>(cfg);
+  const auto& blocks = model_->blocks();
+  stage_of_block_.assign(blocks.size(), 0);
+  for (size_t b = 0; b < blocks.size(); ++b)
+    for (int c : options.cuts)
+      if (int(b) >= c) ++stage_of_block_[b];
+  for (int c : options.cuts)
+    UNETCU_CHECK(c > 0 && c < int(blocks.size()), "model parallelism: cut ", c, " out of range");
+  // Place each block's modules on its stage's device, then give each stage its optimizer.
+  std::vector<std::vector<Tensor>> stage_params(S);
+  for (size_t b = 0; b < blocks.size(); ++b)
+    for (Module* m : blocks[b].modules) {
+      m->move_to(options.devices[stage_of_block_[b]]);
+      for (const Tensor& p : m->parameters()) stage_params[stage_of_block_[b]].push_back(p);
+    }
+  for (int s = 0; s < S; ++s) {
+    UNETCU_CHECK(!stage_params[s].empty(), "model parallelism: stage ", s, " has no blocks");
+    optimizers_.push_back(make_optimizer(stage_params[s]));
+  }
+  if (options_.threads_per_stage <= 0)
+    options_.threads_per_stage = std::max(1, omp_get_num_procs() / S);
+  pool_ = std::make_unique<WorkerPool>(options.devices, options_.threads_per_stage);
+}
+
+Pipeline::~Pipeline() = default;
+
+std::vector<Transfer> Pipeline::transfers() const {
+  std::lock_guard<std::mutex> lock(transfers_mu_);
+  return transfers_;
+}
+
+double Pipeline::step(const Batch& batch, LossKind loss_kind) {
+  const int64_t B = batch.images.dim(0);
+  const int split = options_.split_size;
+  UNETCU_CHECK(split >= 1, "--split-size must be at least 1, got ", split);
+  UNETCU_CHECK(split <= B, "--split-size ", split, " is larger than the batch of ", B);
+  UNETCU_CHECK(batch.images.device().is_cpu(), "the pipeline takes host batches");
+  const int M = int((B + split - 1) / split);
+  const int S = stages();
+  const auto& blocks = model_->blocks();
+
+  struct MicroBatch {
+    Tape tape;
+    std::map<int, Tensor> outputs;   // block -> output, made on this stage
+    std::map<int, Tensor> received;  // block -> this stage's copy of another stage's output
+    Tensor loss;
+  };
+  std::vector<std::vector<MicroBatch>> mb(S);
+  for (auto& v : mb) v = std::vector<MicroBatch>(M);
+  std::vector<std::vector<char>> fwd_done(S, std::vector<char>(M, 0)), bwd_done = fwd_done;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<Tensor> images(M), masks(M);
+  std::vector<double> weight(M);
+  for (int m = 0; m < M; ++m) {
+    const int64_t lo = int64_t(m) * split, hi = std::min<int64_t>(lo + split, B);
+    images[m] = slice_rows(batch.images, lo, hi);
+    masks[m] = slice_rows(batch.masks, lo, hi);
+    weight[m] = double(hi - lo) / double(B);
+  }
+  peak_live_.assign(S, 0);
+  {
+    std::lock_guard<std::mutex> lock(transfers_mu_);
+    transfers_.clear();
+  }
+  bool failed = false;  // a stage threw: the others stop waiting for it
+  auto wait_for = [&](auto pred) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return failed || pred(); });
+    if (failed) throw Error("pipeline step aborted: another stage failed");
+  };
+  auto mark = [&](std::vector<std::vector<char>>& flags, int s, int m) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      flags[s][m] = 1;
+    }
+    cv.notify_all();
+  };
+
+  std::exception_ptr first_error;
+  auto stage_body = [&](int s) {
+    const Device dev = options_.devices[s];
+    optimizers_[s]->zero_grad();
+    int live = 0;
+    auto forward = [&](int m) {
+      wait_for([&] {
+        for (int p = 0; p < s; ++p)
+          if (!fwd_done[p][m]) return false;
+        return true;
+      });
+      MicroBatch& me = mb[s][m];
+      {
+        TapeScope scope(me.tape);
+        for (size_t b = 0; b < blocks.size(); ++b) {
+          if (stage_of_block_[b] != s) continue;
+          std::vector<Tensor> in;
+          for (int i : blocks[b].inputs) {
+            if (i < 0) {
+              in.push_back(images[m].to(dev));
+            } else if (stage_of_block_[i] == s) {
+              in.push_back(me.outputs.at(i));
+            } else {  // straight from the stage that made it
+              Tensor copy;
+              {
+                std::lock_guard<std::mutex> lock(mu);
+                auto it = me.received.find(i);
+                if (it != me.received.end()) copy = it->second;
+              }
+              if (!copy.defined()) {
+                const int p = stage_of_block_[i];
+                copy = mb[p][m].outputs.at(i).detach().to(dev);
+                copy.set_requires_grad(true);
+                {
+                  std::lock_guard<std::mutex> lock(mu);
+                  me.received.emplace(i, copy);
+                }
+                std::lock_guard<std::mutex> lock(transfers_mu_);
+                transfers_.push_back({p, s, i, m});
+              }
+              in.push_back(copy);
+            }
+          }
+          me.outputs[int(b)] = blocks[b].forward(in);
+        }
+        if (s == S - 1)
+          me.loss = scale(segmentation_loss(loss_kind, me.outputs.at(int(blocks.size()) - 1),
+                                            masks[m].to(dev)),
+                          weight[m]);
+      }
+      peak_live_[s] = std::max(peak_live_[s], ++live);
+      mark(fwd_done, s, m);
+    };
+    auto backward = [&](int m) {
+      MicroBatch& me = mb[s][m];
+      if (s == S - 1) {
+        me.tape.backward(me.loss);
+      } else {
+        wait_for([&] {
+          for (int c = s + 1; c < S; ++c)
+            if (!bwd_done[c][m]) return false;
+          return true;
+        });
+        // Seeds: each output some later stage used, with the sum of their gradients.
+        std::vector<Tensor> outs, grads;
+        for (auto& [b, out] : me.outputs) {
+          Tensor sum;
+          for (int c = s + 1; c < S; ++c) {
+            Tensor copy;
+            {  // another producer stage may be taking its own copies from the same map
+              std::lock_guard<std::mutex> lock(mu);
+              auto it = mb[c][m].received.find(b);
+              if (it == mb[c][m].received.end()) continue;
+              copy = it->second;
+              mb[c][m].received.erase(it);  // its gradient comes home now
+            }
+            if (!copy.grad().defined()) continue;
+            Tensor g = copy.grad().to(dev);
+            sum = sum.defined() ? add(sum, g) : g;
+          }
+          if (sum.defined()) {
+            outs.push_back(out);
+            grads.push_back(sum);
+          }
+        }
+        if (outs.empty())
+          me.tape.clear();
+        else
+          me.tape.backward(outs, grads);
+      }
+      me.outputs.clear();
+      --live;
+      mark(bwd_done, s, m);
+    };
+    if (options_.schedule == Schedule::GPipe) {
+      for (int m = 0; m < M; ++m) forward(m);
+      for (int m = 0; m < M; ++m) backward(m);
+    } else {
+      const int warm = std::min(S - s - 1, M);
+      for (int m = 0; m < warm; ++m) forward(m);
+      for (int i = 0; i < M - warm; ++i) {
+        forward(warm + i);
+        backward(i);
+      }
+      for (int m = M - warm; m < M; ++m) backward(m);
+    }
+  };
+  try {
+    pool_->run([&](int s) {
+      try {
+        stage_body(s);
+      } catch (...) {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          if (!failed) first_error = std::current_exception();
+          failed = true;
+        }
+        cv.notify_all();
+        throw;
+      }
+    });
+  } catch (...) {
+    if (first_error) std::rethrow_exception(first_error);
+    throw;
+  }
+  // All backwards are done: every stage steps its own parameters.
+  pool_->run([&](int s) { optimizers_[s]->step(); });
+  double loss = 0;
+  for (int m = 0; m < M; ++m) loss += mb[S - 1][m].loss.item();
+  return loss;
+}
+
+}  // namespace unetcu

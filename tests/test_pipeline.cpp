@@ -1,0 +1,168 @@
+// Model (pipeline) parallelism on CPU devices: contract 5, skip routing, live activations.
+#include "engine/data.h"
+#include "engine/optim.h"
+#include "engine/tape.h"
+#include "models/unet.h"
+#include "parallel/pipeline.h"
+#include "testing.h"
+
+using namespace unetcu;
+using namespace unetcu::testing;
+
+namespace {
+
+UNetConfig pipe_model() {
+  UNetConfig c;
+  c.width_divisor = 16;
+  c.dtype = DType::F64;
+  c.seed = 21;
+  return c;
+}
+
+std::unique_ptr<Optimizer> adam(std::vector<Tensor> p) {
+  AdamOptions o;
+  o.lr = 1e-2;
+  return std::make_unique<Adam>(std::move(p), o);
+}
+
+double max_rel_diff(UNet& a, UNet& b) {
+  const auto pa = a.parameters(), pb = b.parameters();
+  double worst = 0;
+  for (size_t i = 0; i < pa.size(); ++i)
+    for (int64_t k = 0; k < pa[i].numel(); ++k)
+      worst = std::max(worst, std::fabs(pa[i].at(k) - pb[i].at(k)) / std::max(1e-3, std::fabs(pb[i].at(k))));
+  return worst;
+}
+
+Batch rows(const Batch& b, int64_t lo, int64_t hi) {
+  std::vector<int64_t> keep;
+  Batch out{Tensor::empty({hi - lo, 3, b.images.dim(2), b.images.dim(3)}, b.images.dtype()),
+            Tensor::empty({hi - lo, 1, b.masks.dim(2), b.masks.dim(3)}, b.masks.dtype())};
+  const int64_t ri = b.images.numel() / b.images.dim(0), rm = b.masks.numel() / b.masks.dim(0);
+  for (int64_t i = 0; i < (hi - lo) * ri; ++i) out.images.set(i, b.images.at(lo * ri + i));
+  for (int64_t i = 0; i < (hi - lo) * rm; ++i) out.masks.set(i, b.masks.at(lo * rm + i));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("contract 5: MP with 2 and 3 stages equals one device accumulating over the micro-batches") {
+  // Identical per-chunk arithmetic; only the order in which a tensor's gradients from several
+  // consumers are summed differs (stage order vs tape order): ~1e-16, grown by the batch norms'
+  // cancellation to ~1e-12 in the gradients (checked at 1e-10 of the largest gradient), and
+  // by Adam, which divides by sqrt(v) + eps, to up to 2.3e-8 in the parameters (measured):
+  // parameters are checked at 1e-7.
+  SyntheticSegmentation data(64, 5);
+  struct Case {
+    std::string cuts;
+    int stages, split, batch;
+  };
+  const Case cases[] = {{"layer3", 2, 2, 4},                       // the article's cut, divides
+                        {"layer3", 2, 2, 5},                       // does not divide
+                        {"decoder.blocks.1", 2, 3, 5},             // a cut in the decoder
+                        {"layer1,decoder.blocks.2", 3, 2, 6},      // three stages, skips cross two cuts
+                        {"layer2,decoder.blocks.0", 3, 4, 5}};
+  for (const Case& c : cases)
+    for (Schedule sched : {Schedule::GPipe, Schedule::OneFOneB}) {
+      CAPTURE(c.cuts);
+      CAPTURE(c.split);
+      CAPTURE(c.batch);
+      CAPTURE(int(sched));
+      UNet probe(pipe_model());
+      PipelineOptions o;
+      for (int s = 0; s < c.stages; ++s) o.devices.push_back(Device::cpu(s));
+      o.cuts = parse_cuts(c.cuts, probe);
+      o.split_size = c.split;
+      o.schedule = sched;
+      Pipeline pipe(pipe_model(), o, adam);
+      UNet single(pipe_model());
+      auto opt = adam(single.parameters());
+      for (int step = 0; step < 2; ++step) {
+        std::vector<int64_t> idx;
+        for (int i = 0; i < c.batch; ++i) idx.push_back(step * 100 + i);
+        const Batch b = data.batch(idx, DType::F64);
+        const double mp_loss = pipe.step(b, LossKind::BCEDice);
+        opt->zero_grad();
+        double loss = 0;
+        for (int64_t lo = 0; lo < c.batch; lo += c.split) {
+          const int64_t hi = std::min<int64_t>(lo + c.split, c.batch);
+          const Batch part = rows(b, lo, hi);
+          Tape tape;
+          Tensor l;
+          {
+            TapeScope s(tape);
+            l = scale(segmentation_loss(LossKind::BCEDice, single.forward(part.images), part.masks),
+                      double(hi - lo) / c.batch);
+          }
+          loss += l.item();
+          tape.backward(l);
+        }
+        opt->step();
+        CHECK(mp_loss == doctest::Approx(loss).epsilon(1e-12));
+        // Gradients, against the model's largest (some tensors' gradients cancel to ~1e-7).
+        const auto gp = pipe.model().parameters(), gs = single.parameters();
+        double scale_ = 0, worst = 0;
+        for (size_t i = 0; i < gs.size(); ++i) {
+          for (int64_t k = 0; k < gs[i].numel(); ++k) scale_ = std::max(scale_, std::fabs(gs[i].grad().at(k)));
+          worst = std::max(worst, max_abs_diff(gp[i].grad(), gs[i].grad()));
+        }
+        CHECK(worst <= 1e-10 * scale_);
+        CHECK(max_rel_diff(pipe.model(), single) < 1e-7);
+      }
+      const auto live = pipe.peak_live_micro_batches();
+      const int M = (c.batch + c.split - 1) / c.split;
+      for (int s = 0; s < c.stages; ++s) {
+        CAPTURE(s);
+        if (sched == Schedule::GPipe)
+          CHECK(live[s] == M);  // GPipe holds every micro-batch
+        else
+          CHECK(live[s] <= std::min(c.stages, M));  // 1F1B: at most S
+      }
+    }
+}
+
+TEST_CASE("a skip made on stage 0 and used on stage 2 goes straight there") {
+  UNet probe(pipe_model());
+  PipelineOptions o;
+  o.devices = {Device::cpu(0), Device::cpu(1), Device::cpu(2)};
+  o.cuts = parse_cuts("layer1,decoder.blocks.2", probe);  // stage 0: stem, layer1
+  o.split_size = 2;
+  Pipeline pipe(pipe_model(), o, adam);
+  SyntheticSegmentation data(64, 6);
+  pipe.step(data.batch({0, 1, 2, 3}, DType::F64), LossKind::BCE);
+  int direct = 0;
+  for (const Transfer& t : pipe.transfers()) {
+    CAPTURE(t.block);
+    CAPTURE(t.from_stage);
+    CAPTURE(t.to_stage);
+    if (t.block == 0 || t.block == 1) {
+      // The stem's output (block 0) is read by decoder.blocks.3 (stage 2); layer1's by layer2
+      // (stage 1) and decoder.blocks.2 (stage 2): each copy comes from stage 0 itself.
+      CHECK(t.from_stage == 0);
+      if (t.block == 0) {
+        CHECK(t.to_stage == 2);
+        ++direct;
+      }
+    }
+  }
+  CHECK(direct == 2);  // once per micro-batch
+}
+
+TEST_CASE("pipeline: bad split sizes and cuts are refused") {
+  UNet probe(pipe_model());
+  PipelineOptions o;
+  o.devices = {Device::cpu(0), Device::cpu(1)};
+  o.cuts = parse_cuts("layer3", probe);
+  CHECK(o.cuts == std::vector<int>{4});
+  SyntheticSegmentation data(64, 7);
+  const Batch b = data.batch({0, 1}, DType::F64);
+  o.split_size = 3;
+  Pipeline big(pipe_model(), o, adam);
+  CHECK_THROWS_WITH(big.step(b, LossKind::BCE), doctest::Contains("larger than the batch"));
+  o.split_size = 0;
+  Pipeline zero(pipe_model(), o, adam);
+  CHECK_THROWS_WITH(zero.step(b, LossKind::BCE), doctest::Contains("at least 1"));
+  CHECK_THROWS_WITH(parse_cuts("layer9", probe), doctest::Contains("not a block"));
+  CHECK_THROWS_WITH(parse_cuts("layer3,layer1", probe), doctest::Contains("increasing"));
+  CHECK_THROWS_WITH(parse_cuts("segmentation_head", probe), doctest::Contains("not a block"));
+}
