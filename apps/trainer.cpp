@@ -15,6 +15,7 @@
 #include "engine/tape.h"
 #include "models/unet.h"
 #include "parallel/data_parallel.h"
+#include "parallel/pipeline.h"
 
 namespace unetcu {
 
@@ -34,9 +35,18 @@ void validate(const TrainConfig& c) {
   UNETCU_CHECK(c.weight_decay >= 0, "--weight-decay must be >= 0");
   UNETCU_CHECK(c.momentum >= 0 && c.momentum < 1, "--momentum must be in [0, 1)");
   UNETCU_CHECK(c.threads >= 0, "--threads must be >= 0");
-  UNETCU_CHECK(c.mode == "single" || c.mode == "dp", "--mode must be single or dp, got '", c.mode, "'");
-  UNETCU_CHECK(c.mode == "dp" || (!c.sync_bn && c.devices.empty()),
-               "--devices and --sync-bn belong to --mode dp");
+  UNETCU_CHECK(c.mode == "single" || c.mode == "dp" || c.mode == "mp",
+               "--mode must be single, dp or mp, got '", c.mode, "'");
+  UNETCU_CHECK(c.mode != "single" || c.devices.empty(), "--devices belongs to --mode dp or mp");
+  UNETCU_CHECK(c.mode == "dp" || !c.sync_bn, "--sync-bn belongs to --mode dp");
+  if (c.mode == "mp") {
+    UNETCU_CHECK(!c.devices.empty(), "--mode mp needs --devices (one per stage, e.g. cpu:0,cpu:1)");
+    parse_stage_devices(c.devices);
+    parse_schedule(c.schedule);
+    UNETCU_CHECK(c.split_size >= 0, "--split-size must be at least 1, got ", c.split_size);
+    UNETCU_CHECK(c.split_size <= c.batch_size, "--split-size ", c.split_size,
+                 " is larger than --batch-size ", c.batch_size);
+  }
   if (c.mode == "dp") {
     UNETCU_CHECK(!c.devices.empty(), "--mode dp needs --devices (e.g. cpu:0,cpu:1)");
     const int64_t n = int64_t(parse_device_list(c.devices).size());
@@ -52,7 +62,7 @@ void validate(const TrainConfig& c) {
                c.image_size, " leaves one value per channel for batch norm; use a larger batch "
                "or image");
   // With --mode dp each replica batches its own train_size / N samples.
-  const int64_t replicas = c.mode == "dp" && !c.devices.empty() ? int64_t(parse_device_list(c.devices).size()) : 1;
+  const int64_t replicas = c.mode == "dp" ? int64_t(parse_device_list(c.devices).size()) : 1;
   UNETCU_CHECK(last > 1 || (c.train_size / replicas) % c.batch_size != 1, "--train-size ", c.train_size,
                " leaves a last batch of one ", c.image_size, "x", c.image_size,
                " image: one value per channel for batch norm; change --train-size or --batch-size");
@@ -103,10 +113,18 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
                        const std::function<void(const EpochStats&)>& on_epoch) {
   validate(cfg);
   std::string note;
-  const bool dp_mode = cfg.mode == "dp";
+  const bool dp_mode = cfg.mode == "dp", mp_mode = cfg.mode == "mp";
   std::vector<Device> dp_devices;
   Device device;
-  if (dp_mode) {
+  if (mp_mode) {
+    dp_devices = parse_stage_devices(cfg.devices);
+    for (const Device& d : dp_devices) resolve_device(d.str(), nullptr);
+    device = dp_devices.back();  // the last stage holds the head: evaluation runs there
+    out << "devices: " << cfg.devices << " (model parallel: " << dp_devices.size()
+        << " stages cut at " << cfg.split << ", batch " << cfg.batch_size << " in micro-batches of "
+        << (cfg.split_size ? cfg.split_size : cfg.batch_size) << ", " << cfg.schedule
+        << " schedule; BN statistics per micro-batch)\n";
+  } else if (dp_mode) {
     dp_devices = parse_device_list(cfg.devices);
     for (const Device& d : dp_devices) resolve_device(d.str(), nullptr);  // exists?
     device = dp_devices[0];  // rank 0: evaluation and reporting
@@ -120,7 +138,7 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
         cfg.device == "auto" && cfg.dtype != DType::F32 ? std::string("cpu") : cfg.device, &note);
     out << "device: " << device.str() << " (" << note << ")\n";
   }
-  if (cfg.threads > 0 && !dp_mode) set_cpu_threads(cfg.threads);
+  if (cfg.threads > 0 && !dp_mode && !mp_mode) set_cpu_threads(cfg.threads);
   SyntheticSegmentation data(cfg.image_size, cfg.seed);
   const int64_t total = cfg.train_size + cfg.val_size;
   const bool cached = double(total) * SyntheticSegmentation::sample_bytes(cfg.image_size) <= kDataCacheBytes;
@@ -158,7 +176,22 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
     return std::make_unique<SGD>(std::move(params), o);
   };
   std::unique_ptr<Optimizer> opt;
-  if (dp_mode) {
+  std::unique_ptr<Pipeline> pipe;
+  if (mp_mode) {
+    PipelineOptions o;
+    o.devices = dp_devices;
+    UNetConfig probe_cfg = mc;
+    probe_cfg.device = Device::cpu();
+    probe_cfg.width_divisor = 64;  // only the block names are read
+    UNet probe(probe_cfg);
+    o.cuts = parse_cuts(cfg.split, probe);
+    UNETCU_CHECK(o.cuts.size() + 1 == dp_devices.size(), "--split ", cfg.split, " makes ",
+                 o.cuts.size() + 1, " stages but --devices lists ", dp_devices.size());
+    o.split_size = cfg.split_size ? cfg.split_size : cfg.batch_size;
+    o.schedule = parse_schedule(cfg.schedule);
+    o.threads_per_stage = cfg.threads;
+    pipe = std::make_unique<Pipeline>(mc, o, make_optimizer);
+  } else if (dp_mode) {
     DataParallelOptions o;
     o.devices = dp_devices;
     o.algo = parse_allreduce(cfg.allreduce);
@@ -169,7 +202,7 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
     single_model = std::make_unique<UNet>(mc);
     opt = make_optimizer(single_model->parameters());
   }
-  UNet& model = dp ? dp->replica(0) : *single_model;
+  UNet& model = pipe ? pipe->model() : dp ? dp->replica(0) : *single_model;
   TrainResult result;
   result.parameter_count = model.parameter_count();
   const int N = dp ? dp->size() : 1;
@@ -196,6 +229,7 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
       for (int r = 0; r < N; ++r) dp->replica(r).train();
     else
       model.train();
+    std::vector<int> peak_live;
     const auto perm = epoch_permutation(cfg.train_size, cfg.seed, epoch);
     // Step s of rank r: its samples [s*b, min((s+1)*b, per_rank)) of the strided shard.
     auto shard_indices = [&](int64_t s, int r) {
@@ -210,7 +244,19 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
     const auto t0 = Clock::now();
     double loss_sum = 0;
     int64_t seen = 0;
-    Batch next_host = dp ? Batch{} : make_batch(batch_indices(0));
+    for (int64_t s = 0; s < steps && pipe; ++s) {
+      const Batch b = data.batch(batch_indices(s), cfg.dtype);  // host; stages take their parts
+      const double loss_value = pipe->step(b, cfg.loss);
+      UNETCU_CHECK(std::isfinite(loss_value), "loss is not finite (", loss_value, ") at epoch ",
+                   epoch, " step ", s + 1, "; lower --lr");
+      loss_sum += loss_value * double(b.images.dim(0));
+      seen += b.images.dim(0);
+      bar.update(s + 1, seconds_since(t0), seen);
+      const auto live = pipe->peak_live_micro_batches();
+      if (peak_live.empty()) peak_live = live;
+      for (size_t i = 0; i < live.size(); ++i) peak_live[i] = std::max(peak_live[i], live[i]);
+    }
+    Batch next_host = (dp || pipe) ? Batch{} : make_batch(batch_indices(0));
     for (int64_t s = 0; s < steps && dp; ++s) {
       std::vector<Batch> shards;  // host tensors; each replica uploads its own
       for (int r = 0; r < N; ++r) shards.push_back(data.batch(shard_indices(s, r), cfg.dtype));
@@ -223,7 +269,7 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
       seen += count * N;
       bar.update(s + 1, seconds_since(t0), seen);
     }
-    for (int64_t s = 0; s < steps && !dp; ++s) {
+    for (int64_t s = 0; s < steps && !dp && !pipe; ++s) {
       const Batch host = std::move(next_host);  // kept alive until its upload is done
       const Batch b = upload(host);
       const int64_t count = b.images.dim(0);
@@ -259,8 +305,9 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
       std::vector<int64_t> idx;
       for (int64_t i = lo; i < hi; ++i) idx.push_back(cfg.train_size + i);
       const Batch host = make_batch(idx);  // alive until the loss below has been read
-      const Batch b = upload(host);
-      Tensor logits = model.forward(b.images);
+      Batch b = upload(host);
+      if (pipe && b.masks.device() != device) b.masks = b.masks.to(device);  // the last stage's
+      Tensor logits = pipe ? pipe->infer(b.images) : model.forward(b.images);
       val_loss += segmentation_loss(cfg.loss, logits, b.masks).item() * double(hi - lo);
       counts.add(logits, b.masks);
     }
@@ -278,6 +325,10 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
     out << line;
     if (on_gpu) out << "  peak_mem " << std::fixed << std::setprecision(0)
                     << double(st.peak_device_bytes) / (1 << 20) << " MiB" << std::defaultfloat;
+    if (!peak_live.empty()) {
+      out << "  live_micro_batches";
+      for (int v : peak_live) out << " " << v;
+    }
     out << "\n";
     out.flush();
     result.epochs.push_back(st);

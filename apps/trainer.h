@@ -36,6 +36,10 @@ struct TrainConfig {
   std::string devices;
   std::string allreduce = "ring";  // ring | ps
   bool sync_bn = false;
+  // mode "mp": the model cut at `split` into stages on `devices`, micro-batches of split_size.
+  std::string split = "layer3";
+  int split_size = 0;              // 0: the whole batch in one micro-batch
+  std::string schedule = "gpipe";  // gpipe | 1f1b
 };
 
 // Throws unetcu::Error with a clear message for a bad configuration.

@@ -50,13 +50,28 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--no-progress", no_progress, "Do not draw the progress bar on stderr");
   app.add_option("--mode", cfg.mode,
-                 "single (one device, --device) or dp (data parallel: one replica per device "
-                 "of --devices, gradients averaged by all-reduce)")
-      ->check(CLI::IsMember({"single", "dp"}))
+                 "single (one device, --device), dp (data parallel: one replica per device "
+                 "of --devices, gradients averaged by all-reduce) or mp (model parallel: the "
+                 "model cut by --split into stages on --devices, micro-batches of --split-size)")
+      ->check(CLI::IsMember({"single", "dp", "mp"}))
+      ->capture_default_str();
+  app.add_option("--split", cfg.split,
+                 "--mode mp: the blocks after which the model is cut, comma separated, one cut "
+                 "per extra stage: layer3 (the article's: stem..layer3 | layer4 + decoder + "
+                 "head), or any of stem, layer1..4, decoder.blocks.0..4, or block indices")
+      ->capture_default_str();
+  app.add_option("--split-size", cfg.split_size,
+                 "--mode mp: samples per micro-batch (0 = the whole batch; the last may be "
+                 "smaller). Batch norm uses each micro-batch's statistics, as the article's run")
+      ->capture_default_str();
+  app.add_option("--schedule", cfg.schedule,
+                 "--mode mp: gpipe (all forwards, then all backwards) or 1f1b")
+      ->check(CLI::IsMember({"gpipe", "1f1b"}))
       ->capture_default_str();
   app.add_option("--devices", cfg.devices,
-                 "--mode dp: the replicas' devices, e.g. cpu:0,cpu:1,cpu:2 or cuda:0,cuda:1 "
-                 "(CPU devices share the cores: --threads each, default cores/N)");
+                 "--mode dp: the replicas' devices, e.g. cpu:0,cpu:1,cpu:2 or cuda:0,cuda:1; "
+                 "--mode mp: one per stage, may repeat (CPU devices share the cores: --threads "
+                 "each, default cores/N)");
   app.add_option("--allreduce", cfg.allreduce,
                  "--mode dp: ring (reduce-scatter + all-gather) or ps (reduce to rank 0, "
                  "broadcast back)")

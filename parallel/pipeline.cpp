@@ -19,6 +19,18 @@ Schedule parse_schedule(const std::string& s) {
   throw Error("unknown --schedule '" + s + "' (expected gpipe or 1f1b)");
 }
 
+std::vector<Device> parse_stage_devices(const std::string& s) {
+  std::vector<Device> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(Device::parse(item));
+  UNETCU_CHECK(out.size() >= 2, "--mode mp needs at least two stage devices, got '", s, "'");
+  for (const Device& d : out)
+    UNETCU_CHECK(d.kind == out[0].kind, "--devices must be all CPU devices or all GPUs, got ", s);
+  return out;
+}
+
 std::vector<int> parse_cuts(const std::string& spec, const UNet& model) {
   const auto& blocks = model.blocks();
   std::vector<int> cuts;
@@ -98,6 +110,21 @@ Pipeline::Pipeline(const UNetConfig& model_cfg, const PipelineOptions& options,
 }
 
 Pipeline::~Pipeline() = default;
+
+Tensor Pipeline::infer(const Tensor& images) {
+  const auto& blocks = model_->blocks();
+  std::vector<Tensor> outs(blocks.size());
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    const Device dev = options_.devices[stage_of_block_[b]];
+    std::vector<Tensor> in;
+    for (int i : blocks[b].inputs) {
+      const Tensor& t = i < 0 ? images : outs[i];
+      in.push_back(t.device() == dev ? t : t.to(dev));
+    }
+    outs[b] = blocks[b].forward(in);
+  }
+  return outs.back();
+}
 
 std::vector<Transfer> Pipeline::transfers() const {
   std::lock_guard<std::mutex> lock(transfers_mu_);

@@ -44,6 +44,9 @@ struct PipelineOptions {
 // or a block name / index list "4,8".
 std::vector<int> parse_cuts(const std::string& spec, const UNet& model);
 
+// Parses "cpu:0,cpu:1" / "cuda:0,cuda:0": one device per stage; stages may share a device.
+std::vector<Device> parse_stage_devices(const std::string& s);
+
 struct Transfer {
   int from_stage, to_stage, block, micro_batch;
 };
@@ -59,6 +62,9 @@ class Pipeline {
   double step(const Batch& batch, LossKind loss);
 
   UNet& model() { return *model_; }
+  // Inference through the stages in the calling thread (no tape, no micro-batches): logits on
+  // the last stage's device. Put the model in eval mode first for evaluation.
+  Tensor infer(const Tensor& images);
   int stages() const { return int(options_.devices.size()); }
   // Of the last step: the most micro-batches whose activations a stage held at once.
   std::vector<int> peak_live_micro_batches() const { return peak_live_; }

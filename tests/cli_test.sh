@@ -32,5 +32,10 @@ expect_error "--mode dp needs --devices" --mode dp
 expect_error "belong to --mode dp" --sync-bn
 expect_error "twice" --mode dp --devices cpu:0,cpu:0
 expect_error "fewer than --batch-size" --mode dp --devices cpu:0,cpu:1 --train-size 8 --batch-size 8
+expect_error "--mode mp needs --devices" --mode mp
+expect_error "larger than --batch-size" --mode mp --devices cpu:0,cpu:1 --split-size 9
+expect_error "makes 2 stages but --devices lists 3" --mode mp --devices cpu:0,cpu:1,cpu:2
+expect_error "not a block" --mode mp --devices cpu:0,cpu:1 --split layer7
+expect_error "--sync-bn belongs to --mode dp" --mode mp --devices cpu:0,cpu:1 --sync-bn
 if ! "$bin" --help | grep -q -- "--batch-size"; then echo "FAIL: --help"; fail=1; fi
 exit $fail
