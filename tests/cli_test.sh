@@ -29,7 +29,7 @@ expect_error "not finite" --lr 1e300 --optimizer sgd --epochs 2 --image-size 32 
   --train-size 16 --val-size 8 --width-divisor 16
 expect_error "Could not convert" --lr abc
 expect_error "--mode dp needs --devices" --mode dp
-expect_error "belong to --mode dp" --sync-bn
+expect_error "belongs to --mode dp" --sync-bn
 expect_error "twice" --mode dp --devices cpu:0,cpu:0
 expect_error "fewer than --batch-size" --mode dp --devices cpu:0,cpu:1 --train-size 8 --batch-size 8
 expect_error "--mode mp needs --devices" --mode mp
