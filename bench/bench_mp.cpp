@@ -1,0 +1,104 @@
+// Model parallelism on CPU devices against one device: the article's cut (after layer3) on two
+// CPU devices with one thread each, for several split sizes and both schedules, against one
+// device with one thread on the same batch; median step time over timed steps after warm-up.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+
+#include "engine/data.h"
+#include "engine/optim.h"
+#include "engine/tape.h"
+#include "models/unet.h"
+#include "parallel/pipeline.h"
+
+using namespace unetcu;
+using Clock = std::chrono::steady_clock;
+
+static double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int main(int argc, char** argv) {
+  int batch = 8, image = 128, width_divisor = 1, warmup = 1, steps = 3;
+  std::string splits = "1,2,4,8", cut = "layer3", devices = "cpu:0,cpu:1";
+  CLI::App app{"bench_mp: pipeline model parallelism on CPU devices (one thread each) vs one device"};
+  app.add_option("--batch-size", batch, "Images per step")->capture_default_str();
+  app.add_option("--image-size", image, "Image size")->capture_default_str();
+  app.add_option("--width-divisor", width_divisor, "Model width divisor")->capture_default_str();
+  app.add_option("--split", cut, "Cut(s), as unet_train --split")->capture_default_str();
+  app.add_option("--devices", devices, "Stage devices")->capture_default_str();
+  app.add_option("--split-sizes", splits, "Micro-batch sizes to run")->capture_default_str();
+  app.add_option("--warmup", warmup, "Untimed steps")->capture_default_str();
+  app.add_option("--steps", steps, "Timed steps")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    UNetConfig mc;
+    mc.width_divisor = width_divisor;
+    SyntheticSegmentation data(image, 1);
+    std::vector<int64_t> idx;
+    for (int i = 0; i < batch; ++i) idx.push_back(i);
+    const Batch b = data.batch(idx);
+    auto make_adam = [](std::vector<Tensor> p) { return std::unique_ptr<Optimizer>(new Adam(std::move(p))); };
+
+    set_cpu_threads(1);
+    std::vector<double> single_times;
+    {
+      UNet model(mc);
+      auto opt = make_adam(model.parameters());
+      for (int s = 0; s < warmup + steps; ++s) {
+        const auto t0 = Clock::now();
+        Tape tape;
+        {
+          TapeScope scope(tape);
+          Tensor loss = segmentation_loss(LossKind::BCEDice, model.forward(b.images), b.masks);
+          opt->zero_grad();
+          tape.backward(loss);
+        }
+        opt->step();
+        if (s >= warmup) single_times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+    }
+    const double single = median(single_times);
+    std::printf("batch %d at %dx%d, width/%d, cut after %s on %s (one thread each)\n\n", batch,
+                image, image, width_divisor, cut.c_str(), devices.c_str());
+    std::printf("| mode | schedule | split_size | micro-batches | step (s) | speedup | live micro-batches per stage |\n");
+    std::printf("|---|---|---|---|---|---|---|\n");
+    std::printf("| single | - | %d | 1 | %.3f | 1.00 | - |\n", batch, single);
+    std::fflush(stdout);
+    UNet probe(UNetConfig{});
+    for (Schedule sched : {Schedule::GPipe, Schedule::OneFOneB}) {
+      std::stringstream ss(splits);
+      std::string item;
+      while (std::getline(ss, item, ',')) {
+        PipelineOptions o;
+        o.devices = parse_stage_devices(devices);
+        o.cuts = parse_cuts(cut, probe);
+        o.split_size = std::stoi(item);
+        o.schedule = sched;
+        o.threads_per_stage = 1;
+        Pipeline pipe(mc, o, make_adam);
+        std::vector<double> times;
+        for (int s = 0; s < warmup + steps; ++s) {
+          const auto t0 = Clock::now();
+          pipe.step(b, LossKind::BCEDice);
+          if (s >= warmup) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+        }
+        const double t = median(times);
+        std::string live;
+        for (int v : pipe.peak_live_micro_batches()) live += (live.empty() ? "" : " ") + std::to_string(v);
+        std::printf("| mp | %s | %d | %d | %.3f | %.2f | %s |\n", sched == Schedule::GPipe ? "gpipe" : "1f1b",
+                    o.split_size, (batch + o.split_size - 1) / o.split_size, t, single / t, live.c_str());
+        std::fflush(stdout);
+      }
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "bench_mp: error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
