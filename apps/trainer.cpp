@@ -16,6 +16,7 @@
 #include "models/unet.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline.h"
+#include "parallel/split_search.h"
 
 namespace unetcu {
 
@@ -107,6 +108,57 @@ class Progress {
   double last_ = -1;
 };
 
+// --split auto: profile the blocks on the first stage's device, predict every cut × split
+// size, run the best few for real, print the article's Table 1, return the fastest.
+PipelineOptions search_split(const TrainConfig& cfg, const UNetConfig& mc, PipelineOptions o,
+                             const SyntheticSegmentation& data,
+                             const OptimizerFactory& make_optimizer, std::ostream& out) {
+  UNETCU_CHECK(o.devices.size() == 2, "--split auto searches two-stage cuts: give two --devices");
+  std::vector<int64_t> idx;
+  for (int i = 0; i < cfg.batch_size; ++i) idx.push_back(i);
+  const Batch batch = data.batch(idx, cfg.dtype);
+  UNetConfig one = mc;
+  one.device = o.devices[0];
+  UNet probe(one);
+  probe.train();
+  // Profiled with one stage's thread budget, the budget each stage will run with.
+  const int saved_threads = cpu_threads();
+  const int stage_threads = o.threads_per_stage > 0 ? o.threads_per_stage
+                                                    : std::max(1, saved_threads / int(o.devices.size()));
+  if (o.devices[0].is_cpu()) set_cpu_threads(stage_threads);
+  const auto blocks = profile_blocks(probe, batch, cfg.loss, 2);
+  set_cpu_threads(saved_threads);
+  std::vector<int> splits;
+  for (int s = 1; s < cfg.batch_size; s *= 2) splits.push_back(s);
+  splits.push_back(cfg.batch_size);
+  if (cfg.split_size) splits = {cfg.split_size};
+  auto plans = rank_plans(blocks, cfg.batch_size, splits, o.schedule, LinkModel{});
+  const size_t run = std::min<size_t>(3, plans.size());
+  for (size_t k = 0; k < run; ++k) {
+    PipelineOptions trial = o;
+    trial.cuts = plans[k].cuts;
+    trial.split_size = plans[k].split_size;
+    Pipeline pipe(mc, trial, make_optimizer);
+    std::vector<double> t;
+    for (int s = 0; s < 3; ++s) {
+      const auto t0 = Clock::now();
+      pipe.step(batch, cfg.loss);
+      if (s) t.push_back(seconds_since(t0));  // the first step warms up
+    }
+    plans[k].measured_s = *std::min_element(t.begin(), t.end());
+  }
+  size_t best = 0;
+  for (size_t k = 1; k < run; ++k)
+    if (plans[k].measured_s < plans[best].measured_s) best = k;
+  out << "split search (" << cfg.schedule << ", batch " << cfg.batch_size
+      << "; the best " << run << " predictions run for real):\n"
+      << plans_table(plans, blocks) << "chosen: cut after " << blocks[plans[best].cuts[0] - 1].name
+      << ", split_size " << plans[best].split_size << "\n";
+  o.cuts = plans[best].cuts;
+  o.split_size = plans[best].split_size;
+  return o;
+}
+
 }  // namespace
 
 TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
@@ -120,10 +172,13 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
     dp_devices = parse_stage_devices(cfg.devices);
     for (const Device& d : dp_devices) resolve_device(d.str(), nullptr);
     device = dp_devices.back();  // the last stage holds the head: evaluation runs there
-    out << "devices: " << cfg.devices << " (model parallel: " << dp_devices.size()
-        << " stages cut at " << cfg.split << ", batch " << cfg.batch_size << " in micro-batches of "
-        << (cfg.split_size ? cfg.split_size : cfg.batch_size) << ", " << cfg.schedule
-        << " schedule; BN statistics per micro-batch)\n";
+    out << "devices: " << cfg.devices << " (model parallel: " << dp_devices.size() << " stages, ";
+    if (cfg.split == "auto")
+      out << "cut and split size from the search below";
+    else
+      out << "cut after " << cfg.split << ", batch " << cfg.batch_size << " in micro-batches of "
+          << (cfg.split_size ? cfg.split_size : cfg.batch_size);
+    out << ", " << cfg.schedule << " schedule; BN statistics per micro-batch)\n";
   } else if (dp_mode) {
     dp_devices = parse_device_list(cfg.devices);
     for (const Device& d : dp_devices) resolve_device(d.str(), nullptr);  // exists?
@@ -180,16 +235,20 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
   if (mp_mode) {
     PipelineOptions o;
     o.devices = dp_devices;
-    UNetConfig probe_cfg = mc;
-    probe_cfg.device = Device::cpu();
-    probe_cfg.width_divisor = 64;  // only the block names are read
-    UNet probe(probe_cfg);
-    o.cuts = parse_cuts(cfg.split, probe);
-    UNETCU_CHECK(o.cuts.size() + 1 == dp_devices.size(), "--split ", cfg.split, " makes ",
-                 o.cuts.size() + 1, " stages but --devices lists ", dp_devices.size());
-    o.split_size = cfg.split_size ? cfg.split_size : cfg.batch_size;
     o.schedule = parse_schedule(cfg.schedule);
     o.threads_per_stage = cfg.threads;
+    if (cfg.split == "auto") {
+      o = search_split(cfg, mc, o, data, make_optimizer, out);
+    } else {
+      UNetConfig probe_cfg = mc;
+      probe_cfg.device = Device::cpu();
+      probe_cfg.width_divisor = 64;  // only the block names are read
+      UNet probe(probe_cfg);
+      o.cuts = parse_cuts(cfg.split, probe);
+      UNETCU_CHECK(o.cuts.size() + 1 == dp_devices.size(), "--split ", cfg.split, " makes ",
+                   o.cuts.size() + 1, " stages but --devices lists ", dp_devices.size());
+      o.split_size = cfg.split_size ? cfg.split_size : cfg.batch_size;
+    }
     pipe = std::make_unique<Pipeline>(mc, o, make_optimizer);
   } else if (dp_mode) {
     DataParallelOptions o;

@@ -37,5 +37,6 @@ expect_error "larger than --batch-size" --mode mp --devices cpu:0,cpu:1 --split-
 expect_error "makes 2 stages but --devices lists 3" --mode mp --devices cpu:0,cpu:1,cpu:2
 expect_error "not a block" --mode mp --devices cpu:0,cpu:1 --split layer7
 expect_error "--sync-bn belongs to --mode dp" --mode mp --devices cpu:0,cpu:1 --sync-bn
+expect_error "two --devices" --mode mp --devices cpu:0,cpu:1,cpu:0 --split auto
 if ! "$bin" --help | grep -q -- "--batch-size"; then echo "FAIL: --help"; fail=1; fi
 exit $fail
