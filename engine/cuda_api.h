@@ -4,6 +4,7 @@
 // queries throws: no CUDA tensor can exist there).
 #pragma once
 #include <cstddef>
+#include <memory>
 #include <string>
 
 #include "engine/allocator.h"
@@ -39,6 +40,47 @@ void memset_zero(void* ptr, int device, size_t bytes);
 void synchronize(int device);
 
 std::string device_name(int device);
+
+// Streams and events for code outside the CUDA files (pipeline stages). A StageStream is a
+// stream of its own on `device`; while a ThreadStream scope is alive the calling thread's
+// work on that device goes to it. An EventHandle marks the work queued so far on the calling
+// thread's current stream; wait() makes the calling thread's current stream on `device` wait
+// for it (no host wait).
+class StageStream {
+ public:
+  explicit StageStream(int device);
+  ~StageStream();
+  StageStream(const StageStream&) = delete;
+  StageStream& operator=(const StageStream&) = delete;
+  int device() const { return device_; }
+  void* handle() const { return stream_; }
+
+ private:
+  int device_;
+  void* stream_ = nullptr;
+};
+
+class ThreadStream {
+ public:
+  explicit ThreadStream(const StageStream& s);
+  ~ThreadStream();
+  ThreadStream(const ThreadStream&) = delete;
+  ThreadStream& operator=(const ThreadStream&) = delete;
+
+ private:
+  int device_;
+  void* previous_;
+};
+
+class EventHandle {
+ public:
+  static EventHandle record(int device);
+  void wait(int device) const;
+  bool valid() const { return event_ != nullptr; }
+
+ private:
+  std::shared_ptr<void> event_;
+};
 
 // cuDNN convolutions may use TF32 tensor cores (PyTorch's default). Tests comparing with the
 // float64 reference at 1e-5 turn it off.

@@ -107,6 +107,10 @@ Pipeline::Pipeline(const UNetConfig& model_cfg, const PipelineOptions& options,
   if (options_.threads_per_stage <= 0)
     options_.threads_per_stage = std::max(1, omp_get_num_procs() / S);
   pool_ = std::make_unique<WorkerPool>(options.devices, options_.threads_per_stage);
+  for (int s = 0; s < S; ++s)
+    streams_.push_back(options.devices[s].is_cuda()
+                           ? std::make_unique<cuda::StageStream>(options.devices[s].index)
+                           : nullptr);
 }
 
 Pipeline::~Pipeline() = default;
@@ -150,6 +154,9 @@ double Pipeline::step(const Batch& batch, LossKind loss_kind) {
   std::vector<std::vector<MicroBatch>> mb(S);
   for (auto& v : mb) v = std::vector<MicroBatch>(M);
   std::vector<std::vector<char>> fwd_done(S, std::vector<char>(M, 0)), bwd_done = fwd_done;
+  // GPU stages: the point of the producer's stream where (stage, micro-batch) was done.
+  std::vector<std::vector<cuda::EventHandle>> fwd_event(S, std::vector<cuda::EventHandle>(M)),
+      bwd_event = fwd_event;
   std::mutex mu;
   std::condition_variable cv;
   std::vector<Tensor> images(M), masks(M);
@@ -182,6 +189,22 @@ double Pipeline::step(const Batch& batch, LossKind loss_kind) {
   std::exception_ptr first_error;
   auto stage_body = [&](int s) {
     const Device dev = options_.devices[s];
+    std::unique_ptr<cuda::ThreadStream> on_stream;
+    if (dev.is_cuda()) on_stream = std::make_unique<cuda::ThreadStream>(*streams_[s]);
+    // Consumers' copies whose gradients this stage read: on a GPU their memory belongs to the
+    // consumer's stream, which could hand it out again before this stream has read it, so
+    // they live until this stage's stream is synchronised at the end of the step.
+    std::vector<Tensor> keep_alive;
+    // Marks (stage, m) done: records where its stream is, then tells the host threads.
+    auto finish = [&](std::vector<std::vector<char>>& flags,
+                      std::vector<std::vector<cuda::EventHandle>>& events, int m) {
+      if (dev.is_cuda()) events[s][m] = cuda::EventHandle::record(dev.index);
+      mark(flags, s, m);
+    };
+    // Makes this stage's stream wait for another stage's (stage, m) work.
+    auto after = [&](const std::vector<std::vector<cuda::EventHandle>>& events, int p, int m) {
+      if (dev.is_cuda()) events[p][m].wait(dev.index);
+    };
     optimizers_[s]->zero_grad();
     int live = 0;
     auto forward = [&](int m) {
@@ -210,6 +233,7 @@ double Pipeline::step(const Batch& batch, LossKind loss_kind) {
               }
               if (!copy.defined()) {
                 const int p = stage_of_block_[i];
+                after(fwd_event, p, m);
                 copy = mb[p][m].outputs.at(i).detach().to(dev);
                 copy.set_requires_grad(true);
                 {
@@ -230,7 +254,7 @@ double Pipeline::step(const Batch& batch, LossKind loss_kind) {
                           weight[m]);
       }
       peak_live_[s] = std::max(peak_live_[s], ++live);
-      mark(fwd_done, s, m);
+      finish(fwd_done, fwd_event, m);
     };
     auto backward = [&](int m) {
       MicroBatch& me = mb[s][m];
@@ -242,6 +266,9 @@ double Pipeline::step(const Batch& batch, LossKind loss_kind) {
             if (!bwd_done[c][m]) return false;
           return true;
         });
+        // The later stages' backward of m is done on their streams: their gradients (and
+        // their reads of this stage's outputs) are complete before this stream goes on.
+        for (int c = s + 1; c < S; ++c) after(bwd_event, c, m);
         // Seeds: each output some later stage used, with the sum of their gradients.
         std::vector<Tensor> outs, grads;
         for (auto& [b, out] : me.outputs) {
@@ -256,6 +283,7 @@ double Pipeline::step(const Batch& batch, LossKind loss_kind) {
               mb[c][m].received.erase(it);  // its gradient comes home now
             }
             if (!copy.grad().defined()) continue;
+            if (dev.is_cuda()) keep_alive.push_back(copy);
             Tensor g = copy.grad().to(dev);
             sum = sum.defined() ? add(sum, g) : g;
           }
@@ -271,7 +299,7 @@ double Pipeline::step(const Batch& batch, LossKind loss_kind) {
       }
       me.outputs.clear();
       --live;
-      mark(bwd_done, s, m);
+      finish(bwd_done, bwd_event, m);
     };
     if (options_.schedule == Schedule::GPipe) {
       for (int m = 0; m < M; ++m) forward(m);
@@ -285,6 +313,8 @@ double Pipeline::step(const Batch& batch, LossKind loss_kind) {
       }
       for (int m = M - warm; m < M; ++m) backward(m);
     }
+    if (dev.is_cuda()) cuda::synchronize(dev.index);  // the end of the step: this stage's stream
+    keep_alive.clear();
   };
   try {
     pool_->run([&](int s) {
@@ -305,7 +335,12 @@ double Pipeline::step(const Batch& batch, LossKind loss_kind) {
     throw;
   }
   // All backwards are done: every stage steps its own parameters.
-  pool_->run([&](int s) { optimizers_[s]->step(); });
+  pool_->run([&](int s) {
+    std::unique_ptr<cuda::ThreadStream> on_stream;
+    if (streams_[s]) on_stream = std::make_unique<cuda::ThreadStream>(*streams_[s]);
+    optimizers_[s]->step();
+    if (streams_[s]) cuda::synchronize(options_.devices[s].index);
+  });
   double loss = 0;
   for (int m = 0; m < M; ++m) loss += mb[S - 1][m].loss.item();
   return loss;

@@ -12,14 +12,17 @@
 //  - Schedules: GPipe (all forwards, then all backwards) and 1F1B (warm-up of S - s - 1
 //    forwards on stage s, then one forward / one backward, then the remaining backwards).
 //  - A stage waits for its inputs (and for its outputs' gradients) from the stages that make
-//    them; on CPU devices a condition variable, on GPUs the copies wait on the producer's
-//    stream through events, so no stage waits for the whole device.
+//    them: the host thread until the producer has queued the work (a condition variable), and
+//    on a GPU the consumer's stream until the producer's stream has done it (an event the
+//    producer records), so no stage waits for the whole device. Each GPU stage has a stream of
+//    its own; the step ends with each stage waiting for its stream.
 #pragma once
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "engine/cuda_api.h"
 #include "engine/data.h"
 #include "engine/optim.h"
 #include "models/unet.h"
@@ -77,6 +80,8 @@ class Pipeline {
   std::vector<std::unique_ptr<Optimizer>> optimizers_;  // one per stage
   std::vector<int> stage_of_block_;
   std::unique_ptr<WorkerPool> pool_;
+  // GPU stages: a stream each, so stages sharing a GPU overlap (two streams on one GPU).
+  std::vector<std::unique_ptr<cuda::StageStream>> streams_;
   std::vector<int> peak_live_;
   mutable std::mutex transfers_mu_;
   std::vector<Transfer> transfers_;

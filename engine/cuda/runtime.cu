@@ -412,6 +412,44 @@ std::string device_name(int device) {
   return prop.name;
 }
 
+StageStream::StageStream(int device) : device_(device) {
+  check_device_index(device);
+  DeviceGuard g(device);
+  cudaStream_t s;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  stream_ = s;
+}
+StageStream::~StageStream() {
+  int prev = 0;
+  cudaGetDevice(&prev);
+  cudaSetDevice(device_);
+  cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+  cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+  cudaSetDevice(prev);
+}
+
+ThreadStream::ThreadStream(const StageStream& s) : device_(s.device()) {
+  previous_ = t_stream_override[device_];
+  t_stream_override[device_] = static_cast<cudaStream_t>(s.handle());
+}
+ThreadStream::~ThreadStream() { t_stream_override[device_] = static_cast<cudaStream_t>(previous_); }
+
+EventHandle EventHandle::record(int device) {
+  DeviceGuard g(device);
+  cudaEvent_t e;
+  CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventRecord(e, current_stream(device)));
+  EventHandle h;
+  h.event_ = std::shared_ptr<void>(e, [](void* p) { cudaEventDestroy(static_cast<cudaEvent_t>(p)); });
+  return h;
+}
+
+void EventHandle::wait(int device) const {
+  if (!event_) return;
+  DeviceGuard g(device);
+  CUDA_CHECK(cudaStreamWaitEvent(current_stream(device), static_cast<cudaEvent_t>(event_.get()), 0));
+}
+
 static bool g_allow_tf32 = true;
 void set_allow_tf32(bool on) { g_allow_tf32 = on; }
 bool allow_tf32() { return g_allow_tf32; }

@@ -19,6 +19,12 @@ void copy(void*, Device, const void*, Device, size_t, bool) { no_cuda(); }
 void memset_zero(void*, int, size_t) { no_cuda(); }
 void synchronize(int) { no_cuda(); }
 std::string device_name(int) { no_cuda(); }
+StageStream::StageStream(int d) : device_(d) { no_cuda(); }
+StageStream::~StageStream() {}
+ThreadStream::ThreadStream(const StageStream&) : device_(0), previous_(nullptr) { no_cuda(); }
+ThreadStream::~ThreadStream() {}
+EventHandle EventHandle::record(int) { no_cuda(); }
+void EventHandle::wait(int) const { no_cuda(); }
 void set_allow_tf32(bool) {}
 bool allow_tf32() { return false; }
 
