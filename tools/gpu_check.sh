@@ -4,9 +4,11 @@
 #      Python packages, headers included);
 #   2. a build for sm_90 there (if it fails, a carried build/ is tried instead);
 #   3. the whole test suite with the CUDA tests active;
-#   4. single-GPU training at 512x512, batch 14 (the article's) and 64: images/s (median of
+#   4. single-GPU training at 512x512, batch 14 (the article's) and 64, 3 short epochs: images/s (median of
 #      the epochs after the first, which finds cuDNN algorithms and draws the data) and peak
-#      device memory; then data parallelism through NCCL with one rank (batch 14).
+#      device memory; then data parallelism through NCCL with one rank (batch 14), and the
+#      article's MP run: two stages on the one GPU (two streams), cut after layer3, batch 30
+#      in micro-batches of 6, against the single-GPU run on the same batch.
 # Full logs go to $OUT (the device tool sets it; else ./gpu_check_out); a short table is
 # printed last. Run from the repository root with `.deps` carried (tools/gpu_deps.sh).
 set -uo pipefail
@@ -85,7 +87,7 @@ train() {  # batch size, label, extra flags
   local bs=$1 label=$2 log="$OUT/train_$2.log"
   shift 2
   timeout 150 "$B/unet_train" --image-size 512 --batch-size "$bs" \
-    --train-size $((bs * 8)) --val-size "$bs" --epochs 4 --no-progress "$@" > "$log" 2>&1
+    --train-size $((bs * 8)) --val-size "$bs" --epochs 3 --no-progress "$@" > "$log" 2>&1
   local rc=$?
   local ips peak
   ips=$(grep -E '^epoch [2-9]' "$log" | sed -E 's/.* ([0-9.]+) img\/s.*/\1/' | sort -n | awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]}')
@@ -99,6 +101,8 @@ train() {  # batch size, label, extra flags
 train 14 single --device cuda:0
 train 64 single --device cuda:0
 train 14 dp-nccl-1rank --mode dp --devices cuda:0
+train 30 single --device cuda:0
+train 30 mp-2stages-1gpu --mode mp --devices cuda:0,cuda:0 --split layer3 --split-size 6
 
 echo
 echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(elapsed) in all; logs in $OUT"

@@ -21,6 +21,7 @@
 #include "engine/tape.h"
 #include "models/unet.h"
 #include "parallel/data_parallel.h"
+#include "parallel/pipeline.h"
 
 using namespace unetcu;
 
@@ -368,5 +369,60 @@ TEST_CASE("data parallelism through NCCL with one GPU rank equals the single-GPU
     const auto pa = dp.replica(0).parameters(), pb = single.parameters();
     for (size_t i = 0; i < pa.size(); ++i) CHECK(rel(pa[i], pb[i]) < tol);
   }
+  }
+}
+
+TEST_CASE("two pipeline stages on one GPU (two streams) equal the single-GPU step") {
+  Setup setup;
+  FRESH_RNG(rng);
+  UNetConfig c;
+  c.width_divisor = 8;
+  c.seed = 7;
+  c.device = kGpu;
+  auto make_sgd = [](std::vector<Tensor> p) {
+    SgdOptions o;
+    o.lr = 0.1;
+    o.momentum = 0.9;
+    return std::unique_ptr<Optimizer>(new SGD(std::move(p), o));
+  };
+  for (Schedule sched : {Schedule::GPipe, Schedule::OneFOneB}) {
+    CAPTURE(int(sched));
+    UNet probe(UNetConfig{});
+    PipelineOptions o;
+    o.devices = {kGpu, kGpu};
+    o.cuts = parse_cuts("layer3", probe);
+    o.split_size = 2;
+    o.schedule = sched;
+    Pipeline pipe(c, o, make_sgd);
+    UNet single(c);
+    auto opt = make_sgd(single.parameters());
+    for (int step = 0; step < 2; ++step) {
+      Batch b{random64({5, 3, 64, 64}, rng, -2, 2).to(DType::F32), Tensor::empty({5, 1, 64, 64})};
+      for (int64_t i = 0; i < b.masks.numel(); ++i) b.masks.set(i, rng.uniform() < 0.4);
+      const double mp_loss = pipe.step(b, LossKind::BCEDice);
+      opt->zero_grad();
+      double loss = 0;
+      for (int64_t lo = 0; lo < 5; lo += 2) {  // the same micro-batches, accumulated
+        const int64_t hi = std::min<int64_t>(lo + 2, 5);
+        Tensor x = Tensor::empty({hi - lo, 3, 64, 64}), m = Tensor::empty({hi - lo, 1, 64, 64});
+        for (int64_t k = 0; k < x.numel(); ++k) x.set(k, b.images.at(lo * 3 * 64 * 64 + k));
+        for (int64_t k = 0; k < m.numel(); ++k) m.set(k, b.masks.at(lo * 64 * 64 + k));
+        Tape tape;
+        Tensor l;
+        {
+          TapeScope s(tape);
+          l = scale(segmentation_loss(LossKind::BCEDice, single.forward(x.to(kGpu)), m.to(kGpu)),
+                    double(hi - lo) / 5);
+        }
+        loss += l.item();
+        tape.backward(l);
+      }
+      opt->step();
+      // Same kernels on the same GPU; cuDNN's algorithm choice may differ between the two
+      // streams' calls only in float32 rounding.
+      CHECK(std::fabs(mp_loss - loss) <= 1e-5 * std::fabs(loss));
+      const auto pa = pipe.model().parameters(), pb = single.parameters();
+      for (size_t i = 0; i < pa.size(); ++i) CHECK(rel(pa[i], pb[i]) < 1e-5);
+    }
   }
 }
