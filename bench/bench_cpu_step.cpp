@@ -10,33 +10,17 @@
 #include "engine/data.h"
 #include "engine/optim.h"
 #include "engine/tape.h"
+#include "bench/bench_util.h"
 #include "models/unet.h"
 
 using namespace unetcu;
 
 static double time_steps(int batch, int size, int warmup, int steps, std::vector<double>* all) {
-  UNet model(UNetConfig{});
-  Adam opt(model.parameters());
   SyntheticSegmentation data(size, 1);
   std::vector<int64_t> idx;
   for (int i = 0; i < batch; ++i) idx.push_back(i);
-  Batch b = data.batch(idx);
-  for (int s = 0; s < warmup + steps; ++s) {
-    const auto t0 = std::chrono::steady_clock::now();
-    Tape tape;
-    {
-      TapeScope scope(tape);
-      Tensor loss = segmentation_loss(LossKind::BCEDice, model.forward(b.images), b.masks);
-      opt.zero_grad();
-      tape.backward(loss);
-    }
-    opt.step();
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (s >= warmup) all->push_back(dt);
-  }
-  std::vector<double> v = *all;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+  *all = bench::time_single_device_steps(UNetConfig{}, data.batch(idx), warmup, steps);
+  return bench::median(*all);
 }
 
 int main(int argc, char** argv) {

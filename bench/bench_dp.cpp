@@ -11,16 +11,14 @@
 #include "engine/data.h"
 #include "engine/optim.h"
 #include "engine/tape.h"
+#include "bench/bench_util.h"
 #include "models/unet.h"
 #include "parallel/data_parallel.h"
 
 using namespace unetcu;
 using Clock = std::chrono::steady_clock;
 
-static double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::median;
 
 int main(int argc, char** argv) {
   int global_batch = 8, image = 64, width_divisor = 1, warmup = 1, steps = 3, train_size = 512;
@@ -47,24 +45,8 @@ int main(int argc, char** argv) {
 
     // One device, one thread, the whole global batch.
     set_cpu_threads(1);
-    std::vector<double> single_times;
-    {
-      UNet model(mc);
-      auto opt = make_adam(model.parameters());
-      const Batch b = data.batch(all);
-      for (int s = 0; s < warmup + steps; ++s) {
-        const auto t0 = Clock::now();
-        Tape tape;
-        {
-          TapeScope scope(tape);
-          Tensor loss = segmentation_loss(LossKind::BCEDice, model.forward(b.images), b.masks);
-          opt->zero_grad();
-          tape.backward(loss);
-        }
-        opt->step();
-        if (s >= warmup) single_times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-      }
-    }
+    const std::vector<double> single_times =
+        bench::time_single_device_steps(mc, data.batch(all), warmup, steps);
     const double single = median(single_times);
     const double steps_per_epoch = double(train_size) / global_batch;
     std::printf("global batch %d at %dx%d, width/%d, %s all-reduce; epoch = %d images\n\n",

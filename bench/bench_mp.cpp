@@ -12,16 +12,14 @@
 #include "engine/data.h"
 #include "engine/optim.h"
 #include "engine/tape.h"
+#include "bench/bench_util.h"
 #include "models/unet.h"
 #include "parallel/pipeline.h"
 
 using namespace unetcu;
 using Clock = std::chrono::steady_clock;
 
-static double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::median;
 
 int main(int argc, char** argv) {
   int batch = 8, image = 128, width_divisor = 1, warmup = 1, steps = 3;
@@ -46,23 +44,7 @@ int main(int argc, char** argv) {
     auto make_adam = [](std::vector<Tensor> p) { return std::unique_ptr<Optimizer>(new Adam(std::move(p))); };
 
     set_cpu_threads(1);
-    std::vector<double> single_times;
-    {
-      UNet model(mc);
-      auto opt = make_adam(model.parameters());
-      for (int s = 0; s < warmup + steps; ++s) {
-        const auto t0 = Clock::now();
-        Tape tape;
-        {
-          TapeScope scope(tape);
-          Tensor loss = segmentation_loss(LossKind::BCEDice, model.forward(b.images), b.masks);
-          opt->zero_grad();
-          tape.backward(loss);
-        }
-        opt->step();
-        if (s >= warmup) single_times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-      }
-    }
+    const std::vector<double> single_times = bench::time_single_device_steps(mc, b, warmup, steps);
     const double single = median(single_times);
     std::printf("batch %d at %dx%d, width/%d, cut after %s on %s (one thread each)\n\n", batch,
                 image, image, width_divisor, cut.c_str(), devices.c_str());

@@ -89,48 +89,54 @@ int64_t max_band_columns(const std::vector<Band>& plan, const ConvGeometry& g) {
   return m;
 }
 
-// col[K, (r1-r0)*OW] for output rows [r0, r1) of the sample plane stack x_n [C, H, W].
+// One row of the column matrix: row = (c*kh + i)*kw + j, output rows [r0, r1) of one sample
+// x_n [C, H, W], written to out[(oh - r0)*OW + ow].
+template <class T>
+void im2col_row(const T* x_n, int64_t row, int64_t r0, int64_t r1, const ConvGeometry& g, T* out) {
+  const int64_t j = row % g.kw, i = (row / g.kw) % g.kh, c = row / (g.kw * g.kh);
+  const T* plane = x_n + c * g.H * g.W;
+  // Valid output columns: 0 <= ow*sw - pw + j < W.
+  const int64_t lo = std::clamp<int64_t>((g.pw - j + g.sw - 1) / g.sw, 0, g.OW);
+  const int64_t hi = std::clamp<int64_t>((g.W + g.pw - j + g.sw - 1) / g.sw, lo, g.OW);
+  for (int64_t oh = r0; oh < r1; ++oh, out += g.OW) {
+    const int64_t ih = oh * g.sh - g.ph + i;
+    if (ih < 0 || ih >= g.H) {
+      std::fill(out, out + g.OW, T(0));
+      continue;
+    }
+    const T* src = plane + ih * g.W - g.pw + j;
+    std::fill(out, out + lo, T(0));
+    copy_row(out, src, lo, hi, g.sw);
+    std::fill(out + hi, out + g.OW, T(0));
+  }
+}
+
+// dx_n += the contribution of one column-matrix row (the inverse of im2col_row).
+template <class T>
+void col2im_row_add(const T* in, int64_t row, int64_t r0, int64_t r1, const ConvGeometry& g, T* dx_n) {
+  const int64_t j = row % g.kw, i = (row / g.kw) % g.kh, c = row / (g.kw * g.kh);
+  T* plane = dx_n + c * g.H * g.W;
+  const int64_t lo = std::clamp<int64_t>((g.pw - j + g.sw - 1) / g.sw, 0, g.OW);
+  const int64_t hi = std::clamp<int64_t>((g.W + g.pw - j + g.sw - 1) / g.sw, lo, g.OW);
+  for (int64_t oh = r0; oh < r1; ++oh, in += g.OW) {
+    const int64_t ih = oh * g.sh - g.ph + i;
+    if (ih < 0 || ih >= g.H) continue;
+    add_row(plane + ih * g.W - g.pw + j, in, lo, hi, g.sw);
+  }
+}
+
+// col[K, (r1-r0)*OW] for output rows [r0, r1) of one sample.
 template <class T>
 void im2col_band(const T* x_n, int64_t r0, int64_t r1, const ConvGeometry& g, T* col) {
   const int64_t K = g.C * g.kh * g.kw, cols = (r1 - r0) * g.OW;
-  for (int64_t row = 0; row < K; ++row) {
-    const int64_t j = row % g.kw, i = (row / g.kw) % g.kh, c = row / (g.kw * g.kh);
-    const T* plane = x_n + c * g.H * g.W;
-    // Valid output columns: 0 <= ow*sw - pw + j < W.
-    const int64_t lo = std::clamp<int64_t>((g.pw - j + g.sw - 1) / g.sw, 0, g.OW);
-    const int64_t hi = std::clamp<int64_t>((g.W + g.pw - j + g.sw - 1) / g.sw, lo, g.OW);
-    T* out = col + row * cols;
-    for (int64_t oh = r0; oh < r1; ++oh, out += g.OW) {
-      const int64_t ih = oh * g.sh - g.ph + i;
-      if (ih < 0 || ih >= g.H) {
-        std::fill(out, out + g.OW, T(0));
-        continue;
-      }
-      const T* src = plane + ih * g.W - g.pw + j;
-      std::fill(out, out + lo, T(0));
-      copy_row(out, src, lo, hi, g.sw);
-      std::fill(out + hi, out + g.OW, T(0));
-    }
-  }
+  for (int64_t row = 0; row < K; ++row) im2col_row(x_n, row, r0, r1, g, col + row * cols);
 }
 
 // dx_n += col2im(dcol) for output rows [r0, r1).
 template <class T>
 void col2im_band_add(const T* dcol, int64_t r0, int64_t r1, const ConvGeometry& g, T* dx_n) {
   const int64_t K = g.C * g.kh * g.kw, cols = (r1 - r0) * g.OW;
-  for (int64_t row = 0; row < K; ++row) {
-    const int64_t j = row % g.kw, i = (row / g.kw) % g.kh, c = row / (g.kw * g.kh);
-    T* plane = dx_n + c * g.H * g.W;
-    const int64_t lo = std::clamp<int64_t>((g.pw - j + g.sw - 1) / g.sw, 0, g.OW);
-    const int64_t hi = std::clamp<int64_t>((g.W + g.pw - j + g.sw - 1) / g.sw, lo, g.OW);
-    const T* in = dcol + row * cols;
-    for (int64_t oh = r0; oh < r1; ++oh, in += g.OW) {
-      const int64_t ih = oh * g.sh - g.ph + i;
-      if (ih < 0 || ih >= g.H) continue;
-      T* dst = plane + ih * g.W - g.pw + j;
-      add_row(dst, in, lo, hi, g.sw);
-    }
-  }
+  for (int64_t row = 0; row < K; ++row) col2im_row_add(dcol + row * cols, row, r0, r1, g, dx_n);
 }
 
 // ---- banded strategy -----------------------------------------------------------------
@@ -240,52 +246,23 @@ int64_t group_size(const ConvGeometry& g) {
 // col[K, gs*HW] from samples [n0, n0+gs), one output plane after another.
 template <class T>
 void im2col_group(const T* x, int64_t n0, int64_t gs, const ConvGeometry& g, T* col) {
-  const int64_t K = g.C * g.kh * g.kw, HW = g.OH * g.OW, cols = gs * HW;
+  const int64_t K = g.C * g.kh * g.kw, HW = g.OH * g.OW, CHW = g.C * g.H * g.W;
 #pragma omp parallel for schedule(static)
-  for (int64_t row = 0; row < K; ++row) {
-    const int64_t j = row % g.kw, i = (row / g.kw) % g.kh, c = row / (g.kw * g.kh);
-    const int64_t lo = std::clamp<int64_t>((g.pw - j + g.sw - 1) / g.sw, 0, g.OW);
-    const int64_t hi = std::clamp<int64_t>((g.W + g.pw - j + g.sw - 1) / g.sw, lo, g.OW);
-    for (int64_t s = 0; s < gs; ++s) {
-      const T* plane = x + ((n0 + s) * g.C + c) * g.H * g.W;
-      T* out = col + row * cols + s * HW;
-      for (int64_t oh = 0; oh < g.OH; ++oh, out += g.OW) {
-        const int64_t ih = oh * g.sh - g.ph + i;
-        if (ih < 0 || ih >= g.H) {
-          std::fill(out, out + g.OW, T(0));
-          continue;
-        }
-        const T* src = plane + ih * g.W - g.pw + j;
-        std::fill(out, out + lo, T(0));
-        copy_row(out, src, lo, hi, g.sw);
-        std::fill(out + hi, out + g.OW, T(0));
-      }
-    }
-  }
+  for (int64_t row = 0; row < K; ++row)
+    for (int64_t s = 0; s < gs; ++s)
+      im2col_row(x + (n0 + s) * CHW, row, 0, g.OH, g, col + row * gs * HW + s * HW);
 }
 
-// dx[samples n0..) += col2im(dcol). Each thread owns whole input channels: no races.
+// dx[samples n0..) += col2im(dcol). Each thread owns whole input channels (the kh*kw rows of
+// channel c write only channel c): no races.
 template <class T>
 void col2im_group_add(const T* dcol, int64_t n0, int64_t gs, const ConvGeometry& g, T* dx) {
-  const int64_t HW = g.OH * g.OW, cols = gs * HW;
+  const int64_t HW = g.OH * g.OW, CHW = g.C * g.H * g.W, per_channel = g.kh * g.kw;
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < g.C; ++c)
-    for (int64_t i = 0; i < g.kh; ++i)
-      for (int64_t j = 0; j < g.kw; ++j) {
-        const int64_t row = (c * g.kh + i) * g.kw + j;
-        const int64_t lo = std::clamp<int64_t>((g.pw - j + g.sw - 1) / g.sw, 0, g.OW);
-        const int64_t hi = std::clamp<int64_t>((g.W + g.pw - j + g.sw - 1) / g.sw, lo, g.OW);
-        for (int64_t s = 0; s < gs; ++s) {
-          T* plane = dx + ((n0 + s) * g.C + c) * g.H * g.W;
-          const T* in = dcol + row * cols + s * HW;
-          for (int64_t oh = 0; oh < g.OH; ++oh, in += g.OW) {
-            const int64_t ih = oh * g.sh - g.ph + i;
-            if (ih < 0 || ih >= g.H) continue;
-            T* dst = plane + ih * g.W - g.pw + j;
-            add_row(dst, in, lo, hi, g.sw);
-          }
-        }
-      }
+    for (int64_t row = c * per_channel; row < (c + 1) * per_channel; ++row)
+      for (int64_t s = 0; s < gs; ++s)
+        col2im_row_add(dcol + row * gs * HW + s * HW, row, 0, g.OH, g, dx + (n0 + s) * CHW);
 }
 
 // tmp[O, gs*HW] <-> y[n0+s][O][HW]
