@@ -11,6 +11,7 @@
 #include "engine/cuda_api.h"
 #include "engine/data.h"
 #include "engine/metrics.h"
+#include "engine/profiler.h"
 #include "engine/optim.h"
 #include "engine/tape.h"
 #include "models/unet.h"
@@ -279,6 +280,10 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
       << "\n";
   out.flush();
 
+  if (!cfg.profile.empty()) {
+    Profiler::reset();
+    Profiler::enable(true);
+  }
   const int64_t steps = (per_rank + cfg.batch_size - 1) / cfg.batch_size;
   const int64_t epoch_samples = per_rank * N;
   for (int epoch = 1; epoch <= cfg.epochs; ++epoch) {
@@ -394,6 +399,12 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
     if (on_epoch) on_epoch(st);
   }
 
+  if (!cfg.profile.empty()) {
+    Profiler::enable(false);
+    out << "\nprofile (" << Profiler::records().size() << " ranges; trace in " << cfg.profile
+        << "):\n" << Profiler::summary() << "\n";
+    Profiler::write_trace(cfg.profile);
+  }
   double sum = 0, sq = 0;
   for (const auto& e : result.epochs) sum += e.seconds;
   result.mean_epoch_seconds = sum / result.epochs.size();

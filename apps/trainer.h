@@ -40,6 +40,9 @@ struct TrainConfig {
   std::string split = "layer3";
   int split_size = 0;              // 0: the whole batch in one micro-batch
   std::string schedule = "gpipe";  // gpipe | 1f1b
+  // Non-empty: profile every op and block, print the per-op/per-block tables at the end and
+  // write a Chrome/Perfetto trace to this file.
+  std::string profile;
 };
 
 // Throws unetcu::Error with a clear message for a bad configuration.

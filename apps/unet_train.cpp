@@ -80,6 +80,11 @@ int main(int argc, char** argv) {
   app.add_flag("--sync-bn", cfg.sync_bn,
                "--mode dp: batch-norm statistics over all replicas, so N x b "
                "trains as one batch of N*b");
+  app.add_option("--profile", cfg.profile,
+                 "Time every op and block (forward and backward, with FLOPs and bytes), print "
+                 "the per-op and per-block tables at the end and write a Chrome/Perfetto trace "
+                 "(one track per device thread: compute, communication) to this JSON file. On a "
+                 "GPU the times are queueing times unless UNETCU_CUDA_SYNC=1");
   app.add_flag("--no-tf32", no_tf32,
                "CUDA: keep cuDNN convolutions in full float32 (by default they may use TF32 "
                "tensor cores, as PyTorch does)");

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "engine/profiler.h"
 #include "kernels/launchers.h"
 
 namespace unetcu {
@@ -35,6 +36,9 @@ Adam::Adam(std::vector<Tensor> params, const AdamOptions& opt)
 }
 
 void Adam::step() {
+  double n = 0, bytes = 0;
+  for (const Tensor& p : params_) n += double(p.numel()), bytes += 7.0 * double(p.nbytes());
+  ProfileRange range("adam", "op", 12 * n, bytes);
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor g = params_[i].grad();
     if (!g.defined()) continue;
@@ -60,6 +64,9 @@ SGD::SGD(std::vector<Tensor> params, const SgdOptions& opt)
 }
 
 void SGD::step() {
+  double n = 0, bytes = 0;
+  for (const Tensor& p : params_) n += double(p.numel()), bytes += 5.0 * double(p.nbytes());
+  ProfileRange range("sgd", "op", 5 * n, bytes);
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor g = params_[i].grad();
     if (!g.defined()) continue;

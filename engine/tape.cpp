@@ -1,5 +1,7 @@
 #include "engine/tape.h"
 
+#include "engine/profiler.h"
+
 #include <atomic>
 
 #include "kernels/launchers.h"
@@ -37,7 +39,7 @@ bool Tape::should_record(const std::vector<Tensor>& inputs) {
 }
 
 void Tape::record(const char* name, const std::vector<Tensor>& inputs,
-                  const std::vector<Tensor>& outputs, BackwardFn backward) {
+                  const std::vector<Tensor>& outputs, BackwardFn backward, OpCost cost) {
   Tape* tape = g_current_tape;
   UNETCU_CHECK(tape != nullptr, "Tape::record(", name, ") without an active tape");
   Node node;
@@ -65,6 +67,8 @@ void Tape::record(const char* name, const std::vector<Tensor>& inputs,
   node.dtype = outputs.at(0).dtype();
   node.device = outputs.at(0).device();
   node.backward = std::move(backward);
+  node.cost = cost;
+  if (Profiler::enabled()) node.block = BlockScope::current();
   tape->nodes_.push_back(std::move(node));
 }
 
@@ -154,7 +158,14 @@ void Tape::backward(const std::vector<Tensor>& outputs, const std::vector<Tensor
       for (size_t i = 0; i < ctx.grad_outputs_.size(); ++i)
         if (!ctx.grad_outputs_[i].defined())
           ctx.grad_outputs_[i] = Tensor::zeros(node->output_shapes[i], node->dtype, node->device);
-      node->backward(ctx);
+      if (Profiler::enabled()) {
+        BlockScope block(node->block);
+        ProfileRange range(std::string(node->name) + ".backward", "backward", node->cost.flops,
+                           node->cost.bytes);
+        node->backward(ctx);
+      } else {
+        node->backward(ctx);
+      }
     }
     for (uint64_t id : node->output_ids) grads_.erase(id);
     node->backward = nullptr;  // frees the saved activations as soon as they are used

@@ -55,6 +55,11 @@ class BackwardContext {
 
 using BackwardFn = std::function<void(BackwardContext&)>;
 
+// What an op's backward costs, for the profiler (0 when unknown).
+struct OpCost {
+  double flops = 0, bytes = 0;
+};
+
 class Tape {
  public:
   Tape();
@@ -70,7 +75,8 @@ class Tape {
 
   // Appends a node to the current tape, marks outputs as produced here and requiring grad.
   static void record(const char* name, const std::vector<Tensor>& inputs,
-                     const std::vector<Tensor>& outputs, BackwardFn backward);
+                     const std::vector<Tensor>& outputs, BackwardFn backward,
+                     OpCost backward_cost = {});
 
   // Back-propagates d(loss)/d(everything) from a one-element loss.
   void backward(const Tensor& loss);
@@ -100,6 +106,8 @@ class Tape {
     DType dtype;
     Device device;
     BackwardFn backward;
+    OpCost cost;
+    std::string block;  // the model block that made it (profiling)
   };
   void accumulate(uint64_t id, const Tensor& g);
   std::vector<Node> nodes_;

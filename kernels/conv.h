@@ -12,4 +12,11 @@ struct ConvGeometry {
   int kh, kw, sh, sw, ph, pw;
 };
 
+// Floating-point operations of the forward: one multiply and one add per weight per output
+// element, padding positions included (the usual count), plus one add per output for a bias.
+HD double conv2d_flops(const ConvGeometry& g, bool bias) {
+  const double outputs = double(g.N) * g.O * g.OH * g.OW;
+  return 2.0 * outputs * double(g.C) * g.kh * g.kw + (bias ? outputs : 0.0);
+}
+
 }  // namespace unetcu::kernels

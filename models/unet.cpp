@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "engine/profiler.h"
+
 namespace unetcu {
 namespace {
 
@@ -198,6 +200,8 @@ std::vector<Tensor> UNet::forward_all(const Tensor& x) {
   for (const Block& b : blocks_) {
     std::vector<Tensor> in;
     for (int i : b.inputs) in.push_back(i < 0 ? x : outs[i]);
+    BlockScope scope(b.name);
+    ProfileRange range(b.name, "block");
     outs.push_back(b.forward(in));
   }
   return outs;
@@ -214,7 +218,11 @@ Tensor UNet::forward(const Tensor& x) {
   for (size_t b = 0; b < blocks_.size(); ++b) {
     std::vector<Tensor> in;
     for (int i : blocks_[b].inputs) in.push_back(i < 0 ? x : outs[i]);
-    outs[b] = blocks_[b].forward(in);
+    {
+      BlockScope scope(blocks_[b].name);
+      ProfileRange range(blocks_[b].name, "block");
+      outs[b] = blocks_[b].forward(in);
+    }
     for (int i : blocks_[b].inputs)
       if (i >= 0 && last_use[i] == int(b)) outs[i] = Tensor();
   }

@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "engine/device.h"
+#include "engine/profiler.h"
 #include "parallel/communicator.h"
 
 namespace unetcu {
@@ -112,6 +113,8 @@ class CpuRingCommunicator : public Communicator {
       if (!comm_thread_.joinable()) comm_thread_ = std::thread([this] { comm_loop(); });
       queue_.push_back([this, t, op, done]() mutable {
         try {
+          ProfileRange range(g_->algo == AllReduceAlgo::Ring ? "all_reduce ring" : "all_reduce ps",
+                             "comm", 0, double(t.nbytes()));
           all_reduce(t, op);
           done->set_value();
         } catch (...) {
@@ -142,6 +145,7 @@ class CpuRingCommunicator : public Communicator {
   // The rank's communication thread: runs queued collectives in order, one thread budget.
   void comm_loop() {
     set_cpu_threads(1);
+    Profiler::set_thread_track("rank " + std::to_string(rank_) + " comm");
     for (;;) {
       std::function<void()> job;
       {

@@ -129,7 +129,7 @@ DataParallel::DataParallel(const UNetConfig& model_cfg, const DataParallelOption
     }
     replicas_.push_back(std::move(rep));
   }
-  pool_ = std::make_unique<WorkerPool>(options.devices, options_.threads_per_replica);
+  pool_ = std::make_unique<WorkerPool>(options.devices, options_.threads_per_replica, "compute replica");
   // Every replica starts from rank 0's parameters and buffers.
   run([&](int r) {
     for (const StateEntry& e : replicas_[r]->model->state()) {

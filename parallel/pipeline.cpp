@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "engine/profiler.h"
 #include "engine/tape.h"
 
 namespace unetcu {
@@ -106,7 +107,7 @@ Pipeline::Pipeline(const UNetConfig& model_cfg, const PipelineOptions& options,
   }
   if (options_.threads_per_stage <= 0)
     options_.threads_per_stage = std::max(1, omp_get_num_procs() / S);
-  pool_ = std::make_unique<WorkerPool>(options.devices, options_.threads_per_stage);
+  pool_ = std::make_unique<WorkerPool>(options.devices, options_.threads_per_stage, "compute stage");
   for (int s = 0; s < S; ++s)
     streams_.push_back(options.devices[s].is_cuda()
                            ? std::make_unique<cuda::StageStream>(options.devices[s].index)
@@ -246,6 +247,8 @@ double Pipeline::step(const Batch& batch, LossKind loss_kind) {
               in.push_back(copy);
             }
           }
+          BlockScope block_scope(blocks[b].name);
+          ProfileRange range(blocks[b].name, "block");
           me.outputs[int(b)] = blocks[b].forward(in);
         }
         if (s == S - 1)

@@ -10,15 +10,19 @@
 #include <vector>
 
 #include "engine/device.h"
+#include "engine/profiler.h"
 
 namespace unetcu {
 
 class WorkerPool {
  public:
-  WorkerPool(const std::vector<Device>& devices, int threads_per_replica) {
+  // role: names each thread's profiler track, "<device> <role> <rank>".
+  WorkerPool(const std::vector<Device>& devices, int threads_per_replica,
+             const std::string& role = "worker") {
     for (size_t r = 0; r < devices.size(); ++r)
-      threads.emplace_back([this, r, threads_per_replica, d = devices[r]] {
+      threads.emplace_back([this, r, threads_per_replica, role, d = devices[r]] {
         if (d.is_cpu()) set_cpu_threads(threads_per_replica);
+        Profiler::set_thread_track(d.str() + " " + role + " " + std::to_string(r));
         loop(int(r));
       });
   }

@@ -26,6 +26,8 @@ static Tensor batch_norm2d_synced(BatchNormSync* sync, const Tensor& x, const Te
   const int64_t C = x.dim(1);
   const double count = double(x.dim(0) * x.dim(2) * x.dim(3)) * sync->world_size();
   UNETCU_CHECK(count > 1, "batch_norm2d: training needs more than one value per channel");
+  const double n = double(x.numel()), bytes = ops_detail::bytes_of({&x});
+  ProfileRange range("batch_norm2d_sync", "op", 7 * n, 3 * bytes);
   Tensor sums = Tensor::empty({2 * C}, DType::F64, dev);
   UNETCU_LAUNCH(dev, batchnorm_channel_sums, x, sums);
   sync->all_reduce_sum(sums);
@@ -56,7 +58,7 @@ static Tensor batch_norm2d_synced(BatchNormSync* sync, const Tensor& x, const Te
                      UNETCU_LAUNCH(dev, batchnorm_grad_apply, ctx.grad_output(0), x, gamma, mean,
                                    invstd, global, count, gx, bx);
                    }
-                 });
+                 }, OpCost{9 * n, 4 * bytes});
   }
   return y;
 }
@@ -79,6 +81,8 @@ Tensor batch_norm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                running_var, momentum, eps);
   Tensor y = empty_like(x);
   Tensor mean, invstd;
+  const double n = double(x.numel()), bytes = bytes_of({&x, &y});
+  ProfileRange range("batch_norm2d", "op", 7 * n, 1.5 * bytes);
   if (training) {
     UNETCU_CHECK(x.dim(0) * x.dim(2) * x.dim(3) > 1,
                  "batch_norm2d: training needs more than one value per channel, got input ",
@@ -111,7 +115,7 @@ Tensor batch_norm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                        ctx.grad_output(0), x, gamma, mean, invstd, training, eps,
                        gx.defined() ? &gx : nullptr, bx, gg.defined() ? &gg : nullptr, bg,
                        gb.defined() ? &gb : nullptr, bb);
-                 });
+                 }, OpCost{9 * n, 2 * bytes});
   }
   return y;
 }

@@ -32,7 +32,12 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOpt
   g.OH = kernels::window_out_size(g.H, g.kh, g.sh, g.ph, 1);
   g.OW = kernels::window_out_size(g.W, g.kw, g.sw, g.pw, 1);
   Tensor y = Tensor::empty({g.N, g.O, g.OH, g.OW}, x.dtype(), x.device());
-  UNETCU_LAUNCH(x.device(), conv2d_forward, x, w, b, y, g);
+  const double flops = kernels::conv2d_flops(g, b.defined());
+  const double bytes = ops_detail::bytes_of({&x, &w, &b, &y});
+  {
+    ProfileRange range("conv2d", "op", flops, bytes);
+    UNETCU_LAUNCH(x.device(), conv2d_forward, x, w, b, y, g);
+  }
 
   if (Tape::should_record({&x, &w, &b})) {
     // The backward fills all three gradient buffers in one kernel call: they must differ.
@@ -47,7 +52,7 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOpt
       UNETCU_LAUNCH(x.device(), conv2d_backward, ctx.grad_output(0), x, w, gx.defined() ? &gx : nullptr, bx,
                                     gw.defined() ? &gw : nullptr, bw,
                                     gb.defined() ? &gb : nullptr, bb, g);
-    });
+    }, OpCost{2 * flops, 2 * bytes});  // the data and the weight gradient
   }
   return y;
 }

@@ -17,14 +17,18 @@ static void check_loss_inputs(const char* op, const Tensor& logits, const Tensor
 Tensor bce_with_logits(const Tensor& logits, const Tensor& target) {
   check_loss_inputs("bce_with_logits", logits, target);
   Tensor loss = Tensor::empty({}, logits.dtype(), logits.device());
-  UNETCU_LAUNCH(logits.device(), bce_with_logits_forward, logits, target, loss);
+  const double n = double(logits.numel()), bytes = ops_detail::bytes_of({&logits, &target});
+  {
+    ProfileRange range("bce_with_logits", "op", 6 * n, bytes);
+    UNETCU_LAUNCH(logits.device(), bce_with_logits_forward, logits, target, loss);
+  }
   if (Tape::should_record({&logits})) {
     Tape::record("bce_with_logits", {logits}, {loss}, [logits, target](BackwardContext& ctx) {
       double beta;
       Tensor gx = ctx.grad_input(0, &beta);
       UNETCU_LAUNCH(logits.device(), bce_with_logits_backward, logits, target, ctx.grad_output(0),
                     gx, beta);
-    });
+    }, OpCost{5 * n, 1.5 * bytes});
   }
   return loss;
 }
@@ -32,10 +36,14 @@ Tensor bce_with_logits(const Tensor& logits, const Tensor& target) {
 Tensor dice_loss(const Tensor& logits, const Tensor& target, double smooth) {
   check_loss_inputs("dice_loss", logits, target);
   UNETCU_CHECK(smooth >= 0, "dice_loss: smooth must be >= 0");
+  const double n = double(logits.numel()), bytes = ops_detail::bytes_of({&logits, &target});
   Tensor sums = Tensor::empty({3}, DType::F64, logits.device());
-  UNETCU_LAUNCH(logits.device(), dice_sums, logits, target, sums);
   Tensor loss = Tensor::empty({}, logits.dtype(), logits.device());
-  UNETCU_LAUNCH(logits.device(), dice_loss_from_sums, sums, smooth, loss);
+  {
+    ProfileRange range("dice_loss", "op", 7 * n, bytes);
+    UNETCU_LAUNCH(logits.device(), dice_sums, logits, target, sums);
+    UNETCU_LAUNCH(logits.device(), dice_loss_from_sums, sums, smooth, loss);
+  }
   if (Tape::should_record({&logits})) {
     Tape::record("dice_loss", {logits}, {loss},
                  [logits, target, sums, smooth](BackwardContext& ctx) {
@@ -43,7 +51,7 @@ Tensor dice_loss(const Tensor& logits, const Tensor& target, double smooth) {
                    Tensor gx = ctx.grad_input(0, &beta);
                    UNETCU_LAUNCH(logits.device(), dice_backward, logits, target, sums, smooth,
                                  ctx.grad_output(0), gx, beta);
-                 });
+                 }, OpCost{10 * n, 1.5 * bytes});
   }
   return loss;
 }

@@ -1,5 +1,6 @@
 // Helpers shared by the op glue in engine/ops/*.cpp.
 #pragma once
+#include "engine/profiler.h"
 #include "engine/tape.h"
 #include "engine/tensor.h"
 
@@ -14,5 +15,13 @@ inline void check_backend(const char* op, const Tensor& t) {
 }
 
 inline Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), t.dtype(), t.device()); }
+
+// Bytes of tensors, for the profiler's bytes-moved figures.
+inline double bytes_of(std::initializer_list<const Tensor*> ts) {
+  double b = 0;
+  for (const Tensor* t : ts)
+    if (t && t->defined()) b += double(t->nbytes());
+  return b;
+}
 
 }  // namespace unetcu::ops_detail

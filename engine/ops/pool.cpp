@@ -23,13 +23,17 @@ Tensor max_pool2d(const Tensor& x, const Pool2dOptions& opt) {
   g.OH = kernels::window_out_size(g.H, g.kh, g.sh, g.ph, 1);
   g.OW = kernels::window_out_size(g.W, g.kw, g.sw, g.pw, 1);
   Tensor y = Tensor::empty({x.dim(0), x.dim(1), g.OH, g.OW}, x.dtype(), x.device());
-  UNETCU_LAUNCH(x.device(), maxpool_forward, x, y, g);
+  const double flops = double(y.numel()) * g.kh * g.kw, bytes = ops_detail::bytes_of({&x, &y});
+  {
+    ProfileRange range("max_pool2d", "op", flops, bytes);
+    UNETCU_LAUNCH(x.device(), maxpool_forward, x, y, g);
+  }
   if (Tape::should_record({&x})) {
     Tape::record("max_pool2d", {x}, {y}, [x, g](BackwardContext& ctx) {
       double beta;
       Tensor gx = ctx.grad_input(0, &beta);
       UNETCU_LAUNCH(x.device(), maxpool_backward, ctx.grad_output(0), x, gx, beta, g);
-    });
+    }, OpCost{flops, 2 * bytes});
   }
   return y;
 }

@@ -9,13 +9,17 @@ Tensor upsample_nearest2x(const Tensor& x) {
   ops_detail::check_backend("upsample_nearest2x", x);
   check_ndim("upsample_nearest2x", x, 4, "input");
   Tensor y = Tensor::empty({x.dim(0), x.dim(1), 2 * x.dim(2), 2 * x.dim(3)}, x.dtype(), x.device());
-  UNETCU_LAUNCH(x.device(), upsample2x_forward, x, y);
+  const double bytes = ops_detail::bytes_of({&x, &y});
+  {
+    ProfileRange range("upsample_nearest2x", "op", 0, bytes);
+    UNETCU_LAUNCH(x.device(), upsample2x_forward, x, y);
+  }
   if (Tape::should_record({&x})) {
     Tape::record("upsample_nearest2x", {x}, {y}, [](BackwardContext& ctx) {
       double beta;
       Tensor gx = ctx.grad_input(0, &beta);
       UNETCU_LAUNCH(gx.device(), upsample2x_backward, ctx.grad_output(0), gx, beta);
-    });
+    }, OpCost{3.0 * double(x.numel()), bytes});
   }
   return y;
 }
@@ -36,6 +40,8 @@ Tensor concat_channels(const std::vector<Tensor>& xs) {
   Tensor y = Tensor::empty({x0.dim(0), C, x0.dim(2), x0.dim(3)}, x0.dtype(), x0.device());
   std::vector<int64_t> offsets;
   int64_t off = 0;
+  const double bytes = 2 * ops_detail::bytes_of({&y});
+  ProfileRange range("concat_channels", "op", 0, bytes);
   for (const Tensor& x : xs) {
     offsets.push_back(off);
     UNETCU_LAUNCH(x.device(), concat_forward_part, x, y, off);
@@ -49,7 +55,7 @@ Tensor concat_channels(const std::vector<Tensor>& xs) {
         Tensor g = ctx.grad_input(int(i), &beta);
         UNETCU_LAUNCH(g.device(), concat_backward_part, ctx.grad_output(0), g, offsets[i], beta);
       }
-    });
+    }, OpCost{0, bytes});
   }
   return y;
 }

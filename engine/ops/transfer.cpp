@@ -7,7 +7,11 @@ namespace unetcu {
 
 Tensor to_device(const Tensor& x, Device device) {
   UNETCU_CHECK(x.defined(), "to_device: undefined tensor");
-  Tensor y = x.to(device);
+  Tensor y;
+  {
+    ProfileRange range("to_device", "op", 0, double(x.nbytes()));
+    y = x.to(device);
+  }
   if (Tape::should_record({&x})) {
     const Device from = x.device();
     Tape::record("to_device", {x}, {y}, [from](BackwardContext& ctx) {
@@ -19,7 +23,7 @@ Tensor to_device(const Tensor& x, Device device) {
         Tensor moved = ctx.grad_output(0).to(from);
         UNETCU_LAUNCH(from, axpby, gx, 1.0, moved, 1.0);
       }
-    });
+    }, OpCost{0, double(x.nbytes())});
   }
   return y;
 }
