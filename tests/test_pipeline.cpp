@@ -4,6 +4,7 @@
 #include "engine/tape.h"
 #include "models/unet.h"
 #include "parallel/pipeline.h"
+#include "parallel/perf_model.h"
 #include "parallel/split_search.h"
 #include "testing.h"
 
@@ -211,4 +212,41 @@ TEST_CASE("the split search picks the cut a brute-force timing of every cut pick
         predict_step(blocks, {4}, batch, 2, Schedule::OneFOneB, free_link));
   CHECK(plans_table(rank_plans(blocks, batch, {2, 4}, Schedule::GPipe, free_link), blocks).find("**") !=
         std::string::npos);
+}
+
+TEST_CASE("performance model: ring all-reduce time and the GPipe bubble, exactly") {
+  LinkModel link;
+  link.bandwidth = 10e9;
+  link.latency = 5e-6;
+  for (int n : {2, 3, 4, 8}) {
+    const double S = 97.7e6;
+    CHECK(allreduce_seconds(S, n, AllReduceAlgo::Ring, link) ==
+          doctest::Approx(2.0 * (n - 1) / n * S / link.bandwidth + 2.0 * (n - 1) * link.latency).epsilon(1e-15));
+    CHECK(allreduce_seconds(S, n, AllReduceAlgo::ParameterServer, link) ==
+          doctest::Approx(2.0 * (n - 1) * S / link.bandwidth + 2 * link.latency).epsilon(1e-15));
+  }
+  CHECK(allreduce_seconds(1e6, 1, AllReduceAlgo::Ring, link) == 0);
+  // S equal stages of one block each, free transfers: GPipe idles (S-1)/(M+S-1) of the time.
+  LinkModel free_link;
+  free_link.latency = 0;
+  free_link.bandwidth = 1e300;
+  for (int S : {2, 3, 4})
+    for (int M : {1, 2, 5, 8}) {
+      std::vector<BlockProfile> blocks;
+      for (int k = 0; k < S; ++k) blocks.push_back({"b" + std::to_string(k), {k - 1}, 1e-3, 2e-3, 0});
+      std::vector<int> cuts;
+      for (int k = 1; k < S; ++k) cuts.push_back(k);
+      const double t = predict_step(blocks, cuts, M, 1, Schedule::GPipe, free_link);
+      const double busy = M * 3e-3;  // one stage's work
+      CAPTURE(S);
+      CAPTURE(M);
+      CHECK(1 - busy / t == doctest::Approx(double(S - 1) / (M + S - 1)).epsilon(1e-12));
+    }
+  // DP with one replica costs what one device costs; a loader cap binds every method.
+  const auto blocks = flop_derived_profile(256, 5e12);
+  CHECK(predict_dp(blocks, 1e8, 1, 8, AllReduceAlgo::Ring, link).speedup == doctest::Approx(1.0));
+  CHECK(predict_dp(blocks, 1e8, 4, 8, AllReduceAlgo::Ring, link, 25e6, 10.0).speedup ==
+        doctest::Approx(1.0).epsilon(1e-9));
+  CHECK(link_by_name("pcie3").bandwidth > 1e9);
+  CHECK_THROWS_WITH(link_by_name("carrier pigeon"), doctest::Contains("unknown link"));
 }

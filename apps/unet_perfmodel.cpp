@@ -1,0 +1,55 @@
+// unet_perfmodel: the performance model of data and model parallelism for UNet-ResNet34
+// (parallel/perf_model.h) on N = 2, 4, 8 devices, and the article's setting held against the
+// article's measured speedups.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <iostream>
+
+#include "parallel/perf_model.h"
+
+using namespace unetcu;
+
+int main(int argc, char** argv) {
+  std::string link_name = "pcie3";
+  double tflops = 9.06, efficiency = 0.5, loader = 0;
+  int image = 512, dp_batch = 14, mp_batch = 30, mp_split = 6;
+  CLI::App app{"unet_perfmodel: predicted DP and MP step times and speedups of UNet-ResNet34"};
+  app.add_option("--link", link_name, "pcie3, pcie4, pcie5, nvlink4, or \"<GB/s>,<latency us>\"")->capture_default_str();
+  app.add_option("--gpu-tflops", tflops,
+                 "Peak float32 TFLOP/s of one device (9.06: RTX 2070 SUPER, the article's GPU)")
+      ->capture_default_str();
+  app.add_option("--efficiency", efficiency,
+                 "Fraction of that peak the layers reach (an assumption: cuDNN float32 convs "
+                 "on large planes)")
+      ->capture_default_str();
+  app.add_option("--image-size", image, "Image size")->capture_default_str();
+  app.add_option("--dp-batch", dp_batch, "Batch per replica (the article: 14)")->capture_default_str();
+  app.add_option("--mp-batch", mp_batch, "MP batch (the article: 30)")->capture_default_str();
+  app.add_option("--mp-split", mp_split, "The article's MP split_size (6)")->capture_default_str();
+  app.add_option("--loader-rate", loader, "Images/s the host can deliver (0: unlimited)")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    UNETCU_CHECK(tflops > 0 && efficiency > 0 && efficiency <= 1, "bad --gpu-tflops or --efficiency");
+    const LinkModel link = link_by_name(link_name);
+    const auto blocks = flop_derived_profile(image, tflops * 1e12 * efficiency);
+    const double param_bytes = 24436369.0 * 4;
+    std::printf("UNet-ResNet34 at %dx%d, per-block times from FLOPs at %.2f TFLOP/s x %.2f, link %s "
+                "(%.1f GB/s, %.0f us), loader %s\n\n",
+                image, image, tflops, efficiency, link_name.c_str(), link.bandwidth / 1e9,
+                link.latency * 1e6, loader > 0 ? (std::to_string(int(loader)) + " img/s").c_str() : "unlimited");
+    std::cout << perf_model_report(blocks, param_bytes, dp_batch, mp_batch, link, loader) << "\n";
+    const auto dp = predict_dp(blocks, param_bytes, 2, dp_batch, AllReduceAlgo::Ring, link, 25e6, loader);
+    const double mp_t = std::max(predict_step(blocks, {4}, mp_batch, mp_split, Schedule::GPipe, link),
+                                 loader > 0 ? mp_batch / loader : 0.0);
+    const double single_mp = std::max(single_step_seconds(blocks, mp_batch), loader > 0 ? mp_batch / loader : 0.0);
+    std::printf("| the article's setting, 2 devices | model | the article (measured) |\n|---|---|---|\n");
+    std::printf("| DP, batch %d per GPU, ring | %.2fx | ~1.30x |\n", dp_batch, dp.speedup);
+    std::printf("| MP, batch %d, split_size %d, cut after layer3, GPipe | %.2fx | ~1.04x |\n", mp_batch,
+                mp_split, single_mp / mp_t);
+  } catch (const std::exception& e) {
+    std::cerr << "unet_perfmodel: error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
