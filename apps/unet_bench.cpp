@@ -1,0 +1,275 @@
+// unet_bench: the article's experiment end to end on the given devices. Single device, data
+// parallelism over all devices (ring and PS all-reduce), model parallelism over two stages for
+// every cut x split_size; prints Table 1 (MP cut x split_size, best in bold) and Table 2 (mean
+// epoch time, std, speedup over one device) as Markdown, and writes them as Markdown, CSV and
+// JSON beside the machine, devices, batch sizes and image size.
+#include <CLI/CLI.hpp>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "bench/bench_util.h"
+#include "engine/cuda_api.h"
+#include "parallel/data_parallel.h"
+#include "parallel/pipeline.h"
+#include "parallel/split_search.h"
+
+using namespace unetcu;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+struct Row {
+  std::string method;
+  std::vector<double> epochs;
+  double mean() const {
+    double s = 0;
+    for (double e : epochs) s += e;
+    return s / double(epochs.size());
+  }
+  double stddev() const {
+    if (epochs.size() < 2) return 0;
+    double m = mean(), s = 0;
+    for (double e : epochs) s += (e - m) * (e - m);
+    return std::sqrt(s / double(epochs.size() - 1));
+  }
+};
+
+// Runs `warmup` steps, then `epochs` epochs of `steps` steps each; returns the epoch times.
+std::vector<double> time_epochs(const std::function<void()>& step, int warmup, int epochs, int steps) {
+  for (int i = 0; i < warmup; ++i) step();
+  std::vector<double> out;
+  for (int e = 0; e < epochs; ++e) {
+    const auto t0 = Clock::now();
+    for (int s = 0; s < steps; ++s) step();
+    out.push_back(since(t0));
+  }
+  return out;
+}
+
+std::string machine_description(const std::vector<Device>& devices) {
+  std::string cpu = "unknown CPU";
+  std::ifstream info("/proc/cpuinfo");
+  for (std::string line; std::getline(info, line);)
+    if (line.rfind("model name", 0) == 0) {
+      cpu = line.substr(line.find(':') + 2);
+      break;
+    }
+  std::string d;
+  for (const Device& dev : devices)
+    d += (d.empty() ? "" : ", ") + dev.str() + (dev.is_cuda() ? " (" + cuda::device_name(dev.index) + ")" : "");
+  return cpu + ", " + std::to_string(sysconf(_SC_NPROCESSORS_ONLN)) + " cores; devices " + d;
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    f << text;
+    if (!f) throw Error("cannot write '" + path + "'");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw Error("cannot write '" + path + "'");
+}
+
+std::string json_str(const std::string& s) {
+  std::string o = "\"";
+  for (char c : s) o += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
+  return o + "\"";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string devices_s = "cpu:0,cpu:1", splits_s, out_dir = "bench_out";
+  int image = 64, batch = 4, mp_batch = 0, epoch_images = 0, epochs = 2, warmup = 1;
+  int width_divisor = 1, threads = 0, mp_steps = 2;
+  CLI::App app{"unet_bench: the article's Table 1 and Table 2 on the given devices"};
+  app.add_option("--devices", devices_s, "Devices, e.g. cpu:0,cpu:1 or cuda:0,cuda:1 (MP uses the first two; one device: two stages on it)")->capture_default_str();
+  app.add_option("--image-size", image, "Image size")->capture_default_str();
+  app.add_option("--batch-size", batch, "Batch of the single device and of each DP replica (the article: 14)")->capture_default_str();
+  app.add_option("--mp-batch", mp_batch, "MP batch (0: batch x devices; the article: 30)")->capture_default_str();
+  app.add_option("--split-sizes", splits_s, "MP split sizes (default 1, 2, 4, ... up to the MP batch)");
+  app.add_option("--epoch-images", epoch_images, "Images per epoch (0: 4 x the DP global batch)")->capture_default_str();
+  app.add_option("--epochs", epochs, "Timed epochs per method")->capture_default_str();
+  app.add_option("--warmup", warmup, "Untimed steps first")->capture_default_str();
+  app.add_option("--mp-steps", mp_steps, "Timed steps per Table 1 cell")->capture_default_str();
+  app.add_option("--width-divisor", width_divisor, "Model width divisor (1: the real model)")->capture_default_str();
+  app.add_option("--threads", threads, "CPU threads per device (0: cores / devices)")->capture_default_str();
+  app.add_option("--out", out_dir, "Folder for table1/table2 .md/.csv and bench.json")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    const std::vector<Device> devices = parse_device_list(devices_s);
+    for (const Device& d : devices) resolve_device(d.str(), nullptr);
+    const int N = int(devices.size());
+    UNETCU_CHECK(batch >= 1 && epochs >= 1 && mp_steps >= 1 && warmup >= 0, "bad sizes");
+    if (mp_batch == 0) mp_batch = batch * N;
+    if (epoch_images == 0) epoch_images = 4 * batch * N;
+    std::vector<int> splits;
+    if (splits_s.empty()) {
+      for (int s = 1; s < mp_batch; s *= 2) splits.push_back(s);
+      splits.push_back(mp_batch);
+    } else {
+      std::stringstream ss(splits_s);
+      for (std::string item; std::getline(ss, item, ',');)
+        if (!item.empty()) splits.push_back(std::stoi(item));
+    }
+    for (int s : splits) UNETCU_CHECK(s >= 1 && s <= mp_batch, "--split-sizes: ", s, " is outside 1..", mp_batch);
+    // Batch norm in training needs more than one value per channel at layer4 ((S/32)² per sample).
+    const int64_t deepest = int64_t(image / 32) * (image / 32);
+    const size_t before = splits.size();
+    splits.erase(std::remove_if(splits.begin(), splits.end(), [&](int s) { return s * deepest < 2; }),
+                 splits.end());
+    if (splits.size() != before)
+      std::printf("split sizes giving batch norm one value per channel at %dx%d are left out\n", image, image);
+    UNETCU_CHECK(!splits.empty(), "no usable split size");
+    UNETCU_CHECK(batch * deepest >= 2, "--batch-size ", batch, " at ", image, "x", image,
+                 " gives batch norm one value per channel");
+    if (threads <= 0) threads = std::max(1, int(sysconf(_SC_NPROCESSORS_ONLN)) / N);
+    if (devices[0].is_cuda()) cuda::set_allow_tf32(true);
+    ::mkdir(out_dir.c_str(), 0755);
+
+    UNetConfig mc;
+    mc.width_divisor = width_divisor;
+    SyntheticSegmentation data(image, 1);
+    const int max_batch = std::max(batch * N, mp_batch);
+    data.enable_cache(max_batch);
+    std::vector<int64_t> idx;
+    for (int i = 0; i < max_batch; ++i) idx.push_back(i);
+    auto batch_of = [&](int lo, int n) {
+      return data.batch(std::vector<int64_t>(idx.begin() + lo, idx.begin() + lo + n));
+    };
+    auto adam = [](std::vector<Tensor> p) { return std::unique_ptr<Optimizer>(new Adam(std::move(p))); };
+    const std::string machine = machine_description(devices);
+    std::printf("machine: %s\nimage %dx%d, width/%d; single and DP batch %d per device, MP batch %d; "
+                "epoch = %d images; %d timed epochs after %d warm-up steps; %d threads per CPU device\n\n",
+                machine.c_str(), image, image, width_divisor, batch, mp_batch, epoch_images, epochs,
+                warmup, threads);
+    std::fflush(stdout);
+
+    std::vector<Row> rows;
+    {  // single device
+      set_cpu_threads(threads);
+      UNetConfig c = mc;
+      c.device = devices[0];
+      UNet model(c);
+      Adam opt(model.parameters());
+      const Batch host = batch_of(0, batch);
+      const Batch b{host.images.to(devices[0]), host.masks.to(devices[0])};
+      auto step = [&] {
+        Tape tape;
+        {
+          TapeScope s(tape);
+          Tensor loss = segmentation_loss(LossKind::BCEDice, model.forward(b.images), b.masks);
+          opt.zero_grad();
+          tape.backward(loss);
+          (void)loss.item();
+        }
+        opt.step();
+      };
+      rows.push_back({"single (" + devices[0].str() + ")", time_epochs(step, warmup, epochs, std::max(1, epoch_images / batch))});
+    }
+    for (AllReduceAlgo algo : {AllReduceAlgo::Ring, AllReduceAlgo::ParameterServer}) {
+      DataParallelOptions o;
+      o.devices = devices;
+      o.algo = algo;
+      o.threads_per_replica = threads;
+      DataParallel dp(mc, o, adam);
+      std::vector<Batch> shards;
+      for (int r = 0; r < N; ++r) shards.push_back(batch_of(r * batch, batch));
+      rows.push_back({std::string("DP ") + (algo == AllReduceAlgo::Ring ? "ring" : "ps") + " (" +
+                          std::to_string(N) + " x " + std::to_string(batch) + ")",
+                      time_epochs([&] { dp.step(shards, LossKind::BCEDice); }, warmup, epochs,
+                                  std::max(1, epoch_images / (batch * N)))});
+    }
+    // Table 1: every two-stage cut x split size, measured.
+    const std::vector<Device> stages = {devices[0], N > 1 ? devices[1] : devices[0]};
+    const Batch mp_b = batch_of(0, mp_batch);
+    UNetConfig probe_cfg;
+    probe_cfg.width_divisor = 64;  // only the block names are read
+    UNet probe(probe_cfg);
+    std::vector<BlockProfile> names;
+    for (const auto& bl : probe.blocks()) names.push_back({bl.name, bl.inputs, 0, 0, 0});
+    std::vector<PlanCandidate> plans;
+    for (int cut = 1; cut < int(probe.blocks().size()); ++cut)
+      for (int split : splits) {
+        PipelineOptions o;
+        o.devices = stages;
+        o.cuts = {cut};
+        o.split_size = split;
+        o.threads_per_stage = threads;
+        Pipeline pipe(mc, o, adam);
+        for (int w = 0; w < warmup; ++w) pipe.step(mp_b, LossKind::BCEDice);
+        std::vector<double> t;
+        for (int s = 0; s < mp_steps; ++s) {
+          const auto t0 = Clock::now();
+          pipe.step(mp_b, LossKind::BCEDice);
+          t.push_back(since(t0));
+        }
+        plans.push_back({{cut}, split, 0, bench::median(t)});
+      }
+    const PlanCandidate* best = &plans[0];
+    for (const auto& p : plans)
+      if (p.measured_s < best->measured_s) best = &p;
+    {
+      PipelineOptions o;
+      o.devices = stages;
+      o.cuts = best->cuts;
+      o.split_size = best->split_size;
+      o.threads_per_stage = threads;
+      Pipeline pipe(mc, o, adam);
+      rows.push_back({"MP best (after " + names[best->cuts[0] - 1].name + ", split " +
+                          std::to_string(best->split_size) + ", batch " + std::to_string(mp_batch) + ")",
+                      time_epochs([&] { pipe.step(mp_b, LossKind::BCEDice); }, warmup, epochs,
+                                  std::max(1, epoch_images / mp_batch))});
+    }
+
+    // Tables, as Markdown, CSV and JSON.
+    const std::string table1 = plans_table(plans, names);
+    std::ostringstream t1csv, t2md, t2csv, json;
+    t1csv << "cut_after,split_size,step_s\n";
+    for (const auto& p : plans) t1csv << names[p.cuts[0] - 1].name << "," << p.split_size << "," << p.measured_s << "\n";
+    const double base = rows[0].mean();
+    t2md << "| method | mean epoch (s) | std (s) | speedup |\n|---|---|---|---|\n";
+    t2csv << "method,mean_epoch_s,std_s,speedup\n";
+    for (const auto& r : rows) {
+      char line[256];
+      std::snprintf(line, sizeof line, "| %s | %.3f | %.3f | %.2f |\n", r.method.c_str(), r.mean(), r.stddev(), base / r.mean());
+      t2md << line;
+      t2csv << "\"" << r.method << "\"," << r.mean() << "," << r.stddev() << "," << base / r.mean() << "\n";
+    }
+    json << "{\n  \"machine\": " << json_str(machine) << ",\n  \"devices\": " << json_str(devices_s)
+         << ",\n  \"image_size\": " << image << ",\n  \"width_divisor\": " << width_divisor
+         << ",\n  \"batch_size\": " << batch << ",\n  \"mp_batch\": " << mp_batch
+         << ",\n  \"epoch_images\": " << epoch_images << ",\n  \"table1\": [";
+    for (size_t i = 0; i < plans.size(); ++i)
+      json << (i ? ", " : "") << "{\"cut_after\": " << json_str(names[plans[i].cuts[0] - 1].name)
+           << ", \"split_size\": " << plans[i].split_size << ", \"step_s\": " << plans[i].measured_s << "}";
+    json << "],\n  \"table2\": [";
+    for (size_t i = 0; i < rows.size(); ++i)
+      json << (i ? ", " : "") << "{\"method\": " << json_str(rows[i].method) << ", \"mean_epoch_s\": "
+           << rows[i].mean() << ", \"std_s\": " << rows[i].stddev() << ", \"speedup\": " << base / rows[i].mean() << "}";
+    json << "]\n}\n";
+    std::printf("Table 1: MP step time (s) for each cut and split_size, batch %d\n\n%s\n", mp_batch, table1.c_str());
+    std::printf("Table 2: epoch time (%d images) and speedup over one device\n\n%s", epoch_images, t2md.str().c_str());
+    write_file(out_dir + "/table1.md", table1);
+    write_file(out_dir + "/table1.csv", t1csv.str());
+    write_file(out_dir + "/table2.md", t2md.str());
+    write_file(out_dir + "/table2.csv", t2csv.str());
+    write_file(out_dir + "/bench.json", json.str());
+    std::printf("\nwritten: %s/{table1,table2}.{md,csv}, %s/bench.json\n", out_dir.c_str(), out_dir.c_str());
+  } catch (const std::exception& e) {
+    std::cerr << "unet_bench: error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

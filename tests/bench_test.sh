@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# unet_bench on 2 CPU devices at a tiny size writes both tables and the files, every cell filled.
+set -u
+bin="$1"
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+fail=0
+if ! "$bin" --devices cpu:0,cpu:1 --image-size 64 --width-divisor 16 --batch-size 2 --epochs 2 \
+     --split-sizes 1,2,4 --out "$out" > "$out/stdout.txt" 2>&1; then
+  echo "FAIL: unet_bench exited non-zero"; cat "$out/stdout.txt"; exit 1
+fi
+for f in table1.md table1.csv table2.md table2.csv bench.json; do
+  [ -s "$out/$f" ] || { echo "FAIL: $f missing or empty"; fail=1; }
+done
+# Table 1: 10 cuts x 3 split sizes, a number in every cell, one bold best.
+rows=$(grep -c '^| encoder\|^| decoder' "$out/table1.md")
+[ "$rows" -eq 10 ] || { echo "FAIL: table1 has $rows cut rows"; fail=1; }
+if grep -E '^\| (encoder|decoder)' "$out/table1.md" | grep -qE '\|\s*\|'; then echo "FAIL: empty cell in table1"; fail=1; fi
+[ "$(grep -o '\*\*' "$out/table1.md" | wc -l)" -eq 2 ] || { echo "FAIL: table1 needs exactly one bold cell"; fail=1; }
+[ "$(tail -n +2 "$out/table1.csv" | grep -cE '^[a-z.0-9]+,[0-9]+,[0-9.e-]+$')" -eq 30 ] || { echo "FAIL: table1.csv rows"; fail=1; }
+# Table 2: single, DP ring, DP ps, MP best, each with mean, std, speedup.
+for m in "single" "DP ring" "DP ps" "MP best"; do
+  grep -qE "^\| $m.*\| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|$" "$out/table2.md" || { echo "FAIL: table2 row '$m'"; fail=1; }
+done
+[ "$(tail -n +2 "$out/table2.csv" | wc -l)" -eq 4 ] || { echo "FAIL: table2.csv rows"; fail=1; }
+grep -q '"machine"' "$out/bench.json" && grep -q '"image_size": 64' "$out/bench.json" || { echo "FAIL: bench.json header"; fail=1; }
+if command -v python3 >/dev/null; then
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert len(d['table1'])==30 and len(d['table2'])==4" \
+    "$out/bench.json" || { echo "FAIL: bench.json"; fail=1; }
+fi
+[ $fail -eq 0 ] && echo "ok: both tables and the files, every cell filled"
+exit $fail
