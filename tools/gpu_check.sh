@@ -8,12 +8,16 @@
 #      the epochs after the first, which finds cuDNN algorithms and draws the data) and peak
 #      device memory; then data parallelism through NCCL with one rank (batch 14), and the
 #      article's MP run: two stages on the one GPU (two streams), cut after layer3, batch 30
-#      in micro-batches of 6, against the single-GPU run on the same batch.
-# Full logs go to $OUT (the device tool sets it; else ./gpu_check_out); a short table is
-# printed last. Run from the repository root with `.deps` carried (tools/gpu_deps.sh).
+#      in micro-batches of 6, against the single-GPU run on the same batch;
+#   5. unet_bench on cuda:0 (Tables 1 and 2 into $OUT/bench), 6. a profiled step with a trace.
+# Logs go to $OUT/gpu_check_logs.tar.gz (the device tool sets OUT; else ./gpu_check_out) and the table to $OUT/table.md;
+# the table is also printed last. Run from the repository root with `.deps` carried (tools/gpu_deps.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT="${OUT:-$PWD/gpu_check_out}"
+# The device tool brings back at most 8 files: the logs are written to $OUT/work and packed
+# into one archive at the end, beside the table.
+OUTROOT="${OUT:-$PWD/gpu_check_out}"
+OUT="$OUTROOT/work"
 mkdir -p "$OUT"
 START=$SECONDS
 declare -a ROWS
@@ -70,7 +74,8 @@ elif [ -x build/unet_train ] && ldd build/unet_train 2>&1 | grep -q "libcudart";
 else
   row "build (sm_90, on this machine)" "FAILED (see build.log), no usable carried build"
   tail -30 "$OUT/build.log"
-  printf '%s\n' "${ROWS[@]}"
+  printf '%s\n' "${ROWS[@]}" | tee "$OUTROOT/table.md"
+  tar czf "$OUTROOT/gpu_check_logs.tar.gz" -C "$OUT" . && rm -rf "$OUT"
   exit 1
 fi
 
@@ -104,8 +109,28 @@ train 14 dp-nccl-1rank --mode dp --devices cuda:0
 train 30 single --device cuda:0
 train 30 mp-2stages-1gpu --mode mp --devices cuda:0,cuda:0 --split layer3 --split-size 6
 
+# ---- 5. the bench on cuda:0 (DP through NCCL with one rank; MP as two stages on the GPU) ----
+if timeout 200 "$B/unet_bench" --devices cuda:0 --image-size 256 --batch-size 8 --mp-batch 16 \
+     --split-sizes 2,4,8,16 --epochs 2 --out "$OUT/bench" > "$OUT/bench.log" 2>&1; then
+  row "unet_bench cuda:0 (256x256)" "$(grep -E '^\| MP best' "$OUT/bench.log" | head -1)"
+else
+  row "unet_bench cuda:0 (256x256)" "FAILED: $(tail -1 "$OUT/bench.log")"
+fi
+# ---- 6. a profiled step: per-op table and trace (kernel-accurate with UNETCU_CUDA_SYNC=1) ----
+if UNETCU_CUDA_SYNC=1 timeout 60 "$B/unet_train" --device cuda:0 --image-size 512 --batch-size 14 \
+     --train-size 28 --val-size 14 --epochs 1 --no-progress --profile "$OUT/trace.json" > "$OUT/profile.log" 2>&1; then
+  row "profile 512x512 batch 14" "$(grep -E '^\| conv2d \|' "$OUT/profile.log" | head -1)"
+else
+  row "profile 512x512 batch 14" "FAILED: $(tail -1 "$OUT/profile.log")"
+fi
+
+{
+  echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(elapsed) in all"
+  printf '| %-34s | %s |\n' "check" "result"
+  printf '|%s|%s|\n' "------------------------------------" "--------"
+  printf '%s\n' "${ROWS[@]}"
+} > "$OUTROOT/table.md"
+tar czf "$OUTROOT/gpu_check_logs.tar.gz" -C "$OUT" . && rm -rf "$OUT"
 echo
-echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(elapsed) in all; logs in $OUT"
-printf '| %-34s | %s |\n' "check" "result"
-printf '|%s|%s|\n' "------------------------------------" "--------"
-printf '%s\n' "${ROWS[@]}"
+cat "$OUTROOT/table.md"
+echo "logs: $OUTROOT/gpu_check_logs.tar.gz"
