@@ -19,6 +19,7 @@
 #include "bench/bench_util.h"
 #include "engine/cuda_api.h"
 #include "parallel/data_parallel.h"
+#include "parallel/perf_model.h"
 #include "parallel/pipeline.h"
 #include "parallel/split_search.h"
 
@@ -32,6 +33,7 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 struct Row {
   std::string method;
   std::vector<double> epochs;
+  double model_speedup = 0;  // the performance model's prediction (parallel/perf_model.h)
   double mean() const {
     double s = 0;
     for (double e : epochs) s += e;
@@ -156,6 +158,23 @@ int main(int argc, char** argv) {
                 warmup, threads);
     std::fflush(stdout);
 
+    // The performance model, from this machine's per-block times on the first device.
+    std::vector<BlockProfile> profile;
+    {
+      set_cpu_threads(threads);
+      UNetConfig c = mc;
+      c.device = devices[0];
+      UNet m(c);
+      m.train();
+      profile = profile_blocks(m, batch_of(0, batch), LossKind::BCEDice, 2);
+    }
+    double param_bytes = 0;
+    {
+      UNetConfig c = mc;
+      UNet m(c);
+      param_bytes = double(m.parameter_count()) * 4;
+    }
+    const LinkModel link{};  // in-process CPU devices: memory copies; GPUs: see unet_perfmodel
     std::vector<Row> rows;
     {  // single device
       set_cpu_threads(threads);
@@ -176,7 +195,7 @@ int main(int argc, char** argv) {
         }
         opt.step();
       };
-      rows.push_back({"single (" + devices[0].str() + ")", time_epochs(step, warmup, epochs, std::max(1, epoch_images / batch))});
+      rows.push_back({"single (" + devices[0].str() + ")", time_epochs(step, warmup, epochs, std::max(1, epoch_images / batch)), 1.0});
     }
     for (AllReduceAlgo algo : {AllReduceAlgo::Ring, AllReduceAlgo::ParameterServer}) {
       DataParallelOptions o;
@@ -189,7 +208,8 @@ int main(int argc, char** argv) {
       rows.push_back({std::string("DP ") + (algo == AllReduceAlgo::Ring ? "ring" : "ps") + " (" +
                           std::to_string(N) + " x " + std::to_string(batch) + ")",
                       time_epochs([&] { dp.step(shards, LossKind::BCEDice); }, warmup, epochs,
-                                  std::max(1, epoch_images / (batch * N)))});
+                                  std::max(1, epoch_images / (batch * N))),
+                      predict_dp(profile, param_bytes, N, batch, algo, link).speedup});
     }
     // Table 1: every two-stage cut x split size, measured.
     const std::vector<Device> stages = {devices[0], N > 1 ? devices[1] : devices[0]};
@@ -230,7 +250,10 @@ int main(int argc, char** argv) {
       rows.push_back({"MP best (after " + names[best->cuts[0] - 1].name + ", split " +
                           std::to_string(best->split_size) + ", batch " + std::to_string(mp_batch) + ")",
                       time_epochs([&] { pipe.step(mp_b, LossKind::BCEDice); }, warmup, epochs,
-                                  std::max(1, epoch_images / mp_batch))});
+                                  std::max(1, epoch_images / mp_batch)),
+                      // per epoch: single's time for the epoch's images over MP's
+                      single_step_seconds(profile, mp_batch) /
+                          predict_step(profile, best->cuts, mp_batch, best->split_size, Schedule::GPipe, link)});
     }
 
     // Tables, as Markdown, CSV and JSON.
@@ -239,13 +262,15 @@ int main(int argc, char** argv) {
     t1csv << "cut_after,split_size,step_s\n";
     for (const auto& p : plans) t1csv << names[p.cuts[0] - 1].name << "," << p.split_size << "," << p.measured_s << "\n";
     const double base = rows[0].mean();
-    t2md << "| method | mean epoch (s) | std (s) | speedup |\n|---|---|---|---|\n";
-    t2csv << "method,mean_epoch_s,std_s,speedup\n";
+    t2md << "| method | mean epoch (s) | std (s) | speedup | model speedup |\n|---|---|---|---|---|\n";
+    t2csv << "method,mean_epoch_s,std_s,speedup,model_speedup\n";
     for (const auto& r : rows) {
       char line[256];
-      std::snprintf(line, sizeof line, "| %s | %.3f | %.3f | %.2f |\n", r.method.c_str(), r.mean(), r.stddev(), base / r.mean());
+      std::snprintf(line, sizeof line, "| %s | %.3f | %.3f | %.2f | %.2f |\n", r.method.c_str(), r.mean(),
+                    r.stddev(), base / r.mean(), r.model_speedup);
       t2md << line;
-      t2csv << "\"" << r.method << "\"," << r.mean() << "," << r.stddev() << "," << base / r.mean() << "\n";
+      t2csv << "\"" << r.method << "\"," << r.mean() << "," << r.stddev() << "," << base / r.mean() << ","
+            << r.model_speedup << "\n";
     }
     json << "{\n  \"machine\": " << json_str(machine) << ",\n  \"devices\": " << json_str(devices_s)
          << ",\n  \"image_size\": " << image << ",\n  \"width_divisor\": " << width_divisor
@@ -257,10 +282,12 @@ int main(int argc, char** argv) {
     json << "],\n  \"table2\": [";
     for (size_t i = 0; i < rows.size(); ++i)
       json << (i ? ", " : "") << "{\"method\": " << json_str(rows[i].method) << ", \"mean_epoch_s\": "
-           << rows[i].mean() << ", \"std_s\": " << rows[i].stddev() << ", \"speedup\": " << base / rows[i].mean() << "}";
+           << rows[i].mean() << ", \"std_s\": " << rows[i].stddev() << ", \"speedup\": " << base / rows[i].mean()
+           << ", \"model_speedup\": " << rows[i].model_speedup << "}";
     json << "]\n}\n";
     std::printf("Table 1: MP step time (s) for each cut and split_size, batch %d\n\n%s\n", mp_batch, table1.c_str());
-    std::printf("Table 2: epoch time (%d images) and speedup over one device\n\n%s", epoch_images, t2md.str().c_str());
+    std::printf("Table 2: epoch time (%d images) and speedup over one device; the model's prediction "
+                "from this machine's per-block times beside it\n\n%s", epoch_images, t2md.str().c_str());
     write_file(out_dir + "/table1.md", table1);
     write_file(out_dir + "/table1.csv", t1csv.str());
     write_file(out_dir + "/table2.md", t2md.str());

@@ -20,7 +20,7 @@ if grep -E '^\| (encoder|decoder)' "$out/table1.md" | grep -qE '\|\s*\|'; then e
 [ "$(tail -n +2 "$out/table1.csv" | grep -cE '^[a-z.0-9]+,[0-9]+,[0-9.e-]+$')" -eq 30 ] || { echo "FAIL: table1.csv rows"; fail=1; }
 # Table 2: single, DP ring, DP ps, MP best, each with mean, std, speedup.
 for m in "single" "DP ring" "DP ps" "MP best"; do
-  grep -qE "^\| $m.*\| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|$" "$out/table2.md" || { echo "FAIL: table2 row '$m'"; fail=1; }
+  grep -qE "^\| $m.*\| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|$" "$out/table2.md" || { echo "FAIL: table2 row '$m'"; fail=1; }
 done
 [ "$(tail -n +2 "$out/table2.csv" | wc -l)" -eq 4 ] || { echo "FAIL: table2.csv rows"; fail=1; }
 grep -q '"machine"' "$out/bench.json" && grep -q '"image_size": 64' "$out/bench.json" || { echo "FAIL: bench.json header"; fail=1; }
