@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "engine/checkpoint.h"
 #include "engine/cuda_api.h"
 #include "engine/data.h"
 #include "engine/metrics.h"
@@ -41,6 +42,8 @@ void validate(const TrainConfig& c) {
                "--mode must be single, dp or mp, got '", c.mode, "'");
   UNETCU_CHECK(c.mode != "single" || c.devices.empty(), "--devices belongs to --mode dp or mp");
   UNETCU_CHECK(c.mode == "dp" || !c.sync_bn, "--sync-bn belongs to --mode dp");
+  UNETCU_CHECK(c.mode == "single" || (c.resume.empty() && c.init_encoder.empty()),
+               "--resume and --init-encoder work with --mode single");
   if (c.mode == "mp") {
     UNETCU_CHECK(!c.devices.empty(), "--mode mp needs --devices (one per stage, e.g. cpu:0,cpu:1)");
     parse_stage_devices(c.devices);
@@ -263,6 +266,17 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
     opt = make_optimizer(single_model->parameters());
   }
   UNet& model = pipe ? pipe->model() : dp ? dp->replica(0) : *single_model;
+  int first_epoch = 1;
+  if (!cfg.init_encoder.empty()) {
+    load_model_state(model, read_safetensors(cfg.init_encoder), cfg.init_encoder, "encoder.");
+    out << "encoder weights from " << cfg.init_encoder << "\n";
+  }
+  if (!cfg.resume.empty()) {
+    first_epoch = load_checkpoint(cfg.resume, model, opt.get()) + 1;
+    out << "resumed from " << cfg.resume << " after epoch " << first_epoch - 1 << "\n";
+    UNETCU_CHECK(first_epoch <= cfg.epochs, "--resume: the checkpoint is from epoch ", first_epoch - 1,
+                 ", nothing left to do with --epochs ", cfg.epochs);
+  }
   TrainResult result;
   result.parameter_count = model.parameter_count();
   const int N = dp ? dp->size() : 1;
@@ -286,7 +300,7 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
   }
   const int64_t steps = (per_rank + cfg.batch_size - 1) / cfg.batch_size;
   const int64_t epoch_samples = per_rank * N;
-  for (int epoch = 1; epoch <= cfg.epochs; ++epoch) {
+  for (int epoch = first_epoch; epoch <= cfg.epochs; ++epoch) {
     EpochStats st;
     st.epoch = epoch;
     if (dp)
@@ -396,6 +410,7 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
     out << "\n";
     out.flush();
     result.epochs.push_back(st);
+    if (!cfg.checkpoint.empty()) save_checkpoint(cfg.checkpoint, model, opt.get(), epoch);
     if (on_epoch) on_epoch(st);
   }
 

@@ -43,6 +43,10 @@ struct TrainConfig {
   // Non-empty: profile every op and block, print the per-op/per-block tables at the end and
   // write a Chrome/Perfetto trace to this file.
   std::string profile;
+  // Checkpoints (safetensors): written after every epoch (the model with SMP's names, and
+  // `<file>.train` with the optimizer state and the epoch); --resume continues a run from one
+  // (bit-exactly: same losses as an uninterrupted run); --init-encoder loads only encoder.*.
+  std::string checkpoint, resume, init_encoder;
 };
 
 // Throws unetcu::Error with a clear message for a bad configuration.

@@ -85,6 +85,16 @@ int main(int argc, char** argv) {
                  "the per-op and per-block tables at the end and write a Chrome/Perfetto trace "
                  "(one track per device thread: compute, communication) to this JSON file. On a "
                  "GPU the times are queueing times unless UNETCU_CUDA_SYNC=1");
+  app.add_option("--checkpoint", cfg.checkpoint,
+                 "Save a checkpoint after every epoch: the model to FILE (safetensors with "
+                 "segmentation_models_pytorch's state_dict names), optimizer state and epoch to "
+                 "FILE.train; written to a temporary file and renamed");
+  app.add_option("--resume", cfg.resume,
+                 "Continue from a checkpoint (model, optimizer, next epoch); with the same flags "
+                 "and seed the losses are those of an uninterrupted run (--mode single)");
+  app.add_option("--init-encoder", cfg.init_encoder,
+                 "Load only the encoder.* entries of a safetensors file, e.g. ImageNet ResNet34 "
+                 "weights exported from torchvision (--mode single)");
   app.add_flag("--no-tf32", no_tf32,
                "CUDA: keep cuDNN convolutions in full float32 (by default they may use TF32 "
                "tensor cores, as PyTorch does)");

@@ -35,6 +35,21 @@ Adam::Adam(std::vector<Tensor> params, const AdamOptions& opt)
   steps_.assign(params_.size(), 0);
 }
 
+std::vector<std::pair<std::string, Tensor>> Adam::state_tensors() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (size_t i = 0; i < m_.size(); ++i) {
+    out.emplace_back("adam.m." + std::to_string(i), m_[i]);
+    out.emplace_back("adam.v." + std::to_string(i), v_[i]);
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, int64_t*>> Adam::state_counters() {
+  std::vector<std::pair<std::string, int64_t*>> out;
+  for (size_t i = 0; i < steps_.size(); ++i) out.emplace_back("adam.step." + std::to_string(i), &steps_[i]);
+  return out;
+}
+
 void Adam::step() {
   double n = 0, bytes = 0;
   for (const Tensor& p : params_) n += double(p.numel()), bytes += 7.0 * double(p.nbytes());
@@ -60,7 +75,20 @@ SGD::SGD(std::vector<Tensor> params, const SgdOptions& opt)
   for (const Tensor& p : params_)
     // Without momentum the buffer is never read or written; the parameter stands in for it.
     buf_.push_back(opt.momentum != 0 ? Tensor::zeros(p.shape(), p.dtype(), p.device()) : p);
-  started_.assign(params_.size(), false);
+  started_.assign(params_.size(), 0);
+}
+
+std::vector<std::pair<std::string, Tensor>> SGD::state_tensors() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  if (opt_.momentum != 0)
+    for (size_t i = 0; i < buf_.size(); ++i) out.emplace_back("sgd.momentum." + std::to_string(i), buf_[i]);
+  return out;
+}
+
+std::vector<std::pair<std::string, int64_t*>> SGD::state_counters() {
+  std::vector<std::pair<std::string, int64_t*>> out;
+  for (size_t i = 0; i < started_.size(); ++i) out.emplace_back("sgd.started." + std::to_string(i), &started_[i]);
+  return out;
 }
 
 void SGD::step() {
@@ -73,7 +101,7 @@ void SGD::step() {
     check_grad(params_[i], g);
     kernels::SgdStep s{lr_, opt_.momentum, opt_.dampening, opt_.weight_decay, opt_.nesterov,
                        !started_[i]};
-    started_[i] = true;
+    started_[i] = 1;
     UNETCU_LAUNCH(params_[i].device(), sgd_update, params_[i], g, buf_[i], s);
   }
 }

@@ -14,6 +14,10 @@ class Optimizer {
   virtual void step() = 0;
   void zero_grad();
   double lr() const { return lr_; }
+  // Everything the optimizer keeps between steps, per parameter index, for checkpoints:
+  // named tensors (moments) and integer counters.
+  virtual std::vector<std::pair<std::string, Tensor>> state_tensors() const = 0;
+  virtual std::vector<std::pair<std::string, int64_t*>> state_counters() = 0;
   void set_lr(double lr) { lr_ = lr; }
   const std::vector<Tensor>& params() const { return params_; }
 
@@ -31,6 +35,8 @@ class Adam : public Optimizer {
  public:
   Adam(std::vector<Tensor> params, const AdamOptions& opt = {});
   void step() override;
+  std::vector<std::pair<std::string, Tensor>> state_tensors() const override;
+  std::vector<std::pair<std::string, int64_t*>> state_counters() override;
 
  private:
   AdamOptions opt_;
@@ -48,11 +54,13 @@ class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> params, const SgdOptions& opt = {});
   void step() override;
+  std::vector<std::pair<std::string, Tensor>> state_tensors() const override;
+  std::vector<std::pair<std::string, int64_t*>> state_counters() override;
 
  private:
   SgdOptions opt_;
   std::vector<Tensor> buf_;
-  std::vector<bool> started_;
+  std::vector<int64_t> started_;  // 0/1 per parameter
 };
 
 }  // namespace unetcu

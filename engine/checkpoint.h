@@ -1,0 +1,53 @@
+// Checkpoints in the safetensors format (the format PyTorch's safetensors package reads):
+// an 8-byte little-endian header length, a JSON header naming each tensor's dtype, shape and
+// byte range, then the raw little-endian data.
+//
+//  - The model file holds the model's state with segmentation_models_pytorch's names (278
+//    entries for Unet('resnet34'): parameters, BN running statistics, num_batches_tracked as
+//    int64 scalars), so `model.load_state_dict(safetensors.torch.load_file(path))` works.
+//  - The training state (optimizer moments and step counts, the next epoch) goes to a second
+//    file, `<path>.train`, so the model file stays a plain state_dict.
+//  - Files are written to `<path>.tmp` and renamed: a crash never leaves half a checkpoint.
+//  - The reader checks everything it reads (header length, JSON, dtypes, shapes, byte ranges
+//    within the file, the names the model expects) and refuses a bad file with a message
+//    naming the file and the problem.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "engine/module.h"
+#include "engine/optim.h"
+
+namespace unetcu {
+
+struct SafeTensor {
+  std::string dtype;  // "F32", "F64" or "I64"
+  Shape shape;
+  std::vector<char> data;
+};
+
+using SafeTensors = std::map<std::string, SafeTensor>;
+
+void write_safetensors(const std::string& path, const SafeTensors& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+// Throws unetcu::Error for a missing, truncated or malformed file.
+SafeTensors read_safetensors(const std::string& path,
+                             std::map<std::string, std::string>* metadata = nullptr);
+
+// The model's state (parameters, buffers, counters) as safetensors entries, and back. Loading
+// requires exactly the model's names and shapes (strict, like load_state_dict), unless
+// `prefix` is given: then only entries starting with it are loaded, and all of the model's
+// entries with that prefix must be present.
+SafeTensors model_state(const Module& model);
+void load_model_state(Module& model, const SafeTensors& tensors, const std::string& file,
+                      const std::string& prefix = "");
+
+// Model to `path`, training state (optimizer, epoch) to `path + ".train"`.
+void save_checkpoint(const std::string& path, const Module& model, const Optimizer* optimizer,
+                     int epoch);
+// Returns the epoch stored with the checkpoint (0 when there is no training state file).
+int load_checkpoint(const std::string& path, Module& model, Optimizer* optimizer);
+
+}  // namespace unetcu

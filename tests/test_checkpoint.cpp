@@ -1,0 +1,177 @@
+// Checkpoints: safetensors round trip, bit-exact resume, encoder-only loading, and a reader
+// that refuses truncated, corrupt or lying files with a message instead of reading past them.
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "apps/trainer.h"
+#include "engine/checkpoint.h"
+#include "engine/data.h"
+#include "engine/random.h"
+#include "models/unet.h"
+#include "testing.h"
+
+using namespace unetcu;
+
+namespace {
+
+std::string temp_path(const std::string& name) { return "ckpt_test_" + name + ".safetensors"; }
+
+std::vector<char> slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::vector<char>((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+void spit(const std::string& path, const std::vector<char>& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), std::streamsize(bytes.size()));
+}
+
+UNetConfig small(uint64_t seed) {
+  UNetConfig c;
+  c.width_divisor = 16;
+  c.seed = seed;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: save and load give bit-identical state and outputs, SMP names") {
+  UNet a(small(1)), b(small(2));
+  a.train();
+  SyntheticSegmentation data(64, 1);
+  a.forward(data.batch({0, 1}).images);  // move the BN statistics and counters off their start
+  const std::string path = temp_path("roundtrip");
+  save_checkpoint(path, a, nullptr, 3);
+  CHECK(load_checkpoint(path, b, nullptr) == 3);
+  const auto sa = a.state(), sb = b.state();
+  for (size_t i = 0; i < sa.size(); ++i) {
+    CAPTURE(sa[i].name);
+    if (sa[i].counter)
+      CHECK(*sa[i].counter == *sb[i].counter);
+    else
+      CHECK(std::memcmp(sa[i].tensor.raw(), sb[i].tensor.raw(), sa[i].tensor.nbytes()) == 0);
+  }
+  a.eval(), b.eval();
+  const Tensor x = data.batch({5}).images;
+  CHECK(a.forward(x).to_vector() == b.forward(x).to_vector());
+  const SafeTensors st = read_safetensors(path);
+  CHECK(st.size() == a.state().size());
+  CHECK(st.count("encoder.layer1.0.conv1.weight") == 1);
+  CHECK(st.at("encoder.bn1.num_batches_tracked").dtype == "I64");
+  std::remove(path.c_str());
+  std::remove((path + ".train").c_str());
+}
+
+TEST_CASE("checkpoint: resuming after epoch 1 equals an uninterrupted run, bit for bit") {
+  TrainConfig cfg;
+  cfg.epochs = 2;
+  cfg.train_size = 16;
+  cfg.val_size = 8;
+  cfg.width_divisor = 16;
+  cfg.device = "cpu";
+  cfg.progress = false;
+  std::ostringstream log;
+  cfg.checkpoint = temp_path("whole");
+  const TrainResult whole = train_unet(cfg, log);
+  TrainConfig first = cfg;
+  first.epochs = 1;
+  first.checkpoint = temp_path("first");
+  train_unet(first, log);
+  TrainConfig rest = cfg;
+  rest.resume = first.checkpoint;
+  rest.checkpoint = temp_path("rest");
+  const TrainResult resumed = train_unet(rest, log);
+  REQUIRE(resumed.epochs.size() == 1);
+  CHECK(resumed.epochs[0].epoch == 2);
+  CHECK(resumed.epochs[0].train_loss == whole.epochs[1].train_loss);
+  CHECK(resumed.epochs[0].val_loss == whole.epochs[1].val_loss);
+  CHECK(slurp(cfg.checkpoint) == slurp(rest.checkpoint));
+  CHECK(slurp(cfg.checkpoint + ".train") == slurp(rest.checkpoint + ".train"));
+  for (const auto& p : {cfg.checkpoint, first.checkpoint, rest.checkpoint}) {
+    std::remove(p.c_str());
+    std::remove((p + ".train").c_str());
+  }
+}
+
+TEST_CASE("checkpoint: --init-encoder loads the encoder and nothing else") {
+  UNet src(small(1)), dst(small(2)), ref(small(2));
+  const std::string path = temp_path("encoder");
+  write_safetensors(path, model_state(src));
+  load_model_state(dst, read_safetensors(path), path, "encoder.");
+  const auto s = src.state(), d = dst.state(), r = ref.state();
+  int enc = 0, dec = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (!s[i].tensor.defined()) continue;
+    if (s[i].name.rfind("encoder.", 0) == 0) {
+      CHECK(std::memcmp(s[i].tensor.raw(), d[i].tensor.raw(), s[i].tensor.nbytes()) == 0);
+      ++enc;
+    } else {
+      CHECK(std::memcmp(r[i].tensor.raw(), d[i].tensor.raw(), r[i].tensor.nbytes()) == 0);
+      ++dec;
+    }
+  }
+  CHECK(enc > 100);
+  CHECK(dec > 20);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("checkpoint: bad files are refused with a message, never read out of bounds") {
+  UNet model(small(1));
+  const std::string good = temp_path("good"), badp = temp_path("bad");
+  save_checkpoint(good, model, nullptr, 1);
+  const std::vector<char> bytes = slurp(good);
+  auto refused = [&](const std::vector<char>& b, const char* why) {
+    spit(badp, b);
+    CAPTURE(why);
+    CHECK_THROWS_AS(load_model_state(model, read_safetensors(badp), badp), Error);
+  };
+  // Truncated anywhere.
+  for (size_t cut : {size_t(0), size_t(5), size_t(8), size_t(20), bytes.size() / 3, bytes.size() - 1})
+    refused(std::vector<char>(bytes.begin(), bytes.begin() + std::ptrdiff_t(cut)), "truncated");
+  // A header length pointing past the end.
+  std::vector<char> b = bytes;
+  b[6] = 0x7f;
+  refused(b, "huge header length");
+  // Not JSON.
+  b = bytes;
+  b[8] = '[';
+  b[9] = '}';
+  refused(b, "bad JSON");
+  // Lying headers: rewrite one entry.
+  auto with_header = [&](const std::string& from, const std::string& to) {
+    std::string text(bytes.begin() + 8, bytes.end());
+    const auto pos = text.find(from);
+    REQUIRE(pos != std::string::npos);
+    text.replace(pos, from.size(), to);
+    uint64_t n = 0;
+    for (int i = 0; i < 8; ++i) n |= uint64_t(static_cast<unsigned char>(bytes[i])) << (8 * i);
+    n += to.size() - from.size();
+    std::string all;
+    for (int i = 0; i < 8; ++i) all += char((n >> (8 * i)) & 0xFF);
+    all += text;
+    return std::vector<char>(all.begin(), all.end());
+  };
+  refused(with_header("\"dtype\":\"F32\"", "\"dtype\":\"BF16\""), "unsupported dtype");
+  refused(with_header("\"shape\":[1]", "\"shape\":[2]"), "bytes disagree with the shape");
+  refused(with_header("\"data_offsets\":[0,", "\"data_offsets\":[99999999999,"), "offsets out of range");
+  refused(with_header("encoder.conv1.weight", "encoder.conv1.wheat"), "a name the model lacks");
+  // Random corruption: every outcome is either a load or an Error, never a crash.
+  Rng rng(5);
+  int refusals = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    b = bytes;
+    const int flips = 1 + int(rng.below(4));
+    for (int k = 0; k < flips; ++k) b[size_t(rng.below(int64_t(std::min<size_t>(b.size(), 4096))))] ^= char(1 + rng.below(255));
+    spit(badp, b);
+    try {
+      load_model_state(model, read_safetensors(badp), badp);
+    } catch (const Error&) {
+      ++refusals;
+    }
+  }
+  CHECK(refusals > 0);
+  CHECK_THROWS_WITH(read_safetensors("no_such_file.safetensors"), doctest::Contains("cannot be opened"));
+  for (const auto& p : {good, good + ".train", badp}) std::remove(p.c_str());
+}
