@@ -11,6 +11,7 @@
 #include "engine/checkpoint.h"
 #include "engine/cuda_api.h"
 #include "engine/data.h"
+#include "engine/folder_data.h"
 #include "engine/metrics.h"
 #include "engine/profiler.h"
 #include "engine/optim.h"
@@ -38,6 +39,11 @@ void validate(const TrainConfig& c) {
   UNETCU_CHECK(c.weight_decay >= 0, "--weight-decay must be >= 0");
   UNETCU_CHECK(c.momentum >= 0 && c.momentum < 1, "--momentum must be in [0, 1)");
   UNETCU_CHECK(c.threads >= 0, "--threads must be >= 0");
+  parse_augment(c.augment);
+  UNETCU_CHECK(c.data.empty() || (c.val_fraction > 0 && c.val_fraction < 1) || !c.val_data.empty(),
+               "--val-fraction must be between 0 and 1");
+  UNETCU_CHECK(!c.data.empty() || (c.val_data.empty() && c.data_list.empty()),
+               "--val-data and --data-list need --data");
   UNETCU_CHECK(c.mode == "single" || c.mode == "dp" || c.mode == "mp",
                "--mode must be single, dp or mp, got '", c.mode, "'");
   UNETCU_CHECK(c.mode != "single" || c.devices.empty(), "--devices belongs to --mode dp or mp");
@@ -115,12 +121,12 @@ class Progress {
 // --split auto: profile the blocks on the first stage's device, predict every cut × split
 // size, run the best few for real, print the article's Table 1, return the fastest.
 PipelineOptions search_split(const TrainConfig& cfg, const UNetConfig& mc, PipelineOptions o,
-                             const SyntheticSegmentation& data,
+                             const Dataset& data,
                              const OptimizerFactory& make_optimizer, std::ostream& out) {
   UNETCU_CHECK(o.devices.size() == 2, "--split auto searches two-stage cuts: give two --devices");
   std::vector<int64_t> idx;
   for (int i = 0; i < cfg.batch_size; ++i) idx.push_back(i);
-  const Batch batch = data.batch(idx, cfg.dtype);
+  const Batch batch = make_batch(data, idx, cfg.dtype);
   UNetConfig one = mc;
   one.device = o.devices[0];
   UNet probe(one);
@@ -198,18 +204,53 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
     out << "device: " << device.str() << " (" << note << ")\n";
   }
   if (cfg.threads > 0 && !dp_mode && !mp_mode) set_cpu_threads(cfg.threads);
-  SyntheticSegmentation data(cfg.image_size, cfg.seed);
-  const int64_t total = cfg.train_size + cfg.val_size;
-  const bool cached = double(total) * SyntheticSegmentation::sample_bytes(cfg.image_size) <= kDataCacheBytes;
-  if (cached) data.enable_cache(total);
+  // The data: the embedded synthetic set, or an image folder.
+  std::unique_ptr<SyntheticSegmentation> synthetic;
+  std::unique_ptr<Dataset> train_ds, val_ds;
+  bool cached = false;
+  if (cfg.data.empty()) {
+    synthetic = std::make_unique<SyntheticSegmentation>(cfg.image_size, cfg.seed);
+    const int64_t total = cfg.train_size + cfg.val_size;
+    cached = double(total) * SyntheticSegmentation::sample_bytes(cfg.image_size) <= kDataCacheBytes;
+    if (cached) synthetic->enable_cache(total);
+    train_ds = std::make_unique<SyntheticDataset>(*synthetic, 0, cfg.train_size);
+    val_ds = std::make_unique<SyntheticDataset>(*synthetic, cfg.train_size, cfg.val_size);
+  } else {
+    auto pairs = FolderDataset::scan(cfg.data, cfg.data_list);
+    std::vector<FolderDataset::Pair> train_pairs, val_pairs;
+    if (!cfg.val_data.empty()) {
+      train_pairs = std::move(pairs);
+      val_pairs = FolderDataset::scan(cfg.val_data);
+    } else {
+      split_pairs(pairs, cfg.val_fraction, cfg.seed, &train_pairs, &val_pairs);
+    }
+    train_ds = std::make_unique<FolderDataset>(std::move(train_pairs), cfg.image_size);
+    val_ds = std::make_unique<FolderDataset>(std::move(val_pairs), cfg.image_size);
+    TrainConfig sized = cfg;  // the folder decides the sizes: check them again
+    sized.train_size = train_ds->size();
+    sized.val_size = val_ds->size();
+    sized.data.clear();
+    validate(sized);
+  }
+  const int64_t train_n = train_ds->size(), val_n = val_ds->size();
+  const Augment augment = parse_augment(cfg.augment);
   UNETCU_CHECK(device.is_cpu() || cfg.dtype == DType::F32, "--dtype ", dtype_name(cfg.dtype),
                " is CPU only; ", device.str(), " trains in float32");
   if (device.is_cuda()) cuda::set_allow_tf32(cfg.tf32);
   const bool on_gpu = device.is_cuda();
-  // A batch is made on the host (in pinned memory for a GPU) and uploaded.
-  auto make_batch = [&](const std::vector<int64_t>& idx) {
-    return data.batch(idx, cfg.dtype, Device::cpu(), on_gpu);
+  // A batch is made on the host (in pinned memory for a GPU) and uploaded; training samples
+  // are augmented (seeded by seed, epoch and index), validation samples never.
+  int current_epoch = 0;
+  double load_seconds = 0;  // time spent making batches, per epoch
+  auto timed_batch = [&](const Dataset& ds, const std::vector<int64_t>& idx, bool pinned, Augment aug) {
+    const auto t0 = Clock::now();
+    Batch b = make_batch(ds, idx, cfg.dtype, pinned, aug, cfg.seed, current_epoch);
+    load_seconds += seconds_since(t0);
+    return b;
   };
+  auto train_batch = [&](const std::vector<int64_t>& idx) { return timed_batch(*train_ds, idx, on_gpu, augment); };
+  auto host_train_batch = [&](const std::vector<int64_t>& idx) { return timed_batch(*train_ds, idx, false, augment); };
+  auto val_batch = [&](const std::vector<int64_t>& idx) { return make_batch(*val_ds, idx, cfg.dtype, on_gpu); };
   auto upload = [&](const Batch& host) {
     return on_gpu ? Batch{host.images.to(device), host.masks.to(device)} : host;
   };
@@ -242,7 +283,7 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
     o.schedule = parse_schedule(cfg.schedule);
     o.threads_per_stage = cfg.threads;
     if (cfg.split == "auto") {
-      o = search_split(cfg, mc, o, data, make_optimizer, out);
+      o = search_split(cfg, mc, o, *train_ds, make_optimizer, out);
     } else {
       UNetConfig probe_cfg = mc;
       probe_cfg.device = Device::cpu();
@@ -283,12 +324,13 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
   // Data parallel sampling (DistributedSampler semantics): each epoch's permutation is cut to
   // a multiple of N (the last train_size mod N samples of it are dropped) and rank r takes
   // every N-th sample from position r: disjoint, equally sized shards.
-  const int64_t per_rank = cfg.train_size / N;
+  const int64_t per_rank = train_n / N;
 
   out << "model: Unet(resnet34), " << result.parameter_count << " parameters, width divisor "
       << cfg.width_divisor << ", " << dtype_name(cfg.dtype) << "\n"
-      << "data: synthetic " << cfg.image_size << "x" << cfg.image_size << ", "
-      << cfg.train_size << " train / " << cfg.val_size << " validation"
+      << "data: " << (cfg.data.empty() ? "synthetic" : cfg.data) << " at " << cfg.image_size << "x"
+      << cfg.image_size << ", " << train_n << " train / " << val_n << " validation"
+      << (augment == Augment::None ? "" : ", augment " + cfg.augment)
       << (cached ? " (kept in memory after the first epoch)" : "") << ", batch " << cfg.batch_size
       << ", loss " << loss_kind_name(cfg.loss) << ", " << cfg.optimizer << " lr " << cfg.lr
       << "\n";
@@ -308,7 +350,9 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
     else
       model.train();
     std::vector<int> peak_live;
-    const auto perm = epoch_permutation(cfg.train_size, cfg.seed, epoch);
+    const auto perm = epoch_permutation(train_n, cfg.seed, epoch);
+    current_epoch = epoch;
+    load_seconds = 0;
     // Step s of rank r: its samples [s*b, min((s+1)*b, per_rank)) of the strided shard.
     auto shard_indices = [&](int64_t s, int r) {
       std::vector<int64_t> idx;
@@ -323,7 +367,7 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
     double loss_sum = 0;
     int64_t seen = 0;
     for (int64_t s = 0; s < steps && pipe; ++s) {
-      const Batch b = data.batch(batch_indices(s), cfg.dtype);  // host; stages take their parts
+      const Batch b = host_train_batch(batch_indices(s));  // host; stages take their parts
       const double loss_value = pipe->step(b, cfg.loss);
       UNETCU_CHECK(std::isfinite(loss_value), "loss is not finite (", loss_value, ") at epoch ",
                    epoch, " step ", s + 1, "; lower --lr");
@@ -334,10 +378,10 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
       if (peak_live.empty()) peak_live = live;
       for (size_t i = 0; i < live.size(); ++i) peak_live[i] = std::max(peak_live[i], live[i]);
     }
-    Batch next_host = (dp || pipe) ? Batch{} : make_batch(batch_indices(0));
+    Batch next_host = (dp || pipe) ? Batch{} : train_batch(batch_indices(0));
     for (int64_t s = 0; s < steps && dp; ++s) {
       std::vector<Batch> shards;  // host tensors; each replica uploads its own
-      for (int r = 0; r < N; ++r) shards.push_back(data.batch(shard_indices(s, r), cfg.dtype));
+      for (int r = 0; r < N; ++r) shards.push_back(host_train_batch(shard_indices(s, r)));
       const std::vector<double> losses = dp->step(shards, cfg.loss);
       const double loss_value = losses[0];  // reported from rank 0
       UNETCU_CHECK(std::isfinite(loss_value), "loss is not finite (", loss_value, ") at epoch ",
@@ -361,7 +405,7 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
       }
       opt->step();
       // On a GPU the step above is only queued: make the next batch while it runs.
-      if (s + 1 < steps) next_host = make_batch(batch_indices(s + 1));
+      if (s + 1 < steps) next_host = train_batch(batch_indices(s + 1));
       const double loss_value = loss.item();
       UNETCU_CHECK(std::isfinite(loss_value), "loss is not finite (", loss_value, ") at epoch ",
                    epoch, " step ", s + 1, "; lower --lr");
@@ -370,6 +414,7 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
       bar.update(s + 1, seconds_since(t0), seen);
     }
     st.seconds = seconds_since(t0);
+    st.load_seconds = load_seconds;
     bar.finish();
     st.train_loss = loss_sum / double(per_rank);
     st.images_per_second = double(epoch_samples) / st.seconds;
@@ -378,18 +423,18 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
     model.eval();
     SegmentationCounts counts;
     double val_loss = 0;
-    for (int64_t lo = 0; lo < cfg.val_size; lo += cfg.batch_size) {
-      const int64_t hi = std::min<int64_t>(lo + cfg.batch_size, cfg.val_size);
+    for (int64_t lo = 0; lo < val_n; lo += cfg.batch_size) {
+      const int64_t hi = std::min<int64_t>(lo + cfg.batch_size, val_n);
       std::vector<int64_t> idx;
-      for (int64_t i = lo; i < hi; ++i) idx.push_back(cfg.train_size + i);
-      const Batch host = make_batch(idx);  // alive until the loss below has been read
+      for (int64_t i = lo; i < hi; ++i) idx.push_back(i);
+      const Batch host = val_batch(idx);  // alive until the loss below has been read
       Batch b = upload(host);
       if (pipe && b.masks.device() != device) b.masks = b.masks.to(device);  // the last stage's
       Tensor logits = pipe ? pipe->infer(b.images) : model.forward(b.images);
       val_loss += segmentation_loss(cfg.loss, logits, b.masks).item() * double(hi - lo);
       counts.add(logits, b.masks);
     }
-    st.val_loss = val_loss / double(cfg.val_size);
+    st.val_loss = val_loss / double(val_n);
     st.val_iou = counts.iou();
     st.val_dice = counts.dice();
     if (on_gpu) st.peak_device_bytes = cuda::device_memory_stats(device.index).peak_bytes;
@@ -403,6 +448,11 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
     out << line;
     if (on_gpu) out << "  peak_mem " << std::fixed << std::setprecision(0)
                     << double(st.peak_device_bytes) / (1 << 20) << " MiB" << std::defaultfloat;
+    // The loader: its rate, and how much of the epoch the step waited for it (on the CPU it
+    // makes batches in line; on a GPU the next batch is made while the step runs).
+    out << "  data " << std::fixed << std::setprecision(2) << st.load_seconds << "s ("
+        << std::setprecision(0) << (st.load_seconds > 0 ? double(epoch_samples) / st.load_seconds : 0.0)
+        << " img/s)" << std::defaultfloat;
     if (!peak_live.empty()) {
       out << "  live_micro_batches";
       for (int v : peak_live) out << " " << v;

@@ -47,6 +47,11 @@ struct TrainConfig {
   // `<file>.train` with the optimizer state and the epoch); --resume continues a run from one
   // (bit-exactly: same losses as an uninterrupted run); --init-encoder loads only encoder.*.
   std::string checkpoint, resume, init_encoder;
+  // Real images: DIR/images + DIR/masks (or the article's DIR/img + DIR/masks_machine), an
+  // optional list of names, validation from a second folder or a seeded fraction.
+  std::string data, data_list, val_data;
+  double val_fraction = 0.1;
+  std::string augment = "none";  // none | light | heavy (training samples only)
 };
 
 // Throws unetcu::Error with a clear message for a bad configuration.
@@ -59,6 +64,7 @@ struct EpochStats {
   double val_loss = 0, val_iou = 0, val_dice = 0;
   double images_per_second = 0;
   size_t peak_device_bytes = 0;    // CUDA: peak of the caching allocator during the epoch
+  double load_seconds = 0;         // host time spent decoding/augmenting training batches
 };
 
 struct TrainResult {

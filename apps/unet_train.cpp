@@ -85,6 +85,19 @@ int main(int argc, char** argv) {
                  "the per-op and per-block tables at the end and write a Chrome/Perfetto trace "
                  "(one track per device thread: compute, communication) to this JSON file. On a "
                  "GPU the times are queueing times unless UNETCU_CUDA_SYNC=1");
+  app.add_option("--data", cfg.data,
+                 "Train on images: DIR/images + DIR/masks matched by file stem (or the article's "
+                 "DIR/img + DIR/masks_machine); PNG/JPEG/BMP, masks > 0 are foreground; resized "
+                 "to --image-size. Without it: the synthetic set (--train-size/--val-size)");
+  app.add_option("--data-list", cfg.data_list, "Only the images named in this file (one per line, or a CSV's first column)");
+  app.add_option("--val-data", cfg.val_data, "Validation images from this folder (same layout) instead of a split");
+  app.add_option("--val-fraction", cfg.val_fraction, "Share of --data held out for validation (seeded)")
+      ->capture_default_str();
+  app.add_option("--augment", cfg.augment,
+                 "Training augmentation, the same for image and mask: none, light (flip, "
+                 "brightness/contrast) or heavy (+ vertical flip, scale-crop, rotation)")
+      ->check(CLI::IsMember({"none", "light", "heavy"}))
+      ->capture_default_str();
   app.add_option("--checkpoint", cfg.checkpoint,
                  "Save a checkpoint after every epoch: the model to FILE (safetensors with "
                  "segmentation_models_pytorch's state_dict names), optimizer state and epoch to "

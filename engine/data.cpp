@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "engine/random.h"
 #include "kernels/cpu/parallel.h"
@@ -136,6 +137,21 @@ Batch SyntheticSegmentation::batch(const std::vector<int64_t>& indices, DType dt
     });
   }, 1);
   return out;
+}
+
+void SyntheticSegmentation::sample(int64_t index, float* image, float* mask) const {
+  const size_t plane = size_t(size_) * size_;
+  if (index >= 0 && index < int64_t(cache_.size())) {
+    std::vector<float>& c = cache_[size_t(index)];
+    if (c.empty()) {
+      c.resize(4 * plane);
+      render(index, c.data(), c.data() + 3 * plane);
+    }
+    std::memcpy(image, c.data(), 3 * plane * sizeof(float));
+    std::memcpy(mask, c.data() + 3 * plane, plane * sizeof(float));
+    return;
+  }
+  render(index, image, mask);
 }
 
 void SyntheticSegmentation::enable_cache(int64_t count) {

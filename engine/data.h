@@ -29,6 +29,8 @@ class SyntheticSegmentation {
   // against batch() calls running at the same time for the same index.
   void enable_cache(int64_t count);
   static size_t sample_bytes(int image_size) { return size_t(4) * image_size * image_size * sizeof(float); }
+  // Sample `index` (image in [0, 1], mask), from the cache when it is on.
+  void sample(int64_t index, float* image, float* mask) const;
   // Normalised images and masks of the given sample indices.
   // pinned: page-locked host memory, so the upload to a GPU does not wait (needs CUDA).
   Batch batch(const std::vector<int64_t>& indices, DType dtype = DType::F32,

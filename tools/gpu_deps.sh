@@ -6,8 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh >/dev/null
 rm -rf .deps
-for pkg in libcli11-dev doctest-dev nlohmann-json3-dev; do
+for pkg in libcli11-dev doctest-dev nlohmann-json3-dev libstb-dev; do
   dpkg -L "$pkg" | while read -r f; do
+    case "$f" in *.so*|*.a) continue ;; esac  # headers and CMake files only
     if [ -f "$f" ]; then install -D -m 644 "$f" ".deps$f"; fi
   done
 done

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Writes the synthetic set as an image folder: tools/write_synthetic_dataset.sh DIR [--count N]
+# [--image-size S] [--seed K]. Then: build/unet_train --data DIR.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/setup.sh >/dev/null
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$(nproc)" --target unet_synthetic_dataset >/dev/null
+exec build/unet_synthetic_dataset "$@"
