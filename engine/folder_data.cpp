@@ -79,8 +79,6 @@ FolderDataset::FolderDataset(std::vector<Pair> pairs, int image_size)
   UNETCU_CHECK(image_size > 0 && image_size % 32 == 0, "image size must be a positive multiple of 32");
 }
 
-namespace {
-
 // Bilinear (channels of an interleaved 8-bit image -> planar floats in [0, 1]).
 void resize_bilinear(const Image& in, int S, float* out) {
   const size_t plane = size_t(S) * S;
@@ -101,7 +99,7 @@ void resize_bilinear(const Image& in, int S, float* out) {
   }
 }
 
-void resize_nearest_mask(const Image& in, int S, float* out) {
+void resize_nearest_mask(const Image& in, int S, float* out) {  // > 0 is foreground
   for (int y = 0; y < S; ++y) {
     const int sy = std::min(in.height - 1, int((y + 0.5) * in.height / S));
     for (int x = 0; x < S; ++x) {
@@ -110,8 +108,6 @@ void resize_nearest_mask(const Image& in, int S, float* out) {
     }
   }
 }
-
-}  // namespace
 
 void FolderDataset::load(int64_t index, float* image, float* mask) const {
   const Pair& p = pairs_.at(size_t(index));

@@ -72,6 +72,12 @@ class FolderDataset : public Dataset {
   int size_;
 };
 
+struct Image;
+// An 8-bit image (any size) to planar floats in [0, 1] at S x S, bilinear; a mask image to
+// {0, 1} at S x S, nearest (> 0 is foreground).
+void resize_bilinear(const Image& in, int size, float* out);
+void resize_nearest_mask(const Image& in, int size, float* out);
+
 // Splits pairs into train and validation: a seeded shuffle, the last `fraction` for validation.
 void split_pairs(const std::vector<FolderDataset::Pair>& all, double fraction, uint64_t seed,
                  std::vector<FolderDataset::Pair>* train, std::vector<FolderDataset::Pair>* val);

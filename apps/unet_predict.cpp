@@ -1,0 +1,125 @@
+// unet_predict: a checkpoint and images (files or folders) in, mask PNGs out (sigmoid >
+// threshold, at each image's own size), optionally an overlay of the mask on the image, and
+// IoU/Dice when ground-truth masks are given.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+
+#include "engine/checkpoint.h"
+#include "engine/folder_data.h"
+#include "engine/image_io.h"
+#include "engine/tape.h"
+#include "models/unet.h"
+
+using namespace unetcu;
+namespace fs = std::filesystem;
+
+int main(int argc, char** argv) {
+  std::string checkpoint, out_dir = "predictions", gt_dir, device_s = "auto";
+  std::vector<std::string> inputs;
+  int size = 512, width_divisor = 1;
+  double threshold = 0.5;
+  bool overlay = false;
+  CLI::App app{"unet_predict: segment images with a trained UNet-ResNet34 checkpoint"};
+  app.add_option("inputs", inputs, "Image files or folders (PNG/JPEG/BMP)")->required();
+  app.add_option("--checkpoint", checkpoint, "Model file written by unet_train --checkpoint (safetensors)")->required();
+  app.add_option("--out", out_dir, "Folder for <stem>.png masks (0/255) and overlays")->capture_default_str();
+  app.add_option("--image-size", size, "Size the model sees (multiple of 32); masks come back at each image's size")->capture_default_str();
+  app.add_option("--width-divisor", width_divisor, "The checkpoint's model width divisor")->capture_default_str();
+  app.add_option("--threshold", threshold, "Foreground where sigmoid(logit) > this")->capture_default_str();
+  app.add_flag("--overlay", overlay, "Also write <stem>_overlay.png: the mask in red over the image");
+  app.add_option("--masks", gt_dir, "Ground-truth masks (matched by file stem): report IoU and Dice");
+  app.add_option("--device", device_s, "auto, cpu or cuda:N")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    UNETCU_CHECK(size > 0 && size % 32 == 0, "--image-size must be a positive multiple of 32");
+    UNETCU_CHECK(threshold > 0 && threshold < 1, "--threshold must be between 0 and 1");
+    std::string note;
+    const Device device = resolve_device(device_s, &note);
+    UNetConfig cfg;
+    cfg.width_divisor = width_divisor;
+    cfg.device = device;
+    UNet model(cfg);
+    load_model_state(model, read_safetensors(checkpoint), checkpoint);
+    model.eval();
+    std::vector<fs::path> files;
+    for (const auto& in : inputs) {
+      if (fs::is_directory(in)) {
+        for (const auto& e : fs::directory_iterator(in)) {
+          std::string ext = e.path().extension().string();
+          std::transform(ext.begin(), ext.end(), ext.begin(), ::tolower);
+          if (ext == ".png" || ext == ".jpg" || ext == ".jpeg" || ext == ".bmp") files.push_back(e.path());
+        }
+      } else {
+        UNETCU_CHECK(fs::exists(in), "no such image or folder '", in, "'");
+        files.push_back(in);
+      }
+    }
+    UNETCU_CHECK(!files.empty(), "no images found in the inputs");
+    std::sort(files.begin(), files.end());
+    fs::create_directories(out_dir);
+    const double logit_threshold = std::log(threshold / (1 - threshold));
+    int64_t tp = 0, fp = 0, fn = 0;
+    const size_t plane = size_t(size) * size;
+    for (const auto& f : files) {
+      const Image img = load_image(f.string(), 3);
+      Tensor x = Tensor::empty({1, 3, size, size});
+      resize_bilinear(img, size, x.data<float>());
+      float* p = x.data<float>();
+      for (int c = 0; c < 3; ++c)
+        for (size_t q = 0; q < plane; ++q) p[c * plane + q] = (p[c * plane + q] - kImageMean[c]) / kImageStd[c];
+      NoGradScope no_grad;
+      const Tensor logits = model.forward(device.is_cpu() ? x : x.to(device)).to(Device::cpu());
+      // Back to the image's own size, nearest.
+      Image mask{img.width, img.height, 1, std::vector<uint8_t>(size_t(img.width) * img.height)};
+      const float* l = logits.data<float>();
+      for (int y = 0; y < img.height; ++y)
+        for (int xx = 0; xx < img.width; ++xx) {
+          const int sy = std::min(size - 1, int((y + 0.5) * size / img.height));
+          const int sx = std::min(size - 1, int((xx + 0.5) * size / img.width));
+          mask.pixels[size_t(y) * img.width + xx] = l[size_t(sy) * size + sx] > logit_threshold ? 255 : 0;
+        }
+      const std::string stem = f.stem().string();
+      save_png((fs::path(out_dir) / (stem + ".png")).string(), mask);
+      if (overlay) {
+        Image o = img;
+        for (size_t q = 0; q < mask.pixels.size(); ++q)
+          if (mask.pixels[q]) o.pixels[q * 3] = uint8_t(std::min(255, o.pixels[q * 3] / 2 + 128)), o.pixels[q * 3 + 1] /= 2, o.pixels[q * 3 + 2] /= 2;
+        save_png((fs::path(out_dir) / (stem + "_overlay.png")).string(), o);
+      }
+      std::string line = f.string() + " -> " + (fs::path(out_dir) / (stem + ".png")).string();
+      if (!gt_dir.empty()) {
+        fs::path gt;
+        for (const auto& e : fs::directory_iterator(gt_dir))
+          if (e.path().stem() == stem) gt = e.path();
+        UNETCU_CHECK(!gt.empty(), "no ground-truth mask for '", f.string(), "' in ", gt_dir);
+        const Image g = load_image(gt.string(), 1);
+        UNETCU_CHECK(g.width == img.width && g.height == img.height, "mask '", gt.string(),
+                     "' is not the size of its image");
+        int64_t t = 0, p2 = 0, n2 = 0;
+        for (size_t q = 0; q < g.pixels.size(); ++q) {
+          const bool truth = g.pixels[q] > 0, pred = mask.pixels[q] > 0;
+          t += truth && pred, p2 += pred && !truth, n2 += truth && !pred;
+        }
+        tp += t, fp += p2, fn += n2;
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "  IoU %.4f", t + p2 + n2 ? double(t) / double(t + p2 + n2) : 1.0);
+        line += buf;
+      }
+      std::cout << line << "\n";
+    }
+    if (!gt_dir.empty()) {
+      const int64_t d = tp + fp + fn;
+      std::printf("all %zu images: IoU %.4f  Dice %.4f\n", files.size(), d ? double(tp) / d : 1.0,
+                  2 * tp + fp + fn ? 2.0 * tp / double(2 * tp + fp + fn) : 1.0);
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "unet_predict: error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

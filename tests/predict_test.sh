@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# unet_predict: masks (and overlays) for a folder, IoU/Dice against ground truth, clear errors.
+set -u
+train="$1" predict="$2" make_data="$3"
+d=$(mktemp -d)
+trap 'rm -rf "$d"' EXIT
+fail=0
+"$make_data" "$d/data" --count 6 --image-size 64 > /dev/null || { echo "FAIL: dataset"; exit 1; }
+"$train" --data "$d/data" --epochs 1 --width-divisor 16 --batch-size 2 --val-fraction 0.34 --no-progress \
+  --device cpu --checkpoint "$d/model.safetensors" > /dev/null || { echo "FAIL: training"; exit 1; }
+out=$("$predict" "$d/data/images" --checkpoint "$d/model.safetensors" --width-divisor 16 --image-size 64 \
+  --masks "$d/data/masks" --overlay --out "$d/pred" --device cpu 2>&1) || { echo "FAIL: predict: $out"; exit 1; }
+[ "$(ls "$d/pred" | grep -vc overlay)" -eq 6 ] || { echo "FAIL: 6 masks expected"; fail=1; }
+[ "$(ls "$d/pred" | grep -c overlay)" -eq 6 ] || { echo "FAIL: 6 overlays expected"; fail=1; }
+grep -qE "^all 6 images: IoU [0-9.]+  Dice [0-9.]+$" <<<"$out" || { echo "FAIL: summary line: $out"; fail=1; }
+# The written mask is the same size as its image and only 0/255 (checked by the engine's reader
+# through a second prediction of a mask file as an image would be overkill: check the PNG header).
+head -c 24 "$d/pred/00000.png" | tail -c 8 | od -An -tx1 | tr -d ' \n' | grep -q "0000004000000040" \
+  || { echo "FAIL: mask is not 64x64"; fail=1; }
+msg=$("$predict" "$d/data/images" --checkpoint "$d/nope.safetensors" 2>&1) && { echo "FAIL: missing checkpoint accepted"; fail=1; }
+grep -q "cannot be opened" <<<"$msg" || { echo "FAIL: missing checkpoint message: $msg"; fail=1; }
+msg=$("$predict" "$d/data/images" --checkpoint "$d/model.safetensors" --width-divisor 8 --device cpu 2>&1) && { echo "FAIL: wrong width accepted"; fail=1; }
+grep -q "has shape" <<<"$msg" || { echo "FAIL: wrong width message: $msg"; fail=1; }
+[ $fail -eq 0 ] && echo "ok: masks, overlays, IoU/Dice, errors"
+exit $fail
