@@ -1,0 +1,70 @@
+// The engine against PyTorch: tests/golden/unet_w16.safetensors was written by
+// tools/pytorch_reference.py (PyTorch 1.13, float64): SMP's UNet-ResNet34 at width/16 with
+// random weights, one training forward and backward on a fixed batch. Same weights and batch
+// here: the logits, the loss, the gradients and a running mean must agree to float64 rounding
+// (1e-10 relative: the two frameworks sum in different orders).
+#include <cstring>
+
+#include "engine/checkpoint.h"
+#include "engine/tape.h"
+#include "models/unet.h"
+#include "testing.h"
+
+using namespace unetcu;
+using namespace unetcu::testing;
+
+namespace {
+Tensor to_tensor(const SafeTensor& t) {
+  REQUIRE(t.dtype == "F64");
+  Tensor out = Tensor::empty(t.shape, DType::F64);
+  std::memcpy(out.raw(), t.data.data(), t.data.size());
+  return out;
+}
+double rel_err(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    num += std::pow(a.at(i) - b.at(i), 2);
+    den += b.at(i) * b.at(i);
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+}  // namespace
+
+TEST_CASE("golden: the engine matches PyTorch on SMP's UNet-ResNet34 (width/16, float64)") {
+  const std::string path = std::string(UNETCU_SOURCE_DIR) + "/tests/golden/unet_w16.safetensors";
+  SafeTensors all = read_safetensors(path);
+  SafeTensors state, golden;
+  for (auto& [name, t] : all) (name.rfind("golden.", 0) == 0 ? golden : state).emplace(name, t);
+  REQUIRE(state.size() == 278);
+  UNetConfig cfg;
+  cfg.width_divisor = 16;
+  cfg.dtype = DType::F64;
+  UNet model(cfg);
+  load_model_state(model, state, path);  // strict: every name and shape of PyTorch's model
+  model.train();
+  const Tensor x = to_tensor(golden.at("golden.input")), t = to_tensor(golden.at("golden.target"));
+  Tape tape;
+  Tensor logits, loss;
+  {
+    TapeScope s(tape);
+    logits = model.forward(x);
+    loss = segmentation_loss(LossKind::BCEDice, logits, t);
+  }
+  tape.backward(loss);
+  CHECK(rel_err(logits, to_tensor(golden.at("golden.logits"))) < 1e-10);
+  CHECK(loss.item() == doctest::Approx(to_tensor(golden.at("golden.loss")).item()).epsilon(1e-12));
+  const auto params = model.named_parameters();
+  int grads = 0;
+  for (const auto& [name, p] : params) {
+    auto it = golden.find("golden.grad." + name);
+    if (it == golden.end()) continue;
+    CAPTURE(name);
+    CHECK(rel_err(p.grad(), to_tensor(it->second)) < 1e-10);
+    ++grads;
+  }
+  CHECK(grads == 6);
+  for (const StateEntry& e : model.state())
+    if (e.name == "encoder.layer1.1.bn1.running_mean")
+      CHECK(rel_err(e.tensor, to_tensor(golden.at("golden.after.encoder.layer1.1.bn1.running_mean"))) < 1e-12);
+}

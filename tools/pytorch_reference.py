@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""The UNet-ResNet34 of segmentation_models_pytorch, written out in plain PyTorch with SMP's
+module names, to check unetcu against PyTorch.
+
+  pytorch_reference.py golden OUT.safetensors [--width-divisor 16] [--seed 0]
+      Builds the model (float64, random weights), runs one training forward and backward on a
+      fixed random batch with the engine's loss (BCE-with-logits mean + soft Dice over the
+      batch, smooth 1) and writes a golden file: the weights under their state_dict names, and
+      golden.* entries (input, target, logits, loss, gradients of a few parameters, a running
+      mean after the forward). tests/test_golden.cpp checks the engine against it.
+  pytorch_reference.py check CHECKPOINT.safetensors [--width-divisor 1] [--image-size 64]
+      Loads an engine checkpoint into the PyTorch model (strict: every name and shape must
+      match) and prints the logits' statistics on a fixed input.
+
+Needs PyTorch (Debian: python3-torch; run it with /usr/bin/python3) and nothing else: the
+safetensors format is read and written here directly."""
+import argparse
+import json
+import struct
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def width(c, d):
+    return max(1, c // d)
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        h = F.relu(self.bn1(self.conv1(x)))
+        h = self.bn2(self.conv2(h))
+        return F.relu(h + (self.downsample(x) if self.downsample is not None else x))
+
+
+class Encoder(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        c = [width(v, d) for v in (64, 128, 256, 512)]
+        self.conv1 = nn.Conv2d(3, c[0], 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(c[0])
+        self.layer1 = nn.Sequential(*[BasicBlock(c[0], c[0], 1) for _ in range(3)])
+        self.layer2 = nn.Sequential(*[BasicBlock(c[0] if i == 0 else c[1], c[1], 2 if i == 0 else 1) for i in range(4)])
+        self.layer3 = nn.Sequential(*[BasicBlock(c[1] if i == 0 else c[2], c[2], 2 if i == 0 else 1) for i in range(6)])
+        self.layer4 = nn.Sequential(*[BasicBlock(c[2] if i == 0 else c[3], c[3], 2 if i == 0 else 1) for i in range(3)])
+
+    def forward(self, x):
+        f1 = F.relu(self.bn1(self.conv1(x)))
+        f2 = self.layer1(F.max_pool2d(f1, 3, 2, 1))
+        f3 = self.layer2(f2)
+        f4 = self.layer3(f3)
+        return [f1, f2, f3, f4, self.layer4(f4)]
+
+
+def conv_bn_relu(cin, cout):
+    return nn.Sequential(nn.Conv2d(cin, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU())
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self, cin, skip, cout):
+        super().__init__()
+        self.conv1 = conv_bn_relu(cin + skip, cout)
+        self.conv2 = conv_bn_relu(cout, cout)
+
+    def forward(self, x, skip):
+        x = F.interpolate(x, scale_factor=2, mode="nearest")
+        if skip is not None:
+            x = torch.cat([x, skip], dim=1)
+        return self.conv2(self.conv1(x))
+
+
+class Decoder(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        enc = [width(v, d) for v in (512, 256, 128, 64, 64)]
+        dec = [width(v, d) for v in (256, 128, 64, 32, 16)]
+        self.blocks = nn.ModuleList(
+            [DecoderBlock(enc[0] if i == 0 else dec[i - 1], enc[i + 1] if i < 4 else 0, dec[i]) for i in range(5)])
+
+    def forward(self, feats):
+        f1, f2, f3, f4, x = feats
+        for block, skip in zip(self.blocks, [f4, f3, f2, f1, None]):
+            x = block(x, skip)
+        return x
+
+
+class Unet(nn.Module):
+    """segmentation_models_pytorch.Unet('resnet34', classes=1) without its pretrained weights."""
+
+    def __init__(self, d=1):
+        super().__init__()
+        self.encoder = Encoder(d)
+        self.decoder = Decoder(d)
+        self.segmentation_head = nn.Sequential(nn.Conv2d(width(16, d), 1, 3, 1, 1))
+
+    def forward(self, x):
+        return self.segmentation_head[0](self.decoder(self.encoder(x)))
+
+
+def loss_fn(logits, target):
+    """The engine's bce+dice: mean BCE-with-logits plus soft Dice over the batch, smooth 1."""
+    p = torch.sigmoid(logits)
+    inter, card = (p * target).sum(), p.sum() + target.sum()
+    return F.binary_cross_entropy_with_logits(logits, target) + 1 - (2 * inter + 1) / (card + 1)
+
+
+DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.int64: "I64"}
+TORCH = {v: k for k, v in DTYPES.items()}
+
+
+def write_safetensors(path, tensors):
+    header, blobs, offset = {}, [], 0
+    for name in sorted(tensors):
+        t = tensors[name].detach().contiguous().cpu()
+        data = t.numpy().tobytes()
+        header[name] = {"dtype": DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header, separators=(",", ":"))
+    text += " " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text.encode())
+        for b in blobs:
+            f.write(b)
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        b, end = e["data_offsets"]
+        out[name] = torch.frombuffer(bytearray(raw[8 + n + b:8 + n + end]), dtype=TORCH[e["dtype"]]).reshape(e["shape"])
+    return out
+
+
+def golden(args):
+    torch.manual_seed(args.seed)
+    model = Unet(args.width_divisor).double().train()
+    for m in model.modules():  # non-trivial BN affine parameters and running statistics
+        if isinstance(m, nn.BatchNorm2d):
+            nn.init.uniform_(m.weight, 0.5, 1.5)
+            nn.init.uniform_(m.bias, -0.2, 0.2)
+            m.running_mean.uniform_(-0.1, 0.1)
+            m.running_var.uniform_(0.8, 1.2)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
+    target = (torch.rand(2, 1, 64, 64, dtype=torch.float64) < 0.4).double()
+    logits = model(x)
+    loss = loss_fn(logits, target)
+    loss.backward()
+    out = dict(state)
+    out["golden.input"], out["golden.target"] = x, target
+    out["golden.logits"], out["golden.loss"] = logits, loss.reshape(())
+    for name in ["encoder.conv1.weight", "encoder.layer2.0.downsample.0.weight", "encoder.layer4.2.bn2.weight",
+                 "decoder.blocks.0.conv1.0.weight", "decoder.blocks.3.conv2.1.bias", "segmentation_head.0.bias"]:
+        out["golden.grad." + name] = dict(model.named_parameters())[name].grad
+    out["golden.after.encoder.layer1.1.bn1.running_mean"] = model.encoder.layer1[1].bn1.running_mean
+    write_safetensors(args.path, out)
+    print(f"wrote {args.path}: {len(state)} state entries, loss {loss.item():.12f}")
+
+
+def check(args):
+    model = Unet(args.width_divisor).float().eval()
+    model.load_state_dict(read_safetensors(args.path), strict=True)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        y = model(torch.randn(1, 3, args.image_size, args.image_size))
+    print(f"loaded {args.path} strictly; logits mean {y.mean().item():.6f} std {y.std().item():.6f}")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("golden")
+    g.add_argument("path")
+    g.add_argument("--width-divisor", type=int, default=16)
+    g.add_argument("--seed", type=int, default=0)
+    c = sub.add_parser("check")
+    c.add_argument("path")
+    c.add_argument("--width-divisor", type=int, default=1)
+    c.add_argument("--image-size", type=int, default=64)
+    a = ap.parse_args()
+    golden(a) if a.cmd == "golden" else check(a)
