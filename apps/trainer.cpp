@@ -12,6 +12,7 @@
 #include "engine/cuda_api.h"
 #include "engine/data.h"
 #include "engine/folder_data.h"
+#include "engine/loader.h"
 #include "engine/metrics.h"
 #include "engine/profiler.h"
 #include "engine/optim.h"
@@ -248,7 +249,8 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
     load_seconds += seconds_since(t0);
     return b;
   };
-  auto train_batch = [&](const std::vector<int64_t>& idx) { return timed_batch(*train_ds, idx, on_gpu, augment); };
+  // Loader threads for the single-device loop: one on the CPU (the cores train), a few on a GPU.
+  const int loader_workers = cfg.workers > 0 ? cfg.workers : (on_gpu ? 4 : 1);
   auto host_train_batch = [&](const std::vector<int64_t>& idx) { return timed_batch(*train_ds, idx, false, augment); };
   auto val_batch = [&](const std::vector<int64_t>& idx) { return make_batch(*val_ds, idx, cfg.dtype, on_gpu); };
   auto upload = [&](const Batch& host) {
@@ -378,7 +380,16 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
       if (peak_live.empty()) peak_live = live;
       for (size_t i = 0; i < live.size(); ++i) peak_live[i] = std::max(peak_live[i], live[i]);
     }
-    Batch next_host = (dp || pipe) ? Batch{} : train_batch(batch_indices(0));
+    // Single device: the loader's workers make the batches ahead of the step (in pinned
+    // memory for a GPU), in order, so the step only waits when they fall behind.
+    std::unique_ptr<BatchLoader> loader;
+    if (!dp && !pipe)
+      loader = std::make_unique<BatchLoader>(
+          steps,
+          [&, epoch](int64_t s) {
+            return make_batch(*train_ds, batch_indices(s), cfg.dtype, on_gpu, augment, cfg.seed, epoch);
+          },
+          loader_workers, 2);
     for (int64_t s = 0; s < steps && dp; ++s) {
       std::vector<Batch> shards;  // host tensors; each replica uploads its own
       for (int r = 0; r < N; ++r) shards.push_back(host_train_batch(shard_indices(s, r)));
@@ -392,7 +403,7 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
       bar.update(s + 1, seconds_since(t0), seen);
     }
     for (int64_t s = 0; s < steps && !dp && !pipe; ++s) {
-      const Batch host = std::move(next_host);  // kept alive until its upload is done
+      const Batch host = loader->next();  // kept alive until its upload is done
       const Batch b = upload(host);
       const int64_t count = b.images.dim(0);
       Tape tape;
@@ -404,8 +415,6 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
         tape.backward(loss);
       }
       opt->step();
-      // On a GPU the step above is only queued: make the next batch while it runs.
-      if (s + 1 < steps) next_host = train_batch(batch_indices(s + 1));
       const double loss_value = loss.item();
       UNETCU_CHECK(std::isfinite(loss_value), "loss is not finite (", loss_value, ") at epoch ",
                    epoch, " step ", s + 1, "; lower --lr");
@@ -414,7 +423,9 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
       bar.update(s + 1, seconds_since(t0), seen);
     }
     st.seconds = seconds_since(t0);
-    st.load_seconds = load_seconds;
+    st.load_seconds = loader ? loader->busy_seconds() : load_seconds;
+    st.wait_seconds = loader ? loader->wait_seconds() : load_seconds;
+    loader.reset();
     bar.finish();
     st.train_loss = loss_sum / double(per_rank);
     st.images_per_second = double(epoch_samples) / st.seconds;
@@ -450,9 +461,9 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
                     << double(st.peak_device_bytes) / (1 << 20) << " MiB" << std::defaultfloat;
     // The loader: its rate, and how much of the epoch the step waited for it (on the CPU it
     // makes batches in line; on a GPU the next batch is made while the step runs).
-    out << "  data " << std::fixed << std::setprecision(2) << st.load_seconds << "s ("
-        << std::setprecision(0) << (st.load_seconds > 0 ? double(epoch_samples) / st.load_seconds : 0.0)
-        << " img/s)" << std::defaultfloat;
+    out << "  loader " << std::fixed << std::setprecision(0)
+        << (st.load_seconds > 0 ? double(epoch_samples) / st.load_seconds : 0.0) << " img/s, waited "
+        << std::setprecision(2) << st.wait_seconds << "s" << std::defaultfloat;
     if (!peak_live.empty()) {
       out << "  live_micro_batches";
       for (int v : peak_live) out << " " << v;

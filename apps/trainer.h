@@ -52,6 +52,7 @@ struct TrainConfig {
   std::string data, data_list, val_data;
   double val_fraction = 0.1;
   std::string augment = "none";  // none | light | heavy (training samples only)
+  int workers = 0;                 // loader threads (single device); 0: 1 on the CPU, 4 for a GPU
 };
 
 // Throws unetcu::Error with a clear message for a bad configuration.
@@ -64,7 +65,8 @@ struct EpochStats {
   double val_loss = 0, val_iou = 0, val_dice = 0;
   double images_per_second = 0;
   size_t peak_device_bytes = 0;    // CUDA: peak of the caching allocator during the epoch
-  double load_seconds = 0;         // host time spent decoding/augmenting training batches
+  double load_seconds = 0;         // loader time spent decoding/augmenting training batches
+  double wait_seconds = 0;         // time the training step waited for a batch
 };
 
 struct TrainResult {

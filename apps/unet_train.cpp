@@ -98,6 +98,11 @@ int main(int argc, char** argv) {
                  "brightness/contrast) or heavy (+ vertical flip, scale-crop, rotation)")
       ->check(CLI::IsMember({"none", "light", "heavy"}))
       ->capture_default_str();
+  app.add_option("--workers", cfg.workers,
+                 "Loader threads that decode and augment batches ahead of the step (0: one when "
+                 "training on the CPU, four for a GPU); each epoch line gives the loader's img/s "
+                 "and the time the step waited for it")
+      ->capture_default_str();
   app.add_option("--checkpoint", cfg.checkpoint,
                  "Save a checkpoint after every epoch: the model to FILE (safetensors with "
                  "segmentation_models_pytorch's state_dict names), optimizer state and epoch to "
