@@ -59,6 +59,14 @@ double rel(const Tensor& got, const Tensor& want) {
   return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
 }
 
+// SGD with momentum: an update linear in the gradient, for step-for-step comparisons.
+std::unique_ptr<Optimizer> make_sgd(std::vector<Tensor> p) {
+  SgdOptions o;
+  o.lr = 0.1;
+  o.momentum = 0.9;
+  return std::make_unique<SGD>(std::move(p), o);
+}
+
 struct Setup {
   Setup() {
     cuda::set_poison_allocations(true);
@@ -334,12 +342,6 @@ TEST_CASE("data parallelism through NCCL with one GPU rank equals the single-GPU
   c.width_divisor = 8;
   c.seed = 6;
   c.device = kGpu;
-  auto make_sgd = [](std::vector<Tensor> p) {
-    SgdOptions o;
-    o.lr = 0.1;
-    o.momentum = 0.9;
-    return std::unique_ptr<Optimizer>(new SGD(std::move(p), o));
-  };
   DataParallelOptions o;
   o.devices = {kGpu};
   o.sync_bn = sync_bn;  // one rank: the synchronized kernels against cuDNN's batch norm
@@ -379,12 +381,6 @@ TEST_CASE("two pipeline stages on one GPU (two streams) equal the single-GPU ste
   c.width_divisor = 8;
   c.seed = 7;
   c.device = kGpu;
-  auto make_sgd = [](std::vector<Tensor> p) {
-    SgdOptions o;
-    o.lr = 0.1;
-    o.momentum = 0.9;
-    return std::unique_ptr<Optimizer>(new SGD(std::move(p), o));
-  };
   for (Schedule sched : {Schedule::GPipe, Schedule::OneFOneB}) {
     CAPTURE(int(sched));
     UNet probe(UNetConfig{});
