@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 #include <iomanip>
 #include <cmath>
 #include <cstdio>
@@ -30,10 +31,12 @@ void validate(const TrainConfig& c) {
   UNETCU_CHECK(c.image_size >= 32 && c.image_size % 32 == 0,
                "--image-size must be a positive multiple of 32, got ", c.image_size);
   UNETCU_CHECK(c.lr > 0 && std::isfinite(c.lr), "--lr must be a positive number, got ", c.lr);
+  // With --data the folder decides the sizes; they are checked once it has been read.
+  const bool sized = c.data.empty();
   UNETCU_CHECK(c.train_size >= 1, "--train-size must be at least 1, got ", c.train_size);
   UNETCU_CHECK(c.val_size >= 1, "--val-size must be at least 1, got ", c.val_size);
-  UNETCU_CHECK(c.batch_size <= c.train_size, "--batch-size ", c.batch_size,
-               " is larger than --train-size ", c.train_size);
+  UNETCU_CHECK(!sized || c.batch_size <= c.train_size, "--batch-size ", c.batch_size,
+               " is larger than the ", c.train_size, " training images");
   UNETCU_CHECK(c.width_divisor >= 1, "--width-divisor must be at least 1");
   UNETCU_CHECK(c.optimizer == "adam" || c.optimizer == "sgd",
                "--optimizer must be adam or sgd, got '", c.optimizer, "'");
@@ -63,8 +66,8 @@ void validate(const TrainConfig& c) {
     UNETCU_CHECK(!c.devices.empty(), "--mode dp needs --devices (e.g. cpu:0,cpu:1)");
     const int64_t n = int64_t(parse_device_list(c.devices).size());
     parse_allreduce(c.allreduce);
-    UNETCU_CHECK(c.train_size / n >= c.batch_size, "--train-size ", c.train_size,
-                 " gives each of the ", n, " replicas ", c.train_size / n,
+    UNETCU_CHECK(!sized || c.train_size / n >= c.batch_size, "the ", c.train_size,
+                 " training images give each of the ", n, " replicas ", c.train_size / n,
                  " samples, fewer than --batch-size ", c.batch_size);
   }
   // BN in training mode needs more than one value per channel: at layer4 a sample is
@@ -75,7 +78,7 @@ void validate(const TrainConfig& c) {
                "or image");
   // With --mode dp each replica batches its own train_size / N samples.
   const int64_t replicas = c.mode == "dp" ? int64_t(parse_device_list(c.devices).size()) : 1;
-  UNETCU_CHECK(last > 1 || (c.train_size / replicas) % c.batch_size != 1, "--train-size ", c.train_size,
+  UNETCU_CHECK(!sized || last > 1 || (c.train_size / replicas) % c.batch_size != 1, "--train-size ", c.train_size,
                " leaves a last batch of one ", c.image_size, "x", c.image_size,
                " image: one value per channel for batch norm; change --train-size or --batch-size");
 }
@@ -227,10 +230,10 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
     }
     train_ds = std::make_unique<FolderDataset>(std::move(train_pairs), cfg.image_size);
     val_ds = std::make_unique<FolderDataset>(std::move(val_pairs), cfg.image_size);
-    TrainConfig sized = cfg;  // the folder decides the sizes: check them again
+    TrainConfig sized = cfg;  // the folder decides the sizes: check them now
     sized.train_size = train_ds->size();
     sized.val_size = val_ds->size();
-    sized.data.clear();
+    sized.data.clear(), sized.val_data.clear(), sized.data_list.clear();
     validate(sized);
   }
   const int64_t train_n = train_ds->size(), val_n = val_ds->size();
@@ -315,6 +318,9 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
     out << "encoder weights from " << cfg.init_encoder << "\n";
   }
   if (!cfg.resume.empty()) {
+    UNETCU_CHECK(std::ifstream(cfg.resume + ".train").good(), "--resume ", cfg.resume, ": no ",
+                 cfg.resume, ".train beside it (optimizer state and epoch); use --init-encoder or "
+                 "load the weights another way to start over");
     first_epoch = load_checkpoint(cfg.resume, model, opt.get()) + 1;
     out << "resumed from " << cfg.resume << " after epoch " << first_epoch - 1 << "\n";
     UNETCU_CHECK(first_epoch <= cfg.epochs, "--resume: the checkpoint is from epoch ", first_epoch - 1,
@@ -389,7 +395,7 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
           [&, epoch](int64_t s) {
             return make_batch(*train_ds, batch_indices(s), cfg.dtype, on_gpu, augment, cfg.seed, epoch);
           },
-          loader_workers, 2);
+          loader_workers, loader_workers + 1);
     for (int64_t s = 0; s < steps && dp; ++s) {
       std::vector<Batch> shards;  // host tensors; each replica uploads its own
       for (int r = 0; r < N; ++r) shards.push_back(host_train_batch(shard_indices(s, r)));
@@ -423,7 +429,8 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
       bar.update(s + 1, seconds_since(t0), seen);
     }
     st.seconds = seconds_since(t0);
-    st.load_seconds = loader ? loader->busy_seconds() : load_seconds;
+    // The loader's capacity: its workers run side by side.
+    st.load_seconds = loader ? loader->busy_seconds() / loader_workers : load_seconds;
     st.wait_seconds = loader ? loader->wait_seconds() : load_seconds;
     loader.reset();
     bar.finish();

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -122,8 +123,14 @@ int main(int argc, char** argv) {
       splits.push_back(mp_batch);
     } else {
       std::stringstream ss(splits_s);
-      for (std::string item; std::getline(ss, item, ',');)
-        if (!item.empty()) splits.push_back(std::stoi(item));
+      for (std::string item; std::getline(ss, item, ',');) {
+        if (item.empty()) continue;
+        try {
+          splits.push_back(std::stoi(item));
+        } catch (const std::exception&) {
+          throw Error("--split-sizes: '" + item + "' is not a number");
+        }
+      }
     }
     for (int s : splits) UNETCU_CHECK(s >= 1 && s <= mp_batch, "--split-sizes: ", s, " is outside 1..", mp_batch);
     // Batch norm in training needs more than one value per channel at layer4 ((S/32)² per sample).
@@ -138,7 +145,10 @@ int main(int argc, char** argv) {
                  " gives batch norm one value per channel");
     if (threads <= 0) threads = std::max(1, int(sysconf(_SC_NPROCESSORS_ONLN)) / N);
     if (devices[0].is_cuda()) cuda::set_allow_tf32(true);
-    ::mkdir(out_dir.c_str(), 0755);
+    if (::mkdir(out_dir.c_str(), 0755) != 0 && errno != EEXIST)
+      throw Error("cannot create --out folder '" + out_dir + "'");
+    write_file(out_dir + "/.write_test", "");  // fail now, not after the whole benchmark
+    std::remove((out_dir + "/.write_test").c_str());
 
     UNetConfig mc;
     mc.width_divisor = width_divisor;

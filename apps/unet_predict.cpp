@@ -61,6 +61,16 @@ int main(int argc, char** argv) {
     }
     UNETCU_CHECK(!files.empty(), "no images found in the inputs");
     std::sort(files.begin(), files.end());
+    // One output per stem, and never over an input.
+    std::sort(files.begin(), files.end(), [](const fs::path& a, const fs::path& b) { return a.stem() < b.stem(); });
+    for (size_t i = 1; i < files.size(); ++i)
+      UNETCU_CHECK(files[i].stem() != files[i - 1].stem(), "two inputs share the name '",
+                   files[i].stem().string(), "' (", files[i - 1].string(), ", ", files[i].string(),
+                   "): their masks would overwrite each other");
+    const fs::path out_abs = fs::weakly_canonical(out_dir);
+    for (const auto& f : files)
+      UNETCU_CHECK(fs::weakly_canonical(f).parent_path() != out_abs, "--out ", out_dir,
+                   " holds the input images: masks would overwrite them");
     fs::create_directories(out_dir);
     const double logit_threshold = std::log(threshold / (1 - threshold));
     int64_t tp = 0, fp = 0, fn = 0;
@@ -94,8 +104,15 @@ int main(int argc, char** argv) {
       std::string line = f.string() + " -> " + (fs::path(out_dir) / (stem + ".png")).string();
       if (!gt_dir.empty()) {
         fs::path gt;
-        for (const auto& e : fs::directory_iterator(gt_dir))
-          if (e.path().stem() == stem) gt = e.path();
+        for (const auto& e : fs::directory_iterator(gt_dir)) {
+          std::string ext = e.path().extension().string();
+          std::transform(ext.begin(), ext.end(), ext.begin(), ::tolower);
+          const bool image = ext == ".png" || ext == ".jpg" || ext == ".jpeg" || ext == ".bmp";
+          if (image && e.path().stem() == stem) {
+            UNETCU_CHECK(gt.empty(), "two ground-truth masks named '", stem, "' in ", gt_dir);
+            gt = e.path();
+          }
+        }
         UNETCU_CHECK(!gt.empty(), "no ground-truth mask for '", f.string(), "' in ", gt_dir);
         const Image g = load_image(gt.string(), 1);
         UNETCU_CHECK(g.width == img.width && g.height == img.height, "mask '", gt.string(),

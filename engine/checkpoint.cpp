@@ -2,6 +2,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -26,8 +29,27 @@ std::string st_dtype(DType d) { return d == DType::F32 ? "F32" : "F64"; }
 
 }  // namespace
 
+namespace {
+// Writes the file to `path + ".tmp"` and flushes it to the disk; the caller renames it.
+void write_safetensors_tmp(const std::string& path, const SafeTensors& tensors,
+                           const std::map<std::string, std::string>& metadata);
+void commit(const std::string& path) {
+  if (std::rename((path + ".tmp").c_str(), path.c_str()) != 0) {
+    std::remove((path + ".tmp").c_str());
+    throw Error("cannot write checkpoint '" + path + "'");
+  }
+}
+}  // namespace
+
 void write_safetensors(const std::string& path, const SafeTensors& tensors,
                        const std::map<std::string, std::string>& metadata) {
+  write_safetensors_tmp(path, tensors, metadata);
+  commit(path);
+}
+
+namespace {
+void write_safetensors_tmp(const std::string& path, const SafeTensors& tensors,
+                           const std::map<std::string, std::string>& metadata) {
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
@@ -54,11 +76,16 @@ void write_safetensors(const std::string& path, const SafeTensors& tensors,
       throw Error("cannot write checkpoint '" + path + "' (disk full?)");
     }
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+  // On the disk before the rename, so a power cut leaves the old file or the new one.
+  const int fd = ::open(tmp.c_str(), O_RDONLY);
+  const bool synced = fd >= 0 && ::fsync(fd) == 0;
+  if (fd >= 0) ::close(fd);
+  if (!synced) {
     std::remove(tmp.c_str());
-    throw Error("cannot write checkpoint '" + path + "'");
+    throw Error("cannot write checkpoint '" + path + "' (fsync failed)");
   }
 }
+}  // namespace
 
 SafeTensors read_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
   std::ifstream f(path, std::ios::binary);
@@ -98,12 +125,14 @@ SafeTensors read_safetensors(const std::string& path, std::map<std::string, std:
     const size_t es = dtype_bytes(t.dtype);
     if (!es) bad(path, "entry '" + name + "' has unsupported dtype " + t.dtype);
     uint64_t count = 1;
+    constexpr uint64_t kMaxElements = uint64_t(1) << 40;
     for (const auto& d : e["shape"]) {
-      if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t(1) << 40))
-        bad(path, "entry '" + name + "' has a bad dimension");
-      t.shape.push_back(int64_t(d.get<uint64_t>()));
-      count *= d.get<uint64_t>();
-      if (count > (uint64_t(1) << 40)) bad(path, "entry '" + name + "' is impossibly large");
+      if (!d.is_number_unsigned()) bad(path, "entry '" + name + "' has a bad dimension");
+      const uint64_t v = d.get<uint64_t>();
+      if (v != 0 && count > kMaxElements / v)  // checked before multiplying: no wrap-around
+        bad(path, "entry '" + name + "' is impossibly large");
+      t.shape.push_back(int64_t(v));
+      count *= v;
     }
     if (!e["data_offsets"][0].is_number_unsigned() || !e["data_offsets"][1].is_number_unsigned())
       bad(path, "entry '" + name + "' has bad data_offsets");
@@ -175,7 +204,10 @@ void load_model_state(Module& model, const SafeTensors& tensors, const std::stri
 
 void save_checkpoint(const std::string& path, const Module& model, const Optimizer* optimizer,
                      int epoch) {
-  write_safetensors(path, model_state(model), {{"format", "pt"}, {"producer", "unetcu"}});
+  // Both files are written in full before either replaces its predecessor, and both carry the
+  // epoch, so a crash between the two renames is detected when resuming.
+  const std::string ep = std::to_string(epoch);
+  write_safetensors_tmp(path, model_state(model), {{"format", "pt"}, {"producer", "unetcu"}, {"epoch", ep}});
   SafeTensors train;
   if (optimizer) {
     auto* opt = const_cast<Optimizer*>(optimizer);  // counters are read, not changed
@@ -191,11 +223,14 @@ void save_checkpoint(const std::string& path, const Module& model, const Optimiz
       train.emplace(name, std::move(t));
     }
   }
-  write_safetensors(path + ".train", train, {{"epoch", std::to_string(epoch)}, {"producer", "unetcu"}});
+  write_safetensors_tmp(path + ".train", train, {{"epoch", ep}, {"producer", "unetcu"}});
+  commit(path + ".train");
+  commit(path);
 }
 
 int load_checkpoint(const std::string& path, Module& model, Optimizer* optimizer) {
-  load_model_state(model, read_safetensors(path), path);
+  std::map<std::string, std::string> model_meta;
+  load_model_state(model, read_safetensors(path, &model_meta), path);
   const std::string train_path = path + ".train";
   std::ifstream probe(train_path);
   if (!probe) return 0;
@@ -207,6 +242,9 @@ int load_checkpoint(const std::string& path, Module& model, Optimizer* optimizer
   } catch (const std::exception&) {
     bad(train_path, "has no epoch in its metadata");
   }
+  if (model_meta.count("epoch") && model_meta["epoch"] != meta["epoch"])
+    bad(train_path, "is from epoch " + meta["epoch"] + " but the model file from epoch " +
+                        model_meta["epoch"] + " (an interrupted save?)");
   if (optimizer) {
     for (const auto& [name, tensor] : optimizer->state_tensors()) {
       auto it = train.find(name);

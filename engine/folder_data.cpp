@@ -154,9 +154,11 @@ void augment_sample(float* image, float* mask, int S, Augment level, Rng& rng) {
       if (vflip) v = -v;
       const double sx = (ca * u - sa * v) / scale + cx - 0.5, sy = (sa * u + ca * v) / scale + cy - 0.5;
       const size_t o = size_t(y) * S + x;
-      // Mask: nearest, outside the source is background.
-      const int nx = int(std::floor(sx + 0.5)), ny = int(std::floor(sy + 0.5));
-      mask[o] = (nx >= 0 && nx < S && ny >= 0 && ny < S) ? msk[size_t(ny) * S + nx] : 0.f;
+      // Mask: nearest. Outside the source both image and mask repeat their border, so a
+      // rotated corner shows the same content in both.
+      const int nx = std::clamp(int(std::floor(sx + 0.5)), 0, S - 1);
+      const int ny = std::clamp(int(std::floor(sy + 0.5)), 0, S - 1);
+      mask[o] = msk[size_t(ny) * S + nx];
       // Image: bilinear, clamped at the border.
       const double fx = std::clamp(sx, 0.0, S - 1.0), fy = std::clamp(sy, 0.0, S - 1.0);
       const int x0 = int(fx), y0 = int(fy), x1 = std::min(x0 + 1, S - 1), y1 = std::min(y0 + 1, S - 1);

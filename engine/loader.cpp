@@ -10,7 +10,17 @@ using Clock = std::chrono::steady_clock;
 
 BatchLoader::BatchLoader(int64_t steps, MakeBatch make, int workers, int depth)
     : steps_(steps), make_(std::move(make)), depth_(std::max(1, depth)) {
-  for (int i = 0; i < std::max(1, workers); ++i) threads_.emplace_back([this] { work(); });
+  try {
+    for (int i = 0; i < std::max(1, workers); ++i) threads_.emplace_back([this] { work(); });
+  } catch (...) {  // could not start a thread: stop the ones running before giving up
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+    throw Error("cannot start the loader's threads");
+  }
 }
 
 BatchLoader::~BatchLoader() {

@@ -7,6 +7,7 @@
 #include <map>
 #include <sstream>
 
+#include "engine/cuda_api.h"
 #include "engine/tape.h"
 
 namespace unetcu {
@@ -113,6 +114,7 @@ std::vector<PlanCandidate> rank_plans(const std::vector<BlockProfile>& blocks, i
 std::vector<BlockProfile> profile_blocks(UNet& model, const Batch& batch, LossKind loss_kind,
                                          int repeats) {
   using Clock = std::chrono::steady_clock;
+  UNETCU_CHECK(repeats >= 1, "profile_blocks: at least one timed repeat");
   const auto& blocks = model.blocks();
   const double n = double(batch.images.dim(0));
   std::vector<std::vector<double>> f(blocks.size()), b(blocks.size());
@@ -145,6 +147,7 @@ std::vector<BlockProfile> profile_blocks(UNet& model, const Batch& batch, LossKi
     std::vector<double> node_time(nodes, 0);
     size_t done = 0;
     tape.set_node_done_hook([&](const char*) {
+      if (dev.is_cuda()) cuda::synchronize(dev.index);  // time the kernels, not their queueing
       const auto now = Clock::now();
       node_time[nodes - 1 - done++] = std::chrono::duration<double>(now - last).count();
       last = now;

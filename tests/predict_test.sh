@@ -21,5 +21,19 @@ msg=$("$predict" "$d/data/images" --checkpoint "$d/nope.safetensors" 2>&1) && { 
 grep -q "cannot be opened" <<<"$msg" || { echo "FAIL: missing checkpoint message: $msg"; fail=1; }
 msg=$("$predict" "$d/data/images" --checkpoint "$d/model.safetensors" --width-divisor 8 --device cpu 2>&1) && { echo "FAIL: wrong width accepted"; fail=1; }
 grep -q "has shape" <<<"$msg" || { echo "FAIL: wrong width message: $msg"; fail=1; }
-[ $fail -eq 0 ] && echo "ok: masks, overlays, IoU/Dice, errors"
+cp "$d/data/images/00001.png" "$d/dup.png"; cp "$d/data/images/00002.png" "$d/00001.jpg"
+msg=$("$predict" "$d/dup.png" "$d/00001.jpg" "$d/data/images/00001.png" --checkpoint "$d/model.safetensors" --width-divisor 16 --device cpu --out "$d/p2" 2>&1) && { echo "FAIL: duplicate stems accepted"; fail=1; }
+grep -q "share the name" <<<"$msg" || { echo "FAIL: duplicate stem message: $msg"; fail=1; }
+msg=$("$predict" "$d/data/images" --checkpoint "$d/model.safetensors" --width-divisor 16 --device cpu --out "$d/data/images" 2>&1) && { echo "FAIL: --out over the inputs accepted"; fail=1; }
+grep -q "would overwrite them" <<<"$msg" || { echo "FAIL: --out message: $msg"; fail=1; }
+# Training from a folder with a validation folder and a name list; resuming needs the .train file.
+mkdir -p "$d/val/images" "$d/val/masks"; cp "$d/data/images/00000.png" "$d/val/images/"; cp "$d/data/masks/00000.png" "$d/val/masks/"
+printf '00001.png\n00002.png\n00003\n' > "$d/list.txt"
+out=$("$train" --data "$d/data" --data-list "$d/list.txt" --val-data "$d/val" --epochs 1 --width-divisor 16 \
+  --batch-size 3 --augment heavy --no-progress --device cpu 2>&1) || { echo "FAIL: --val-data/--data-list: $out"; fail=1; }
+grep -q "3 train / 1 validation, augment heavy" <<<"$out" || { echo "FAIL: folder sizes: $out"; fail=1; }
+rm "$d/model.safetensors.train"
+msg=$("$train" --data "$d/data" --epochs 2 --width-divisor 16 --batch-size 2 --val-fraction 0.34 --no-progress --device cpu --resume "$d/model.safetensors" 2>&1) && { echo "FAIL: resume without .train accepted"; fail=1; }
+grep -q "no .*\.train beside it" <<<"$msg" || { echo "FAIL: resume message: $msg"; fail=1; }
+[ $fail -eq 0 ] && echo "ok: masks, overlays, IoU/Dice, folders, errors"
 exit $fail

@@ -173,5 +173,14 @@ TEST_CASE("checkpoint: bad files are refused with a message, never read out of b
   }
   CHECK(refusals > 0);
   CHECK_THROWS_WITH(read_safetensors("no_such_file.safetensors"), doctest::Contains("cannot be opened"));
+  // A shape whose element count overflows 64 bits is refused, not wrapped around.
+  refused(with_header("\"shape\":[1]", "\"shape\":[4294967296,4294967296]"), "shape overflow");
+  // A model file and a .train file from different epochs (a save interrupted between the two
+  // renames) are refused.
+  save_checkpoint(good, model, nullptr, 2);
+  const std::vector<char> train2 = slurp(good + ".train");
+  save_checkpoint(good, model, nullptr, 3);
+  spit(good + ".train", train2);
+  CHECK_THROWS_WITH(load_checkpoint(good, model, nullptr), doctest::Contains("an interrupted save"));
   for (const auto& p : {good, good + ".train", badp}) std::remove(p.c_str());
 }
