@@ -24,7 +24,7 @@ expect_error "device cuda:99 requested, but" --device cuda:99
 expect_error "The following argument was not expected: --bogus" --bogus
 expect_error "--loss" --loss focal
 expect_error "--epochs must be at least 1" --epochs 0
-expect_error "larger than --train-size" --batch-size 64 --train-size 8
+expect_error "is larger than the 8 training images" --batch-size 64 --train-size 8
 expect_error "not finite" --lr 1e300 --optimizer sgd --epochs 2 --image-size 32 \
   --train-size 16 --val-size 8 --width-divisor 16
 expect_error "Could not convert" --lr abc
