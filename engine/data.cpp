@@ -117,26 +117,23 @@ Batch SyntheticSegmentation::batch(const std::vector<int64_t>& indices, DType dt
                              Tensor::empty({B, 1, S, S}, dtype, device)};
   const size_t plane = size_t(S) * S;
   kernels::cpu::parallel_for(B, [&](int64_t b) {
-    const int64_t index = indices[b];
-    std::vector<float> local;
-    std::vector<float>* sample = &local;
-    if (index >= 0 && index < int64_t(cache_.size())) sample = &cache_[index];
-    if (sample->empty()) {
-      sample->resize(4 * plane);
-      render(index, sample->data(), sample->data() + 3 * plane);
-    }
-    const float* img = sample->data();
-    const float* msk = img + 3 * plane;
-    UNETCU_DISPATCH_FLOAT(dtype, T, {
-      T* ip = out.images.data<T>() + b * 3 * plane;
-      T* mp = out.masks.data<T>() + b * plane;
-      for (int c = 0; c < 3; ++c)
-        for (size_t q = 0; q < plane; ++q)
-          ip[c * plane + q] = T((img[c * plane + q] - kImageMean[c]) / kImageStd[c]);
-      for (size_t q = 0; q < plane; ++q) mp[q] = T(msk[q]);
-    });
+    std::vector<float> img(3 * plane), msk(plane);
+    sample(indices[b], img.data(), msk.data());
+    store_normalized(img.data(), msk.data(), out, b);
   }, 1);
   return out;
+}
+
+void store_normalized(const float* img, const float* msk, Batch& out, int64_t b) {
+  const size_t plane = size_t(out.masks.dim(2)) * size_t(out.masks.dim(3));
+  UNETCU_DISPATCH_FLOAT(out.images.dtype(), T, {
+    T* ip = out.images.data<T>() + b * 3 * plane;
+    T* mp = out.masks.data<T>() + b * plane;
+    for (int c = 0; c < 3; ++c)
+      for (size_t q = 0; q < plane; ++q)
+        ip[c * plane + q] = T((img[c * plane + q] - kImageMean[c]) / kImageStd[c]);
+    for (size_t q = 0; q < plane; ++q) mp[q] = T(msk[q]);
+  });
 }
 
 void SyntheticSegmentation::sample(int64_t index, float* image, float* mask) const {

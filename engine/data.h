@@ -42,6 +42,10 @@ class SyntheticSegmentation {
   mutable std::vector<std::vector<float>> cache_;  // image (3 planes) then mask, per index
 };
 
+// Writes one sample (image [3, S, S] in [0, 1], mask [S, S]) as row b of a batch, the image
+// normalised with the ImageNet mean/std, in the batch's dtype.
+void store_normalized(const float* image, const float* mask, Batch& out, int64_t b);
+
 // A seeded permutation of [0, n) for one epoch (the same seed and epoch give the same order).
 std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int epoch);
 

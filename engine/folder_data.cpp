@@ -191,13 +191,7 @@ Batch make_batch(const Dataset& ds, const std::vector<int64_t>& indices, DType d
         Rng rng(Rng::mix(Rng::mix(seed, uint64_t(epoch)), uint64_t(indices[b])));
         augment_sample(img.data(), msk.data(), int(S), augment, rng);
       }
-      UNETCU_DISPATCH_FLOAT(dtype, T, {
-        T* ip = out.images.data<T>() + b * 3 * plane;
-        T* mp = out.masks.data<T>() + b * plane;
-        for (int c = 0; c < 3; ++c)
-          for (size_t q = 0; q < plane; ++q) ip[c * plane + q] = T((img[c * plane + q] - kImageMean[c]) / kImageStd[c]);
-        for (size_t q = 0; q < plane; ++q) mp[q] = T(msk[q]);
-      });
+      store_normalized(img.data(), msk.data(), out, b);
     } catch (...) {
       errors[size_t(b)] = std::current_exception();  // no throwing out of an OpenMP region
     }
