@@ -17,11 +17,10 @@
 #include <iostream>
 #include <sstream>
 
+#include "apps/cli.h"
 #include "bench/bench_util.h"
 #include "engine/cuda_api.h"
-#include "parallel/data_parallel.h"
 #include "parallel/perf_model.h"
-#include "parallel/pipeline.h"
 #include "parallel/split_search.h"
 
 using namespace unetcu;
@@ -48,13 +47,16 @@ struct Row {
   }
 };
 
-// Runs `warmup` steps, then `epochs` epochs of `steps` steps each; returns the epoch times.
-std::vector<double> time_epochs(const std::function<void()>& step, int warmup, int epochs, int steps) {
-  for (int i = 0; i < warmup; ++i) step();
+// Runs `warmup` steps of the strategy on the batch, then `epochs` epochs of `steps` steps
+// each; returns the epoch times.
+std::vector<double> time_epochs(TrainingStrategy& strategy, const Batch& host, int warmup,
+                                int epochs, int steps) {
+  const PlacedBatch batch = strategy.place(host);
+  for (int i = 0; i < warmup; ++i) strategy.step(batch);
   std::vector<double> out;
   for (int e = 0; e < epochs; ++e) {
     const auto t0 = Clock::now();
-    for (int s = 0; s < steps; ++s) step();
+    for (int s = 0; s < steps; ++s) strategy.step(batch);
     out.push_back(since(t0));
   }
   return out;
@@ -111,8 +113,18 @@ int main(int argc, char** argv) {
   app.add_option("--out", out_dir, "Folder for table1/table2 .md/.csv and bench.json")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
-    const std::vector<Device> devices = parse_device_list(devices_s);
-    for (const Device& d : devices) resolve_device(d.str(), nullptr);
+    std::vector<Device> devices;
+    try {
+      devices = cli::parse_device_list(devices_s);
+    } catch (const Error& e) {
+      throw Error(std::string("--devices: ") + e.what());
+    }
+    for (size_t i = 0; i < devices.size(); ++i) {
+      resolve_device(devices[i].str(), nullptr);
+      for (size_t j = 0; j < i; ++j)
+        UNETCU_CHECK(devices[i] != devices[j], "--devices lists ", devices[i].str(), " twice");
+      UNETCU_CHECK(devices[i].kind == devices[0].kind, "--devices must be all CPU devices or all GPUs");
+    }
     const int N = int(devices.size());
     UNETCU_CHECK(batch >= 1 && epochs >= 1 && mp_steps >= 1 && warmup >= 0, "bad sizes");
     if (mp_batch == 0) mp_batch = batch * N;
@@ -122,14 +134,10 @@ int main(int argc, char** argv) {
       for (int s = 1; s < mp_batch; s *= 2) splits.push_back(s);
       splits.push_back(mp_batch);
     } else {
-      std::stringstream ss(splits_s);
-      for (std::string item; std::getline(ss, item, ',');) {
-        if (item.empty()) continue;
-        try {
-          splits.push_back(std::stoi(item));
-        } catch (const std::exception&) {
-          throw Error("--split-sizes: '" + item + "' is not a number");
-        }
+      try {
+        splits = cli::parse_int_list(splits_s);
+      } catch (const Error& e) {
+        throw Error(std::string("--split-sizes: ") + e.what());
       }
     }
     for (int s : splits) UNETCU_CHECK(s >= 1 && s <= mp_batch, "--split-sizes: ", s, " is outside 1..", mp_batch);
@@ -160,7 +168,7 @@ int main(int argc, char** argv) {
     auto batch_of = [&](int lo, int n) {
       return data.batch(std::vector<int64_t>(idx.begin() + lo, idx.begin() + lo + n));
     };
-    auto adam = [](std::vector<Tensor> p) { return std::unique_ptr<Optimizer>(new Adam(std::move(p))); };
+    const OptimizerFactory adam = optimizer_factory({});
     const std::string machine = machine_description(devices);
     std::printf("machine: %s\nimage %dx%d, width/%d; single and DP batch %d per device, MP batch %d; "
                 "epoch = %d images; %d timed epochs after %d warm-up steps; %d threads per CPU device\n\n",
@@ -190,62 +198,38 @@ int main(int argc, char** argv) {
       set_cpu_threads(threads);
       UNetConfig c = mc;
       c.device = devices[0];
-      UNet model(c);
-      Adam opt(model.parameters());
-      const Batch host = batch_of(0, batch);
-      const Batch b{host.images.to(devices[0]), host.masks.to(devices[0])};
-      auto step = [&] {
-        Tape tape;
-        {
-          TapeScope s(tape);
-          Tensor loss = segmentation_loss(LossKind::BCEDice, model.forward(b.images), b.masks);
-          opt.zero_grad();
-          tape.backward(loss);
-          (void)loss.item();
-        }
-        opt.step();
-      };
-      rows.push_back({"single (" + devices[0].str() + ")", time_epochs(step, warmup, epochs, std::max(1, epoch_images / batch)), 1.0});
+      SingleDevice single(c, adam, LossKind::BCEDice);
+      rows.push_back({"single (" + devices[0].str() + ")",
+                      time_epochs(single, batch_of(0, batch), warmup, epochs, std::max(1, epoch_images / batch)), 1.0});
     }
     for (AllReduceAlgo algo : {AllReduceAlgo::Ring, AllReduceAlgo::ParameterServer}) {
       DataParallelOptions o;
       o.devices = devices;
       o.algo = algo;
       o.threads_per_replica = threads;
-      DataParallel dp(mc, o, adam);
-      std::vector<Batch> shards;
-      for (int r = 0; r < N; ++r) shards.push_back(batch_of(r * batch, batch));
-      rows.push_back({std::string("DP ") + (algo == AllReduceAlgo::Ring ? "ring" : "ps") + " (" +
+      DataParallelStrategy dp(mc, o, adam, LossKind::BCEDice);
+      // Replica r takes rows [r*batch, (r+1)*batch) of the global batch.
+      rows.push_back({std::string("DP ") + name_of(kAllReduceNames, algo) + " (" +
                           std::to_string(N) + " x " + std::to_string(batch) + ")",
-                      time_epochs([&] { dp.step(shards, LossKind::BCEDice); }, warmup, epochs,
+                      time_epochs(dp, batch_of(0, batch * N), warmup, epochs,
                                   std::max(1, epoch_images / (batch * N))),
                       predict_dp(profile, param_bytes, N, batch, algo, link).speedup});
     }
     // Table 1: every two-stage cut x split size, measured.
     const std::vector<Device> stages = {devices[0], N > 1 ? devices[1] : devices[0]};
     const Batch mp_b = batch_of(0, mp_batch);
-    UNetConfig probe_cfg;
-    probe_cfg.width_divisor = 64;  // only the block names are read
-    UNet probe(probe_cfg);
     std::vector<BlockProfile> names;
-    for (const auto& bl : probe.blocks()) names.push_back({bl.name, bl.inputs, 0, 0, 0});
+    for (const auto& bl : profile) names.push_back({bl.name, bl.inputs, 0, 0, 0});
     std::vector<PlanCandidate> plans;
-    for (int cut = 1; cut < int(probe.blocks().size()); ++cut)
+    for (int cut = 1; cut < int(names.size()); ++cut)
       for (int split : splits) {
         PipelineOptions o;
         o.devices = stages;
         o.cuts = {cut};
         o.split_size = split;
         o.threads_per_stage = threads;
-        Pipeline pipe(mc, o, adam);
-        for (int w = 0; w < warmup; ++w) pipe.step(mp_b, LossKind::BCEDice);
-        std::vector<double> t;
-        for (int s = 0; s < mp_steps; ++s) {
-          const auto t0 = Clock::now();
-          pipe.step(mp_b, LossKind::BCEDice);
-          t.push_back(since(t0));
-        }
-        plans.push_back({{cut}, split, 0, bench::median(t)});
+        PipelineStrategy pipe(mc, o, adam, LossKind::BCEDice);
+        plans.push_back({{cut}, split, 0, bench::median(bench::time_steps(pipe, mp_b, warmup, mp_steps))});
       }
     const PlanCandidate* best = &plans[0];
     for (const auto& p : plans)
@@ -256,11 +240,10 @@ int main(int argc, char** argv) {
       o.cuts = best->cuts;
       o.split_size = best->split_size;
       o.threads_per_stage = threads;
-      Pipeline pipe(mc, o, adam);
+      PipelineStrategy pipe(mc, o, adam, LossKind::BCEDice);
       rows.push_back({"MP best (after " + names[best->cuts[0] - 1].name + ", split " +
                           std::to_string(best->split_size) + ", batch " + std::to_string(mp_batch) + ")",
-                      time_epochs([&] { pipe.step(mp_b, LossKind::BCEDice); }, warmup, epochs,
-                                  std::max(1, epoch_images / mp_batch)),
+                      time_epochs(pipe, mp_b, warmup, epochs, std::max(1, epoch_images / mp_batch)),
                       // per epoch: single's time for the epoch's images over MP's
                       single_step_seconds(profile, mp_batch) /
                           predict_step(profile, best->cuts, mp_batch, best->split_size, Schedule::GPipe, link)});

@@ -10,8 +10,8 @@
 #include <iostream>
 
 #include "engine/checkpoint.h"
-#include "engine/folder_data.h"
-#include "engine/image_io.h"
+#include "data/dataset.h"
+#include "data/image_io.h"
 #include "engine/tape.h"
 #include "models/unet.h"
 

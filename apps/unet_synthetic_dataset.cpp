@@ -4,7 +4,7 @@
 
 #include <iostream>
 
-#include "engine/folder_data.h"
+#include "data/dataset.h"
 
 int main(int argc, char** argv) {
   std::string dir;

@@ -7,11 +7,7 @@
 #include <cstdio>
 #include <iostream>
 
-#include "engine/data.h"
-#include "engine/optim.h"
-#include "engine/tape.h"
 #include "bench/bench_util.h"
-#include "models/unet.h"
 
 using namespace unetcu;
 

@@ -7,19 +7,21 @@
 #include <filesystem>
 #include <iostream>
 
-#include "engine/folder_data.h"
-#include "engine/loader.h"
+#include "apps/cli.h"
+#include "data/dataset.h"
+#include "data/loader.h"
 
 using namespace unetcu;
 
 int main(int argc, char** argv) {
   int size = 512, count = 32, batch = 4, epochs = 2;
-  std::string augment = "heavy", threads_s = "1,2";
+  std::string threads_s = "1,2";
+  Augment aug = Augment::Heavy;
   CLI::App app{"bench_loader: images/s of the batch loader on an image folder"};
   app.add_option("--image-size", size, "Image size (files and training)")->capture_default_str();
   app.add_option("--count", count, "Images in the folder")->capture_default_str();
   app.add_option("--batch-size", batch, "Batch size")->capture_default_str();
-  app.add_option("--augment", augment, "none, light or heavy")->capture_default_str();
+  cli::add_enum(app, "--augment", aug, kAugmentNames, "Augmentation");
   app.add_option("--workers", threads_s, "Loader thread counts to try")->capture_default_str();
   app.add_option("--epochs", epochs, "Passes over the folder per measurement")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -27,7 +29,6 @@ int main(int argc, char** argv) {
     const auto dir = std::filesystem::temp_directory_path() / "unetcu_bench_loader";
     write_synthetic_folder(dir.string(), count, size, 3);
     FolderDataset ds(FolderDataset::scan(dir.string()), size);
-    const Augment aug = parse_augment(augment);
     std::printf("| workers | images | seconds | img/s |\n|---|---|---|---|\n");
     std::stringstream ss(threads_s);
     for (std::string item; std::getline(ss, item, ',');) {

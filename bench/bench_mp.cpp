@@ -4,21 +4,13 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <iostream>
-#include <sstream>
 
-#include "engine/data.h"
-#include "engine/optim.h"
-#include "engine/tape.h"
+#include "apps/cli.h"
 #include "bench/bench_util.h"
-#include "models/unet.h"
-#include "parallel/pipeline.h"
 
 using namespace unetcu;
-using Clock = std::chrono::steady_clock;
-
 using bench::median;
 
 int main(int argc, char** argv) {
@@ -41,40 +33,38 @@ int main(int argc, char** argv) {
     std::vector<int64_t> idx;
     for (int i = 0; i < batch; ++i) idx.push_back(i);
     const Batch b = data.batch(idx);
-    auto make_adam = [](std::vector<Tensor> p) { return std::unique_ptr<Optimizer>(new Adam(std::move(p))); };
+    std::vector<int> cuts, split_sizes;
+    std::vector<Device> stage_devices;
+    try {
+      cuts = cli::parse_cuts(cut);
+      split_sizes = cli::parse_int_list(splits);
+      stage_devices = cli::parse_device_list(devices);
+    } catch (const Error& e) {
+      throw Error(std::string("bad --split, --split-sizes or --devices: ") + e.what());
+    }
 
     set_cpu_threads(1);
-    const std::vector<double> single_times = bench::time_single_device_steps(mc, b, warmup, steps);
-    const double single = median(single_times);
+    const double single = median(bench::time_single_device_steps(mc, b, warmup, steps));
     std::printf("batch %d at %dx%d, width/%d, cut after %s on %s (one thread each)\n\n", batch,
                 image, image, width_divisor, cut.c_str(), devices.c_str());
     std::printf("| mode | schedule | split_size | micro-batches | step (s) | speedup | live micro-batches per stage |\n");
     std::printf("|---|---|---|---|---|---|---|\n");
     std::printf("| single | - | %d | 1 | %.3f | 1.00 | - |\n", batch, single);
     std::fflush(stdout);
-    UNet probe(UNetConfig{});
     for (Schedule sched : {Schedule::GPipe, Schedule::OneFOneB}) {
-      std::stringstream ss(splits);
-      std::string item;
-      while (std::getline(ss, item, ',')) {
+      for (int split : split_sizes) {
         PipelineOptions o;
-        o.devices = parse_stage_devices(devices);
-        o.cuts = parse_cuts(cut, probe);
-        o.split_size = std::stoi(item);
+        o.devices = stage_devices;
+        o.cuts = cuts;
+        o.split_size = split;
         o.schedule = sched;
         o.threads_per_stage = 1;
-        Pipeline pipe(mc, o, make_adam);
-        std::vector<double> times;
-        for (int s = 0; s < warmup + steps; ++s) {
-          const auto t0 = Clock::now();
-          pipe.step(b, LossKind::BCEDice);
-          if (s >= warmup) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-        }
-        const double t = median(times);
+        PipelineStrategy pipe(mc, o, optimizer_factory({}), LossKind::BCEDice);
+        const double t = median(bench::time_steps(pipe, b, warmup, steps));
         std::string live;
-        for (int v : pipe.peak_live_micro_batches()) live += (live.empty() ? "" : " ") + std::to_string(v);
-        std::printf("| mp | %s | %d | %d | %.3f | %.2f | %s |\n", sched == Schedule::GPipe ? "gpipe" : "1f1b",
-                    o.split_size, (batch + o.split_size - 1) / o.split_size, t, single / t, live.c_str());
+        for (int v : pipe.live_micro_batches()) live += (live.empty() ? "" : " ") + std::to_string(v);
+        std::printf("| mp | %s | %d | %d | %.3f | %.2f | %s |\n", name_of(kScheduleNames, sched),
+                    split, (batch + split - 1) / split, t, single / t, live.c_str());
         std::fflush(stdout);
       }
     }

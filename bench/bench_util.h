@@ -1,13 +1,12 @@
-// Shared by the benchmarks: one-device training steps timed after a warm-up.
+// Shared by the benchmarks: training steps of any strategy (train/strategy.h), timed after a
+// warm-up, on a batch placed once.
 #pragma once
 #include <algorithm>
 #include <chrono>
 #include <vector>
 
-#include "engine/data.h"
-#include "engine/optim.h"
-#include "engine/tape.h"
-#include "models/unet.h"
+#include "data/synthetic.h"
+#include "train/strategy.h"
 
 namespace unetcu::bench {
 
@@ -16,27 +15,26 @@ inline double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Seconds of each of `steps` training steps (forward, BCE+Dice, backward, Adam) of a fresh
-// model on one device, after `warmup` untimed ones, with the calling thread's thread budget.
-inline std::vector<double> time_single_device_steps(const UNetConfig& cfg, const Batch& b,
-                                                    int warmup, int steps) {
-  UNet model(cfg);
-  Adam opt(model.parameters());
+// Seconds of each of `steps` training steps of `strategy` on `host` (placed on its devices
+// once), after `warmup` untimed ones.
+inline std::vector<double> time_steps(TrainingStrategy& strategy, const Batch& host, int warmup,
+                                      int steps) {
+  const PlacedBatch batch = strategy.place(host);
   std::vector<double> times;
   for (int s = 0; s < warmup + steps; ++s) {
     const auto t0 = std::chrono::steady_clock::now();
-    Tape tape;
-    {
-      TapeScope scope(tape);
-      Tensor loss = segmentation_loss(LossKind::BCEDice, model.forward(b.images), b.masks);
-      opt.zero_grad();
-      tape.backward(loss);
-    }
-    opt.step();
+    strategy.step(batch);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (s >= warmup) times.push_back(dt);
   }
   return times;
+}
+
+// A fresh model on one device (Adam, BCE+Dice), with the calling thread's thread budget.
+inline std::vector<double> time_single_device_steps(const UNetConfig& cfg, const Batch& b,
+                                                    int warmup, int steps) {
+  SingleDevice strategy(cfg, optimizer_factory({}), LossKind::BCEDice);
+  return time_steps(strategy, b, warmup, steps);
 }
 
 }  // namespace unetcu::bench

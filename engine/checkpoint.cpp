@@ -202,33 +202,61 @@ void load_model_state(Module& model, const SafeTensors& tensors, const std::stri
   if (!prefix.empty() && used == 0) bad(file, "has no entries starting with '" + prefix + "'");
 }
 
-void save_checkpoint(const std::string& path, const Module& model, const Optimizer* optimizer,
-                     int epoch) {
+namespace {
+
+// Each optimizer parameter's name in the model: the tensors are the model's own parameters.
+std::vector<std::string> optimizer_param_names(const Module& model, const Optimizer& opt) {
+  std::map<const TensorImpl*, std::string> names;
+  for (const auto& [name, t] : model.named_parameters()) names[t.impl_ptr().get()] = name;
+  std::vector<std::string> out;
+  for (const Tensor& p : opt.params()) {
+    auto it = names.find(p.impl_ptr().get());
+    UNETCU_CHECK(it != names.end(), "checkpoint: the optimizer holds a tensor of shape ",
+                 shape_str(p.shape()), " that is not a parameter of the model");
+    out.push_back(it->second);
+  }
+  return out;
+}
+
+SafeTensor to_safetensor(const Tensor& tensor) {
+  const Tensor host = tensor.device().is_cpu() ? tensor : tensor.to(Device::cpu());
+  SafeTensor t{st_dtype(host.dtype()), host.shape(), std::vector<char>(host.nbytes())};
+  std::memcpy(t.data.data(), host.raw(), host.nbytes());
+  return t;
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, const Module& model,
+                     const std::vector<Optimizer*>& optimizers, int epoch) {
   // Both files are written in full before either replaces its predecessor, and both carry the
   // epoch, so a crash between the two renames is detected when resuming.
   const std::string ep = std::to_string(epoch);
   write_safetensors_tmp(path, model_state(model), {{"format", "pt"}, {"producer", "unetcu"}, {"epoch", ep}});
   SafeTensors train;
-  if (optimizer) {
-    auto* opt = const_cast<Optimizer*>(optimizer);  // counters are read, not changed
-    for (const auto& [name, tensor] : optimizer->state_tensors()) {
-      const Tensor host = tensor.device().is_cpu() ? tensor : tensor.to(Device::cpu());
-      SafeTensor t{st_dtype(host.dtype()), host.shape(), std::vector<char>(host.nbytes())};
-      std::memcpy(t.data.data(), host.raw(), host.nbytes());
-      train.emplace(name, std::move(t));
-    }
-    for (const auto& [name, counter] : opt->state_counters()) {
-      SafeTensor t{"I64", {}, std::vector<char>(8)};
-      std::memcpy(t.data.data(), counter, 8);
-      train.emplace(name, std::move(t));
+  std::map<std::string, std::string> meta{{"epoch", ep}, {"producer", "unetcu"}};
+  for (Optimizer* opt : optimizers) {
+    const std::vector<std::string> names = optimizer_param_names(model, *opt);
+    const std::string kind = opt->kind();
+    meta["optimizer"] = kind;
+    for (size_t i = 0; i < names.size(); ++i) {
+      const Optimizer::ParamState st = opt->param_state(i);
+      for (const auto& [stat, tensor] : st.tensors)
+        train.emplace(kind + "." + stat + "." + names[i], to_safetensor(tensor));
+      for (const auto& [stat, counter] : st.counters) {
+        SafeTensor t{"I64", {}, std::vector<char>(8)};
+        std::memcpy(t.data.data(), counter, 8);
+        train.emplace(kind + "." + stat + "." + names[i], std::move(t));
+      }
     }
   }
-  write_safetensors_tmp(path + ".train", train, {{"epoch", ep}, {"producer", "unetcu"}});
+  write_safetensors_tmp(path + ".train", train, meta);
   commit(path + ".train");
   commit(path);
 }
 
-int load_checkpoint(const std::string& path, Module& model, Optimizer* optimizer) {
+int load_checkpoint(const std::string& path, Module& model,
+                    const std::vector<Optimizer*>& optimizers) {
   std::map<std::string, std::string> model_meta;
   load_model_state(model, read_safetensors(path, &model_meta), path);
   const std::string train_path = path + ".train";
@@ -245,22 +273,35 @@ int load_checkpoint(const std::string& path, Module& model, Optimizer* optimizer
   if (model_meta.count("epoch") && model_meta["epoch"] != meta["epoch"])
     bad(train_path, "is from epoch " + meta["epoch"] + " but the model file from epoch " +
                         model_meta["epoch"] + " (an interrupted save?)");
-  if (optimizer) {
-    for (const auto& [name, tensor] : optimizer->state_tensors()) {
-      auto it = train.find(name);
-      if (it == train.end()) bad(train_path, "has no optimizer entry '" + name + "' (another optimizer?)");
-      if (it->second.shape != tensor.shape() || it->second.dtype != st_dtype(tensor.dtype()))
-        bad(train_path, "optimizer entry '" + name + "' does not match the model");
-      Tensor src = Tensor::empty(tensor.shape(), tensor.dtype());
-      std::memcpy(src.raw(), it->second.data.data(), it->second.data.size());
-      Tensor dst = tensor;
-      dst.copy_(src);
-    }
-    for (const auto& [name, counter] : optimizer->state_counters()) {
-      auto it = train.find(name);
-      if (it == train.end() || it->second.dtype != "I64" || !it->second.shape.empty())
-        bad(train_path, "has no optimizer counter '" + name + "'");
-      std::memcpy(counter, it->second.data.data(), 8);
+  for (Optimizer* opt : optimizers) {
+    const std::string kind = opt->kind();
+    if (!meta.count("optimizer"))
+      bad(train_path, "holds no optimizer state; this run uses " + kind);
+    if (meta["optimizer"] != kind)
+      bad(train_path, "holds " + meta["optimizer"] + " state; this run uses " + kind);
+    const std::vector<std::string> names = optimizer_param_names(model, *opt);
+    for (size_t i = 0; i < names.size(); ++i) {
+      const Optimizer::ParamState st = opt->param_state(i);
+      for (const auto& [stat, tensor] : st.tensors) {
+        const std::string key = kind + "." + stat + "." + names[i];
+        auto it = train.find(key);
+        if (it == train.end()) bad(train_path, "has no optimizer entry '" + key + "'");
+        if (it->second.shape != tensor.shape() || it->second.dtype != st_dtype(tensor.dtype()))
+          bad(train_path, "optimizer entry '" + key + "' has shape " + shape_str(it->second.shape) +
+                              " " + it->second.dtype + ", the parameter " + shape_str(tensor.shape()) +
+                              " " + st_dtype(tensor.dtype()));
+        Tensor src = Tensor::empty(tensor.shape(), tensor.dtype());
+        std::memcpy(src.raw(), it->second.data.data(), it->second.data.size());
+        Tensor dst = tensor;
+        dst.copy_(src);
+      }
+      for (const auto& [stat, counter] : st.counters) {
+        const std::string key = kind + "." + stat + "." + names[i];
+        auto it = train.find(key);
+        if (it == train.end() || it->second.dtype != "I64" || !it->second.shape.empty())
+          bad(train_path, "has no optimizer counter '" + key + "'");
+        std::memcpy(counter, it->second.data.data(), 8);
+      }
     }
   }
   return epoch;

@@ -44,10 +44,17 @@ SafeTensors model_state(const Module& model);
 void load_model_state(Module& model, const SafeTensors& tensors, const std::string& file,
                       const std::string& prefix = "");
 
-// Model to `path`, training state (optimizer, epoch) to `path + ".train"`.
-void save_checkpoint(const std::string& path, const Module& model, const Optimizer* optimizer,
-                     int epoch);
-// Returns the epoch stored with the checkpoint (0 when there is no training state file).
-int load_checkpoint(const std::string& path, Module& model, Optimizer* optimizer);
+// Model to `path`; the training state to `path + ".train"`: the epoch and every optimizer's
+// state, each entry named "<optimizer>.<statistic>.<parameter name>" (e.g.
+// "adam.m.encoder.conv1.weight"). Keyed by name, not position, the state loads into any
+// strategy that trains the same model: one device, data parallel (rank 0's optimizer; the
+// others are equal) or pipeline stages (each stage's optimizer holds its own parameters).
+// Every optimizer parameter must be a parameter of `model`.
+void save_checkpoint(const std::string& path, const Module& model,
+                     const std::vector<Optimizer*>& optimizers, int epoch);
+// Loads the model and, for each optimizer, the state of each of its parameters; returns the
+// epoch stored with the checkpoint (0 when there is no training state file).
+int load_checkpoint(const std::string& path, Module& model,
+                    const std::vector<Optimizer*>& optimizers);
 
 }  // namespace unetcu

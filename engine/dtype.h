@@ -12,11 +12,6 @@ enum class DType : uint8_t { F32, F64 };
 
 inline size_t dtype_size(DType d) { return d == DType::F32 ? 4 : 8; }
 inline const char* dtype_name(DType d) { return d == DType::F32 ? "float32" : "float64"; }
-inline DType parse_dtype(const std::string& s) {
-  if (s == "float32" || s == "f32") return DType::F32;
-  if (s == "float64" || s == "f64") return DType::F64;
-  throw Error("unknown dtype '" + s + "' (expected float32 or float64)");
-}
 
 template <class T> constexpr DType dtype_of();
 template <> constexpr DType dtype_of<float>() { return DType::F32; }

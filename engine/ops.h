@@ -6,6 +6,7 @@
 #pragma once
 #include <vector>
 
+#include "engine/named.h"
 #include "engine/tensor.h"
 
 namespace unetcu {
@@ -74,8 +75,9 @@ Tensor dice_loss(const Tensor& logits, const Tensor& target, double smooth = 1.0
 // (0/0 with nothing predicted, nothing to find and smooth 0 counts as a perfect match: 0.)
 
 enum class LossKind { BCE, Dice, BCEDice };
-LossKind parse_loss_kind(const std::string& s);  // "bce", "dice", "bce+dice"
-const char* loss_kind_name(LossKind k);
+inline constexpr NamedValue<LossKind> kLossNames[] = {
+    {"bce", LossKind::BCE}, {"dice", LossKind::Dice}, {"bce+dice", LossKind::BCEDice}};
+inline const char* loss_kind_name(LossKind k) { return name_of(kLossNames, k); }
 Tensor segmentation_loss(LossKind kind, const Tensor& logits, const Tensor& target);
 
 }  // namespace unetcu

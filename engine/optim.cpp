@@ -35,19 +35,8 @@ Adam::Adam(std::vector<Tensor> params, const AdamOptions& opt)
   steps_.assign(params_.size(), 0);
 }
 
-std::vector<std::pair<std::string, Tensor>> Adam::state_tensors() const {
-  std::vector<std::pair<std::string, Tensor>> out;
-  for (size_t i = 0; i < m_.size(); ++i) {
-    out.emplace_back("adam.m." + std::to_string(i), m_[i]);
-    out.emplace_back("adam.v." + std::to_string(i), v_[i]);
-  }
-  return out;
-}
-
-std::vector<std::pair<std::string, int64_t*>> Adam::state_counters() {
-  std::vector<std::pair<std::string, int64_t*>> out;
-  for (size_t i = 0; i < steps_.size(); ++i) out.emplace_back("adam.step." + std::to_string(i), &steps_[i]);
-  return out;
+Optimizer::ParamState Adam::param_state(size_t i) {
+  return {{{"m", m_.at(i)}, {"v", v_.at(i)}}, {{"step", &steps_.at(i)}}};
 }
 
 void Adam::step() {
@@ -78,17 +67,11 @@ SGD::SGD(std::vector<Tensor> params, const SgdOptions& opt)
   started_.assign(params_.size(), 0);
 }
 
-std::vector<std::pair<std::string, Tensor>> SGD::state_tensors() const {
-  std::vector<std::pair<std::string, Tensor>> out;
-  if (opt_.momentum != 0)
-    for (size_t i = 0; i < buf_.size(); ++i) out.emplace_back("sgd.momentum." + std::to_string(i), buf_[i]);
-  return out;
-}
-
-std::vector<std::pair<std::string, int64_t*>> SGD::state_counters() {
-  std::vector<std::pair<std::string, int64_t*>> out;
-  for (size_t i = 0; i < started_.size(); ++i) out.emplace_back("sgd.started." + std::to_string(i), &started_[i]);
-  return out;
+Optimizer::ParamState SGD::param_state(size_t i) {
+  ParamState s;
+  if (opt_.momentum != 0) s.tensors.emplace_back("momentum", buf_.at(i));
+  s.counters.emplace_back("started", &started_.at(i));
+  return s;
 }
 
 void SGD::step() {
@@ -104,6 +87,22 @@ void SGD::step() {
     started_[i] = 1;
     UNETCU_LAUNCH(params_[i].device(), sgd_update, params_[i], g, buf_[i], s);
   }
+}
+
+OptimizerFactory optimizer_factory(const OptimizerConfig& c) {
+  return [c](std::vector<Tensor> params) -> std::unique_ptr<Optimizer> {
+    if (c.kind == OptimizerKind::Adam) {
+      AdamOptions o;
+      o.lr = c.lr;
+      o.weight_decay = c.weight_decay;
+      return std::make_unique<Adam>(std::move(params), o);
+    }
+    SgdOptions o;
+    o.lr = c.lr;
+    o.momentum = c.momentum;
+    o.weight_decay = c.weight_decay;
+    return std::make_unique<SGD>(std::move(params), o);
+  };
 }
 
 }  // namespace unetcu

@@ -1,8 +1,13 @@
 // Optimizers with PyTorch semantics. A parameter without a gradient is skipped (as PyTorch
 // skips p.grad is None). step() does not zero gradients; zero_grad() does.
 #pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "engine/named.h"
 #include "engine/tensor.h"
 
 namespace unetcu {
@@ -14,10 +19,17 @@ class Optimizer {
   virtual void step() = 0;
   void zero_grad();
   double lr() const { return lr_; }
-  // Everything the optimizer keeps between steps, per parameter index, for checkpoints:
-  // named tensors (moments) and integer counters.
-  virtual std::vector<std::pair<std::string, Tensor>> state_tensors() const = 0;
-  virtual std::vector<std::pair<std::string, int64_t*>> state_counters() = 0;
+  // "adam" / "sgd": checkpoints name the state with it, so another optimizer's state is
+  // recognised as such.
+  virtual const char* kind() const = 0;
+  // Everything the optimizer keeps between steps for parameter i, for checkpoints (keyed by
+  // the parameter's name there, so a checkpoint moves between strategies): named tensors
+  // (moments) and integer counters, written and read in place.
+  struct ParamState {
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    std::vector<std::pair<std::string, int64_t*>> counters;
+  };
+  virtual ParamState param_state(size_t i) = 0;
   void set_lr(double lr) { lr_ = lr; }
   const std::vector<Tensor>& params() const { return params_; }
 
@@ -35,8 +47,8 @@ class Adam : public Optimizer {
  public:
   Adam(std::vector<Tensor> params, const AdamOptions& opt = {});
   void step() override;
-  std::vector<std::pair<std::string, Tensor>> state_tensors() const override;
-  std::vector<std::pair<std::string, int64_t*>> state_counters() override;
+  const char* kind() const override { return "adam"; }
+  ParamState param_state(size_t i) override;
 
  private:
   AdamOptions opt_;
@@ -54,13 +66,27 @@ class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> params, const SgdOptions& opt = {});
   void step() override;
-  std::vector<std::pair<std::string, Tensor>> state_tensors() const override;
-  std::vector<std::pair<std::string, int64_t*>> state_counters() override;
+  const char* kind() const override { return "sgd"; }
+  ParamState param_state(size_t i) override;
 
  private:
   SgdOptions opt_;
   std::vector<Tensor> buf_;
   std::vector<int64_t> started_;  // 0/1 per parameter
 };
+
+enum class OptimizerKind { Adam, SGD };
+inline constexpr NamedValue<OptimizerKind> kOptimizerNames[] = {{"adam", OptimizerKind::Adam},
+                                                                {"sgd", OptimizerKind::SGD}};
+
+// What a training run's optimizer is; each replica or pipeline stage makes its own from it.
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::Adam;
+  double lr = 1e-3;
+  double momentum = 0.9;     // SGD only
+  double weight_decay = 0;
+};
+using OptimizerFactory = std::function<std::unique_ptr<Optimizer>(std::vector<Tensor>)>;
+OptimizerFactory optimizer_factory(const OptimizerConfig& config);
 
 }  // namespace unetcu

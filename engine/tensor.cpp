@@ -113,6 +113,7 @@ Tensor Tensor::view(const Shape& shape) const {
   UNETCU_CHECK(shape.size() <= 4, "tensors have at most 4 dimensions, got ", shape_str(shape));
   auto v = std::make_shared<TensorImpl>();
   v->storage = impl().storage;
+  v->offset = impl().offset;
   v->shape = shape;
   v->dtype = dtype();
   v->device = device();
@@ -122,6 +123,26 @@ Tensor Tensor::view(const Shape& shape) const {
 }
 
 Tensor Tensor::detach() const { return view(shape()); }
+
+Tensor Tensor::view_at(int64_t element_offset, const Shape& shape) const {
+  UNETCU_CHECK(element_offset >= 0 && element_offset + shape_numel(shape) <= numel(),
+               "view_at: ", shape_str(shape), " at element ", element_offset,
+               " does not fit in ", shape_str(this->shape()));
+  UNETCU_CHECK(shape.size() <= 4, "tensors have at most 4 dimensions, got ", shape_str(shape));
+  Tensor v = view(this->shape());
+  v.impl().offset += size_t(element_offset) * dtype_size(dtype());
+  v.impl().shape = shape;
+  return v;
+}
+
+Tensor Tensor::rows(int64_t lo, int64_t hi) const {
+  UNETCU_CHECK(ndim() >= 1 && 0 <= lo && lo <= hi && hi <= dim(0), "rows [", lo, ", ", hi,
+               ") of a tensor of shape ", shape_str(shape()));
+  Shape s = shape();
+  const int64_t row = s[0] ? numel() / s[0] : 0;
+  s[0] = hi - lo;
+  return view_at(lo * row, s);
+}
 
 Tensor Tensor::clone() const {
   Tensor t = empty(shape(), dtype(), device());

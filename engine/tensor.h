@@ -10,8 +10,11 @@
 
 #include "engine/device.h"
 #include "engine/dtype.h"
+#include "engine/named.h"
 
 namespace unetcu {
+
+inline constexpr NamedValue<DType> kDTypeNames[] = {{"float32", DType::F32}, {"float64", DType::F64}};
 
 using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& s);
@@ -34,6 +37,7 @@ struct Storage {
 
 struct TensorImpl {
   std::shared_ptr<Storage> storage;
+  size_t offset = 0;                // bytes from the start of the storage (views into a buffer)
   Shape shape;
   DType dtype = DType::F32;
   Device device;
@@ -70,7 +74,7 @@ class Tensor {
   Device device() const { return impl().device; }
   MemoryFormat format() const { return impl().format; }
 
-  void* raw() const { return impl().storage->ptr; }
+  void* raw() const { return static_cast<char*>(impl().storage->ptr) + impl().offset; }
   // Typed pointer to the elements (device memory for a CUDA tensor).
   template <class T> T* data() const {
     UNETCU_CHECK(dtype_of<T>() == dtype(), "tensor holds ", dtype_name(dtype()),
@@ -88,6 +92,12 @@ class Tensor {
 
   // Same storage, new shape (same element count). No gradient flows through a view.
   Tensor view(const Shape& shape) const;
+  // Rows [lo, hi) of dimension 0: same storage (no copy, no autograd), e.g. a replica's shard
+  // of a batch or a micro-batch.
+  Tensor rows(int64_t lo, int64_t hi) const;
+  // `shape` elements of this tensor's storage starting `element_offset` elements into it: a
+  // view into a flat buffer (data parallelism keeps gradients in its all-reduce buckets).
+  Tensor view_at(int64_t element_offset, const Shape& shape) const;
   // Same storage, no autograd history, requires_grad false.
   Tensor detach() const;
   Tensor clone() const;

@@ -14,13 +14,15 @@
 #include <string>
 #include <vector>
 
+#include "engine/named.h"
 #include "engine/tensor.h"
 
 namespace unetcu {
 
 enum class ReduceOp { Sum, Average };
 enum class AllReduceAlgo { Ring, ParameterServer };
-AllReduceAlgo parse_allreduce(const std::string& s);  // "ring" | "ps"
+inline constexpr NamedValue<AllReduceAlgo> kAllReduceNames[] = {
+    {"ring", AllReduceAlgo::Ring}, {"ps", AllReduceAlgo::ParameterServer}};
 
 // An all-reduce in flight. wait(): on CPU ranks, blocks until it is done; on a GPU, makes the
 // calling thread's current stream wait for it (no host wait).

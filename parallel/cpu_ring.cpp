@@ -16,12 +16,6 @@
 
 namespace unetcu {
 
-AllReduceAlgo parse_allreduce(const std::string& s) {
-  if (s == "ring") return AllReduceAlgo::Ring;
-  if (s == "ps") return AllReduceAlgo::ParameterServer;
-  throw Error("unknown --allreduce '" + s + "' (expected ring or ps)");
-}
-
 namespace {
 
 // Reusable barrier for `n` threads (C++17 has no std::barrier) that can be aborted.

@@ -16,23 +16,6 @@
 
 namespace unetcu {
 
-std::vector<Device> parse_device_list(const std::string& s) {
-  std::vector<Device> out;
-  std::stringstream ss(s);
-  std::string item;
-  std::set<std::string> seen;
-  while (std::getline(ss, item, ',')) {
-    if (item.empty()) continue;
-    Device d = Device::parse(item);
-    UNETCU_CHECK(seen.insert(d.str()).second, "--devices lists ", d.str(), " twice");
-    UNETCU_CHECK(out.empty() || out[0].kind == d.kind,
-                 "--devices must be all CPU devices or all GPUs, got ", s);
-    out.push_back(d);
-  }
-  UNETCU_CHECK(!out.empty(), "--devices is empty");
-  return out;
-}
-
 // ---- a replica and its gradient buckets ---------------------------------------------------
 
 namespace {
@@ -49,7 +32,7 @@ class CommBatchNormSync : public BatchNormSync {
 
 struct Bucket {
   std::vector<int> params;        // indices into the replica's parameter list
-  std::vector<int64_t> offsets;   // element offset of each in the flat buffer
+  std::vector<int64_t> offsets;   // element offset of each gradient in the flat buffer
   int64_t numel = 0;
 };
 
@@ -68,7 +51,7 @@ struct DataParallel::Replica {
   std::unordered_map<const TensorImpl*, int> param_index;
   std::vector<Bucket> buckets;
   std::vector<int> bucket_of;  // per parameter
-  std::vector<Tensor> flat;    // per bucket, on the replica's device
+  std::vector<Tensor> flat;    // per bucket, on the replica's device: the gradients live here
   // per step
   std::vector<int> ready_in_bucket;
   std::vector<std::unique_ptr<Work>> work;
@@ -97,6 +80,13 @@ DataParallel::DataParallel(const UNetConfig& model_cfg, const DataParallelOption
     : options_(options) {
   const int N = int(options.devices.size());
   UNETCU_CHECK(N >= 1, "data parallelism needs at least one device");
+  for (int r = 0; r < N; ++r)
+    for (int q = 0; q < r; ++q)
+      UNETCU_CHECK(options.devices[q] != options.devices[r], "data parallelism: device ",
+                   options.devices[r].str(), " is given twice (one replica per device)");
+  for (const Device& d : options.devices)
+    UNETCU_CHECK(d.kind == options.devices[0].kind,
+                 "data parallelism: the replicas must be all on CPU devices or all on GPUs");
   if (options_.threads_per_replica <= 0)
     options_.threads_per_replica = std::max(1, omp_get_num_procs() / N);
   std::vector<std::unique_ptr<Communicator>> grad_comms, ctrl_comms;
@@ -124,21 +114,52 @@ DataParallel::DataParallel(const UNetConfig& model_cfg, const DataParallelOption
     rep->buckets = make_buckets(rep->params, options.first_bucket_bytes, options.bucket_bytes);
     rep->bucket_of.assign(rep->params.size(), -1);
     for (size_t k = 0; k < rep->buckets.size(); ++k) {
-      for (int i : rep->buckets[k].params) rep->bucket_of[i] = int(k);
-      rep->flat.push_back(Tensor::empty({rep->buckets[k].numel}, model_cfg.dtype, rep->device));
+      const Bucket& b = rep->buckets[k];
+      rep->flat.push_back(Tensor::zeros({b.numel}, model_cfg.dtype, rep->device));
+      // Each parameter's gradient is a view into its bucket: backward accumulates into it.
+      for (size_t j = 0; j < b.params.size(); ++j) {
+        rep->bucket_of[b.params[j]] = int(k);
+        const Tensor& p = rep->params[b.params[j]];
+        p.impl().grad = rep->flat[k].view_at(b.offsets[j], p.shape()).impl_ptr();
+      }
     }
     replicas_.push_back(std::move(rep));
   }
   pool_ = std::make_unique<WorkerPool>(options.devices, options_.threads_per_replica, "compute replica");
-  // Every replica starts from rank 0's parameters and buffers.
+  replicate_rank0();  // every replica starts from rank 0's parameters and buffers
+}
+
+void DataParallel::replicate_rank0() {
   run([&](int r) {
-    for (const StateEntry& e : replicas_[r]->model->state()) {
+    Replica& rep = *replicas_[r];
+    for (const StateEntry& e : rep.model->state()) {
       if (!e.tensor.defined()) continue;
       Tensor t = e.tensor;
-      replicas_[r]->grad_comm->broadcast(t, 0);
+      rep.ctrl_comm->broadcast(t, 0);
+    }
+    for (size_t i = 0; i < rep.params.size(); ++i) {
+      const Optimizer::ParamState st = rep.opt->param_state(i);
+      for (const auto& [name, tensor] : st.tensors) {
+        Tensor t = tensor;
+        rep.ctrl_comm->broadcast(t, 0);
+      }
     }
   });
+  // Host-side integers (BN batch counters, optimizer step counts): copied from rank 0.
+  const auto state0 = replicas_[0]->model->state();
+  for (int r = 1; r < size(); ++r) {
+    const auto state = replicas_[r]->model->state();
+    for (size_t i = 0; i < state.size(); ++i)
+      if (state[i].counter) *state[i].counter = *state0[i].counter;
+    for (size_t i = 0; i < replicas_[r]->params.size(); ++i) {
+      const auto c0 = replicas_[0]->opt->param_state(i).counters;
+      const auto c = replicas_[r]->opt->param_state(i).counters;
+      for (size_t k = 0; k < c.size(); ++k) *c[k].second = *c0[k].second;
+    }
+  }
 }
+
+Optimizer& DataParallel::optimizer(int rank) { return *replicas_.at(rank)->opt; }
 
 DataParallel::~DataParallel() = default;
 
@@ -204,29 +225,17 @@ std::vector<double> DataParallel::step(const std::vector<Batch>& shards, LossKin
           Tensor t = e.tensor;
           rep.ctrl_comm->broadcast(t, 0);
         }
-    const Tensor images = shards[r].images.to(rep.device);
-    const Tensor masks = shards[r].masks.to(rep.device);
+    auto on_device = [&](const Tensor& t) { return t.device() == rep.device ? t : t.to(rep.device); };
+    const Tensor images = on_device(shards[r].images);
+    const Tensor masks = on_device(shards[r].masks);
     rep.ready_in_bucket.assign(rep.buckets.size(), 0);
     rep.work.clear();
     rep.work.resize(rep.buckets.size());
     rep.next_launch = 0;
 
-    // Copies a finished bucket's gradients into its flat buffer and starts its all-reduce.
+    // A finished bucket: its gradients are already in its buffer; reduce it in place.
     auto launch = [&](size_t k) {
-      const Bucket& b = rep.buckets[k];
-      Tensor& flat = rep.flat[k];
-      const size_t es = dtype_size(flat.dtype());
-      for (size_t j = 0; j < b.params.size(); ++j) {
-        const Tensor& p = rep.params[b.params[j]];
-        char* dst = static_cast<char*>(flat.raw()) + b.offsets[j] * es;
-        Tensor g = p.grad();
-        if (!g.defined()) {  // unused in this step: contributes zeros
-          g = Tensor::zeros(p.shape(), p.dtype(), p.device());
-          p.impl().grad = g.impl_ptr();
-        }
-        copy_bytes(dst, flat.device(), g.raw(), g.device(), g.nbytes());
-      }
-      rep.work[k] = rep.grad_comm->all_reduce_async(flat, ReduceOp::Average);
+      rep.work[k] = rep.grad_comm->all_reduce_async(rep.flat[k], ReduceOp::Average);
       if (log) event("allreduce bucket " + std::to_string(k));
     };
     auto launch_ready = [&] {
@@ -235,7 +244,13 @@ std::vector<double> DataParallel::step(const std::vector<Batch>& shards, LossKin
         launch(rep.next_launch++);
     };
 
-    rep.opt->zero_grad();
+    // Gradients start from zero in the buckets (a parameter unused this step contributes
+    // zeros); the views stay in place, so the optimizer's zero_grad (which drops them) is not
+    // used here.
+    for (Tensor& flat : rep.flat) flat.fill_(0.0);
+    for (size_t i = 0; i < rep.params.size(); ++i)
+      UNETCU_CHECK(rep.params[i].grad().defined() && rep.params[i].grad().same_storage(rep.flat[rep.bucket_of[i]]),
+                   "data parallelism: a parameter's gradient was moved out of its bucket");
     Tape tape;
     tape.set_leaf_ready_hook([&](const TensorImpl* leaf) {
       auto it = rep.param_index.find(leaf);
@@ -253,16 +268,7 @@ std::vector<double> DataParallel::step(const std::vector<Batch>& shards, LossKin
     }
     // Buckets with a parameter no node used are still reduced, in order, on every rank.
     while (rep.next_launch < rep.buckets.size()) launch(rep.next_launch++);
-    for (size_t k = 0; k < rep.buckets.size(); ++k) {
-      rep.work[k]->wait();
-      const Bucket& b = rep.buckets[k];
-      const size_t es = dtype_size(rep.flat[k].dtype());
-      for (size_t j = 0; j < b.params.size(); ++j) {
-        Tensor g = rep.params[b.params[j]].grad();
-        const char* src = static_cast<const char*>(rep.flat[k].raw()) + b.offsets[j] * es;
-        copy_bytes(g.raw(), g.device(), src, rep.flat[k].device(), g.nbytes());
-      }
-    }
+    for (size_t k = 0; k < rep.buckets.size(); ++k) rep.work[k]->wait();
     rep.opt->step();
     losses[r] = loss.item();
   });

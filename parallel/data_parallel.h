@@ -7,9 +7,11 @@
 //  - Each step (without --sync-bn): BN running statistics are broadcast from rank 0 first, as
 //    PyTorch DDP does, so they follow rank 0.
 //  - Buckets: parameters in reverse order of registration (≈ reverse order of use in forward,
-//    so backward finishes them first), a small first bucket (1 MB) then 25 MB buckets; a bucket
-//    is copied into a flat buffer and all-reduced (average) as soon as its last gradient is
-//    final, in bucket order on every rank.
+//    so backward finishes them first), a small first bucket (1 MB) then 25 MB buckets. Each
+//    bucket is one flat buffer and the gradients of its parameters are views into it, so
+//    backward accumulates straight into the buffer (zeroed before each step) and the bucket is
+//    all-reduced (average) in place as soon as its last gradient is final, in bucket order on
+//    every rank: no copy in or out.
 //  - --sync-bn: batch-norm statistics are all-reduced over the replicas (a second
 //    communicator group, so it never interleaves with the gradient buckets).
 #pragma once
@@ -19,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/data.h"
+#include "data/batch.h"
 #include "engine/optim.h"
 #include "models/unet.h"
 #include "parallel/communicator.h"
@@ -37,11 +39,6 @@ struct DataParallelOptions {
   bool record_events = false;   // keep an ordered log of backward nodes and bucket launches
 };
 
-// Parses "cpu:0,cpu:1" / "cuda:0,cuda:1"; all of one kind, no repeats.
-std::vector<Device> parse_device_list(const std::string& s);
-
-using OptimizerFactory = std::function<std::unique_ptr<Optimizer>(std::vector<Tensor>)>;
-
 class DataParallel {
  public:
   DataParallel(const UNetConfig& model, const DataParallelOptions& options,
@@ -54,9 +51,15 @@ class DataParallel {
   UNet& replica(int rank);
   const DataParallelOptions& options() const { return options_; }
 
-  // One optimizer step on a global batch: shards[r] (host tensors) goes to replica r. Returns
-  // each replica's loss (its shard's mean).
+  // One optimizer step on a global batch: shards[r] goes to replica r (taken as it is when it
+  // is on the replica's device already, copied there otherwise). Returns each replica's loss
+  // (its shard's mean).
   std::vector<double> step(const std::vector<Batch>& shards, LossKind loss);
+
+  Optimizer& optimizer(int rank);
+  // Makes every replica equal to rank 0: parameters, buffers, counters and optimizer state
+  // (at the start, and after rank 0 has been loaded from a checkpoint).
+  void replicate_rank0();
 
   // Runs f(rank) on every replica's thread and waits for all; rethrows the first error.
   void run(const std::function<void(int)>& f);

@@ -4,96 +4,63 @@
 
 #include <algorithm>
 #include <condition_variable>
-#include <cstring>
 #include <map>
-#include <set>
-#include <sstream>
 
 #include "engine/profiler.h"
 #include "engine/tape.h"
 
 namespace unetcu {
 
-Schedule parse_schedule(const std::string& s) {
-  if (s == "gpipe") return Schedule::GPipe;
-  if (s == "1f1b") return Schedule::OneFOneB;
-  throw Error("unknown --schedule '" + s + "' (expected gpipe or 1f1b)");
-}
-
-std::vector<Device> parse_stage_devices(const std::string& s) {
-  std::vector<Device> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(Device::parse(item));
-  UNETCU_CHECK(out.size() >= 2, "--mode mp needs at least two stage devices, got '", s, "'");
-  for (const Device& d : out)
-    UNETCU_CHECK(d.kind == out[0].kind, "--devices must be all CPU devices or all GPUs, got ", s);
-  return out;
-}
-
-std::vector<int> parse_cuts(const std::string& spec, const UNet& model) {
-  const auto& blocks = model.blocks();
-  std::vector<int> cuts;
-  std::stringstream ss(spec);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (item.empty()) continue;
-    int after = -1;
-    if (std::all_of(item.begin(), item.end(), ::isdigit)) {
-      after = std::stoi(item);
-    } else {
-      for (size_t b = 0; b < blocks.size(); ++b) {
-        const std::string& n = blocks[b].name;
-        if (n == item || (n.size() > item.size() && n.compare(n.size() - item.size(), item.size(), item) == 0 &&
-                          n[n.size() - item.size() - 1] == '.'))
-          after = int(b);
-      }
-    }
-    UNETCU_CHECK(after >= 0 && after + 1 < int(blocks.size()), "--split: '", item,
-                 "' is not a block the model can be cut after (blocks: encoder.stem, "
-                 "encoder.layer1..4, decoder.blocks.0..4, segmentation_head; or their index)");
-    cuts.push_back(after + 1);
+std::vector<PipelineAction> stage_schedule(Schedule schedule, int stage, int stages, int micro_batches) {
+  UNETCU_CHECK(stages >= 1 && stage >= 0 && stage < stages && micro_batches >= 1,
+               "pipeline schedule: stage ", stage, " of ", stages, " with ", micro_batches,
+               " micro-batches");
+  const int M = micro_batches;
+  std::vector<PipelineAction> out;
+  auto F = [&](int m) { out.push_back({PipelineAction::Forward, m}); };
+  auto B = [&](int m) { out.push_back({PipelineAction::Backward, m}); };
+  if (schedule == Schedule::GPipe) {
+    for (int m = 0; m < M; ++m) F(m);
+    for (int m = 0; m < M; ++m) B(m);
+    return out;
   }
-  UNETCU_CHECK(!cuts.empty(), "--split is empty");
-  for (size_t i = 1; i < cuts.size(); ++i)
-    UNETCU_CHECK(cuts[i] > cuts[i - 1], "--split: cuts must be in increasing block order");
-  return cuts;
-}
-
-namespace {
-
-// Rows [lo, hi) of a host NCHW tensor, as a new tensor.
-Tensor slice_rows(const Tensor& t, int64_t lo, int64_t hi) {
-  Shape s = t.shape();
-  s[0] = hi - lo;
-  Tensor out = Tensor::empty(s, t.dtype());
-  const size_t row = t.nbytes() / size_t(t.dim(0));
-  std::memcpy(out.raw(), static_cast<const char*>(t.raw()) + row * lo, row * size_t(hi - lo));
+  // 1F1B: enough forwards in flight to keep the later stages busy, then alternate, so a stage
+  // holds at most S - s micro-batches of activations.
+  const int warm = std::min(stages - stage - 1, M);
+  for (int m = 0; m < warm; ++m) F(m);
+  for (int i = 0; i < M - warm; ++i) {
+    F(warm + i);
+    B(i);
+  }
+  for (int m = M - warm; m < M; ++m) B(m);
   return out;
 }
-
-}  // namespace
-
-struct Pipeline::Impl {};
 
 Pipeline::Pipeline(const UNetConfig& model_cfg, const PipelineOptions& options,
                    const OptimizerFactory& make_optimizer)
     : options_(options) {
   const int S = int(options.devices.size());
   UNETCU_CHECK(S >= 2, "model parallelism needs at least two stages (devices)");
-  UNETCU_CHECK(int(options.cuts.size()) == S - 1, "model parallelism: ", S, " devices need ", S - 1,
+  UNETCU_CHECK(int(options.cuts.size()) == S - 1, "model parallelism: ", S, " stages need ", S - 1,
                " cuts, got ", options.cuts.size());
+  for (const Device& d : options.devices)
+    UNETCU_CHECK(d.kind == options.devices[0].kind,
+                 "model parallelism: the stages must be all on CPU devices or all on GPUs");
+  UNETCU_CHECK(options.split_size >= 1, "model parallelism: the split size must be at least 1, got ",
+               options.split_size);
   UNetConfig cfg = model_cfg;
   cfg.device = options.devices[0];
   model_ = std::make_unique<UNet>(cfg);
   const auto& blocks = model_->blocks();
+  for (size_t i = 0; i < options.cuts.size(); ++i)
+    UNETCU_CHECK(options.cuts[i] > 0 && options.cuts[i] < int(blocks.size()) &&
+                     (i == 0 || options.cuts[i] > options.cuts[i - 1]),
+                 "model parallelism: cuts must be increasing block indices in 1..",
+                 blocks.size() - 1);
   stage_of_block_.assign(blocks.size(), 0);
   for (size_t b = 0; b < blocks.size(); ++b)
     for (int c : options.cuts)
       if (int(b) >= c) ++stage_of_block_[b];
-  for (int c : options.cuts)
-    UNETCU_CHECK(c > 0 && c < int(blocks.size()), "model parallelism: cut ", c, " out of range");
   // Place each block's modules on its stage's device, then give each stage its optimizer.
   std::vector<std::vector<Tensor>> stage_params(S);
   for (size_t b = 0; b < blocks.size(); ++b)
@@ -116,6 +83,28 @@ Pipeline::Pipeline(const UNetConfig& model_cfg, const PipelineOptions& options,
 
 Pipeline::~Pipeline() = default;
 
+std::vector<Batch> Pipeline::place(const Batch& batch) {
+  const int64_t B = batch.size();
+  const int split = options_.split_size;
+  UNETCU_CHECK(split <= B, "model parallelism: the split size ", split,
+               " is larger than the batch of ", B);
+  const int S = stages();
+  // Uploads go to the stage's own stream, so its work is ordered after them without a wait.
+  auto upload = [&](const Tensor& t, int s) {
+    const Device dev = options_.devices[s];
+    if (t.device() == dev) return t;  // a view of the batch, which outlives the step
+    std::unique_ptr<cuda::ThreadStream> on_stream;
+    if (streams_[s]) on_stream = std::make_unique<cuda::ThreadStream>(*streams_[s]);
+    return t.to(dev);
+  };
+  std::vector<Batch> out;
+  for (int64_t lo = 0; lo < B; lo += split) {
+    const int64_t hi = std::min<int64_t>(lo + split, B);
+    out.push_back({upload(batch.images.rows(lo, hi), 0), upload(batch.masks.rows(lo, hi), S - 1)});
+  }
+  return out;
+}
+
 Tensor Pipeline::infer(const Tensor& images) {
   const auto& blocks = model_->blocks();
   std::vector<Tensor> outs(blocks.size());
@@ -136,200 +125,233 @@ std::vector<Transfer> Pipeline::transfers() const {
   return transfers_;
 }
 
-double Pipeline::step(const Batch& batch, LossKind loss_kind) {
-  const int64_t B = batch.images.dim(0);
-  const int split = options_.split_size;
-  UNETCU_CHECK(split >= 1, "--split-size must be at least 1, got ", split);
-  UNETCU_CHECK(split <= B, "--split-size ", split, " is larger than the batch of ", B);
-  UNETCU_CHECK(batch.images.device().is_cpu(), "the pipeline takes host batches");
-  const int M = int((B + split - 1) / split);
-  const int S = stages();
-  const auto& blocks = model_->blocks();
+// One step's execution: every stage thread walks its schedule; forward(s, m) and
+// backward(s, m) wait for what they need from the other stages.
+class Pipeline::Run {
+ public:
+  Run(Pipeline& p, const std::vector<Batch>& micro_batches, LossKind loss)
+      : p_(p), loss_kind_(loss), S_(p.stages()), M_(int(micro_batches.size())),
+        inputs_(micro_batches), mb_(S_), fwd_done_(S_, std::vector<char>(M_, 0)),
+        bwd_done_(fwd_done_), fwd_event_(S_, std::vector<cuda::EventHandle>(M_)),
+        bwd_event_(fwd_event_) {
+    int64_t total = 0;
+    for (const Batch& b : micro_batches) total += b.size();
+    for (const Batch& b : micro_batches) weight_.push_back(double(b.size()) / double(total));
+    for (auto& v : mb_) v = std::vector<MicroBatch>(M_);
+  }
 
+  // Stage s's whole step, on its own thread.
+  void stage(int s) {
+    StageState st{s, p_.options_.devices[s], 0, {}};
+    std::unique_ptr<cuda::ThreadStream> on_stream;
+    if (st.dev.is_cuda()) on_stream = std::make_unique<cuda::ThreadStream>(*p_.streams_[s]);
+    p_.optimizers_[s]->zero_grad();
+    for (const PipelineAction& a : stage_schedule(p_.options_.schedule, s, S_, M_)) {
+      if (a.kind == PipelineAction::Forward)
+        forward(st, a.micro_batch);
+      else
+        backward(st, a.micro_batch);
+    }
+    if (st.dev.is_cuda()) cuda::synchronize(st.dev.index);  // the end of the step: this stream
+    st.keep_alive.clear();
+  }
+
+  // A stage threw: the others stop waiting for it.
+  void fail() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      failed_ = true;
+    }
+    cv_.notify_all();
+  }
+
+  double loss() const {
+    double l = 0;
+    for (int m = 0; m < M_; ++m) l += mb_[S_ - 1][m].loss.item();
+    return l;
+  }
+
+ private:
   struct MicroBatch {
     Tape tape;
     std::map<int, Tensor> outputs;   // block -> output, made on this stage
     std::map<int, Tensor> received;  // block -> this stage's copy of another stage's output
     Tensor loss;
   };
-  std::vector<std::vector<MicroBatch>> mb(S);
-  for (auto& v : mb) v = std::vector<MicroBatch>(M);
-  std::vector<std::vector<char>> fwd_done(S, std::vector<char>(M, 0)), bwd_done = fwd_done;
-  // GPU stages: the point of the producer's stream where (stage, micro-batch) was done.
-  std::vector<std::vector<cuda::EventHandle>> fwd_event(S, std::vector<cuda::EventHandle>(M)),
-      bwd_event = fwd_event;
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<Tensor> images(M), masks(M);
-  std::vector<double> weight(M);
-  for (int m = 0; m < M; ++m) {
-    const int64_t lo = int64_t(m) * split, hi = std::min<int64_t>(lo + split, B);
-    images[m] = slice_rows(batch.images, lo, hi);
-    masks[m] = slice_rows(batch.masks, lo, hi);
-    weight[m] = double(hi - lo) / double(B);
+  struct StageState {
+    int s;
+    Device dev;
+    int live = 0;
+    // Consumers' copies whose gradients this stage read: on a GPU their memory belongs to the
+    // consumer's stream, which could hand it out again before this stream has read it, so
+    // they live until this stage's stream is synchronised at the end of the step.
+    std::vector<Tensor> keep_alive;
+  };
+  using Flags = std::vector<std::vector<char>>;
+  using Events = std::vector<std::vector<cuda::EventHandle>>;
+
+  template <class Pred>
+  void wait_for(Pred pred) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return failed_ || pred(); });
+    if (failed_) throw Error("pipeline step aborted: another stage failed");
   }
+  // Marks (s, m) done: records where the stage's stream is, then tells the host threads.
+  void finish(const StageState& st, Flags& flags, Events& events, int m) {
+    if (st.dev.is_cuda()) events[st.s][m] = cuda::EventHandle::record(st.dev.index);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      flags[st.s][m] = 1;
+    }
+    cv_.notify_all();
+  }
+  // Makes this stage's stream wait for another stage's (p, m) work.
+  static void after(const StageState& st, const Events& events, int p, int m) {
+    if (st.dev.is_cuda()) events[p][m].wait(st.dev.index);
+  }
+
+  // This stage's copy of `block`'s output for micro-batch m, taken once from its producer.
+  Tensor receive(const StageState& st, int m, int block) {
+    MicroBatch& me = mb_[st.s][m];
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = me.received.find(block);
+      if (it != me.received.end()) return it->second;
+    }
+    const int p = p_.stage_of_block_[block];
+    after(st, fwd_event_, p, m);
+    Tensor copy = mb_[p][m].outputs.at(block).detach().to(st.dev);
+    copy.set_requires_grad(true);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      me.received.emplace(block, copy);
+    }
+    std::lock_guard<std::mutex> lock(p_.transfers_mu_);
+    p_.transfers_.push_back({p, st.s, block, m});
+    return copy;
+  }
+
+  void forward(StageState& st, int m) {
+    const int s = st.s;
+    wait_for([&] {
+      for (int p = 0; p < s; ++p)
+        if (!fwd_done_[p][m]) return false;
+      return true;
+    });
+    const auto& blocks = p_.model_->blocks();
+    MicroBatch& me = mb_[s][m];
+    {
+      TapeScope scope(me.tape);
+      for (size_t b = 0; b < blocks.size(); ++b) {
+        if (p_.stage_of_block_[b] != s) continue;
+        std::vector<Tensor> in;
+        for (int i : blocks[b].inputs) {
+          if (i < 0)
+            in.push_back(inputs_[m].images);  // placed on the first stage's device
+          else if (p_.stage_of_block_[i] == s)
+            in.push_back(me.outputs.at(i));
+          else  // straight from the stage that made it
+            in.push_back(receive(st, m, i));
+        }
+        BlockScope block_scope(blocks[b].name);
+        ProfileRange range(blocks[b].name, "block");
+        me.outputs[int(b)] = blocks[b].forward(in);
+      }
+      if (s == S_ - 1)
+        me.loss = scale(segmentation_loss(loss_kind_, me.outputs.at(int(blocks.size()) - 1),
+                                          inputs_[m].masks),
+                        weight_[m]);
+    }
+    p_.peak_live_[s] = std::max(p_.peak_live_[s], ++st.live);
+    finish(st, fwd_done_, fwd_event_, m);
+  }
+
+  void backward(StageState& st, int m) {
+    const int s = st.s;
+    MicroBatch& me = mb_[s][m];
+    if (s == S_ - 1) {
+      me.tape.backward(me.loss);
+    } else {
+      wait_for([&] {
+        for (int c = s + 1; c < S_; ++c)
+          if (!bwd_done_[c][m]) return false;
+        return true;
+      });
+      // The later stages' backward of m is done on their streams: their gradients (and
+      // their reads of this stage's outputs) are complete before this stream goes on.
+      for (int c = s + 1; c < S_; ++c) after(st, bwd_event_, c, m);
+      // Seeds: each output some later stage used, with the sum of their gradients.
+      std::vector<Tensor> outs, grads;
+      for (auto& [b, out] : me.outputs) {
+        Tensor sum;
+        for (int c = s + 1; c < S_; ++c) {
+          Tensor copy;
+          {  // another producer stage may be taking its own copies from the same map
+            std::lock_guard<std::mutex> lock(mu_);
+            auto it = mb_[c][m].received.find(b);
+            if (it == mb_[c][m].received.end()) continue;
+            copy = it->second;
+            mb_[c][m].received.erase(it);  // its gradient comes home now
+          }
+          if (!copy.grad().defined()) continue;
+          if (st.dev.is_cuda()) st.keep_alive.push_back(copy);
+          Tensor g = copy.grad().to(st.dev);
+          sum = sum.defined() ? add(sum, g) : g;
+        }
+        if (sum.defined()) {
+          outs.push_back(out);
+          grads.push_back(sum);
+        }
+      }
+      if (outs.empty())
+        me.tape.clear();
+      else
+        me.tape.backward(outs, grads);
+    }
+    me.outputs.clear();
+    --st.live;
+    finish(st, bwd_done_, bwd_event_, m);
+  }
+
+  Pipeline& p_;
+  LossKind loss_kind_;
+  const int S_, M_;
+  const std::vector<Batch>& inputs_;
+  std::vector<double> weight_;
+  std::vector<std::vector<MicroBatch>> mb_;  // [stage][micro-batch]
+  Flags fwd_done_, bwd_done_;
+  // GPU stages: the point of the producer's stream where (stage, micro-batch) was done.
+  Events fwd_event_, bwd_event_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool failed_ = false;
+};
+
+double Pipeline::step(const std::vector<Batch>& micro_batches, LossKind loss_kind) {
+  UNETCU_CHECK(!micro_batches.empty(), "model parallelism: a step needs at least one micro-batch");
+  const int S = stages();
+  for (const Batch& b : micro_batches)
+    UNETCU_CHECK(b.images.device() == options_.devices[0] && b.masks.device() == options_.devices[S - 1],
+                 "model parallelism: micro-batches must be placed (images on ", options_.devices[0].str(),
+                 ", masks on ", options_.devices[S - 1].str(), ")");
   peak_live_.assign(S, 0);
   {
     std::lock_guard<std::mutex> lock(transfers_mu_);
     transfers_.clear();
   }
-  bool failed = false;  // a stage threw: the others stop waiting for it
-  auto wait_for = [&](auto pred) {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return failed || pred(); });
-    if (failed) throw Error("pipeline step aborted: another stage failed");
-  };
-  auto mark = [&](std::vector<std::vector<char>>& flags, int s, int m) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      flags[s][m] = 1;
-    }
-    cv.notify_all();
-  };
-
+  Run run(*this, micro_batches, loss_kind);
   std::exception_ptr first_error;
-  auto stage_body = [&](int s) {
-    const Device dev = options_.devices[s];
-    std::unique_ptr<cuda::ThreadStream> on_stream;
-    if (dev.is_cuda()) on_stream = std::make_unique<cuda::ThreadStream>(*streams_[s]);
-    // Consumers' copies whose gradients this stage read: on a GPU their memory belongs to the
-    // consumer's stream, which could hand it out again before this stream has read it, so
-    // they live until this stage's stream is synchronised at the end of the step.
-    std::vector<Tensor> keep_alive;
-    // Marks (stage, m) done: records where its stream is, then tells the host threads.
-    auto finish = [&](std::vector<std::vector<char>>& flags,
-                      std::vector<std::vector<cuda::EventHandle>>& events, int m) {
-      if (dev.is_cuda()) events[s][m] = cuda::EventHandle::record(dev.index);
-      mark(flags, s, m);
-    };
-    // Makes this stage's stream wait for another stage's (stage, m) work.
-    auto after = [&](const std::vector<std::vector<cuda::EventHandle>>& events, int p, int m) {
-      if (dev.is_cuda()) events[p][m].wait(dev.index);
-    };
-    optimizers_[s]->zero_grad();
-    int live = 0;
-    auto forward = [&](int m) {
-      wait_for([&] {
-        for (int p = 0; p < s; ++p)
-          if (!fwd_done[p][m]) return false;
-        return true;
-      });
-      MicroBatch& me = mb[s][m];
-      {
-        TapeScope scope(me.tape);
-        for (size_t b = 0; b < blocks.size(); ++b) {
-          if (stage_of_block_[b] != s) continue;
-          std::vector<Tensor> in;
-          for (int i : blocks[b].inputs) {
-            if (i < 0) {
-              in.push_back(images[m].to(dev));
-            } else if (stage_of_block_[i] == s) {
-              in.push_back(me.outputs.at(i));
-            } else {  // straight from the stage that made it
-              Tensor copy;
-              {
-                std::lock_guard<std::mutex> lock(mu);
-                auto it = me.received.find(i);
-                if (it != me.received.end()) copy = it->second;
-              }
-              if (!copy.defined()) {
-                const int p = stage_of_block_[i];
-                after(fwd_event, p, m);
-                copy = mb[p][m].outputs.at(i).detach().to(dev);
-                copy.set_requires_grad(true);
-                {
-                  std::lock_guard<std::mutex> lock(mu);
-                  me.received.emplace(i, copy);
-                }
-                std::lock_guard<std::mutex> lock(transfers_mu_);
-                transfers_.push_back({p, s, i, m});
-              }
-              in.push_back(copy);
-            }
-          }
-          BlockScope block_scope(blocks[b].name);
-          ProfileRange range(blocks[b].name, "block");
-          me.outputs[int(b)] = blocks[b].forward(in);
-        }
-        if (s == S - 1)
-          me.loss = scale(segmentation_loss(loss_kind, me.outputs.at(int(blocks.size()) - 1),
-                                            masks[m].to(dev)),
-                          weight[m]);
-      }
-      peak_live_[s] = std::max(peak_live_[s], ++live);
-      finish(fwd_done, fwd_event, m);
-    };
-    auto backward = [&](int m) {
-      MicroBatch& me = mb[s][m];
-      if (s == S - 1) {
-        me.tape.backward(me.loss);
-      } else {
-        wait_for([&] {
-          for (int c = s + 1; c < S; ++c)
-            if (!bwd_done[c][m]) return false;
-          return true;
-        });
-        // The later stages' backward of m is done on their streams: their gradients (and
-        // their reads of this stage's outputs) are complete before this stream goes on.
-        for (int c = s + 1; c < S; ++c) after(bwd_event, c, m);
-        // Seeds: each output some later stage used, with the sum of their gradients.
-        std::vector<Tensor> outs, grads;
-        for (auto& [b, out] : me.outputs) {
-          Tensor sum;
-          for (int c = s + 1; c < S; ++c) {
-            Tensor copy;
-            {  // another producer stage may be taking its own copies from the same map
-              std::lock_guard<std::mutex> lock(mu);
-              auto it = mb[c][m].received.find(b);
-              if (it == mb[c][m].received.end()) continue;
-              copy = it->second;
-              mb[c][m].received.erase(it);  // its gradient comes home now
-            }
-            if (!copy.grad().defined()) continue;
-            if (dev.is_cuda()) keep_alive.push_back(copy);
-            Tensor g = copy.grad().to(dev);
-            sum = sum.defined() ? add(sum, g) : g;
-          }
-          if (sum.defined()) {
-            outs.push_back(out);
-            grads.push_back(sum);
-          }
-        }
-        if (outs.empty())
-          me.tape.clear();
-        else
-          me.tape.backward(outs, grads);
-      }
-      me.outputs.clear();
-      --live;
-      finish(bwd_done, bwd_event, m);
-    };
-    if (options_.schedule == Schedule::GPipe) {
-      for (int m = 0; m < M; ++m) forward(m);
-      for (int m = 0; m < M; ++m) backward(m);
-    } else {
-      const int warm = std::min(S - s - 1, M);
-      for (int m = 0; m < warm; ++m) forward(m);
-      for (int i = 0; i < M - warm; ++i) {
-        forward(warm + i);
-        backward(i);
-      }
-      for (int m = M - warm; m < M; ++m) backward(m);
-    }
-    if (dev.is_cuda()) cuda::synchronize(dev.index);  // the end of the step: this stage's stream
-    keep_alive.clear();
-  };
+  std::mutex error_mu;
   try {
     pool_->run([&](int s) {
       try {
-        stage_body(s);
+        run.stage(s);
       } catch (...) {
         {
-          std::lock_guard<std::mutex> lock(mu);
-          if (!failed) first_error = std::current_exception();
-          failed = true;
+          std::lock_guard<std::mutex> lock(error_mu);
+          if (!first_error) first_error = std::current_exception();
         }
-        cv.notify_all();
+        run.fail();
         throw;
       }
     });
@@ -344,9 +366,7 @@ double Pipeline::step(const Batch& batch, LossKind loss_kind) {
     optimizers_[s]->step();
     if (streams_[s]) cuda::synchronize(options_.devices[s].index);
   });
-  double loss = 0;
-  for (int m = 0; m < M; ++m) loss += mb[S - 1][m].loss.item();
-  return loss;
+  return run.loss();
 }
 
 }  // namespace unetcu

@@ -9,8 +9,10 @@
 //  - Each (stage, micro-batch) has its own tape. Micro-batch m's loss is weighted by its share
 //    of the batch; gradients accumulate over micro-batches; then each stage steps its own
 //    optimizer on its own parameters. Batch norm uses each micro-batch's statistics.
-//  - Schedules: GPipe (all forwards, then all backwards) and 1F1B (warm-up of S - s - 1
-//    forwards on stage s, then one forward / one backward, then the remaining backwards).
+//  - The order in which a stage runs its forwards and backwards is a schedule (below), apart
+//    from the execution: GPipe (all forwards, then all backwards) and 1F1B (warm-up of
+//    S - s - 1 forwards on stage s, then one forward / one backward, then the remaining
+//    backwards).
 //  - A stage waits for its inputs (and for its outputs' gradients) from the stages that make
 //    them: the host thread until the producer has queued the work (a condition variable), and
 //    on a GPU the consumer's stream until the producer's stream has done it (an event the
@@ -22,8 +24,9 @@
 #include <string>
 #include <vector>
 
+#include "data/batch.h"
 #include "engine/cuda_api.h"
-#include "engine/data.h"
+#include "engine/named.h"
 #include "engine/optim.h"
 #include "models/unet.h"
 #include "parallel/data_parallel.h"
@@ -32,7 +35,18 @@
 namespace unetcu {
 
 enum class Schedule { GPipe, OneFOneB };
-Schedule parse_schedule(const std::string& s);  // "gpipe" | "1f1b"
+inline constexpr NamedValue<Schedule> kScheduleNames[] = {{"gpipe", Schedule::GPipe},
+                                                          {"1f1b", Schedule::OneFOneB}};
+
+// One stage's work on one micro-batch.
+struct PipelineAction {
+  enum Kind { Forward, Backward } kind;
+  int micro_batch;
+  bool operator==(const PipelineAction& o) const { return kind == o.kind && micro_batch == o.micro_batch; }
+};
+// The order in which stage `stage` of `stages` runs the forwards and backwards of
+// `micro_batches` micro-batches: every micro-batch once forward, later once backward.
+std::vector<PipelineAction> stage_schedule(Schedule schedule, int stage, int stages, int micro_batches);
 
 struct PipelineOptions {
   std::vector<Device> devices;   // one per stage; stages may share a device
@@ -41,14 +55,6 @@ struct PipelineOptions {
   Schedule schedule = Schedule::GPipe;
   int threads_per_stage = 0;     // CPU devices; 0: the cores shared out, at least 1
 };
-
-// Block index where a named cut starts ("layer3" -> the block after encoder.layer3, as in the
-// article: encoder stem..layer3 on the first device, layer4 + decoder + head on the second),
-// or a block name / index list "4,8".
-std::vector<int> parse_cuts(const std::string& spec, const UNet& model);
-
-// Parses "cpu:0,cpu:1" / "cuda:0,cuda:0": one device per stage; stages may share a device.
-std::vector<Device> parse_stage_devices(const std::string& s);
 
 struct Transfer {
   int from_stage, to_stage, block, micro_batch;
@@ -60,11 +66,19 @@ class Pipeline {
            const OptimizerFactory& make_optimizer);
   ~Pipeline();
 
-  // One optimizer step on a host batch; returns the batch loss (micro-batch losses weighted
-  // by their share). Throws for split_size 0 or larger than the batch.
-  double step(const Batch& batch, LossKind loss);
+  // The batch cut into micro-batches of split_size: images uploaded to the first stage's
+  // device and masks to the last stage's, each on its stage's stream, so a step can be given
+  // its input ahead of time. Throws for a split size larger than the batch.
+  std::vector<Batch> place(const Batch& batch);
+  // One optimizer step on placed micro-batches; returns the batch loss (micro-batch losses
+  // weighted by their share).
+  double step(const std::vector<Batch>& micro_batches, LossKind loss);
+  double step(const Batch& batch, LossKind loss) { return step(place(batch), loss); }
 
   UNet& model() { return *model_; }
+  const UNet& model() const { return *model_; }
+  const std::vector<std::unique_ptr<Optimizer>>& optimizers() const { return optimizers_; }
+  const PipelineOptions& options() const { return options_; }
   // Inference through the stages in the calling thread (no tape, no micro-batches): logits on
   // the last stage's device. Put the model in eval mode first for evaluation.
   Tensor infer(const Tensor& images);
@@ -74,7 +88,7 @@ class Pipeline {
   std::vector<Transfer> transfers() const;
 
  private:
-  struct Impl;
+  class Run;  // one step's execution
   PipelineOptions options_;
   std::unique_ptr<UNet> model_;
   std::vector<std::unique_ptr<Optimizer>> optimizers_;  // one per stage

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/data.h"
+#include "data/synthetic.h"
 #include "models/unet.h"
 #include "parallel/pipeline.h"
 

@@ -5,9 +5,9 @@
 #include <fstream>
 #include <sstream>
 
-#include "apps/trainer.h"
+#include "apps/train_config.h"
 #include "engine/checkpoint.h"
-#include "engine/data.h"
+#include "data/synthetic.h"
 #include "engine/random.h"
 #include "models/unet.h"
 #include "testing.h"
@@ -43,8 +43,8 @@ TEST_CASE("checkpoint: save and load give bit-identical state and outputs, SMP n
   SyntheticSegmentation data(64, 1);
   a.forward(data.batch({0, 1}).images);  // move the BN statistics and counters off their start
   const std::string path = temp_path("roundtrip");
-  save_checkpoint(path, a, nullptr, 3);
-  CHECK(load_checkpoint(path, b, nullptr) == 3);
+  save_checkpoint(path, a, {}, 3);
+  CHECK(load_checkpoint(path, b, {}) == 3);
   const auto sa = a.state(), sb = b.state();
   for (size_t i = 0; i < sa.size(); ++i) {
     CAPTURE(sa[i].name);
@@ -70,7 +70,7 @@ TEST_CASE("checkpoint: resuming after epoch 1 equals an uninterrupted run, bit f
   cfg.train_size = 16;
   cfg.val_size = 8;
   cfg.width_divisor = 16;
-  cfg.device = "cpu";
+  cfg.device = Device::cpu();
   cfg.progress = false;
   std::ostringstream log;
   cfg.checkpoint = temp_path("whole");
@@ -120,7 +120,7 @@ TEST_CASE("checkpoint: --init-encoder loads the encoder and nothing else") {
 TEST_CASE("checkpoint: bad files are refused with a message, never read out of bounds") {
   UNet model(small(1));
   const std::string good = temp_path("good"), badp = temp_path("bad");
-  save_checkpoint(good, model, nullptr, 1);
+  save_checkpoint(good, model, {}, 1);
   const std::vector<char> bytes = slurp(good);
   auto refused = [&](const std::vector<char>& b, const char* why) {
     spit(badp, b);
@@ -177,10 +177,10 @@ TEST_CASE("checkpoint: bad files are refused with a message, never read out of b
   refused(with_header("\"shape\":[1]", "\"shape\":[4294967296,4294967296]"), "shape overflow");
   // A model file and a .train file from different epochs (a save interrupted between the two
   // renames) are refused.
-  save_checkpoint(good, model, nullptr, 2);
+  save_checkpoint(good, model, {}, 2);
   const std::vector<char> train2 = slurp(good + ".train");
-  save_checkpoint(good, model, nullptr, 3);
+  save_checkpoint(good, model, {}, 3);
   spit(good + ".train", train2);
-  CHECK_THROWS_WITH(load_checkpoint(good, model, nullptr), doctest::Contains("an interrupted save"));
+  CHECK_THROWS_WITH(load_checkpoint(good, model, {}), doctest::Contains("an interrupted save"));
   for (const auto& p : {good, good + ".train", badp}) std::remove(p.c_str());
 }

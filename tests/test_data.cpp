@@ -3,8 +3,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "engine/folder_data.h"
-#include "engine/image_io.h"
+#include "data/dataset.h"
+#include "data/image_io.h"
 #include "testing.h"
 
 using namespace unetcu;

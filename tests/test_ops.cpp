@@ -382,6 +382,8 @@ TEST_CASE("bad inputs are refused with a clear message") {
   CHECK_THROWS_WITH(batch_norm2d(Tensor::zeros({1, 2, 1, 1}), Tensor::full({2}, 1.0),
                                  Tensor::zeros({2}), rm, rv, true),
                     doctest::Contains("more than one value per channel"));
-  CHECK_THROWS_WITH(parse_loss_kind("focal"), doctest::Contains("unknown loss"));
+  CHECK_THROWS_WITH(parse_named(kLossNames, "loss", "focal"),
+                    doctest::Contains("unknown loss 'focal' (expected bce, dice or bce+dice)"));
+  CHECK(parse_named(kLossNames, "loss", "bce+dice") == LossKind::BCEDice);
   CHECK_THROWS_WITH(a.data<double>(), doctest::Contains("read as float64"));
 }

@@ -4,7 +4,8 @@
 #include <cstring>
 #include <thread>
 
-#include "engine/data.h"
+#include "apps/cli.h"
+#include "data/synthetic.h"
 #include "engine/optim.h"
 #include "engine/tape.h"
 #include "models/unet.h"
@@ -305,11 +306,20 @@ TEST_CASE("gradient buckets: the first bucket's all-reduce starts before backwar
   CHECK(size_t(expect) == dp.bucket_count());
 }
 
-TEST_CASE("--devices parsing") {
-  CHECK(parse_device_list("cpu:0,cpu:1,cpu:2").size() == 3);
-  CHECK_THROWS_WITH(parse_device_list("cpu:0,cpu:0"), doctest::Contains("twice"));
-  CHECK_THROWS_WITH(parse_device_list("cpu:0,cuda:0"), doctest::Contains("all CPU devices or all GPUs"));
-  CHECK_THROWS_WITH(parse_device_list(""), doctest::Contains("empty"));
+TEST_CASE("device lists: parsed once, checked by the data-parallel runtime without naming a flag") {
+  CHECK(cli::parse_device_list("cpu:0,cpu:1,cpu:2").size() == 3);
+  CHECK_THROWS_WITH(cli::parse_device_list(""), doctest::Contains("empty"));
+  CHECK_THROWS_WITH(cli::parse_device_list("cpu:0,gpu:1"), doctest::Contains("bad device 'gpu:1'"));
+  DataParallelOptions o;
+  o.devices = {Device::cpu(0), Device::cpu(0)};
+  CHECK_THROWS_WITH(DataParallel(small_model(), o, make_sgd), doctest::Contains("given twice"));
+  o.devices = {Device::cpu(0), Device::cuda(0)};
+  CHECK_THROWS_WITH(DataParallel(small_model(), o, make_sgd), doctest::Contains("all on CPU devices or all on GPUs"));
+  try {
+    DataParallel(small_model(), o, make_sgd);
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("--") == std::string::npos);
+  }
 }
 
 TEST_CASE("CPU communicator: async all-reduces queue up while another group runs, abort frees waiters") {

@@ -6,7 +6,7 @@
 #include <map>
 #include <set>
 
-#include "engine/data.h"
+#include "data/synthetic.h"
 #include "engine/profiler.h"
 #include "engine/tape.h"
 #include "models/unet.h"

@@ -56,22 +56,6 @@ Tensor dice_loss(const Tensor& logits, const Tensor& target, double smooth) {
   return loss;
 }
 
-LossKind parse_loss_kind(const std::string& s) {
-  if (s == "bce") return LossKind::BCE;
-  if (s == "dice") return LossKind::Dice;
-  if (s == "bce+dice") return LossKind::BCEDice;
-  throw Error("unknown loss '" + s + "' (expected bce, dice or bce+dice)");
-}
-
-const char* loss_kind_name(LossKind k) {
-  switch (k) {
-    case LossKind::BCE: return "bce";
-    case LossKind::Dice: return "dice";
-    case LossKind::BCEDice: return "bce+dice";
-  }
-  return "?";
-}
-
 Tensor segmentation_loss(LossKind kind, const Tensor& logits, const Tensor& target) {
   switch (kind) {
     case LossKind::BCE: return bce_with_logits(logits, target);

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <functional>
 
+#include "apps/cli.h"
 #include "engine/cuda/nccl.cuh"
 #include "engine/cuda_api.h"
 #include "engine/ops.h"
@@ -383,10 +384,9 @@ TEST_CASE("two pipeline stages on one GPU (two streams) equal the single-GPU ste
   c.device = kGpu;
   for (Schedule sched : {Schedule::GPipe, Schedule::OneFOneB}) {
     CAPTURE(int(sched));
-    UNet probe(UNetConfig{});
     PipelineOptions o;
     o.devices = {kGpu, kGpu};
-    o.cuts = parse_cuts("layer3", probe);
+    o.cuts = cli::parse_cuts("layer3");
     o.split_size = 2;
     o.schedule = sched;
     Pipeline pipe(c, o, make_sgd);

@@ -1,4 +1,4 @@
-#include "engine/image_io.h"
+#include "data/image_io.h"
 
 #include <cctype>
 #include <cstdio>

@@ -12,7 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/data.h"
+#include "data/synthetic.h"
+#include "engine/named.h"
 #include "engine/random.h"
 
 namespace unetcu {
@@ -27,7 +28,8 @@ class Dataset {
 };
 
 enum class Augment { None, Light, Heavy };
-Augment parse_augment(const std::string& s);  // none | light | heavy
+inline constexpr NamedValue<Augment> kAugmentNames[] = {
+    {"none", Augment::None}, {"light", Augment::Light}, {"heavy", Augment::Heavy}};
 
 // In place on one sample: light = horizontal flip and brightness/contrast; heavy adds a
 // vertical flip, a random scale-crop (up to 1.4x) and a small rotation (up to ±15°). Geometry

@@ -1,4 +1,4 @@
-#include "engine/folder_data.h"
+#include "data/dataset.h"
 
 #include <sys/stat.h>
 
@@ -10,19 +10,12 @@
 #include <map>
 #include <set>
 
-#include "engine/image_io.h"
+#include "data/image_io.h"
 #include "kernels/cpu/parallel.h"
 
 namespace unetcu {
 
 namespace fs = std::filesystem;
-
-Augment parse_augment(const std::string& s) {
-  if (s == "none") return Augment::None;
-  if (s == "light") return Augment::Light;
-  if (s == "heavy") return Augment::Heavy;
-  throw Error("unknown --augment '" + s + "' (expected none, light or heavy)");
-}
 
 void SyntheticDataset::load(int64_t index, float* image, float* mask) const {
   UNETCU_CHECK(index >= 0 && index < count_, "sample ", index, " out of range");

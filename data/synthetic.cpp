@@ -1,4 +1,4 @@
-#include "engine/data.h"
+#include "data/synthetic.h"
 
 #include <algorithm>
 #include <cmath>

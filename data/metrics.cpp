@@ -1,4 +1,4 @@
-#include "engine/metrics.h"
+#include "data/metrics.h"
 
 namespace unetcu {
 

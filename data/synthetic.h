@@ -6,14 +6,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "data/batch.h"
 #include "engine/tensor.h"
 
 namespace unetcu {
-
-struct Batch {
-  Tensor images;  // [B, 3, S, S], normalised with the ImageNet mean/std
-  Tensor masks;   // [B, 1, S, S], 0 or 1
-};
 
 class SyntheticSegmentation {
  public:

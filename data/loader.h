@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/data.h"
+#include "data/synthetic.h"
 
 namespace unetcu {
 

@@ -1,4 +1,4 @@
-#include "engine/loader.h"
+#include "data/loader.h"
 
 #include <chrono>
 

@@ -1,0 +1,83 @@
+#include "apps/cli.h"
+
+#include <algorithm>
+#include <sstream>
+
+namespace unetcu::cli {
+
+std::optional<Device> parse_device(const std::string& s, bool allow_auto) {
+  if (allow_auto && s == "auto") return std::nullopt;
+  return Device::parse(s);
+}
+
+std::vector<Device> parse_device_list(const std::string& s) {
+  std::vector<Device> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(Device::parse(item));
+  UNETCU_CHECK(!out.empty(), "the device list is empty");
+  return out;
+}
+
+std::string device_list_str(const std::vector<Device>& devices) {
+  std::string s;
+  for (const Device& d : devices) s += (s.empty() ? "" : ",") + d.str();
+  return s;
+}
+
+const std::vector<std::string>& unet_block_names() {
+  static const std::vector<std::string> names = [] {
+    UNetConfig probe;
+    probe.width_divisor = 64;  // only the block names are read
+    UNet model(probe);
+    std::vector<std::string> out;
+    for (const auto& b : model.blocks()) out.push_back(b.name);
+    return out;
+  }();
+  return names;
+}
+
+std::vector<int> parse_cuts(const std::string& spec) {
+  const auto& blocks = unet_block_names();
+  std::vector<int> cuts;
+  std::stringstream ss(spec);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    int after = -1;
+    if (std::all_of(item.begin(), item.end(), ::isdigit) && item.size() < 4) {
+      after = std::stoi(item);
+    } else {
+      for (size_t b = 0; b < blocks.size(); ++b) {
+        const std::string& n = blocks[b];
+        if (n == item || (n.size() > item.size() && n.compare(n.size() - item.size(), item.size(), item) == 0 &&
+                          n[n.size() - item.size() - 1] == '.'))
+          after = int(b);
+      }
+    }
+    UNETCU_CHECK(after >= 0 && after + 1 < int(blocks.size()), "'", item,
+                 "' is not a block the model can be cut after (blocks: encoder.stem, "
+                 "encoder.layer1..4, decoder.blocks.0..4, segmentation_head; or their index)");
+    cuts.push_back(after + 1);
+  }
+  UNETCU_CHECK(!cuts.empty(), "no cut given");
+  for (size_t i = 1; i < cuts.size(); ++i)
+    UNETCU_CHECK(cuts[i] > cuts[i - 1], "cuts must be in increasing block order");
+  return cuts;
+}
+
+std::vector<int> parse_int_list(const std::string& s) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (item.empty()) continue;
+    UNETCU_CHECK(item.size() < 10 && std::all_of(item.begin(), item.end(), ::isdigit),
+                 "'", item, "' is not a positive whole number");
+    out.push_back(std::stoi(item));
+  }
+  UNETCU_CHECK(!out.empty(), "the list is empty");
+  return out;
+}
+
+}  // namespace unetcu::cli

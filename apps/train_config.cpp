@@ -1,0 +1,286 @@
+#include "apps/train_config.h"
+
+#include <CLI/CLI.hpp>
+
+#include <cmath>
+#include <memory>
+
+#include "apps/cli.h"
+#include "engine/cuda_api.h"
+
+namespace unetcu {
+
+namespace {
+// Rendered synthetic samples are kept in memory when they fit in this much.
+constexpr double kDataCacheBytes = 4.0 * (1 << 30);
+}  // namespace
+
+void add_train_flags(CLI::App& app, TrainConfig& cfg) {
+  using cli::add_enum;
+  using cli::checked;
+  app.add_option("--epochs", cfg.epochs, "Number of epochs")->capture_default_str();
+  app.add_option("--batch-size", cfg.batch_size,
+                 "Images per optimizer step; with --mode dp, per replica (the global batch is "
+                 "--batch-size x the number of devices, as in the article)")
+      ->capture_default_str();
+  app.add_option("--image-size", cfg.image_size, "Image height and width (multiple of 32)")
+      ->capture_default_str();
+  app.add_option("--lr", cfg.lr, "Learning rate")->capture_default_str();
+  app.add_option("--seed", cfg.seed, "Seed of the initialisation, data and shuffling")
+      ->capture_default_str();
+  add_enum(app, "--loss", cfg.loss, kLossNames, "Loss");
+  app.add_option_function<std::string>(
+         "--device", checked("--device", [&cfg](const std::string& s) { cfg.device = cli::parse_device(s, true); }),
+         "--mode single: auto (a GPU when one is visible and usable, else the CPU), cpu, cpu:N, cuda:N")
+      ->default_str("auto");
+  app.add_option("--train-size", cfg.train_size, "Number of synthetic training images")
+      ->capture_default_str();
+  app.add_option("--val-size", cfg.val_size, "Number of synthetic validation images")
+      ->capture_default_str();
+  add_enum(app, "--optimizer", cfg.optimizer, kOptimizerNames, "Optimizer");
+  app.add_option("--momentum", cfg.momentum, "SGD momentum")->capture_default_str();
+  app.add_option("--weight-decay", cfg.weight_decay, "L2 weight decay (Adam and SGD)")
+      ->capture_default_str();
+  app.add_option("--width-divisor", cfg.width_divisor,
+                 "Divide every channel count by this (1 = the real model)")
+      ->capture_default_str();
+  app.add_option("--threads", cfg.threads,
+                 "CPU threads (0 = all cores; with --mode dp or mp: per device, 0 = cores/N)")
+      ->capture_default_str();
+  add_enum(app, "--dtype", cfg.dtype, kDTypeNames, "Element type (float64 on the CPU only)");
+  app.add_flag_callback("--no-progress", [&cfg] { cfg.progress = false; },
+                        "Do not draw the progress bar on stderr");
+  add_enum(app, "--mode", cfg.mode, kModeNames,
+           "single (one device, --device), dp (data parallel: one replica per device of "
+           "--devices, gradients averaged by all-reduce) or mp (model parallel: the model cut "
+           "by --split into stages on --devices, micro-batches of --split-size)");
+  app.add_option_function<std::string>(
+      "--split",
+      checked("--split", [&cfg](const std::string& s) {
+        cfg.split_auto = s == "auto";
+        if (!cfg.split_auto) cfg.cuts = cli::parse_cuts(s);
+      }),
+      "--mode mp: the blocks after which the model is cut, comma separated, one cut per extra "
+      "stage: layer3 (the article's: stem..layer3 | layer4 + decoder + head), or any of stem, "
+      "layer1..4, decoder.blocks.0..4, or block indices; auto: search (two stages)")
+      ->default_str("layer3");
+  app.add_option("--split-size", cfg.split_size,
+                 "--mode mp: samples per micro-batch (0 = the whole batch; the last may be "
+                 "smaller). Batch norm uses each micro-batch's statistics, as the article's run")
+      ->capture_default_str();
+  add_enum(app, "--schedule", cfg.schedule, kScheduleNames,
+           "--mode mp: gpipe (all forwards, then all backwards) or 1f1b");
+  app.add_option_function<std::string>(
+      "--devices",
+      checked("--devices", [&cfg](const std::string& s) { cfg.devices = cli::parse_device_list(s); }),
+      "--mode dp: the replicas' devices, e.g. cpu:0,cpu:1,cpu:2 or cuda:0,cuda:1; --mode mp: "
+      "one per stage, may repeat (CPU devices share the cores: --threads each, default cores/N)");
+  add_enum(app, "--allreduce", cfg.allreduce, kAllReduceNames,
+           "--mode dp: ring (reduce-scatter + all-gather) or ps (reduce to rank 0, broadcast back)");
+  app.add_flag("--sync-bn", cfg.sync_bn,
+               "--mode dp: batch-norm statistics over all replicas, so N x b trains as one batch "
+               "of N*b");
+  app.add_option("--profile", cfg.profile,
+                 "Time every op and block (forward and backward, with FLOPs and bytes), print "
+                 "the per-op and per-block tables at the end and write a Chrome/Perfetto trace "
+                 "(one track per device thread: compute, communication) to this JSON file. On a "
+                 "GPU the times are queueing times unless UNETCU_CUDA_SYNC=1");
+  app.add_option("--data", cfg.data,
+                 "Train on images: DIR/images + DIR/masks matched by file stem (or the article's "
+                 "DIR/img + DIR/masks_machine); PNG/JPEG/BMP, masks > 0 are foreground; resized "
+                 "to --image-size. Without it: the synthetic set (--train-size/--val-size)");
+  app.add_option("--data-list", cfg.data_list,
+                 "Only the images named in this file (one per line, or a CSV's first column)");
+  app.add_option("--val-data", cfg.val_data,
+                 "Validation images from this folder (same layout) instead of a split");
+  app.add_option("--val-fraction", cfg.val_fraction, "Share of --data held out for validation (seeded)")
+      ->capture_default_str();
+  add_enum(app, "--augment", cfg.augment, kAugmentNames,
+           "Training augmentation, the same for image and mask: none, light (flip, "
+           "brightness/contrast) or heavy (+ vertical flip, scale-crop, rotation)");
+  app.add_option("--workers", cfg.workers,
+                 "Loader threads that decode and augment batches ahead of the step, in every mode "
+                 "(0: one when training on CPU devices, four for GPUs); each epoch line gives the "
+                 "loader's img/s and the time the step waited for it")
+      ->capture_default_str();
+  app.add_option("--checkpoint", cfg.checkpoint,
+                 "Save a checkpoint after every epoch, in every mode: the model to FILE "
+                 "(safetensors with segmentation_models_pytorch's state_dict names), optimizer "
+                 "state (keyed by parameter name) and epoch to FILE.train; written to a "
+                 "temporary file and renamed");
+  app.add_option("--resume", cfg.resume,
+                 "Continue from a checkpoint (model, optimizer, next epoch), written in any mode; "
+                 "with the same flags and seed the losses are those of an uninterrupted run");
+  app.add_option("--init-encoder", cfg.init_encoder,
+                 "Load only the encoder.* entries of a safetensors file, e.g. ImageNet ResNet34 "
+                 "weights exported from torchvision");
+  app.add_flag_callback("--no-tf32", [&cfg] { cfg.tf32 = false; },
+                        "CUDA: keep cuDNN convolutions in full float32 (by default they may use "
+                        "TF32 tensor cores, as PyTorch does)");
+}
+
+void validate(const TrainConfig& c) {
+  UNETCU_CHECK(c.epochs >= 1, "--epochs must be at least 1, got ", c.epochs);
+  UNETCU_CHECK(c.batch_size >= 1, "--batch-size must be at least 1, got ", c.batch_size);
+  UNETCU_CHECK(c.image_size >= 32 && c.image_size % 32 == 0,
+               "--image-size must be a positive multiple of 32, got ", c.image_size);
+  UNETCU_CHECK(c.lr > 0 && std::isfinite(c.lr), "--lr must be a positive number, got ", c.lr);
+  // With --data the folder decides the sizes; they are checked once it has been read.
+  const bool sized = c.data.empty();
+  UNETCU_CHECK(c.train_size >= 1, "--train-size must be at least 1, got ", c.train_size);
+  UNETCU_CHECK(c.val_size >= 1, "--val-size must be at least 1, got ", c.val_size);
+  UNETCU_CHECK(!sized || c.batch_size <= c.train_size, "--batch-size ", c.batch_size,
+               " is larger than the ", c.train_size, " training images");
+  UNETCU_CHECK(c.width_divisor >= 1, "--width-divisor must be at least 1");
+  UNETCU_CHECK(c.weight_decay >= 0, "--weight-decay must be >= 0");
+  UNETCU_CHECK(c.momentum >= 0 && c.momentum < 1, "--momentum must be in [0, 1)");
+  UNETCU_CHECK(c.threads >= 0, "--threads must be >= 0");
+  UNETCU_CHECK(c.workers >= 0, "--workers must be >= 0");
+  UNETCU_CHECK(c.data.empty() || (c.val_fraction > 0 && c.val_fraction < 1) || !c.val_data.empty(),
+               "--val-fraction must be between 0 and 1");
+  UNETCU_CHECK(!c.data.empty() || (c.val_data.empty() && c.data_list.empty()),
+               "--val-data and --data-list need --data");
+  UNETCU_CHECK(c.mode != Mode::Single || c.devices.empty(), "--devices belongs to --mode dp or mp");
+  UNETCU_CHECK(c.mode == Mode::Single || !c.device,
+               "--device belongs to --mode single; --mode dp and mp take --devices");
+  UNETCU_CHECK(c.mode == Mode::DataParallel || !c.sync_bn, "--sync-bn belongs to --mode dp");
+  for (const Device& d : c.devices)
+    UNETCU_CHECK(d.kind == c.devices[0].kind, "--devices must be all CPU devices or all GPUs, got ",
+                 cli::device_list_str(c.devices));
+  if (c.mode == Mode::Pipeline) {
+    UNETCU_CHECK(!c.devices.empty(), "--mode mp needs --devices (one per stage, e.g. cpu:0,cpu:1)");
+    UNETCU_CHECK(c.devices.size() >= 2, "--mode mp needs at least two stage devices, got ",
+                 cli::device_list_str(c.devices));
+    UNETCU_CHECK(c.split_size >= 0, "--split-size must be at least 1, got ", c.split_size);
+    UNETCU_CHECK(c.split_size <= c.batch_size, "--split-size ", c.split_size,
+                 " is larger than --batch-size ", c.batch_size);
+    if (c.split_auto)
+      UNETCU_CHECK(c.devices.size() == 2, "--split auto searches two-stage cuts: give two --devices");
+    else
+      UNETCU_CHECK(c.cuts.size() + 1 == c.devices.size(), "--split makes ", c.cuts.size() + 1,
+                   " stages but --devices lists ", c.devices.size());
+  }
+  if (c.mode == Mode::DataParallel) {
+    UNETCU_CHECK(!c.devices.empty(), "--mode dp needs --devices (e.g. cpu:0,cpu:1)");
+    for (size_t i = 0; i < c.devices.size(); ++i)
+      for (size_t j = 0; j < i; ++j)
+        UNETCU_CHECK(c.devices[i] != c.devices[j], "--devices lists ", c.devices[i].str(), " twice");
+    const int64_t n = int64_t(c.devices.size());
+    UNETCU_CHECK(!sized || c.train_size / n >= c.batch_size, "the ", c.train_size,
+                 " training images give each of the ", n, " replicas ", c.train_size / n,
+                 " samples, fewer than --batch-size ", c.batch_size);
+  }
+  // BN in training mode needs more than one value per channel: at layer4 a sample is
+  // (S/32)² values, so a batch of one 32×32 image cannot train.
+  const int64_t last = int64_t(c.image_size / 32) * (c.image_size / 32);
+  UNETCU_CHECK(int64_t(c.batch_size) * last > 1, "--batch-size 1 with --image-size ",
+               c.image_size, " leaves one value per channel for batch norm; use a larger batch "
+               "or image");
+  // With --mode dp each replica batches its own train_size / N samples.
+  const int64_t replicas = c.mode == Mode::DataParallel ? int64_t(c.devices.size()) : 1;
+  UNETCU_CHECK(!sized || last > 1 || (c.train_size / replicas) % c.batch_size != 1, "--train-size ",
+               c.train_size, " leaves a last batch of one ", c.image_size, "x", c.image_size,
+               " image: one value per channel for batch norm; change --train-size or --batch-size");
+}
+
+TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
+                       const std::function<void(const EpochStats&)>& on_epoch) {
+  validate(cfg);
+  std::vector<Device> devices;
+  if (cfg.mode == Mode::Single) {
+    // float64 is a CPU-only type: "auto" then means the CPU.
+    const std::string spec = cfg.device ? cfg.device->str() : cfg.dtype != DType::F32 ? "cpu" : "auto";
+    std::string note;
+    devices = {resolve_device(spec, &note)};
+    out << "device: " << devices[0].str() << " (" << note << ")\n";
+  } else {
+    for (const Device& d : cfg.devices) resolve_device(d.str(), nullptr);  // exists?
+    devices = cfg.devices;
+  }
+  for (const Device& d : devices) {
+    UNETCU_CHECK(d.is_cpu() || cfg.dtype == DType::F32, "--dtype ", dtype_name(cfg.dtype),
+                 " is CPU only; ", d.str(), " trains in float32");
+    if (d.is_cuda()) cuda::set_allow_tf32(cfg.tf32);
+  }
+
+  // The data: the embedded synthetic set, or an image folder.
+  std::unique_ptr<SyntheticSegmentation> synthetic;
+  std::unique_ptr<Dataset> train_ds, val_ds;
+  bool cached = false;
+  if (cfg.data.empty()) {
+    synthetic = std::make_unique<SyntheticSegmentation>(cfg.image_size, cfg.seed);
+    const int64_t total = cfg.train_size + cfg.val_size;
+    cached = double(total) * SyntheticSegmentation::sample_bytes(cfg.image_size) <= kDataCacheBytes;
+    if (cached) synthetic->enable_cache(total);
+    train_ds = std::make_unique<SyntheticDataset>(*synthetic, 0, cfg.train_size);
+    val_ds = std::make_unique<SyntheticDataset>(*synthetic, cfg.train_size, cfg.val_size);
+  } else {
+    auto pairs = FolderDataset::scan(cfg.data, cfg.data_list);
+    std::vector<FolderDataset::Pair> train_pairs, val_pairs;
+    if (!cfg.val_data.empty()) {
+      train_pairs = std::move(pairs);
+      val_pairs = FolderDataset::scan(cfg.val_data);
+    } else {
+      split_pairs(pairs, cfg.val_fraction, cfg.seed, &train_pairs, &val_pairs);
+    }
+    train_ds = std::make_unique<FolderDataset>(std::move(train_pairs), cfg.image_size);
+    val_ds = std::make_unique<FolderDataset>(std::move(val_pairs), cfg.image_size);
+    TrainConfig sized = cfg;  // the folder decides the sizes: check them now
+    sized.train_size = train_ds->size();
+    sized.val_size = val_ds->size();
+    sized.data.clear(), sized.val_data.clear(), sized.data_list.clear();
+    validate(sized);
+  }
+
+  StrategyConfig sc;
+  sc.mode = cfg.mode;
+  sc.devices = devices;
+  sc.model.width_divisor = cfg.width_divisor;
+  sc.model.dtype = cfg.dtype;
+  sc.model.seed = cfg.seed;
+  sc.optimizer = {cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay};
+  sc.loss = cfg.loss;
+  sc.threads = cfg.threads;
+  sc.allreduce = cfg.allreduce;
+  sc.sync_bn = cfg.sync_bn;
+  sc.cuts = cfg.cuts;
+  sc.search_split = cfg.split_auto;
+  sc.split_size = cfg.split_size || cfg.split_auto ? cfg.split_size : cfg.batch_size;
+  sc.schedule = cfg.schedule;
+  std::unique_ptr<Batch> probe;
+  if (cfg.split_auto) {
+    std::vector<int64_t> idx;
+    for (int i = 0; i < cfg.batch_size; ++i) idx.push_back(i);
+    probe = std::make_unique<Batch>(make_batch(*train_ds, idx, cfg.dtype));
+  }
+  const auto strategy = make_strategy(sc, probe.get(), out);
+  probe.reset();
+  const int N = strategy->replicas();
+  out << "strategy: " << strategy->describe() << "\n"
+      << "model: Unet(resnet34), " << strategy->model().parameter_count() << " parameters, width divisor "
+      << cfg.width_divisor << ", " << dtype_name(cfg.dtype) << "\n"
+      << "data: " << (cfg.data.empty() ? "synthetic" : cfg.data) << " at " << cfg.image_size << "x"
+      << cfg.image_size << ", " << train_ds->size() << " train / " << val_ds->size() << " validation"
+      << (cfg.augment == Augment::None ? "" : std::string(", augment ") + name_of(kAugmentNames, cfg.augment))
+      << (cached ? " (kept in memory after the first epoch)" : "") << ", batch " << cfg.batch_size;
+  if (N > 1) out << " per replica (global " << cfg.batch_size * N << ")";
+  out << ", loss " << loss_kind_name(cfg.loss) << ", " << name_of(kOptimizerNames, cfg.optimizer)
+      << " lr " << cfg.lr << "\n";
+  out.flush();
+
+  FitOptions fo;
+  fo.epochs = cfg.epochs;
+  fo.batch_size = cfg.batch_size;
+  fo.seed = cfg.seed;
+  fo.dtype = cfg.dtype;
+  fo.augment = cfg.augment;
+  fo.workers = cfg.workers;
+  fo.progress = cfg.progress;
+  fo.profile = cfg.profile;
+  fo.checkpoint = cfg.checkpoint;
+  fo.resume = cfg.resume;
+  fo.init_encoder = cfg.init_encoder;
+  return fit(*strategy, *train_ds, *val_ds, fo, out, on_epoch);
+}
+
+}  // namespace unetcu

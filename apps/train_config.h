@@ -1,0 +1,65 @@
+// unet_train's configuration: every flag parsed once into typed values (apps/cli.h), checked
+// together by validate(), then turned into a dataset, a training strategy (train/strategy.h)
+// and the epoch loop's options (train/trainer.h).
+#pragma once
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "data/dataset.h"
+#include "train/strategy.h"
+#include "train/trainer.h"
+
+namespace CLI {
+class App;
+}
+
+namespace unetcu {
+
+struct TrainConfig {
+  int epochs = 10;
+  int batch_size = 8;              // per replica with dp
+  int image_size = 64;
+  double lr = 1e-3;
+  uint64_t seed = 0;
+  LossKind loss = LossKind::BCEDice;
+  std::optional<Device> device;    // single mode; nullopt: a GPU when one is usable, else the CPU
+  int64_t train_size = 512;
+  int64_t val_size = 128;
+  int width_divisor = 1;
+  OptimizerKind optimizer = OptimizerKind::Adam;
+  double momentum = 0.9;           // sgd only
+  double weight_decay = 0;
+  int threads = 0;                 // 0: every core (dp/mp: cores / devices each)
+  DType dtype = DType::F32;
+  bool progress = true;
+  bool tf32 = true;                // CUDA: cuDNN convolutions may use TF32 tensor cores
+  Mode mode = Mode::Single;
+  std::vector<Device> devices;     // dp: one per replica; mp: one per stage
+  AllReduceAlgo allreduce = AllReduceAlgo::Ring;
+  bool sync_bn = false;
+  std::vector<int> cuts = {4};     // mp: first block of each later stage (4: after layer3)
+  bool split_auto = false;         // mp: search the cut and split size
+  int split_size = 0;              // mp: 0 = the whole batch
+  Schedule schedule = Schedule::GPipe;
+  std::string profile;
+  std::string checkpoint, resume, init_encoder;
+  std::string data, data_list, val_data;
+  double val_fraction = 0.1;
+  Augment augment = Augment::None;
+  int workers = 0;
+};
+
+// Declares every unet_train flag, bound to `cfg`.
+void add_train_flags(CLI::App& app, TrainConfig& cfg);
+
+// Throws unetcu::Error naming the flag for a configuration that cannot train. With --data the
+// dataset's sizes are checked once the folder has been read.
+void validate(const TrainConfig& cfg);
+
+// Validates, builds the data and the strategy, prints what was chosen and trains.
+TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
+                       const std::function<void(const EpochStats&)>& on_epoch = {});
+
+}  // namespace unetcu

@@ -1,0 +1,220 @@
+#include "train/strategy.h"
+
+#include <algorithm>
+#include <chrono>
+#include <ostream>
+
+#include "engine/tape.h"
+#include "parallel/split_search.h"
+
+namespace unetcu {
+
+namespace {
+
+// The tensor on `device`: itself when it is there already, else a copy (asynchronous from
+// pinned memory to a GPU, on the device's current stream).
+Tensor on(const Tensor& t, Device device) { return t.device() == device ? t : t.to(device); }
+
+std::string device_list(const std::vector<Device>& devices) {
+  std::string s;
+  for (const Device& d : devices) s += (s.empty() ? "" : ",") + d.str();
+  return s;
+}
+
+}  // namespace
+
+// ---- one device -----------------------------------------------------------------------------
+
+SingleDevice::SingleDevice(const UNetConfig& model, const OptimizerFactory& make_optimizer, LossKind loss)
+    : TrainingStrategy(loss), device_(model.device), model_(std::make_unique<UNet>(model)),
+      optimizer_(make_optimizer(model_->parameters())) {}
+
+std::string SingleDevice::describe() const { return "one device, " + device_.str(); }
+
+PlacedBatch SingleDevice::place(Batch host) {
+  PlacedBatch p{host, {{on(host.images, device_), on(host.masks, device_)}}};
+  return p;
+}
+
+double SingleDevice::step(const PlacedBatch& batch) {
+  const Batch& b = batch.parts.at(0);
+  Tape tape;
+  Tensor loss;
+  {
+    TapeScope scope(tape);
+    loss = segmentation_loss(loss_, model_->forward(b.images), b.masks);
+    optimizer_->zero_grad();
+    tape.backward(loss);
+  }
+  optimizer_->step();
+  return loss.item();
+}
+
+Tensor SingleDevice::infer(const Tensor& images) { return model_->forward(on(images, device_)); }
+
+// ---- data parallel --------------------------------------------------------------------------
+
+DataParallelStrategy::DataParallelStrategy(const UNetConfig& model, const DataParallelOptions& options,
+                                           const OptimizerFactory& make_optimizer, LossKind loss)
+    : TrainingStrategy(loss), dp_(model, options, make_optimizer) {}
+
+std::string DataParallelStrategy::describe() const {
+  const auto& o = dp_.options();
+  return "data parallel, " + std::to_string(dp_.size()) + " replicas on " + device_list(o.devices) +
+         ", " + name_of(kAllReduceNames, o.algo) + " all-reduce" + (o.sync_bn ? ", synchronized BN" : "");
+}
+
+PlacedBatch DataParallelStrategy::place(Batch host) {
+  const int N = dp_.size();
+  const int64_t n = host.size();
+  UNETCU_CHECK(n % N == 0, "data parallelism: a batch of ", n, " samples does not split into ", N,
+               " equal shards");
+  const int64_t b = n / N;
+  PlacedBatch p{host, {}};
+  for (int r = 0; r < N; ++r) {
+    const Device d = dp_.options().devices[r];
+    p.parts.push_back({on(host.images.rows(r * b, (r + 1) * b), d), on(host.masks.rows(r * b, (r + 1) * b), d)});
+  }
+  return p;
+}
+
+double DataParallelStrategy::step(const PlacedBatch& batch) {
+  const std::vector<double> losses = dp_.step(batch.parts, loss_);
+  double mean = 0;
+  for (double l : losses) mean += l / double(losses.size());
+  return mean;
+}
+
+Tensor DataParallelStrategy::infer(const Tensor& images) {
+  return dp_.replica(0).forward(on(images, output_device()));
+}
+
+void DataParallelStrategy::set_training(bool on_) {
+  for (int r = 0; r < dp_.size(); ++r) dp_.replica(r).train(on_);
+}
+
+// ---- pipeline -------------------------------------------------------------------------------
+
+PipelineStrategy::PipelineStrategy(const UNetConfig& model, const PipelineOptions& options,
+                                   const OptimizerFactory& make_optimizer, LossKind loss)
+    : TrainingStrategy(loss), pipe_(model, options, make_optimizer) {}
+
+std::string PipelineStrategy::describe() const {
+  const auto& o = pipe_.options();
+  std::string cuts;
+  for (int c : o.cuts) cuts += (cuts.empty() ? "" : ", ") + pipe_.model().blocks()[c - 1].name;
+  return "model parallel, " + std::to_string(o.devices.size()) + " stages on " + device_list(o.devices) +
+         " (cut after " + cuts + "), micro-batches of " + std::to_string(o.split_size) + ", " +
+         name_of(kScheduleNames, o.schedule) + " schedule; BN statistics per micro-batch";
+}
+
+PlacedBatch PipelineStrategy::place(Batch host) {
+  PlacedBatch p{host, pipe_.place(host)};
+  return p;
+}
+
+double PipelineStrategy::step(const PlacedBatch& batch) { return pipe_.step(batch.parts, loss_); }
+
+std::vector<Optimizer*> PipelineStrategy::optimizers() {
+  std::vector<Optimizer*> out;
+  for (const auto& o : pipe_.optimizers()) out.push_back(o.get());
+  return out;
+}
+
+// ---- choosing one ---------------------------------------------------------------------------
+
+namespace {
+
+// Two stages: profile the blocks on the first stage's device, predict every cut x split size,
+// run the best few for real, print the article's Table 1, return the fastest.
+PipelineOptions search_split(const StrategyConfig& c, PipelineOptions o, const Batch& batch,
+                             std::ostream& out) {
+  UNETCU_CHECK(o.devices.size() == 2, "the split search cuts the model in two: give two stage devices");
+  using Clock = std::chrono::steady_clock;
+  const int B = int(batch.size());
+  UNetConfig one = c.model;
+  one.device = o.devices[0];
+  UNet probe(one);
+  probe.train();
+  // Profiled with one stage's thread budget, the budget each stage will run with.
+  const int saved_threads = cpu_threads();
+  const int stage_threads = o.threads_per_stage > 0 ? o.threads_per_stage
+                                                    : std::max(1, saved_threads / int(o.devices.size()));
+  if (o.devices[0].is_cpu()) set_cpu_threads(stage_threads);
+  const auto blocks = profile_blocks(probe, batch.images.device() == one.device
+                                                ? batch
+                                                : Batch{batch.images.to(one.device), batch.masks.to(one.device)},
+                                     c.loss, 2);
+  set_cpu_threads(saved_threads);
+  std::vector<int> splits;
+  for (int s = 1; s < B; s *= 2) splits.push_back(s);
+  splits.push_back(B);
+  if (c.split_size) splits = {c.split_size};
+  auto plans = rank_plans(blocks, B, splits, o.schedule, LinkModel{});
+  const size_t run = std::min<size_t>(3, plans.size());
+  for (size_t k = 0; k < run; ++k) {
+    PipelineOptions trial = o;
+    trial.cuts = plans[k].cuts;
+    trial.split_size = plans[k].split_size;
+    PipelineStrategy pipe(c.model, trial, optimizer_factory(c.optimizer), c.loss);
+    std::vector<double> t;
+    for (int s = 0; s < 3; ++s) {
+      const auto t0 = Clock::now();
+      pipe.step(pipe.place(batch));
+      if (s) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());  // the first warms up
+    }
+    plans[k].measured_s = *std::min_element(t.begin(), t.end());
+  }
+  size_t best = 0;
+  for (size_t k = 1; k < run; ++k)
+    if (plans[k].measured_s < plans[best].measured_s) best = k;
+  out << "split search (" << name_of(kScheduleNames, o.schedule) << ", batch " << B << "; the best "
+      << run << " predictions run for real):\n"
+      << plans_table(plans, blocks) << "chosen: cut after " << blocks[plans[best].cuts[0] - 1].name
+      << ", split_size " << plans[best].split_size << "\n";
+  o.cuts = plans[best].cuts;
+  o.split_size = plans[best].split_size;
+  return o;
+}
+
+}  // namespace
+
+std::unique_ptr<TrainingStrategy> make_strategy(const StrategyConfig& c, const Batch* probe,
+                                                std::ostream& out) {
+  UNETCU_CHECK(!c.devices.empty(), "a training strategy needs at least one device");
+  const OptimizerFactory make_optimizer = optimizer_factory(c.optimizer);
+  switch (c.mode) {
+    case Mode::Single: {
+      UNETCU_CHECK(c.devices.size() == 1, "one-device training takes one device, got ", c.devices.size());
+      UNetConfig m = c.model;
+      m.device = c.devices[0];
+      if (m.device.is_cpu() && c.threads > 0) set_cpu_threads(c.threads);
+      return std::make_unique<SingleDevice>(m, make_optimizer, c.loss);
+    }
+    case Mode::DataParallel: {
+      DataParallelOptions o;
+      o.devices = c.devices;
+      o.algo = c.allreduce;
+      o.sync_bn = c.sync_bn;
+      o.threads_per_replica = c.threads;
+      return std::make_unique<DataParallelStrategy>(c.model, o, make_optimizer, c.loss);
+    }
+    case Mode::Pipeline: {
+      PipelineOptions o;
+      o.devices = c.devices;
+      o.schedule = c.schedule;
+      o.threads_per_stage = c.threads;
+      o.cuts = c.cuts;
+      o.split_size = c.split_size;
+      if (c.search_split) {
+        UNETCU_CHECK(probe, "the split search needs a probe batch");
+        o = search_split(c, o, *probe, out);
+      }
+      UNETCU_CHECK(o.split_size >= 1, "model parallelism: the split size must be at least 1");
+      return std::make_unique<PipelineStrategy>(c.model, o, make_optimizer, c.loss);
+    }
+  }
+  throw Error("unknown training mode");
+}
+
+}  // namespace unetcu

@@ -1,0 +1,165 @@
+// The training-strategy seam: one interface over one-device training, data parallelism and
+// pipeline (model) parallelism. The epoch loop (train/trainer.h), the benchmarks and the split
+// search drive every strategy through it, so a training step is written once per strategy
+// and nowhere else.
+//
+//   host batch (loader, pinned for GPUs) --place--> parts on the input devices --step--> loss
+//
+// place() uploads ahead of the step (the epoch loop places batch s+1 before running step s);
+// step() runs forward, loss, backward and the optimizer step and returns the batch's mean loss.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/batch.h"
+#include "engine/module.h"
+#include "engine/named.h"
+#include "engine/ops.h"
+#include "engine/optim.h"
+#include "models/unet.h"
+#include "parallel/communicator.h"
+#include "parallel/pipeline.h"
+
+namespace unetcu {
+
+// A global batch placed where a strategy's step reads it.
+struct PlacedBatch {
+  Batch host;                // the loader's batch: alive until the copies from it are done
+  std::vector<Batch> parts;  // one device: the batch; DP: each replica's shard; MP: each
+                             // micro-batch (images on the first stage, masks on the last)
+  int64_t size() const { return host.size(); }
+};
+
+class TrainingStrategy {
+ public:
+  virtual ~TrainingStrategy() = default;
+  // One line for the log: the devices and how the work is shared.
+  virtual std::string describe() const = 0;
+  // Every device the strategy computes on (peak memory, GPU checks).
+  virtual std::vector<Device> devices() const = 0;
+  // Into how many equal shards the sampler cuts each global batch (DP: one per replica).
+  virtual int replicas() const { return 1; }
+
+  // Uploads a host batch to where step() reads it.
+  virtual PlacedBatch place(Batch host) = 0;
+  // One optimizer step; returns the batch's mean loss (DP: the mean over the replicas').
+  virtual double step(const PlacedBatch& batch) = 0;
+  LossKind loss_kind() const { return loss_; }
+
+  // Forward without a tape, in the mode set by set_training: logits on output_device().
+  virtual Tensor infer(const Tensor& images) = 0;
+  virtual Device output_device() const = 0;
+  virtual void set_training(bool on) = 0;
+
+  // For checkpoints: the model with segmentation_models_pytorch's names (MP: the one model
+  // whose blocks live on the stages' devices) and the optimizers whose state is saved (DP:
+  // rank 0's; MP: each stage's), every one of their parameters a parameter of model().
+  virtual Module& model() = 0;
+  virtual std::vector<Optimizer*> optimizers() = 0;
+  // After model() / optimizers() were loaded: make every replica agree with them.
+  virtual void state_loaded() {}
+
+  // MP: the most micro-batches a stage held during the last step; empty otherwise.
+  virtual std::vector<int> live_micro_batches() const { return {}; }
+
+ protected:
+  explicit TrainingStrategy(LossKind loss) : loss_(loss) {}
+  LossKind loss_;
+};
+
+// One model on one device.
+class SingleDevice : public TrainingStrategy {
+ public:
+  SingleDevice(const UNetConfig& model, const OptimizerFactory& make_optimizer, LossKind loss);
+  std::string describe() const override;
+  std::vector<Device> devices() const override { return {device_}; }
+  PlacedBatch place(Batch host) override;
+  double step(const PlacedBatch& batch) override;
+  Tensor infer(const Tensor& images) override;
+  Device output_device() const override { return device_; }
+  void set_training(bool on) override { model_->train(on); }
+  Module& model() override { return *model_; }
+  std::vector<Optimizer*> optimizers() override { return {optimizer_.get()}; }
+  UNet& unet() { return *model_; }
+
+ private:
+  Device device_;
+  std::unique_ptr<UNet> model_;
+  std::unique_ptr<Optimizer> optimizer_;
+};
+
+// A replica per device, gradients averaged by all-reduce (parallel/data_parallel.h). A global
+// batch of N·b samples: replica r takes rows [r·b, (r+1)·b).
+class DataParallelStrategy : public TrainingStrategy {
+ public:
+  DataParallelStrategy(const UNetConfig& model, const DataParallelOptions& options,
+                       const OptimizerFactory& make_optimizer, LossKind loss);
+  std::string describe() const override;
+  std::vector<Device> devices() const override { return dp_.options().devices; }
+  int replicas() const override { return dp_.size(); }
+  PlacedBatch place(Batch host) override;
+  double step(const PlacedBatch& batch) override;
+  Tensor infer(const Tensor& images) override;
+  Device output_device() const override { return dp_.options().devices[0]; }
+  void set_training(bool on) override;
+  Module& model() override { return dp_.replica(0); }
+  std::vector<Optimizer*> optimizers() override { return {&dp_.optimizer(0)}; }
+  void state_loaded() override { dp_.replicate_rank0(); }
+  DataParallel& data_parallel() { return dp_; }
+
+ private:
+  DataParallel dp_;
+};
+
+// The model cut into stages on devices, the batch into micro-batches (parallel/pipeline.h).
+class PipelineStrategy : public TrainingStrategy {
+ public:
+  PipelineStrategy(const UNetConfig& model, const PipelineOptions& options,
+                   const OptimizerFactory& make_optimizer, LossKind loss);
+  std::string describe() const override;
+  std::vector<Device> devices() const override { return pipe_.options().devices; }
+  PlacedBatch place(Batch host) override;
+  double step(const PlacedBatch& batch) override;
+  Tensor infer(const Tensor& images) override { return pipe_.infer(images); }
+  Device output_device() const override { return pipe_.options().devices.back(); }
+  void set_training(bool on) override { pipe_.model().train(on); }
+  Module& model() override { return pipe_.model(); }
+  std::vector<Optimizer*> optimizers() override;
+  std::vector<int> live_micro_batches() const override { return pipe_.peak_live_micro_batches(); }
+  Pipeline& pipeline() { return pipe_; }
+
+ private:
+  Pipeline pipe_;
+};
+
+// --- choosing a strategy ---------------------------------------------------------------------
+
+enum class Mode { Single, DataParallel, Pipeline };
+inline constexpr NamedValue<Mode> kModeNames[] = {
+    {"single", Mode::Single}, {"dp", Mode::DataParallel}, {"mp", Mode::Pipeline}};
+
+struct StrategyConfig {
+  Mode mode = Mode::Single;
+  std::vector<Device> devices;  // single: one; DP: one per replica; MP: one per stage
+  UNetConfig model;             // its device is set per replica / stage
+  OptimizerConfig optimizer;
+  LossKind loss = LossKind::BCEDice;
+  int threads = 0;              // DP/MP on CPU devices: threads per device (0: cores / N)
+  // DP
+  AllReduceAlgo allreduce = AllReduceAlgo::Ring;
+  bool sync_bn = false;
+  // MP
+  std::vector<int> cuts;        // empty with search_split
+  bool search_split = false;    // two stages: profile, predict every cut x split, run the best
+  int split_size = 0;           // 0: the whole batch (with search_split: every power of two)
+  Schedule schedule = Schedule::GPipe;
+};
+
+// Builds the strategy. With search_split, `probe` (a host batch of the training batch size) is
+// timed on the first stage's device, the split search's table goes to `out` and the fastest
+// plan is taken.
+std::unique_ptr<TrainingStrategy> make_strategy(const StrategyConfig& config, const Batch* probe,
+                                                std::ostream& out);
+
+}  // namespace unetcu

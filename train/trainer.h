@@ -1,0 +1,68 @@
+// The epoch loop, written once over every training strategy (train/strategy.h): the loader
+// (worker threads make each global batch ahead of the step, pinned for GPUs, and the next
+// batch is placed on the devices before the current step runs), the progress bar, validation,
+// the per-epoch metrics line, checkpoints (save, resume, encoder initialisation) and
+// profiling.
+//
+// One epoch = every training sample once, in a seeded per-epoch order, in steps of
+// batch_size samples per replica (a smaller last step is kept). With N replicas each epoch's
+// permutation is cut to a multiple of N and replica r takes every N-th sample from position r
+// (DistributedSampler semantics): disjoint, equal shards.
+#pragma once
+#include <functional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "data/dataset.h"
+#include "train/strategy.h"
+
+namespace unetcu {
+
+struct FitOptions {
+  int epochs = 10;
+  int batch_size = 8;          // per replica
+  uint64_t seed = 0;           // shuffling and augmentation
+  DType dtype = DType::F32;
+  Augment augment = Augment::None;
+  int workers = 0;             // loader threads; 0: one when every device is a CPU, four for GPUs
+  bool progress = true;        // progress bar on stderr (only when it is a terminal)
+  // Non-empty: profile every op and block, print the tables at the end, write a trace here.
+  std::string profile;
+  // Checkpoints: written after every epoch (the model with SMP's names and `<file>.train` with
+  // the optimizer state and the epoch); resume continues a run from one (bit-exactly: the
+  // same losses and files as an uninterrupted run); init_encoder loads only encoder.*.
+  std::string checkpoint, resume, init_encoder;
+};
+
+struct EpochStats {
+  int epoch = 0;
+  double seconds = 0;      // training part of the epoch (validation excluded)
+  double train_loss = 0;   // mean over the epoch's steps, weighted by their sizes
+  double val_loss = 0, val_iou = 0, val_dice = 0;
+  double images_per_second = 0;
+  size_t peak_device_bytes = 0;    // GPUs: the largest peak of the caching allocators
+  double load_seconds = 0;         // the loader's time per worker making training batches
+  double wait_seconds = 0;         // time the step waited for a batch
+};
+
+struct TrainResult {
+  std::vector<EpochStats> epochs;
+  double mean_epoch_seconds = 0, std_epoch_seconds = 0;
+  int64_t parameter_count = 0;
+};
+
+// Trains `strategy` on `train`, validating on `val` after each epoch; each finished epoch is
+// printed to `out` (one line) and passed to `on_epoch` if given. A non-finite loss stops
+// training with an Error.
+TrainResult fit(TrainingStrategy& strategy, const Dataset& train, const Dataset& val,
+                const FitOptions& options, std::ostream& out,
+                const std::function<void(const EpochStats&)>& on_epoch = {});
+
+// Step s of an epoch: the dataset indices of its global batch, replica after replica (replica
+// r's rows are [r·b, (r+1)·b) of the batch).
+std::vector<int64_t> global_batch_indices(const std::vector<int64_t>& permutation, int replicas,
+                                          int batch_size, int64_t step);
+int64_t steps_per_epoch(int64_t train_size, int replicas, int batch_size);
+
+}  // namespace unetcu
