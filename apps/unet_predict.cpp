@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
   app.add_option("--threshold", threshold, "Foreground where sigmoid(logit) > this")->capture_default_str();
   app.add_flag("--overlay", overlay, "Also write <stem>_overlay.png: the mask in red over the image");
   app.add_option("--masks", gt_dir, "Ground-truth masks (matched by file stem): report IoU and Dice");
-  app.add_option("--device", device_s, "auto, cpu or cuda:N")->capture_default_str();
+  app.add_option("--device", device_s, "auto, cpu, cpu:N or cuda:N")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     UNETCU_CHECK(size > 0 && size % 32 == 0, "--image-size must be a positive multiple of 32");
@@ -83,7 +83,8 @@ int main(int argc, char** argv) {
       for (int c = 0; c < 3; ++c)
         for (size_t q = 0; q < plane; ++q) p[c * plane + q] = (p[c * plane + q] - kImageMean[c]) / kImageStd[c];
       NoGradScope no_grad;
-      const Tensor logits = model.forward(device.is_cpu() ? x : x.to(device)).to(Device::cpu());
+      // The image goes to the model's device (cpu:N included), the logits back to the host.
+      const Tensor logits = model.forward(x.device() == device ? x : x.to(device)).to(Device::cpu());
       // Back to the image's own size, nearest.
       Image mask{img.width, img.height, 1, std::vector<uint8_t>(size_t(img.width) * img.height)};
       const float* l = logits.data<float>();

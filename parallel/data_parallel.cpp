@@ -166,6 +166,7 @@ DataParallel::~DataParallel() = default;
 int DataParallel::size() const { return int(replicas_.size()); }
 UNet& DataParallel::replica(int rank) { return *replicas_.at(rank)->model; }
 size_t DataParallel::bucket_count() const { return replicas_[0]->buckets.size(); }
+std::vector<Tensor> DataParallel::buckets(int rank) const { return replicas_.at(rank)->flat; }
 void DataParallel::run(const std::function<void(int)>& f) {
   // A rank that fails aborts the communicators (once), so the others leave their collectives
   // with an error instead of waiting for it forever; the first failure is the one reported.

@@ -68,6 +68,8 @@ class DataParallel {
   // "allreduce bucket <k>", in the order they happened.
   std::vector<std::string> events() const;
   size_t bucket_count() const;
+  // Rank r's gradient buckets: the flat buffers its parameters' gradients are views into.
+  std::vector<Tensor> buckets(int rank) const;
 
  private:
   struct Replica;

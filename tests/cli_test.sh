@@ -38,5 +38,9 @@ expect_error "makes 2 stages but --devices lists 3" --mode mp --devices cpu:0,cp
 expect_error "not a block" --mode mp --devices cpu:0,cpu:1 --split layer7
 expect_error "--sync-bn belongs to --mode dp" --mode mp --devices cpu:0,cpu:1 --sync-bn
 expect_error "two --devices" --mode mp --devices cpu:0,cpu:1,cpu:0 --split auto
+expect_error "--device belongs to --mode single" --mode dp --devices cpu:0,cpu:1 --device cpu:1
+expect_error "--schedule: unknown schedule 'foo' (expected gpipe or 1f1b)" --schedule foo
+expect_error "--mode: unknown mode 'pp' (expected single, dp or mp)" --mode pp
+expect_error "bad device 'gpu:1'" --mode dp --devices cpu:0,gpu:1
 if ! "$bin" --help | grep -q -- "--batch-size"; then echo "FAIL: --help"; fail=1; fi
 exit $fail

@@ -35,5 +35,15 @@ grep -q "3 train / 1 validation, augment heavy" <<<"$out" || { echo "FAIL: folde
 rm "$d/model.safetensors.train"
 msg=$("$train" --data "$d/data" --epochs 2 --width-divisor 16 --batch-size 2 --val-fraction 0.34 --no-progress --device cpu --resume "$d/model.safetensors" 2>&1) && { echo "FAIL: resume without .train accepted"; fail=1; }
 grep -q "no .*\.train beside it" <<<"$msg" || { echo "FAIL: resume message: $msg"; fail=1; }
+# A CPU device other than cpu:0 trains and predicts (batches and images are moved to it), and
+# predicts what cpu:0 predicts from the same checkpoint.
+"$train" --data "$d/data" --epochs 1 --width-divisor 16 --batch-size 2 --val-fraction 0.34 --no-progress \
+  --device cpu:1 --checkpoint "$d/cpu1.safetensors" > /dev/null 2> "$d/err" || { echo "FAIL: --device cpu:1 training: $(cat "$d/err")"; fail=1; }
+"$predict" "$d/data/images" --checkpoint "$d/cpu1.safetensors" --width-divisor 16 --image-size 64 \
+  --device cpu:1 --out "$d/pred1" > /dev/null 2> "$d/err" || { echo "FAIL: --device cpu:1 prediction: $(cat "$d/err")"; fail=1; }
+"$predict" "$d/data/images" --checkpoint "$d/cpu1.safetensors" --width-divisor 16 --image-size 64 \
+  --device cpu:0 --out "$d/pred0" > /dev/null 2> "$d/err" || { echo "FAIL: cpu:0 prediction: $(cat "$d/err")"; fail=1; }
+[ "$(ls "$d/pred1" | wc -l)" -eq 6 ] || { echo "FAIL: 6 masks expected from cpu:1"; fail=1; }
+diff -r "$d/pred0" "$d/pred1" > /dev/null || { echo "FAIL: cpu:1 and cpu:0 masks differ"; fail=1; }
 [ $fail -eq 0 ] && echo "ok: masks, overlays, IoU/Dice, folders, errors"
 exit $fail

@@ -1,0 +1,322 @@
+// The training strategies behind the one epoch loop: every feature in every mode.
+//  - resume (DP, MP with both schedules) continues exactly like an uninterrupted run;
+//  - checkpoints move between strategies (optimizer state keyed by parameter name);
+//  - the loader's worker threads feed DP and MP without changing what they train on;
+//  - place() puts each part where its step reads it;
+//  - DP gradients live in the all-reduce buckets; the pipeline schedules on their own.
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "apps/train_config.h"
+#include "data/dataset.h"
+#include "engine/checkpoint.h"
+#include "testing.h"
+#include "train/strategy.h"
+
+using namespace unetcu;
+
+namespace {
+
+std::vector<char> slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  REQUIRE_MESSAGE(f.good(), "cannot read ", path);
+  return std::vector<char>((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+void remove_checkpoint(const std::string& p) {
+  std::remove(p.c_str());
+  std::remove((p + ".train").c_str());
+}
+
+// A small run: width/16 at 64x64, 16 training images (two steps of 4 per replica with DP).
+TrainConfig small_run(Mode mode) {
+  TrainConfig cfg;
+  cfg.epochs = 2;
+  cfg.batch_size = 4;
+  cfg.image_size = 64;
+  cfg.train_size = 16;
+  cfg.val_size = 4;
+  cfg.width_divisor = 16;
+  cfg.lr = 1e-2;
+  cfg.progress = false;
+  cfg.mode = mode;
+  if (mode == Mode::Single) cfg.device = Device::cpu();
+  if (mode != Mode::Single) cfg.devices = {Device::cpu(0), Device::cpu(1)};
+  if (mode == Mode::Pipeline) cfg.split_size = 2;
+  return cfg;
+}
+
+std::string name_of_case(const TrainConfig& c) {
+  return std::string(name_of(kModeNames, c.mode)) + "_" + name_of(kScheduleNames, c.schedule);
+}
+
+}  // namespace
+
+TEST_CASE("resume after epoch 1 equals an uninterrupted run, byte for byte, in DP and MP") {
+  std::vector<TrainConfig> cases = {small_run(Mode::DataParallel), small_run(Mode::Pipeline),
+                                    small_run(Mode::Pipeline)};
+  cases[2].schedule = Schedule::OneFOneB;
+  cases[0].optimizer = OptimizerKind::SGD;  // momentum state goes through the checkpoint too
+  for (TrainConfig cfg : cases) {
+    const std::string tag = name_of_case(cfg);
+    CAPTURE(tag);
+    std::ostringstream log;
+    cfg.checkpoint = "strategy_whole_" + tag + ".safetensors";
+    const TrainResult whole = train_unet(cfg, log);
+    TrainConfig first = cfg;
+    first.epochs = 1;
+    first.checkpoint = "strategy_first_" + tag + ".safetensors";
+    train_unet(first, log);
+    TrainConfig rest = cfg;
+    rest.resume = first.checkpoint;
+    rest.checkpoint = "strategy_rest_" + tag + ".safetensors";
+    const TrainResult resumed = train_unet(rest, log);
+    INFO(log.str());
+    REQUIRE(resumed.epochs.size() == 1);
+    CHECK(resumed.epochs[0].epoch == 2);
+    CHECK(resumed.epochs[0].train_loss == whole.epochs[1].train_loss);
+    CHECK(resumed.epochs[0].val_loss == whole.epochs[1].val_loss);
+    CHECK(slurp(cfg.checkpoint) == slurp(rest.checkpoint));
+    CHECK(slurp(cfg.checkpoint + ".train") == slurp(rest.checkpoint + ".train"));
+    // The run changed the model between the epochs: the comparison above is not of two copies
+    // of the initial state.
+    CHECK(slurp(first.checkpoint) != slurp(cfg.checkpoint));
+    for (const auto& p : {cfg.checkpoint, first.checkpoint, rest.checkpoint}) remove_checkpoint(p);
+  }
+}
+
+TEST_CASE("a checkpoint moves between strategies with its optimizer state") {
+  std::ostringstream log;
+  // DP writes one; single mode, a pipeline and DP again each load it and write it back
+  // unchanged: the state is keyed by parameter name, whoever holds the parameter.
+  TrainConfig dp_cfg = small_run(Mode::DataParallel);
+  dp_cfg.epochs = 1;
+  dp_cfg.checkpoint = "strategy_dp.safetensors";
+  train_unet(dp_cfg, log);
+  UNetConfig model;
+  model.width_divisor = 16;
+  const OptimizerFactory adam = optimizer_factory({OptimizerKind::Adam, 1e-2, 0.9, 0});
+  std::vector<std::unique_ptr<TrainingStrategy>> strategies;
+  model.device = Device::cpu(1);
+  strategies.push_back(std::make_unique<SingleDevice>(model, adam, LossKind::BCEDice));
+  PipelineOptions po;
+  po.devices = {Device::cpu(0), Device::cpu(1)};
+  po.cuts = {6};  // after decoder.blocks.0: skips cross the cut
+  po.split_size = 2;
+  strategies.push_back(std::make_unique<PipelineStrategy>(model, po, adam, LossKind::BCEDice));
+  DataParallelOptions dpo;
+  dpo.devices = {Device::cpu(0), Device::cpu(1), Device::cpu(2)};
+  strategies.push_back(std::make_unique<DataParallelStrategy>(model, dpo, adam, LossKind::BCEDice));
+  for (auto& s : strategies) {
+    CAPTURE(s->describe());
+    CHECK(load_checkpoint(dp_cfg.checkpoint, s->model(), s->optimizers()) == 1);
+    s->state_loaded();
+    save_checkpoint("strategy_again.safetensors", s->model(), s->optimizers(), 1);
+    CHECK(slurp("strategy_again.safetensors") == slurp(dp_cfg.checkpoint));
+    CHECK(slurp("strategy_again.safetensors.train") == slurp(dp_cfg.checkpoint + ".train"));
+  }
+  // DP: every replica got rank 0's state, optimizer included.
+  auto& dp = static_cast<DataParallelStrategy*>(strategies[2].get())->data_parallel();
+  for (int r = 1; r < dp.size(); ++r) {
+    Optimizer& a = dp.optimizer(0);
+    Optimizer& b = dp.optimizer(r);
+    for (size_t i = 0; i < a.params().size(); ++i) {
+      const auto sa = a.param_state(i), sb = b.param_state(i);
+      for (size_t k = 0; k < sa.tensors.size(); ++k)
+        REQUIRE(sa.tensors[k].second.to_vector() == sb.tensors[k].second.to_vector());
+      for (size_t k = 0; k < sa.counters.size(); ++k) REQUIRE(*sa.counters[k].second == *sb.counters[k].second);
+      REQUIRE(a.params()[i].to_vector() == b.params()[i].to_vector());
+    }
+  }
+  // The runs continue from it: single mode resumes the DP checkpoint, DP a single-mode one.
+  TrainConfig single = small_run(Mode::Single);
+  single.resume = dp_cfg.checkpoint;
+  single.checkpoint = "strategy_single.safetensors";
+  const TrainResult r1 = train_unet(single, log);
+  REQUIRE(r1.epochs.size() == 1);
+  CHECK(r1.epochs[0].epoch == 2);
+  TrainConfig back = small_run(Mode::DataParallel);
+  back.epochs = 3;
+  back.resume = single.checkpoint;
+  const TrainResult r2 = train_unet(back, log);
+  REQUIRE(r2.epochs.size() == 1);
+  CHECK(r2.epochs[0].epoch == 3);
+  // Another optimizer's state is named as such.
+  TrainConfig sgd = small_run(Mode::Pipeline);
+  sgd.optimizer = OptimizerKind::SGD;
+  sgd.resume = dp_cfg.checkpoint;
+  CHECK_THROWS_WITH(train_unet(sgd, log), doctest::Contains("holds adam state; this run uses sgd"));
+  for (const auto& p : {dp_cfg.checkpoint, std::string("strategy_again.safetensors"), single.checkpoint})
+    remove_checkpoint(p);
+}
+
+TEST_CASE("the loader's workers feed DP and MP: the same parameters with and without them") {
+  const std::string dir = "strategy_folder_data";
+  std::filesystem::remove_all(dir);
+  write_synthetic_folder(dir, 20, 64, 3);
+  for (Mode mode : {Mode::DataParallel, Mode::Pipeline}) {
+    CAPTURE(name_of(kModeNames, mode));
+    std::vector<std::vector<char>> files;
+    for (int workers : {0, 2}) {
+      TrainConfig cfg = small_run(mode);
+      cfg.data = dir;
+      cfg.val_fraction = 0.2;
+      cfg.augment = Augment::Heavy;
+      cfg.workers = workers;
+      cfg.checkpoint = "strategy_workers.safetensors";
+      std::ostringstream log;
+      train_unet(cfg, log);
+      INFO(log.str());
+      CHECK(log.str().find("16 train / 4 validation") != std::string::npos);
+      files.push_back(slurp(cfg.checkpoint));
+      files.push_back(slurp(cfg.checkpoint + ".train"));
+      remove_checkpoint(cfg.checkpoint);
+    }
+    CHECK(files[0] == files[2]);
+    CHECK(files[1] == files[3]);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("place() puts each part where its step reads it") {
+  SyntheticSegmentation data(64, 4);
+  const Batch host = data.batch({0, 1, 2, 3, 4, 5});
+  UNetConfig model;
+  model.width_divisor = 16;
+  const OptimizerFactory sgd = optimizer_factory({OptimizerKind::SGD, 1e-2, 0.9, 0});
+  SUBCASE("one device, cpu:2") {
+    model.device = Device::cpu(2);
+    SingleDevice s(model, sgd, LossKind::BCE);
+    const PlacedBatch p = s.place(host);
+    REQUIRE(p.parts.size() == 1);
+    CHECK(p.parts[0].images.device() == Device::cpu(2));
+    CHECK(p.parts[0].masks.device() == Device::cpu(2));
+    CHECK(std::isfinite(s.step(p)));
+  }
+  SUBCASE("data parallel: replica r gets rows [r*b, (r+1)*b) on its device") {
+    DataParallelOptions o;
+    o.devices = {Device::cpu(0), Device::cpu(1), Device::cpu(2)};
+    DataParallelStrategy s(model, o, sgd, LossKind::BCE);
+    const PlacedBatch p = s.place(host);
+    REQUIRE(p.parts.size() == 3);
+    for (int r = 0; r < 3; ++r) {
+      CHECK(p.parts[r].images.device() == Device::cpu(r));
+      CHECK(p.parts[r].images.to_vector() == host.images.rows(2 * r, 2 * r + 2).to_vector());
+      CHECK(p.parts[r].masks.to_vector() == host.masks.rows(2 * r, 2 * r + 2).to_vector());
+    }
+    CHECK_THROWS_WITH(s.place(data.batch({0, 1, 2, 3})), doctest::Contains("does not split into 3"));
+  }
+  SUBCASE("pipeline: micro-batches, images on the first stage, masks on the last") {
+    PipelineOptions o;
+    o.devices = {Device::cpu(3), Device::cpu(1)};
+    o.cuts = {4};
+    o.split_size = 4;
+    PipelineStrategy s(model, o, sgd, LossKind::BCE);
+    const PlacedBatch p = s.place(host);
+    REQUIRE(p.parts.size() == 2);  // 4 + 2
+    CHECK(p.parts[1].images.dim(0) == 2);
+    for (const Batch& b : p.parts) {
+      CHECK(b.images.device() == Device::cpu(3));
+      CHECK(b.masks.device() == Device::cpu(1));
+    }
+    CHECK(p.parts[1].images.to_vector() == host.images.rows(4, 6).to_vector());
+    CHECK(std::isfinite(s.step(p)));
+  }
+}
+
+TEST_CASE("data parallel: the gradients are views into the all-reduce buckets") {
+  UNetConfig model;
+  model.width_divisor = 16;
+  model.dtype = DType::F64;
+  DataParallelOptions o;
+  o.devices = {Device::cpu(0), Device::cpu(1)};
+  o.first_bucket_bytes = 4096;
+  o.bucket_bytes = 64 << 10;
+  DataParallelStrategy s(model, o, optimizer_factory({OptimizerKind::SGD, 1e-2, 0, 0}), LossKind::BCE);
+  DataParallel& dp = s.data_parallel();
+  SyntheticSegmentation data(64, 5);
+  s.step(s.place(data.batch({0, 1, 2, 3}, DType::F64)));
+  for (int r = 0; r < dp.size(); ++r) {
+    const auto buckets = dp.buckets(r);
+    REQUIRE(buckets.size() == dp.bucket_count());
+    REQUIRE(buckets.size() > 2);
+    int64_t in_buckets = 0;
+    for (const Tensor& b : buckets) in_buckets += b.numel();
+    CHECK(in_buckets == dp.replica(r).parameter_count());
+    for (const Tensor& p : dp.replica(r).parameters()) {
+      const Tensor g = p.grad();
+      REQUIRE(g.defined());
+      bool inside = false;
+      for (const Tensor& b : buckets) {
+        const char* lo = static_cast<const char*>(b.raw());
+        const char* at = static_cast<const char*>(g.raw());
+        inside = inside || (g.same_storage(b) && at >= lo && at + g.nbytes() <= lo + b.nbytes());
+      }
+      CHECK(inside);
+    }
+  }
+  // After the all-reduce both replicas hold the same averaged gradient, in place.
+  const auto g0 = dp.replica(0).parameters(), g1 = dp.replica(1).parameters();
+  for (size_t i = 0; i < g0.size(); ++i) REQUIRE(g0[i].grad().to_vector() == g1[i].grad().to_vector());
+}
+
+TEST_CASE("pipeline schedules: every micro-batch once forward then once backward, no deadlock") {
+  using A = PipelineAction;
+  CHECK(stage_schedule(Schedule::GPipe, 0, 2, 3) ==
+        std::vector<A>{{A::Forward, 0}, {A::Forward, 1}, {A::Forward, 2},
+                       {A::Backward, 0}, {A::Backward, 1}, {A::Backward, 2}});
+  // 1F1B on the first of 3 stages: two forwards of warm-up, then alternate, then drain.
+  CHECK(stage_schedule(Schedule::OneFOneB, 0, 3, 4) ==
+        std::vector<A>{{A::Forward, 0}, {A::Forward, 1}, {A::Forward, 2}, {A::Backward, 0},
+                       {A::Forward, 3}, {A::Backward, 1}, {A::Backward, 2}, {A::Backward, 3}});
+  CHECK(stage_schedule(Schedule::OneFOneB, 2, 3, 4) ==
+        std::vector<A>{{A::Forward, 0}, {A::Backward, 0}, {A::Forward, 1}, {A::Backward, 1},
+                       {A::Forward, 2}, {A::Backward, 2}, {A::Forward, 3}, {A::Backward, 3}});
+  for (Schedule sched : {Schedule::GPipe, Schedule::OneFOneB})
+    for (int S = 1; S <= 5; ++S)
+      for (int M = 1; M <= 7; ++M) {
+        CAPTURE(int(sched));
+        CAPTURE(S);
+        CAPTURE(M);
+        std::vector<std::vector<A>> plan;
+        for (int s = 0; s < S; ++s) {
+          plan.push_back(stage_schedule(sched, s, S, M));
+          std::vector<int> fwd(M, 0), bwd(M, 0);
+          int live = 0, peak = 0;
+          for (const A& a : plan.back()) {
+            if (a.kind == A::Forward) {
+              REQUIRE(fwd[a.micro_batch]++ == 0);
+              peak = std::max(peak, ++live);
+            } else {
+              REQUIRE(fwd[a.micro_batch] == 1);  // backward after its forward
+              REQUIRE(bwd[a.micro_batch]++ == 0);
+              --live;
+            }
+          }
+          for (int m = 0; m < M; ++m) REQUIRE((fwd[m] == 1 && bwd[m] == 1));
+          CHECK(peak == (sched == Schedule::GPipe ? M : std::min(M, S - s)));
+        }
+        // Run the stages' schedules against each other with the pipeline's dependencies
+        // (F(s,m) after F(s-1,m); B(s,m) after B(s+1,m)): every stage must finish.
+        std::vector<size_t> pos(S, 0);
+        std::vector<std::vector<char>> fdone(S, std::vector<char>(M, 0)), bdone = fdone;
+        for (bool moved = true; moved;) {
+          moved = false;
+          for (int s = 0; s < S; ++s) {
+            if (pos[s] == plan[s].size()) continue;
+            const A& a = plan[s][pos[s]];
+            const bool ready = a.kind == A::Forward ? (s == 0 || fdone[s - 1][a.micro_batch])
+                                                    : (s == S - 1 || bdone[s + 1][a.micro_batch]);
+            if (!ready) continue;
+            (a.kind == A::Forward ? fdone : bdone)[s][a.micro_batch] = 1;
+            ++pos[s];
+            moved = true;
+          }
+        }
+        for (int s = 0; s < S; ++s) CHECK(pos[s] == plan[s].size());
+      }
+  CHECK_THROWS_WITH(stage_schedule(Schedule::GPipe, 2, 2, 1), doctest::Contains("stage 2 of 2"));
+}
