@@ -20,8 +20,8 @@
 #include "apps/cli.h"
 #include "bench/bench_util.h"
 #include "engine/cuda_api.h"
-#include "parallel/perf_model.h"
-#include "parallel/split_search.h"
+#include "planning/perf_model.h"
+#include "planning/split_search.h"
 
 using namespace unetcu;
 using Clock = std::chrono::steady_clock;
@@ -33,7 +33,7 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 struct Row {
   std::string method;
   std::vector<double> epochs;
-  double model_speedup = 0;  // the performance model's prediction (parallel/perf_model.h)
+  double model_speedup = 0;  // the performance model's prediction (planning/perf_model.h)
   double mean() const {
     double s = 0;
     for (double e : epochs) s += e;

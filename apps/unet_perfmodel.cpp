@@ -1,12 +1,12 @@
 // unet_perfmodel: the performance model of data and model parallelism for UNet-ResNet34
-// (parallel/perf_model.h) on N = 2, 4, 8 devices, and the article's setting held against the
+// (planning/perf_model.h) on N = 2, 4, 8 devices, and the article's setting held against the
 // article's measured speedups.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <iostream>
 
-#include "parallel/perf_model.h"
+#include "planning/perf_model.h"
 
 using namespace unetcu;
 

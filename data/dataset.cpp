@@ -32,13 +32,13 @@ static bool is_image_file(const fs::path& p) {
 
 std::vector<FolderDataset::Pair> FolderDataset::scan(const std::string& dir, const std::string& list) {
   fs::path root(dir), images, masks;
-  UNETCU_CHECK(fs::is_directory(root), "--data '", dir, "' is not a folder");
+  UNETCU_CHECK(fs::is_directory(root), "image folder '", dir, "' is not a folder");
   if (fs::is_directory(root / "images") && fs::is_directory(root / "masks")) {
     images = root / "images", masks = root / "masks";
   } else if (fs::is_directory(root / "img") && fs::is_directory(root / "masks_machine")) {
     images = root / "img", masks = root / "masks_machine";
   } else {
-    throw Error("--data '" + dir + "' has neither images/ + masks/ nor img/ + masks_machine/");
+    throw Error("image folder '" + dir + "' has neither images/ + masks/ nor img/ + masks_machine/");
   }
   std::set<std::string> keep;
   if (!list.empty()) {
@@ -62,7 +62,7 @@ std::vector<FolderDataset::Pair> FolderDataset::scan(const std::string& dir, con
     UNETCU_CHECK(it != mask_of.end(), "image '", e.path().string(), "' has no mask in ", masks.string());
     out.push_back({stem, e.path().string(), it->second});
   }
-  UNETCU_CHECK(!out.empty(), "--data '", dir, "' holds no images", keep.empty() ? "" : " from the name list");
+  UNETCU_CHECK(!out.empty(), "image folder '", dir, "' holds no images", keep.empty() ? "" : " from the name list");
   std::sort(out.begin(), out.end(), [](const Pair& a, const Pair& b) { return a.stem < b.stem; });
   return out;
 }
@@ -114,10 +114,10 @@ void FolderDataset::load(int64_t index, float* image, float* mask) const {
 
 void split_pairs(const std::vector<FolderDataset::Pair>& all, double fraction, uint64_t seed,
                  std::vector<FolderDataset::Pair>* train, std::vector<FolderDataset::Pair>* val) {
-  UNETCU_CHECK(fraction > 0 && fraction < 1, "--val-fraction must be between 0 and 1");
+  UNETCU_CHECK(fraction > 0 && fraction < 1, "the validation fraction must be between 0 and 1, got ", fraction);
   const auto perm = epoch_permutation(int64_t(all.size()), seed, -1);
   const int64_t n_val = std::max<int64_t>(1, int64_t(std::lround(fraction * all.size())));
-  UNETCU_CHECK(n_val < int64_t(all.size()), "--val-fraction leaves no training images");
+  UNETCU_CHECK(n_val < int64_t(all.size()), "a validation fraction of ", fraction, " leaves no training images");
   train->clear(), val->clear();
   for (size_t i = 0; i < perm.size(); ++i)
     (int64_t(i) >= int64_t(perm.size()) - n_val ? val : train)->push_back(all[size_t(perm[i])]);

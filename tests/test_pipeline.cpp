@@ -5,8 +5,8 @@
 #include "engine/tape.h"
 #include "models/unet.h"
 #include "parallel/pipeline.h"
-#include "parallel/perf_model.h"
-#include "parallel/split_search.h"
+#include "planning/perf_model.h"
+#include "planning/split_search.h"
 #include "testing.h"
 
 using namespace unetcu;

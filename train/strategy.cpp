@@ -5,7 +5,7 @@
 #include <ostream>
 
 #include "engine/tape.h"
-#include "parallel/split_search.h"
+#include "planning/split_search.h"
 
 namespace unetcu {
 

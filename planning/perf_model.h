@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "parallel/split_search.h"
+#include "planning/split_search.h"
 
 namespace unetcu {
 

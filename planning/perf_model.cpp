@@ -1,4 +1,4 @@
-#include "parallel/perf_model.h"
+#include "planning/perf_model.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "parallel/split_search.h"
+#include "planning/split_search.h"
 
 #include <algorithm>
 #include <chrono>
