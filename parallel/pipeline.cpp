@@ -79,6 +79,14 @@ Pipeline::Pipeline(const UNetConfig& model_cfg, const PipelineOptions& options,
     streams_.push_back(options.devices[s].is_cuda()
                            ? std::make_unique<cuda::StageStream>(options.devices[s].index)
                            : nullptr);
+  parameters_placed();
+}
+
+void Pipeline::parameters_placed() {
+  // The parameters were copied to the GPUs on this thread's stream; the stages read them on
+  // their own streams.
+  for (const Device& d : options_.devices)
+    if (d.is_cuda()) cuda::synchronize(d.index);
 }
 
 Pipeline::~Pipeline() = default;

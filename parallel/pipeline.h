@@ -77,6 +77,9 @@ class Pipeline {
 
   UNet& model() { return *model_; }
   const UNet& model() const { return *model_; }
+  // Call after writing the model's or optimizers' state from this thread (a checkpoint):
+  // on GPUs, waits for those copies, which the stages' streams do not wait for.
+  void parameters_placed();
   const std::vector<std::unique_ptr<Optimizer>>& optimizers() const { return optimizers_; }
   const PipelineOptions& options() const { return options_; }
   // Inference through the stages in the calling thread (no tape, no micro-batches): logits on

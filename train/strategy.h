@@ -127,6 +127,7 @@ class PipelineStrategy : public TrainingStrategy {
   Module& model() override { return pipe_.model(); }
   std::vector<Optimizer*> optimizers() override;
   std::vector<int> live_micro_batches() const override { return pipe_.peak_live_micro_batches(); }
+  void state_loaded() override { pipe_.parameters_placed(); }
   Pipeline& pipeline() { return pipe_; }
 
  private:
