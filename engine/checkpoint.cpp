@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -275,8 +276,13 @@ int load_checkpoint(const std::string& path, Module& model,
                         model_meta["epoch"] + " (an interrupted save?)");
   for (Optimizer* opt : optimizers) {
     const std::string kind = opt->kind();
-    if (!meta.count("optimizer"))
+    if (!meta.count("optimizer")) {
+      for (const auto& [key, t] : train)
+        if (key.rfind(kind + ".", 0) == 0 && std::isdigit(static_cast<unsigned char>(key.back())))
+          bad(train_path, "keeps the optimizer state by parameter position (an older format) and "
+                          "cannot resume; load its model file's weights only");
       bad(train_path, "holds no optimizer state; this run uses " + kind);
+    }
     if (meta["optimizer"] != kind)
       bad(train_path, "holds " + meta["optimizer"] + " state; this run uses " + kind);
     const std::vector<std::string> names = optimizer_param_names(model, *opt);

@@ -58,6 +58,12 @@ struct DataParallel::Replica {
   size_t next_launch = 0;
 };
 
+// Each gradient starts 256 bytes (64 elements) into its bucket after the previous one: the
+// gradients are written in place by cuDNN and the GEMMs, which want aligned pointers (the head's
+// bias alone, 1 element, would leave every later gradient of its bucket 4-byte aligned). The
+// padding stays zero and is averaged harmlessly.
+constexpr int64_t kGradAlignElements = 64;
+
 static std::vector<Bucket> make_buckets(const std::vector<Tensor>& params, size_t first_bytes,
                                         size_t bytes) {
   std::vector<Bucket> out;
@@ -70,7 +76,7 @@ static std::vector<Bucket> make_buckets(const std::vector<Tensor>& params, size_
     Bucket& b = out.back();
     b.params.push_back(i);
     b.offsets.push_back(b.numel);
-    b.numel += params[i].numel();
+    b.numel += (params[i].numel() + kGradAlignElements - 1) / kGradAlignElements * kGradAlignElements;
   }
   return out;
 }

@@ -93,9 +93,9 @@ Pipeline::~Pipeline() = default;
 
 std::vector<Batch> Pipeline::place(const Batch& batch) {
   const int64_t B = batch.size();
-  const int split = options_.split_size;
-  UNETCU_CHECK(split <= B, "model parallelism: the split size ", split,
-               " is larger than the batch of ", B);
+  UNETCU_CHECK(B >= 1, "model parallelism: an empty batch");
+  // An epoch's smaller last batch may be smaller than the split size: one micro-batch then.
+  const int64_t split = std::min<int64_t>(options_.split_size, B);
   const int S = stages();
   // Uploads go to the stage's own stream, so its work is ordered after them without a wait.
   auto upload = [&](const Tensor& t, int s) {

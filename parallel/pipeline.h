@@ -68,7 +68,7 @@ class Pipeline {
 
   // The batch cut into micro-batches of split_size: images uploaded to the first stage's
   // device and masks to the last stage's, each on its stage's stream, so a step can be given
-  // its input ahead of time. Throws for a split size larger than the batch.
+  // its input ahead of time. A batch smaller than the split size is one micro-batch.
   std::vector<Batch> place(const Batch& batch);
   // One optimizer step on placed micro-batches; returns the batch loss (micro-batch losses
   // weighted by their share).

@@ -5,7 +5,10 @@
 //
 //   host batch (loader, pinned for GPUs) --place--> parts on the input devices --step--> loss
 //
-// place() uploads ahead of the step (the epoch loop places batch s+1 before running step s);
+// place() uploads ahead of the step (the epoch loop places batch s+1 before running step s; on
+// a GPU the copy from pinned memory is queued on the stream the step runs on, so the host never
+// waits for it, though it does not yet run beside the previous step's kernels: that would take
+// a copy stream and an event);
 // step() runs forward, loss, backward and the optimizer step and returns the batch's mean loss.
 #pragma once
 #include <memory>

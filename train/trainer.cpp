@@ -100,6 +100,7 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
   const int64_t per_rank = train_n / N;
   UNETCU_CHECK(per_rank >= 1, "the ", train_n, " training samples give each of the ", N,
                " replicas none");
+  UNETCU_CHECK(val_n >= 1, "training needs at least one validation sample");
   const int64_t steps = steps_per_epoch(train_n, N, o.batch_size);
   const int64_t epoch_samples = per_rank * N;
   // Loader threads: one on the CPU (the cores train), a few for GPUs.
