@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "engine/tensor.h"
-#include "kernels/conv.h"
-#include "kernels/optim.h"
-#include "kernels/pool.h"
+#include "kernels/bodies/conv.h"
+#include "kernels/bodies/optim.h"
+#include "kernels/bodies/pool.h"
 
 #define UNETCU_DECLARE_LAUNCHERS                                                             \
   /* dst = beta*dst + alpha*src (elementwise, same shape). */                                 \

@@ -1,12 +1,12 @@
-// CPU batch normalisation over kernels/batchnorm.h. One OpenMP task per channel; sums are
+// CPU batch normalisation over kernels/bodies/batchnorm.h. One OpenMP task per channel; sums are
 // accumulated in double whatever the tensor dtype, two passes (mean, then variance).
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/batchnorm.h"
+#include "kernels/bodies/batchnorm.h"
 #include "kernels/launchers.h"
 #include "kernels/cpu/parallel.h"
-#include "kernels/elementwise.h"
+#include "kernels/bodies/elementwise.h"
 
 namespace unetcu::kernels::cpu {
 namespace {

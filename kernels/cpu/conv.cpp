@@ -26,7 +26,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/launchers.h"
 #include "kernels/cpu/workspace.h"
-#include "kernels/elementwise.h"
+#include "kernels/bodies/elementwise.h"
 
 namespace unetcu::kernels::cpu {
 namespace {

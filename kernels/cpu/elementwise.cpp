@@ -1,5 +1,5 @@
-// CPU launchers of relu, sigmoid, add, axpby: OpenMP loops over kernels/elementwise.h.
-#include "kernels/elementwise.h"
+// CPU launchers of relu, sigmoid, add, axpby: OpenMP loops over kernels/bodies/elementwise.h.
+#include "kernels/bodies/elementwise.h"
 
 #include "kernels/launchers.h"
 #include "kernels/cpu/parallel.h"

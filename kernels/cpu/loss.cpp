@@ -1,7 +1,7 @@
-// CPU losses over kernels/loss.h. Reductions accumulate in double.
+// CPU losses over kernels/bodies/loss.h. Reductions accumulate in double.
 #include "kernels/cpu/parallel.h"
 #include "kernels/launchers.h"
-#include "kernels/loss.h"
+#include "kernels/bodies/loss.h"
 
 namespace unetcu::kernels::cpu {
 namespace {

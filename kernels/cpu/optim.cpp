@@ -1,7 +1,7 @@
-// CPU optimizer updates over kernels/optim.h.
+// CPU optimizer updates over kernels/bodies/optim.h.
 #include "kernels/launchers.h"
 #include "kernels/cpu/parallel.h"
-#include "kernels/optim.h"
+#include "kernels/bodies/optim.h"
 
 namespace unetcu::kernels::cpu {
 

@@ -1,8 +1,8 @@
-// CPU max pooling over kernels/pool.h. Backward recomputes each window's argmax from the
+// CPU max pooling over kernels/bodies/pool.h. Backward recomputes each window's argmax from the
 // saved input (no index tensor is kept) and scatters within one (n, c) plane per thread.
 #include "kernels/launchers.h"
 #include "kernels/cpu/parallel.h"
-#include "kernels/elementwise.h"
+#include "kernels/bodies/elementwise.h"
 
 namespace unetcu::kernels::cpu {
 

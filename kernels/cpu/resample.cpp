@@ -3,8 +3,8 @@
 
 #include "kernels/launchers.h"
 #include "kernels/cpu/parallel.h"
-#include "kernels/elementwise.h"
-#include "kernels/resample.h"
+#include "kernels/bodies/elementwise.h"
+#include "kernels/bodies/resample.h"
 
 namespace unetcu::kernels::cpu {
 

@@ -7,9 +7,9 @@
 // betaDataDiff; dgamma/dbeta through betaParamDiff, which cuDNN applies to both, so when
 // their betas differ (or one is not wanted) the parameter gradients go through scratch.
 #include "kernels/cuda/common.cuh"
-#include "kernels/batchnorm.h"
+#include "kernels/bodies/batchnorm.h"
 #include "kernels/cuda/cudnn_util.cuh"
-#include "kernels/elementwise.h"
+#include "kernels/bodies/elementwise.h"
 #include "kernels/launchers.h"
 
 namespace unetcu::kernels::cuda {

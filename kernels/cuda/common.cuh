@@ -8,7 +8,7 @@
 
 #include "engine/cuda/runtime.cuh"
 #include "engine/tensor.h"
-#include "kernels/common.h"
+#include "kernels/bodies/common.h"
 
 namespace unetcu::kernels::cuda {
 

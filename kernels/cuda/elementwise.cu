@@ -1,7 +1,7 @@
 // CUDA launchers of fill, axpby, relu, sigmoid and add: grid-stride loops over the bodies of
-// kernels/elementwise.h (the same ones the CPU backend runs).
+// kernels/bodies/elementwise.h (the same ones the CPU backend runs).
 #include "kernels/cuda/common.cuh"
-#include "kernels/elementwise.h"
+#include "kernels/bodies/elementwise.h"
 #include "kernels/launchers.h"
 
 namespace unetcu::kernels::cuda {

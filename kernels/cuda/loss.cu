@@ -1,9 +1,9 @@
-// CUDA losses over kernels/loss.h: block reductions in double (one atomicAdd per block), the
+// CUDA losses over kernels/bodies/loss.h: block reductions in double (one atomicAdd per block), the
 // loss finished on the device, and backward kernels that read the upstream gradient and the
 // Dice sums from device memory, so no host synchronisation happens inside a step.
 #include "kernels/cuda/common.cuh"
 #include "kernels/launchers.h"
-#include "kernels/loss.h"
+#include "kernels/bodies/loss.h"
 
 namespace unetcu::kernels::cuda {
 namespace {

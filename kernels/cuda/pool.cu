@@ -1,8 +1,8 @@
-// CUDA max pooling over kernels/pool.h. Backward is a gather: each input element sums the
+// CUDA max pooling over kernels/bodies/pool.h. Backward is a gather: each input element sums the
 // gradients of the output windows whose argmax (recomputed from x) it is, so there are no
 // atomics and the result is deterministic.
 #include "kernels/cuda/common.cuh"
-#include "kernels/elementwise.h"
+#include "kernels/bodies/elementwise.h"
 #include "kernels/launchers.h"
 
 namespace unetcu::kernels::cuda {

@@ -1,8 +1,8 @@
-// CUDA nearest ×2 upsampling (kernels/resample.h) and channel concatenation.
+// CUDA nearest ×2 upsampling (kernels/bodies/resample.h) and channel concatenation.
 #include "kernels/cuda/common.cuh"
-#include "kernels/elementwise.h"
+#include "kernels/bodies/elementwise.h"
 #include "kernels/launchers.h"
-#include "kernels/resample.h"
+#include "kernels/bodies/resample.h"
 
 namespace unetcu::kernels::cuda {
 namespace {
