@@ -10,7 +10,7 @@
 #include <memory>
 
 #include "engine/checkpoint.h"
-#include "engine/cuda_api.h"
+#include "runtime/cuda_api.h"
 #include "engine/data.h"
 #include "engine/folder_data.h"
 #include "engine/loader.h"

@@ -18,7 +18,7 @@
 #include <sstream>
 
 #include "bench/bench_util.h"
-#include "engine/cuda_api.h"
+#include "runtime/cuda_api.h"
 #include "parallel/data_parallel.h"
 #include "parallel/perf_model.h"
 #include "parallel/pipeline.h"

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/device.h"
-#include "engine/dtype.h"
+#include "runtime/device.h"
+#include "runtime/dtype.h"
 
 namespace unetcu {
 

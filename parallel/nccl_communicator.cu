@@ -1,5 +1,5 @@
-#include "engine/cuda/nccl.cuh"
-#include "engine/cuda_api.h"
+#include "runtime/cuda/nccl.cuh"
+#include "runtime/cuda_api.h"
 #include "parallel/nccl_communicator.h"
 
 #include <atomic>

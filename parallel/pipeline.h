@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/cuda_api.h"
+#include "runtime/cuda_api.h"
 #include "engine/data.h"
 #include "engine/optim.h"
 #include "models/unet.h"

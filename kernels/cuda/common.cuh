@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "engine/cuda/runtime.cuh"
+#include "runtime/cuda/runtime.cuh"
 #include "engine/tensor.h"
 #include "kernels/bodies/common.h"
 

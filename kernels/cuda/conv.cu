@@ -12,7 +12,7 @@
 #include <mutex>
 #include <tuple>
 
-#include "engine/cuda_api.h"
+#include "runtime/cuda_api.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cudnn_util.cuh"
 #include "kernels/launchers.h"

@@ -13,8 +13,8 @@
 #include <cmath>
 #include <functional>
 
-#include "engine/cuda/nccl.cuh"
-#include "engine/cuda_api.h"
+#include "runtime/cuda/nccl.cuh"
+#include "runtime/cuda_api.h"
 #include "engine/ops.h"
 #include "engine/optim.h"
 #include "engine/random.h"

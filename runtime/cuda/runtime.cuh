@@ -9,7 +9,7 @@
 #include <mutex>
 #include <string>
 
-#include "engine/common.h"
+#include "runtime/common.h"
 
 namespace unetcu::cuda {
 
@@ -42,7 +42,7 @@ int current_device();
       ::unetcu::cuda::throw_error("cuBLAS", #expr, __FILE__, __LINE__,                     \
                                   cublasGetStatusString(st_));                             \
   } while (0)
-// NCCL_CHECK is in engine/cuda/nccl.cuh (only the communicator needs nccl.h).
+// NCCL_CHECK is in runtime/cuda/nccl.cuh (only the communicator needs nccl.h).
 
 namespace unetcu::cuda {
 

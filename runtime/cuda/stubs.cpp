@@ -1,6 +1,6 @@
-// engine/cuda_api.h for builds without the CUDA backend.
-#include "engine/common.h"
-#include "engine/cuda_api.h"
+// runtime/cuda_api.h for builds without the CUDA backend.
+#include "runtime/common.h"
+#include "runtime/cuda_api.h"
 
 namespace unetcu::cuda {
 

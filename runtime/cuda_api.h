@@ -1,14 +1,14 @@
 // The CUDA runtime as the rest of the engine sees it: plain C++, no CUDA headers, so engine
-// code compiles the same with and without the CUDA parts. Implemented in engine/cuda/runtime.cu
-// (CUDA builds) or engine/cuda/stubs.cpp (builds without CUDA, where every call but the
+// code compiles the same with and without the CUDA parts. Implemented in runtime/cuda/runtime.cu
+// (CUDA builds) or runtime/cuda/stubs.cpp (builds without CUDA, where every call but the
 // queries throws: no CUDA tensor can exist there).
 #pragma once
 #include <cstddef>
 #include <memory>
 #include <string>
 
-#include "engine/allocator.h"
-#include "engine/device.h"
+#include "runtime/allocator.h"
+#include "runtime/device.h"
 
 namespace unetcu::cuda {
 

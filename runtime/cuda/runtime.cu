@@ -7,8 +7,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/cuda/runtime.cuh"
-#include "engine/cuda_api.h"
+#include "runtime/cuda/runtime.cuh"
+#include "runtime/cuda_api.h"
 
 namespace unetcu {
 
