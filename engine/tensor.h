@@ -10,10 +10,10 @@
 
 #include "runtime/device.h"
 #include "runtime/dtype.h"
+#include "runtime/tensor_ref.h"
 
 namespace unetcu {
 
-using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& s);
 int64_t shape_numel(const Shape& s);
 
@@ -71,6 +71,10 @@ class Tensor {
   MemoryFormat format() const { return impl().format; }
 
   void* raw() const { return impl().storage->ptr; }
+  // The view the launchers take (kernels/launchers.h); absent for an undefined tensor.
+  operator TensorRef() const {
+    return defined() ? TensorRef(raw(), dtype(), device(), shape()) : TensorRef();
+  }
   // Typed pointer to the elements (device memory for a CUDA tensor).
   template <class T> T* data() const {
     UNETCU_CHECK(dtype_of<T>() == dtype(), "tensor holds ", dtype_name(dtype()),

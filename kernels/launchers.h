@@ -5,7 +5,7 @@
 #pragma once
 #include <cstdint>
 
-#include "engine/tensor.h"
+#include "runtime/tensor_ref.h"
 #include "kernels/bodies/conv.h"
 #include "kernels/bodies/optim.h"
 #include "kernels/bodies/pool.h"

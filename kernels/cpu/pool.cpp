@@ -6,7 +6,7 @@
 
 namespace unetcu::kernels::cpu {
 
-void maxpool_forward(const Tensor& x, Tensor& y, const PoolGeometry& g) {
+void maxpool_forward(const TensorRef& x, const TensorRef& y, const PoolGeometry& g) {
   const int64_t planes = x.dim(0) * x.dim(1);
   UNETCU_DISPATCH_FLOAT(x.dtype(), T, {
     const T* xp = x.data<T>();
@@ -23,8 +23,8 @@ void maxpool_forward(const Tensor& x, Tensor& y, const PoolGeometry& g) {
   });
 }
 
-void maxpool_backward(const Tensor& grad_y, const Tensor& x, Tensor& grad_x, double beta,
-                      const PoolGeometry& g) {
+void maxpool_backward(const TensorRef& grad_y, const TensorRef& x, const TensorRef& grad_x,
+                      double beta, const PoolGeometry& g) {
   const int64_t planes = x.dim(0) * x.dim(1);
   UNETCU_DISPATCH_FLOAT(x.dtype(), T, {
     const T* xp = x.data<T>();
