@@ -110,7 +110,7 @@ Pipeline::Pipeline(const UNetConfig& model_cfg, const PipelineOptions& options,
   pool_ = std::make_unique<WorkerPool>(options.devices, options_.threads_per_stage, "compute stage");
   for (int s = 0; s < S; ++s)
     streams_.push_back(options.devices[s].is_cuda()
-                           ? std::make_unique<cuda::StageStream>(options.devices[s].index)
+                           ? std::make_unique<cuda::Stream>(options.devices[s].index)
                            : nullptr);
 }
 
@@ -156,7 +156,7 @@ double Pipeline::step(const Batch& batch, LossKind loss_kind) {
   for (auto& v : mb) v = std::vector<MicroBatch>(M);
   std::vector<std::vector<char>> fwd_done(S, std::vector<char>(M, 0)), bwd_done = fwd_done;
   // GPU stages: the point of the producer's stream where (stage, micro-batch) was done.
-  std::vector<std::vector<cuda::EventHandle>> fwd_event(S, std::vector<cuda::EventHandle>(M)),
+  std::vector<std::vector<cuda::Event>> fwd_event(S, std::vector<cuda::Event>(M)),
       bwd_event = fwd_event;
   std::mutex mu;
   std::condition_variable cv;
@@ -190,20 +190,20 @@ double Pipeline::step(const Batch& batch, LossKind loss_kind) {
   std::exception_ptr first_error;
   auto stage_body = [&](int s) {
     const Device dev = options_.devices[s];
-    std::unique_ptr<cuda::ThreadStream> on_stream;
-    if (dev.is_cuda()) on_stream = std::make_unique<cuda::ThreadStream>(*streams_[s]);
+    std::unique_ptr<cuda::StreamScope> on_stream;
+    if (dev.is_cuda()) on_stream = std::make_unique<cuda::StreamScope>(*streams_[s]);
     // Consumers' copies whose gradients this stage read: on a GPU their memory belongs to the
     // consumer's stream, which could hand it out again before this stream has read it, so
     // they live until this stage's stream is synchronised at the end of the step.
     std::vector<Tensor> keep_alive;
     // Marks (stage, m) done: records where its stream is, then tells the host threads.
     auto finish = [&](std::vector<std::vector<char>>& flags,
-                      std::vector<std::vector<cuda::EventHandle>>& events, int m) {
-      if (dev.is_cuda()) events[s][m] = cuda::EventHandle::record(dev.index);
+                      std::vector<std::vector<cuda::Event>>& events, int m) {
+      if (dev.is_cuda()) events[s][m] = cuda::Event::record(dev.index);
       mark(flags, s, m);
     };
     // Makes this stage's stream wait for another stage's (stage, m) work.
-    auto after = [&](const std::vector<std::vector<cuda::EventHandle>>& events, int p, int m) {
+    auto after = [&](const std::vector<std::vector<cuda::Event>>& events, int p, int m) {
       if (dev.is_cuda()) events[p][m].wait(dev.index);
     };
     optimizers_[s]->zero_grad();
@@ -339,8 +339,8 @@ double Pipeline::step(const Batch& batch, LossKind loss_kind) {
   }
   // All backwards are done: every stage steps its own parameters.
   pool_->run([&](int s) {
-    std::unique_ptr<cuda::ThreadStream> on_stream;
-    if (streams_[s]) on_stream = std::make_unique<cuda::ThreadStream>(*streams_[s]);
+    std::unique_ptr<cuda::StreamScope> on_stream;
+    if (streams_[s]) on_stream = std::make_unique<cuda::StreamScope>(*streams_[s]);
     optimizers_[s]->step();
     if (streams_[s]) cuda::synchronize(options_.devices[s].index);
   });

@@ -81,7 +81,7 @@ class Pipeline {
   std::vector<int> stage_of_block_;
   std::unique_ptr<WorkerPool> pool_;
   // GPU stages: a stream each, so stages sharing a GPU overlap (two streams on one GPU).
-  std::vector<std::unique_ptr<cuda::StageStream>> streams_;
+  std::vector<std::unique_ptr<cuda::Stream>> streams_;
   std::vector<int> peak_live_;
   mutable std::mutex transfers_mu_;
   std::vector<Transfer> transfers_;

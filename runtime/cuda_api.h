@@ -6,9 +6,14 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "runtime/allocator.h"
 #include "runtime/device.h"
+
+// The CUDA runtime's opaque handle types, declared as <cuda_runtime.h> declares them.
+struct CUstream_st;
+struct CUevent_st;
 
 namespace unetcu::cuda {
 
@@ -41,45 +46,70 @@ void synchronize(int device);
 
 std::string device_name(int device);
 
-// Streams and events for code outside the CUDA files (pipeline stages). A StageStream is a
-// stream of its own on `device`; while a ThreadStream scope is alive the calling thread's
-// work on that device goes to it. An EventHandle marks the work queued so far on the calling
-// thread's current stream; wait() makes the calling thread's current stream on `device` wait
-// for it (no host wait).
-class StageStream {
+// Streams and events, the one vocabulary for plain C++ (pipeline stages) and the .cu files
+// alike. The handles are the CUDA runtime's own opaque types (cudaStream_t is CUstream_st*,
+// cudaEvent_t is CUevent_st*), so get() gives a .cu file what it passes to CUDA, with no cast
+// and no CUDA header here.
+//
+// Stream: a stream of its own on `device`, non-blocking with respect to the legacy default
+// stream. Move-only. Destroying it first waits for the work queued on it: the caching device
+// allocator tags a freed block with the stream it served, and a new stream may get the handle
+// of a destroyed one while that one's work still reads the block.
+class Stream {
  public:
-  explicit StageStream(int device);
-  ~StageStream();
-  StageStream(const StageStream&) = delete;
-  StageStream& operator=(const StageStream&) = delete;
+  Stream() = default;  // none
+  explicit Stream(int device);
+  ~Stream();
+  Stream(Stream&& o) noexcept : stream_(o.stream_), device_(o.device_) { o.stream_ = nullptr; }
+  Stream& operator=(Stream&& o) noexcept {
+    std::swap(stream_, o.stream_);
+    std::swap(device_, o.device_);
+    return *this;
+  }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
   int device() const { return device_; }
-  void* handle() const { return stream_; }
+  CUstream_st* get() const { return stream_; }
+
+ private:
+  CUstream_st* stream_ = nullptr;
+  int device_ = -1;
+};
+
+// While a StreamScope is alive, the calling thread's work on the stream's device goes to that
+// stream (it is what current_stream() returns); the previous one is restored after.
+class StreamScope {
+ public:
+  explicit StreamScope(const Stream& stream);
+  ~StreamScope();
+  StreamScope(const StreamScope&) = delete;
+  StreamScope& operator=(const StreamScope&) = delete;
 
  private:
   int device_;
-  void* stream_ = nullptr;
+  CUstream_st* previous_;
 };
 
-class ThreadStream {
+// Event: a point in a stream's work. Copies share one CUDA event (it is destroyed with the
+// last copy), so tables of events, one per (stage, micro-batch), can be made and copied whole.
+class Event {
  public:
-  explicit ThreadStream(const StageStream& s);
-  ~ThreadStream();
-  ThreadStream(const ThreadStream&) = delete;
-  ThreadStream& operator=(const ThreadStream&) = delete;
-
- private:
-  int device_;
-  void* previous_;
-};
-
-class EventHandle {
- public:
-  static EventHandle record(int device);
+  Event() = default;  // none: valid() is false and wait() does nothing
+  explicit Event(int device);
+  // A new event marking the work queued so far on the calling thread's current stream of
+  // `device`.
+  static Event record(int device);
+  // Makes the calling thread's current stream on `device` wait for the event (no host wait).
   void wait(int device) const;
+  // The same on explicit streams: marks the work queued on `stream` so far, and makes
+  // `stream` wait until the event has completed.
+  void record(CUstream_st* stream);
+  void wait_on(CUstream_st* stream) const;
   bool valid() const { return event_ != nullptr; }
+  CUevent_st* get() const { return event_.get(); }
 
  private:
-  std::shared_ptr<void> event_;
+  std::shared_ptr<CUevent_st> event_;
 };
 
 // cuDNN convolutions may use TF32 tensor cores (PyTorch's default). Tests comparing with the
