@@ -9,7 +9,8 @@ cd "$root" || exit 2
 
 # The layers, bottom up: a rank, then the folders (or single files) at that rank. A file may
 # include what is at its own rank or below. The longest matching prefix decides, so
-# kernels/bodies is below the rest of kernels/. A new folder is one line (or one word) here.
+# kernels/bodies is below the rest of kernels/. A new folder is one line (or one word) here;
+# an include from a folder missing here fails the test.
 LAYERS='
 0 kernels/bodies
 1 runtime
@@ -17,8 +18,9 @@ LAYERS='
 3 engine
 4 models data
 5 parallel
-6 train
-7 apps bench tools tests
+6 planning
+7 train
+8 apps bench tools tests
 '
 # Folders whose files include only each other and the C++ standard library (<cmath>, not
 # <cuda_runtime.h>): the bodies that g++ and nvcc both compile.
@@ -63,7 +65,11 @@ for file in $files; do
       [ -e "$rel" ] && target=$(layer_of "$rel") && inc=$rel
     fi
     if [ -z "$target" ]; then
-      if is_std_only "$file"; then
+      top=${inc%%/*}
+      if [[ "$inc" == */* && "$top" != . && "$top" != .. && -d "$top" ]]; then
+        echo "$file:$line: includes \"$inc\" from $top/, a folder missing from the layer table"
+        fail=1
+      elif is_std_only "$file"; then
         echo "$file:$line: includes \"$inc\", outside $own_folder and the standard library"
         fail=1
       fi
