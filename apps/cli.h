@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/device.h"
+#include "runtime/device.h"
 #include "engine/named.h"
 #include "models/unet.h"
 

@@ -6,7 +6,7 @@
 #include <memory>
 
 #include "apps/cli.h"
-#include "engine/cuda_api.h"
+#include "runtime/cuda_api.h"
 
 namespace unetcu {
 

@@ -19,7 +19,7 @@
 
 #include "apps/cli.h"
 #include "bench/bench_util.h"
-#include "engine/cuda_api.h"
+#include "runtime/cuda_api.h"
 #include "planning/perf_model.h"
 #include "planning/split_search.h"
 

@@ -3,7 +3,7 @@
 #include <cctype>
 #include <cstdio>
 
-#include "engine/common.h"
+#include "runtime/common.h"
 
 #define STB_IMAGE_IMPLEMENTATION
 #define STBI_ONLY_PNG

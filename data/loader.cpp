@@ -2,7 +2,7 @@
 
 #include <chrono>
 
-#include "engine/device.h"
+#include "runtime/device.h"
 
 namespace unetcu {
 

@@ -4,7 +4,7 @@
 #include <cstddef>
 #include <string>
 
-#include "engine/common.h"
+#include "runtime/common.h"
 
 namespace unetcu {
 

@@ -7,7 +7,7 @@
 #include <mutex>
 #include <sstream>
 
-#include "engine/common.h"
+#include "runtime/common.h"
 
 #ifdef UNETCU_WITH_CUDA
 #include <nvtx3/nvToolsExt.h>

@@ -1,7 +1,7 @@
 #include "engine/tensor.h"
 
-#include "engine/allocator.h"
-#include "engine/cuda_api.h"
+#include "runtime/allocator.h"
+#include "runtime/cuda_api.h"
 #include "kernels/launchers.h"
 
 #include <atomic>

@@ -8,15 +8,15 @@
 #include <string>
 #include <vector>
 
-#include "engine/device.h"
-#include "engine/dtype.h"
 #include "engine/named.h"
+#include "runtime/device.h"
+#include "runtime/dtype.h"
+#include "runtime/tensor_ref.h"
 
 namespace unetcu {
 
 inline constexpr NamedValue<DType> kDTypeNames[] = {{"float32", DType::F32}, {"float64", DType::F64}};
 
-using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& s);
 int64_t shape_numel(const Shape& s);
 
@@ -75,6 +75,10 @@ class Tensor {
   MemoryFormat format() const { return impl().format; }
 
   void* raw() const { return static_cast<char*>(impl().storage->ptr) + impl().offset; }
+  // The view the launchers take (kernels/launchers.h); absent for an undefined tensor.
+  operator TensorRef() const {
+    return defined() ? TensorRef(raw(), dtype(), device(), shape()) : TensorRef();
+  }
   // Typed pointer to the elements (device memory for a CUDA tensor).
   template <class T> T* data() const {
     UNETCU_CHECK(dtype_of<T>() == dtype(), "tensor holds ", dtype_name(dtype()),

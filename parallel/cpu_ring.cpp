@@ -10,7 +10,7 @@
 #include <thread>
 #include <mutex>
 
-#include "engine/device.h"
+#include "runtime/device.h"
 #include "engine/profiler.h"
 #include "parallel/communicator.h"
 

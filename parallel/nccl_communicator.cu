@@ -1,5 +1,5 @@
-#include "engine/cuda/nccl.cuh"
-#include "engine/cuda_api.h"
+#include "runtime/cuda/nccl.cuh"
+#include "runtime/cuda_api.h"
 #include "parallel/nccl_communicator.h"
 
 #include <atomic>
@@ -53,7 +53,7 @@ class NcclCommunicator : public Communicator {
   NcclCommunicator(std::shared_ptr<NcclGroup> group, int rank, AllReduceAlgo algo)
       : group_(std::move(group)), comm_(group_->comms[rank]), algo_(algo), rank_(rank),
         size_(int(group_->comms.size())), device_(group_->devices[rank]),
-        comm_stream_(cuda::Stream::create(device_)) {}
+        comm_stream_(device_) {}
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
@@ -84,11 +84,11 @@ class NcclCommunicator : public Communicator {
   std::unique_ptr<Work> all_reduce_async(Tensor& t, ReduceOp op) override {
     check(t);
     cuda::DeviceGuard g(device_);
-    cuda::Event ready = cuda::Event::create(device_);
+    cuda::Event ready(device_);
     ready.record(cuda::current_stream(device_));  // the gradients in t are final there
     ready.wait_on(comm_stream_.get());
     enqueue_all_reduce(t, op, comm_stream_.get());
-    cuda::Event done = cuda::Event::create(device_);
+    cuda::Event done(device_);
     done.record(comm_stream_.get());
     return std::make_unique<NcclWork>(std::move(done), device_);
   }

@@ -77,7 +77,7 @@ Pipeline::Pipeline(const UNetConfig& model_cfg, const PipelineOptions& options,
   pool_ = std::make_unique<WorkerPool>(options.devices, options_.threads_per_stage, "compute stage");
   for (int s = 0; s < S; ++s)
     streams_.push_back(options.devices[s].is_cuda()
-                           ? std::make_unique<cuda::StageStream>(options.devices[s].index)
+                           ? std::make_unique<cuda::Stream>(options.devices[s].index)
                            : nullptr);
   parameters_placed();
 }
@@ -101,8 +101,8 @@ std::vector<Batch> Pipeline::place(const Batch& batch) {
   auto upload = [&](const Tensor& t, int s) {
     const Device dev = options_.devices[s];
     if (t.device() == dev) return t;  // a view of the batch, which outlives the step
-    std::unique_ptr<cuda::ThreadStream> on_stream;
-    if (streams_[s]) on_stream = std::make_unique<cuda::ThreadStream>(*streams_[s]);
+    std::unique_ptr<cuda::StreamScope> on_stream;
+    if (streams_[s]) on_stream = std::make_unique<cuda::StreamScope>(*streams_[s]);
     return t.to(dev);
   };
   std::vector<Batch> out;
@@ -140,7 +140,7 @@ class Pipeline::Run {
   Run(Pipeline& p, const std::vector<Batch>& micro_batches, LossKind loss)
       : p_(p), loss_kind_(loss), S_(p.stages()), M_(int(micro_batches.size())),
         inputs_(micro_batches), mb_(S_), fwd_done_(S_, std::vector<char>(M_, 0)),
-        bwd_done_(fwd_done_), fwd_event_(S_, std::vector<cuda::EventHandle>(M_)),
+        bwd_done_(fwd_done_), fwd_event_(S_, std::vector<cuda::Event>(M_)),
         bwd_event_(fwd_event_) {
     int64_t total = 0;
     for (const Batch& b : micro_batches) total += b.size();
@@ -151,8 +151,8 @@ class Pipeline::Run {
   // Stage s's whole step, on its own thread.
   void stage(int s) {
     StageState st{s, p_.options_.devices[s], 0, {}};
-    std::unique_ptr<cuda::ThreadStream> on_stream;
-    if (st.dev.is_cuda()) on_stream = std::make_unique<cuda::ThreadStream>(*p_.streams_[s]);
+    std::unique_ptr<cuda::StreamScope> on_stream;
+    if (st.dev.is_cuda()) on_stream = std::make_unique<cuda::StreamScope>(*p_.streams_[s]);
     p_.optimizers_[s]->zero_grad();
     for (const PipelineAction& a : stage_schedule(p_.options_.schedule, s, S_, M_)) {
       if (a.kind == PipelineAction::Forward)
@@ -196,7 +196,7 @@ class Pipeline::Run {
     std::vector<Tensor> keep_alive;
   };
   using Flags = std::vector<std::vector<char>>;
-  using Events = std::vector<std::vector<cuda::EventHandle>>;
+  using Events = std::vector<std::vector<cuda::Event>>;
 
   template <class Pred>
   void wait_for(Pred pred) {
@@ -206,7 +206,7 @@ class Pipeline::Run {
   }
   // Marks (s, m) done: records where the stage's stream is, then tells the host threads.
   void finish(const StageState& st, Flags& flags, Events& events, int m) {
-    if (st.dev.is_cuda()) events[st.s][m] = cuda::EventHandle::record(st.dev.index);
+    if (st.dev.is_cuda()) events[st.s][m] = cuda::Event::record(st.dev.index);
     {
       std::lock_guard<std::mutex> lock(mu_);
       flags[st.s][m] = 1;
@@ -369,8 +369,8 @@ double Pipeline::step(const std::vector<Batch>& micro_batches, LossKind loss_kin
   }
   // All backwards are done: every stage steps its own parameters.
   pool_->run([&](int s) {
-    std::unique_ptr<cuda::ThreadStream> on_stream;
-    if (streams_[s]) on_stream = std::make_unique<cuda::ThreadStream>(*streams_[s]);
+    std::unique_ptr<cuda::StreamScope> on_stream;
+    if (streams_[s]) on_stream = std::make_unique<cuda::StreamScope>(*streams_[s]);
     optimizers_[s]->step();
     if (streams_[s]) cuda::synchronize(options_.devices[s].index);
   });

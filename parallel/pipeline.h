@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "data/batch.h"
-#include "engine/cuda_api.h"
+#include "runtime/cuda_api.h"
 #include "engine/named.h"
 #include "engine/optim.h"
 #include "models/unet.h"
@@ -98,7 +98,7 @@ class Pipeline {
   std::vector<int> stage_of_block_;
   std::unique_ptr<WorkerPool> pool_;
   // GPU stages: a stream each, so stages sharing a GPU overlap (two streams on one GPU).
-  std::vector<std::unique_ptr<cuda::StageStream>> streams_;
+  std::vector<std::unique_ptr<cuda::Stream>> streams_;
   std::vector<int> peak_live_;
   mutable std::mutex transfers_mu_;
   std::vector<Transfer> transfers_;

@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/device.h"
+#include "runtime/device.h"
 #include "engine/profiler.h"
 
 namespace unetcu {

@@ -7,7 +7,7 @@
 #include <map>
 #include <sstream>
 
-#include "engine/cuda_api.h"
+#include "runtime/cuda_api.h"
 #include "engine/tape.h"
 
 namespace unetcu {

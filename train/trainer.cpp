@@ -12,7 +12,7 @@
 #include "data/loader.h"
 #include "data/metrics.h"
 #include "engine/checkpoint.h"
-#include "engine/cuda_api.h"
+#include "runtime/cuda_api.h"
 #include "engine/profiler.h"
 
 namespace unetcu {

@@ -48,8 +48,7 @@ static Tensor batch_norm2d_synced(BatchNormSync* sync, const Tensor& x, const Te
                    double bg = 0, bb = 0;
                    if (ctx.needs_grad(1)) gg = ctx.grad_input(1, &bg);
                    if (ctx.needs_grad(2)) gb = ctx.grad_input(2, &bb);
-                   UNETCU_LAUNCH(dev, batchnorm_param_grads, local, gg.defined() ? &gg : nullptr,
-                                 bg, gb.defined() ? &gb : nullptr, bb);
+                   UNETCU_LAUNCH(dev, batchnorm_param_grads, local, gg, bg, gb, bb);
                    Tensor global = local.clone();
                    sync->all_reduce_sum(global);  // every replica, also when x needs no grad
                    if (ctx.needs_grad(0)) {
@@ -113,8 +112,7 @@ Tensor batch_norm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                    if (ctx.needs_grad(2)) gb = ctx.grad_input(2, &bb);
                    UNETCU_LAUNCH(x.device(), batchnorm_backward, 
                        ctx.grad_output(0), x, gamma, mean, invstd, training, eps,
-                       gx.defined() ? &gx : nullptr, bx, gg.defined() ? &gg : nullptr, bg,
-                       gb.defined() ? &gb : nullptr, bb);
+                       gx, bx, gg, bg, gb, bb);
                  }, OpCost{9 * n, 2 * bytes});
   }
   return y;

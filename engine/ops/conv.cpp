@@ -49,9 +49,8 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOpt
       if (ctx.needs_grad(0)) gx = ctx.grad_input(0, &bx);
       if (ctx.needs_grad(1)) gw = ctx.grad_input(1, &bw);
       if (ctx.needs_grad(2)) gb = ctx.grad_input(2, &bb);
-      UNETCU_LAUNCH(x.device(), conv2d_backward, ctx.grad_output(0), x, w, gx.defined() ? &gx : nullptr, bx,
-                                    gw.defined() ? &gw : nullptr, bw,
-                                    gb.defined() ? &gb : nullptr, bb, g);
+      UNETCU_LAUNCH(x.device(), conv2d_backward, ctx.grad_output(0), x, w, gx, bx, gw, bw, gb,
+                    bb, g);
     }, OpCost{2 * flops, 2 * bytes});  // the data and the weight gradient
   }
   return y;

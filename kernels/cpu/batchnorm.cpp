@@ -1,12 +1,12 @@
-// CPU batch normalisation over kernels/batchnorm.h. One OpenMP task per channel; sums are
+// CPU batch normalisation over kernels/bodies/batchnorm.h. One OpenMP task per channel; sums are
 // accumulated in double whatever the tensor dtype, two passes (mean, then variance).
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/batchnorm.h"
+#include "kernels/bodies/batchnorm.h"
 #include "kernels/launchers.h"
 #include "kernels/cpu/parallel.h"
-#include "kernels/elementwise.h"
+#include "kernels/bodies/elementwise.h"
 
 namespace unetcu::kernels::cpu {
 namespace {
@@ -14,7 +14,7 @@ namespace {
 struct Dims {
   int64_t N, C, HW;
 };
-Dims dims_of(const Tensor& x) { return {x.dim(0), x.dim(1), x.dim(2) * x.dim(3)}; }
+Dims dims_of(const TensorRef& x) { return {x.dim(0), x.dim(1), x.dim(2) * x.dim(3)}; }
 
 template <class T>
 void forward_train(const T* x, const T* gamma, const T* beta, T* y, T* save_mean, T* save_invstd,
@@ -101,9 +101,10 @@ void backward(const T* gy, const T* x, const T* gamma, const T* mean, const T* i
 
 }  // namespace
 
-void batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
-                             Tensor& save_mean, Tensor& save_invstd, Tensor& running_mean,
-                             Tensor& running_var, double momentum, double eps) {
+void batchnorm_forward_train(const TensorRef& x, const TensorRef& gamma, const TensorRef& beta,
+                             const TensorRef& y, const TensorRef& save_mean,
+                             const TensorRef& save_invstd, const TensorRef& running_mean,
+                             const TensorRef& running_var, double momentum, double eps) {
   UNETCU_DISPATCH_FLOAT(x.dtype(), T,
                         forward_train<T>(x.data<T>(), gamma.data<T>(), beta.data<T>(), y.data<T>(),
                                          save_mean.data<T>(), save_invstd.data<T>(),
@@ -111,17 +112,17 @@ void batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor&
                                          eps, dims_of(x)));
 }
 
-void batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                            const Tensor& running_mean, const Tensor& running_var, double eps,
-                            Tensor& y) {
+void batchnorm_forward_eval(const TensorRef& x, const TensorRef& gamma, const TensorRef& beta,
+                            const TensorRef& running_mean, const TensorRef& running_var, double eps,
+                            const TensorRef& y) {
   UNETCU_DISPATCH_FLOAT(x.dtype(), T,
                         forward_eval<T>(x.data<T>(), gamma.data<T>(), beta.data<T>(),
                                         running_mean.data<T>(), running_var.data<T>(), eps,
                                         y.data<T>(), dims_of(x)));
 }
 
-void batchnorm_eval_stats(const Tensor& running_mean, const Tensor& running_var, double eps,
-                          Tensor& mean, Tensor& invstd) {
+void batchnorm_eval_stats(const TensorRef& running_mean, const TensorRef& running_var, double eps,
+                          const TensorRef& mean, const TensorRef& invstd) {
   UNETCU_DISPATCH_FLOAT(running_mean.dtype(), T, {
     const T* rm = running_mean.data<T>();
     const T* rv = running_var.data<T>();
@@ -134,17 +135,16 @@ void batchnorm_eval_stats(const Tensor& running_mean, const Tensor& running_var,
   });
 }
 
-void batchnorm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& gamma,
-                        const Tensor& mean, const Tensor& invstd, bool training, double,
-                        Tensor* grad_x,
-                        double beta_x, Tensor* grad_gamma, double beta_gamma, Tensor* grad_beta,
-                        double beta_beta) {
+void batchnorm_backward(const TensorRef& grad_y, const TensorRef& x, const TensorRef& gamma,
+                        const TensorRef& mean, const TensorRef& invstd, bool training, double,
+                        const TensorRef& grad_x, double beta_x, const TensorRef& grad_gamma,
+                        double beta_gamma, const TensorRef& grad_beta, double beta_beta) {
   UNETCU_DISPATCH_FLOAT(
       x.dtype(), T,
       backward<T>(grad_y.data<T>(), x.data<T>(), gamma.data<T>(), mean.data<T>(), invstd.data<T>(),
-                  training, grad_x ? grad_x->data<T>() : nullptr, T(beta_x),
-                  grad_gamma ? grad_gamma->data<T>() : nullptr, T(beta_gamma),
-                  grad_beta ? grad_beta->data<T>() : nullptr, T(beta_beta), dims_of(x)));
+                  training, grad_x.defined() ? grad_x.data<T>() : nullptr, T(beta_x),
+                  grad_gamma.defined() ? grad_gamma.data<T>() : nullptr, T(beta_gamma),
+                  grad_beta.defined() ? grad_beta.data<T>() : nullptr, T(beta_beta), dims_of(x)));
 }
 
 }  // namespace unetcu::kernels::cpu
@@ -191,12 +191,13 @@ void grad_sums(const T* gy, const T* x, const T* mean, const T* invstd, Dims d, 
 
 }  // namespace
 
-void batchnorm_channel_sums(const Tensor& x, Tensor& sums) {
+void batchnorm_channel_sums(const TensorRef& x, const TensorRef& sums) {
   UNETCU_DISPATCH_FLOAT(x.dtype(), T, channel_sums(x.data<T>(), dims_of(x), sums.data<double>()));
 }
 
-void batchnorm_sync_stats(const Tensor& sums, double count, double momentum, double eps,
-                          Tensor& mean, Tensor& invstd, Tensor& running_mean, Tensor& running_var) {
+void batchnorm_sync_stats(const TensorRef& sums, double count, double momentum, double eps,
+                          const TensorRef& mean, const TensorRef& invstd,
+                          const TensorRef& running_mean, const TensorRef& running_var) {
   const int64_t C = mean.numel();
   const double* s = sums.data<double>();
   UNETCU_DISPATCH_FLOAT(mean.dtype(), T, {
@@ -213,23 +214,24 @@ void batchnorm_sync_stats(const Tensor& sums, double count, double momentum, dou
   });
 }
 
-void batchnorm_param_grads(const Tensor& sums, Tensor* grad_gamma, double beta_gamma,
-                           Tensor* grad_beta, double beta_beta) {
+void batchnorm_param_grads(const TensorRef& sums, const TensorRef& grad_gamma, double beta_gamma,
+                           const TensorRef& grad_beta, double beta_beta) {
   const double* s = sums.data<double>();
   const int64_t C = sums.numel() / 2;
-  for (Tensor* t : {grad_gamma, grad_beta}) {
-    if (!t) continue;
-    const double* src = t == grad_gamma ? s + C : s;
-    const double b = t == grad_gamma ? beta_gamma : beta_beta;
-    UNETCU_DISPATCH_FLOAT(t->dtype(), T, {
-      T* d = t->data<T>();
-      for (int64_t c = 0; c < C; ++c) store(d + c, T(src[c]), T(b));
+  // dgamma from the second half of the sums, dbeta from the first.
+  auto store_sums = [C](const TensorRef& grad, const double* src, double beta) {
+    if (!grad.defined()) return;
+    UNETCU_DISPATCH_FLOAT(grad.dtype(), T, {
+      T* d = grad.data<T>();
+      for (int64_t c = 0; c < C; ++c) store(d + c, T(src[c]), T(beta));
     });
-  }
+  };
+  store_sums(grad_gamma, s + C, beta_gamma);
+  store_sums(grad_beta, s, beta_beta);
 }
 
-void batchnorm_apply(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& mean,
-                     const Tensor& invstd, Tensor& y) {
+void batchnorm_apply(const TensorRef& x, const TensorRef& gamma, const TensorRef& beta,
+                     const TensorRef& mean, const TensorRef& invstd, const TensorRef& y) {
   const Dims d = dims_of(x);
   UNETCU_DISPATCH_FLOAT(x.dtype(), T, {
     const T *xp = x.data<T>(), *g = gamma.data<T>(), *b = beta.data<T>();
@@ -243,16 +245,17 @@ void batchnorm_apply(const Tensor& x, const Tensor& gamma, const Tensor& beta, c
   });
 }
 
-void batchnorm_grad_sums(const Tensor& grad_y, const Tensor& x, const Tensor& mean,
-                         const Tensor& invstd, Tensor& sums) {
+void batchnorm_grad_sums(const TensorRef& grad_y, const TensorRef& x, const TensorRef& mean,
+                         const TensorRef& invstd, const TensorRef& sums) {
   UNETCU_DISPATCH_FLOAT(x.dtype(), T,
                         grad_sums(grad_y.data<T>(), x.data<T>(), mean.data<T>(), invstd.data<T>(),
                                   dims_of(x), sums.data<double>()));
 }
 
-void batchnorm_grad_apply(const Tensor& grad_y, const Tensor& x, const Tensor& gamma,
-                          const Tensor& mean, const Tensor& invstd, const Tensor& global_sums,
-                          double count, Tensor& grad_x, double beta_x) {
+void batchnorm_grad_apply(const TensorRef& grad_y, const TensorRef& x, const TensorRef& gamma,
+                          const TensorRef& mean, const TensorRef& invstd,
+                          const TensorRef& global_sums, double count, const TensorRef& grad_x,
+                          double beta_x) {
   const Dims d = dims_of(x);
   const double* s = global_sums.data<double>();
   UNETCU_DISPATCH_FLOAT(x.dtype(), T, {

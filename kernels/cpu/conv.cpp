@@ -26,7 +26,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/launchers.h"
 #include "kernels/cpu/workspace.h"
-#include "kernels/elementwise.h"
+#include "kernels/bodies/elementwise.h"
 
 namespace unetcu::kernels::cpu {
 namespace {
@@ -390,21 +390,22 @@ bool conv2d_uses_bands(const ConvGeometry& g, DType dtype) {
   return dtype == DType::F32 ? !plan_bands<float>(g).empty() : !plan_bands<double>(g).empty();
 }
 
-void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y,
+void conv2d_forward(const TensorRef& x, const TensorRef& w, const TensorRef& b, const TensorRef& y,
                     const ConvGeometry& g) {
   UNETCU_DISPATCH_FLOAT(x.dtype(), T, forward_impl<T>(x.data<T>(), w.data<T>(),
                                                       b.defined() ? b.data<T>() : nullptr,
                                                       y.data<T>(), g));
 }
 
-void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, Tensor* grad_x,
-                     double beta_x, Tensor* grad_w, double beta_w, Tensor* grad_b, double beta_b,
-                     const ConvGeometry& g) {
-  UNETCU_DISPATCH_FLOAT(x.dtype(), T,
-                        backward_impl<T>(grad_y.data<T>(), x.data<T>(), w.data<T>(),
-                                         grad_x ? grad_x->data<T>() : nullptr, T(beta_x),
-                                         grad_w ? grad_w->data<T>() : nullptr, T(beta_w),
-                                         grad_b ? grad_b->data<T>() : nullptr, T(beta_b), g));
+void conv2d_backward(const TensorRef& grad_y, const TensorRef& x, const TensorRef& w,
+                     const TensorRef& grad_x, double beta_x, const TensorRef& grad_w, double beta_w,
+                     const TensorRef& grad_b, double beta_b, const ConvGeometry& g) {
+  UNETCU_DISPATCH_FLOAT(
+      x.dtype(), T,
+      backward_impl<T>(grad_y.data<T>(), x.data<T>(), w.data<T>(),
+                       grad_x.defined() ? grad_x.data<T>() : nullptr, T(beta_x),
+                       grad_w.defined() ? grad_w.data<T>() : nullptr, T(beta_w),
+                       grad_b.defined() ? grad_b.data<T>() : nullptr, T(beta_b), g));
 }
 
 }  // namespace unetcu::kernels::cpu

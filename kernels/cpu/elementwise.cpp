@@ -1,12 +1,12 @@
-// CPU launchers of relu, sigmoid, add, axpby: OpenMP loops over kernels/elementwise.h.
-#include "kernels/elementwise.h"
+// CPU launchers of relu, sigmoid, add, axpby: OpenMP loops over kernels/bodies/elementwise.h.
+#include "kernels/bodies/elementwise.h"
 
 #include "kernels/launchers.h"
 #include "kernels/cpu/parallel.h"
 
 namespace unetcu::kernels::cpu {
 
-void axpby(Tensor& dst, double alpha, const Tensor& src, double beta) {
+void axpby(const TensorRef& dst, double alpha, const TensorRef& src, double beta) {
   const int64_t n = dst.numel();
   UNETCU_DISPATCH_FLOAT(dst.dtype(), T, {
     T* d = dst.data<T>();
@@ -16,7 +16,7 @@ void axpby(Tensor& dst, double alpha, const Tensor& src, double beta) {
   });
 }
 
-void fill(Tensor& dst, double value) {
+void fill(const TensorRef& dst, double value) {
   const int64_t n = dst.numel();
   UNETCU_DISPATCH_FLOAT(dst.dtype(), T, {
     T* d = dst.data<T>();
@@ -25,7 +25,7 @@ void fill(Tensor& dst, double value) {
   });
 }
 
-void relu_forward(const Tensor& x, Tensor& y) {
+void relu_forward(const TensorRef& x, const TensorRef& y) {
   const int64_t n = x.numel();
   UNETCU_DISPATCH_FLOAT(x.dtype(), T, {
     const T* xp = x.data<T>();
@@ -34,7 +34,8 @@ void relu_forward(const Tensor& x, Tensor& y) {
   });
 }
 
-void relu_backward(const Tensor& grad_y, const Tensor& y, Tensor& grad_x, double beta) {
+void relu_backward(const TensorRef& grad_y, const TensorRef& y, const TensorRef& grad_x,
+                   double beta) {
   const int64_t n = y.numel();
   UNETCU_DISPATCH_FLOAT(y.dtype(), T, {
     const T* gy = grad_y.data<T>();
@@ -45,7 +46,7 @@ void relu_backward(const Tensor& grad_y, const Tensor& y, Tensor& grad_x, double
   });
 }
 
-void sigmoid_forward(const Tensor& x, Tensor& y) {
+void sigmoid_forward(const TensorRef& x, const TensorRef& y) {
   const int64_t n = x.numel();
   UNETCU_DISPATCH_FLOAT(x.dtype(), T, {
     const T* xp = x.data<T>();
@@ -54,7 +55,8 @@ void sigmoid_forward(const Tensor& x, Tensor& y) {
   });
 }
 
-void sigmoid_backward(const Tensor& grad_y, const Tensor& y, Tensor& grad_x, double beta) {
+void sigmoid_backward(const TensorRef& grad_y, const TensorRef& y, const TensorRef& grad_x,
+                      double beta) {
   const int64_t n = y.numel();
   UNETCU_DISPATCH_FLOAT(y.dtype(), T, {
     const T* gy = grad_y.data<T>();
@@ -65,7 +67,7 @@ void sigmoid_backward(const Tensor& grad_y, const Tensor& y, Tensor& grad_x, dou
   });
 }
 
-void add_forward(const Tensor& a, const Tensor& b, Tensor& y) {
+void add_forward(const TensorRef& a, const TensorRef& b, const TensorRef& y) {
   const int64_t n = a.numel();
   UNETCU_DISPATCH_FLOAT(a.dtype(), T, {
     const T* ap = a.data<T>();

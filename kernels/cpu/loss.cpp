@@ -1,7 +1,7 @@
-// CPU losses over kernels/loss.h. Reductions accumulate in double.
+// CPU losses over kernels/bodies/loss.h. Reductions accumulate in double.
 #include "kernels/cpu/parallel.h"
 #include "kernels/launchers.h"
-#include "kernels/loss.h"
+#include "kernels/bodies/loss.h"
 
 namespace unetcu::kernels::cpu {
 namespace {
@@ -21,7 +21,8 @@ void dice_sums_impl(const T* x, const T* t, int64_t n, double* out) {
 
 }  // namespace
 
-void bce_with_logits_forward(const Tensor& logits, const Tensor& target, Tensor& loss) {
+void bce_with_logits_forward(const TensorRef& logits, const TensorRef& target,
+                             const TensorRef& loss) {
   const int64_t n = logits.numel();
   UNETCU_DISPATCH_FLOAT(logits.dtype(), T, {
     const T* x = logits.data<T>();
@@ -32,8 +33,8 @@ void bce_with_logits_forward(const Tensor& logits, const Tensor& target, Tensor&
   });
 }
 
-void bce_with_logits_backward(const Tensor& logits, const Tensor& target, const Tensor& grad_loss,
-                              Tensor& grad_x, double beta) {
+void bce_with_logits_backward(const TensorRef& logits, const TensorRef& target,
+                              const TensorRef& grad_loss, const TensorRef& grad_x, double beta) {
   const int64_t n = logits.numel();
   UNETCU_DISPATCH_FLOAT(logits.dtype(), T, {
     const T* x = logits.data<T>();
@@ -44,19 +45,20 @@ void bce_with_logits_backward(const Tensor& logits, const Tensor& target, const 
   });
 }
 
-void dice_sums(const Tensor& logits, const Tensor& target, Tensor& sums) {
+void dice_sums(const TensorRef& logits, const TensorRef& target, const TensorRef& sums) {
   UNETCU_DISPATCH_FLOAT(logits.dtype(), T,
                         dice_sums_impl(logits.data<T>(), target.data<T>(), logits.numel(),
                                        sums.data<double>()));
 }
 
-void dice_loss_from_sums(const Tensor& sums, double smooth, Tensor& loss) {
+void dice_loss_from_sums(const TensorRef& sums, double smooth, const TensorRef& loss) {
   const double* s = sums.data<double>();
   UNETCU_DISPATCH_FLOAT(loss.dtype(), T, loss.data<T>()[0] = T(dice_loss_value(s[0], s[1] + s[2], smooth)));
 }
 
-void dice_backward(const Tensor& logits, const Tensor& target, const Tensor& sums, double smooth,
-                   const Tensor& grad_loss, Tensor& grad_x, double beta) {
+void dice_backward(const TensorRef& logits, const TensorRef& target, const TensorRef& sums,
+                   double smooth, const TensorRef& grad_loss, const TensorRef& grad_x,
+                   double beta) {
   const int64_t n = logits.numel();
   const double* s = sums.data<double>();
   UNETCU_DISPATCH_FLOAT(logits.dtype(), T, {

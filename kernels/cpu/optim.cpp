@@ -1,11 +1,12 @@
-// CPU optimizer updates over kernels/optim.h.
+// CPU optimizer updates over kernels/bodies/optim.h.
 #include "kernels/launchers.h"
 #include "kernels/cpu/parallel.h"
-#include "kernels/optim.h"
+#include "kernels/bodies/optim.h"
 
 namespace unetcu::kernels::cpu {
 
-void adam_update(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamStep& s) {
+void adam_update(const TensorRef& p, const TensorRef& g, const TensorRef& m, const TensorRef& v,
+                 const AdamStep& s) {
   const int64_t n = p.numel();
   UNETCU_DISPATCH_FLOAT(p.dtype(), T, {
     T* pp = p.data<T>();
@@ -17,7 +18,7 @@ void adam_update(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamSte
   });
 }
 
-void sgd_update(Tensor& p, const Tensor& g, Tensor& buf, const SgdStep& s) {
+void sgd_update(const TensorRef& p, const TensorRef& g, const TensorRef& buf, const SgdStep& s) {
   const int64_t n = p.numel();
   UNETCU_DISPATCH_FLOAT(p.dtype(), T, {
     T* pp = p.data<T>();

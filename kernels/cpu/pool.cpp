@@ -1,12 +1,12 @@
-// CPU max pooling over kernels/pool.h. Backward recomputes each window's argmax from the
+// CPU max pooling over kernels/bodies/pool.h. Backward recomputes each window's argmax from the
 // saved input (no index tensor is kept) and scatters within one (n, c) plane per thread.
 #include "kernels/launchers.h"
 #include "kernels/cpu/parallel.h"
-#include "kernels/elementwise.h"
+#include "kernels/bodies/elementwise.h"
 
 namespace unetcu::kernels::cpu {
 
-void maxpool_forward(const Tensor& x, Tensor& y, const PoolGeometry& g) {
+void maxpool_forward(const TensorRef& x, const TensorRef& y, const PoolGeometry& g) {
   const int64_t planes = x.dim(0) * x.dim(1);
   UNETCU_DISPATCH_FLOAT(x.dtype(), T, {
     const T* xp = x.data<T>();
@@ -23,8 +23,8 @@ void maxpool_forward(const Tensor& x, Tensor& y, const PoolGeometry& g) {
   });
 }
 
-void maxpool_backward(const Tensor& grad_y, const Tensor& x, Tensor& grad_x, double beta,
-                      const PoolGeometry& g) {
+void maxpool_backward(const TensorRef& grad_y, const TensorRef& x, const TensorRef& grad_x,
+                      double beta, const PoolGeometry& g) {
   const int64_t planes = x.dim(0) * x.dim(1);
   UNETCU_DISPATCH_FLOAT(x.dtype(), T, {
     const T* xp = x.data<T>();

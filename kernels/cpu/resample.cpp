@@ -3,12 +3,12 @@
 
 #include "kernels/launchers.h"
 #include "kernels/cpu/parallel.h"
-#include "kernels/elementwise.h"
-#include "kernels/resample.h"
+#include "kernels/bodies/elementwise.h"
+#include "kernels/bodies/resample.h"
 
 namespace unetcu::kernels::cpu {
 
-void upsample2x_forward(const Tensor& x, Tensor& y) {
+void upsample2x_forward(const TensorRef& x, const TensorRef& y) {
   const int64_t planes = x.dim(0) * x.dim(1), H = x.dim(2), W = x.dim(3);
   const int64_t OH = 2 * H, OW = 2 * W;
   UNETCU_DISPATCH_FLOAT(x.dtype(), T, {
@@ -22,7 +22,7 @@ void upsample2x_forward(const Tensor& x, Tensor& y) {
   });
 }
 
-void upsample2x_backward(const Tensor& grad_y, Tensor& grad_x, double beta) {
+void upsample2x_backward(const TensorRef& grad_y, const TensorRef& grad_x, double beta) {
   const int64_t planes = grad_x.dim(0) * grad_x.dim(1), H = grad_x.dim(2), W = grad_x.dim(3);
   const int64_t OW = 2 * W;
   UNETCU_DISPATCH_FLOAT(grad_x.dtype(), T, {
@@ -39,7 +39,7 @@ void upsample2x_backward(const Tensor& grad_y, Tensor& grad_x, double beta) {
   });
 }
 
-void concat_forward_part(const Tensor& x, Tensor& y, int64_t channel_offset) {
+void concat_forward_part(const TensorRef& x, const TensorRef& y, int64_t channel_offset) {
   const int64_t N = x.dim(0), Cx = x.dim(1), Cy = y.dim(1), HW = x.dim(2) * x.dim(3);
   UNETCU_DISPATCH_FLOAT(x.dtype(), T, {
     const T* xp = x.data<T>();
@@ -50,7 +50,7 @@ void concat_forward_part(const Tensor& x, Tensor& y, int64_t channel_offset) {
   });
 }
 
-void concat_backward_part(const Tensor& grad_y, Tensor& grad_x, int64_t channel_offset,
+void concat_backward_part(const TensorRef& grad_y, const TensorRef& grad_x, int64_t channel_offset,
                           double beta) {
   const int64_t N = grad_x.dim(0), Cx = grad_x.dim(1), Cy = grad_y.dim(1);
   const int64_t HW = grad_x.dim(2) * grad_x.dim(3);

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <memory>
 
-#include "engine/common.h"
+#include "runtime/common.h"
 
 namespace unetcu::kernels::cpu {
 

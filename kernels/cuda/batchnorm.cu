@@ -7,9 +7,9 @@
 // betaDataDiff; dgamma/dbeta through betaParamDiff, which cuDNN applies to both, so when
 // their betas differ (or one is not wanted) the parameter gradients go through scratch.
 #include "kernels/cuda/common.cuh"
-#include "kernels/batchnorm.h"
+#include "kernels/bodies/batchnorm.h"
 #include "kernels/cuda/cudnn_util.cuh"
-#include "kernels/elementwise.h"
+#include "kernels/bodies/elementwise.h"
 #include "kernels/launchers.h"
 
 namespace unetcu::kernels::cuda {
@@ -17,7 +17,7 @@ namespace {
 
 struct BnDescs {
   TensorDesc x, param;
-  explicit BnDescs(const Tensor& t) {
+  explicit BnDescs(const TensorRef& t) {
     x.set(t.dim(0), t.dim(1), t.dim(2), t.dim(3));
     CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(param.d, x.d, CUDNN_BATCHNORM_SPATIAL));
   }
@@ -55,9 +55,10 @@ __global__ void eval_backward_kernel(const float* dy, const float* x, const floa
 
 }  // namespace
 
-void batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
-                             Tensor& save_mean, Tensor& save_invstd, Tensor& running_mean,
-                             Tensor& running_var, double momentum, double eps) {
+void batchnorm_forward_train(const TensorRef& x, const TensorRef& gamma, const TensorRef& beta,
+                             const TensorRef& y, const TensorRef& save_mean,
+                             const TensorRef& save_invstd, const TensorRef& running_mean,
+                             const TensorRef& running_var, double momentum, double eps) {
   Launch l(x);
   BnDescs d(x);
   const float one = 1, zero = 0;
@@ -69,9 +70,9 @@ void batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor&
   CUDA_CHECK_LAUNCH(l.stream, "batchnorm_forward_train");
 }
 
-void batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                            const Tensor& running_mean, const Tensor& running_var, double eps,
-                            Tensor& y) {
+void batchnorm_forward_eval(const TensorRef& x, const TensorRef& gamma, const TensorRef& beta,
+                            const TensorRef& running_mean, const TensorRef& running_var, double eps,
+                            const TensorRef& y) {
   Launch l(x);
   BnDescs d(x);
   const float one = 1, zero = 0;
@@ -82,8 +83,8 @@ void batchnorm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& 
   CUDA_CHECK_LAUNCH(l.stream, "batchnorm_forward_eval");
 }
 
-void batchnorm_eval_stats(const Tensor& running_mean, const Tensor& running_var, double eps,
-                          Tensor& mean, Tensor& invstd) {
+void batchnorm_eval_stats(const TensorRef& running_mean, const TensorRef& running_var, double eps,
+                          const TensorRef& mean, const TensorRef& invstd) {
   const int64_t C = mean.numel();
   Launch l(mean);
   eval_stats_kernel<<<blocks_for(C), kThreads, 0, l.stream>>>(
@@ -91,31 +92,40 @@ void batchnorm_eval_stats(const Tensor& running_mean, const Tensor& running_var,
   CUDA_CHECK_LAUNCH(l.stream, "batchnorm_eval_stats");
 }
 
-void batchnorm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& gamma,
-                        const Tensor& mean, const Tensor& invstd, bool training, double eps,
-                        Tensor* grad_x, double beta_x, Tensor* grad_gamma, double beta_gamma,
-                        Tensor* grad_beta, double beta_beta) {
+void batchnorm_backward(const TensorRef& grad_y, const TensorRef& x, const TensorRef& gamma,
+                        const TensorRef& mean, const TensorRef& invstd, bool training, double eps,
+                        const TensorRef& grad_x, double beta_x, const TensorRef& grad_gamma,
+                        double beta_gamma, const TensorRef& grad_beta, double beta_beta) {
   Launch l(x);
   const int64_t N = x.dim(0), C = x.dim(1), HW = x.dim(2) * x.dim(3);
   if (!training) {
     eval_backward_kernel<<<int(C), kThreads, 0, l.stream>>>(
         fdata(grad_y), fdata(x), fdata(gamma), fdata(mean), fdata(invstd), N, C, HW,
-        grad_x ? fdata(*grad_x) : nullptr, float(beta_x),
-        grad_gamma ? fdata(*grad_gamma) : nullptr, float(beta_gamma),
-        grad_beta ? fdata(*grad_beta) : nullptr, float(beta_beta));
+        grad_x.defined() ? fdata(grad_x) : nullptr, float(beta_x),
+        grad_gamma.defined() ? fdata(grad_gamma) : nullptr, float(beta_gamma),
+        grad_beta.defined() ? fdata(grad_beta) : nullptr, float(beta_beta));
     CUDA_CHECK_LAUNCH(l.stream, "batchnorm_backward (eval)");
     return;
   }
   // cuDNN writes dx, dgamma and dbeta every time: point the unwanted ones at scratch.
-  const bool direct_params = grad_gamma && grad_beta && beta_gamma == beta_beta;
-  Tensor dx = grad_x ? *grad_x : Tensor::empty(x.shape(), DType::F32, x.device());
-  Tensor dg = direct_params ? *grad_gamma : Tensor::empty({C}, DType::F32, x.device());
-  Tensor db = direct_params ? *grad_beta : Tensor::empty({C}, DType::F32, x.device());
-  const float one = 1, bx = grad_x ? float(beta_x) : 0.f;
+  const int dev = x.device().index;
+  const bool direct_params =
+      grad_gamma.defined() && grad_beta.defined() && beta_gamma == beta_beta;
+  const size_t param_bytes = size_t(C) * sizeof(float);
+  unetcu::cuda::DeviceBuffer dx_scratch(dev, grad_x.defined() ? 0 : x.nbytes());
+  unetcu::cuda::DeviceBuffer dg_scratch(dev, direct_params ? 0 : param_bytes);
+  unetcu::cuda::DeviceBuffer db_scratch(dev, direct_params ? 0 : param_bytes);
+  const TensorRef dx =
+      grad_x.defined() ? grad_x : TensorRef(dx_scratch.get(), DType::F32, x.device(), x.shape());
+  const TensorRef dg =
+      direct_params ? grad_gamma : TensorRef(dg_scratch.get(), DType::F32, x.device(), {C});
+  const TensorRef db =
+      direct_params ? grad_beta : TensorRef(db_scratch.get(), DType::F32, x.device(), {C});
+  const float one = 1, bx = grad_x.defined() ? float(beta_x) : 0.f;
   const float bp = direct_params ? float(beta_gamma) : 0.f;
   BnDescs d(x);
   {
-    unetcu::cuda::CudnnLock h(x.device().index);
+    unetcu::cuda::CudnnLock h(dev);
     CUDNN_CHECK(cudnnBatchNormalizationBackward(
         h.handle(), CUDNN_BATCHNORM_SPATIAL, &one, &bx, &one, &bp, d.x.d, x.raw(), d.x.d,
         grad_y.raw(), d.x.d, dx.raw(), d.param.d, gamma.raw(), dg.raw(), db.raw(), eps, mean.raw(),
@@ -123,8 +133,8 @@ void batchnorm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& gam
   }
   CUDA_CHECK_LAUNCH(l.stream, "batchnorm_backward");
   if (!direct_params) {
-    if (grad_gamma) axpby(*grad_gamma, 1.0, dg, beta_gamma);
-    if (grad_beta) axpby(*grad_beta, 1.0, db, beta_beta);
+    if (grad_gamma.defined()) axpby(grad_gamma, 1.0, dg, beta_gamma);
+    if (grad_beta.defined()) axpby(grad_beta, 1.0, db, beta_beta);
   }
 }
 
@@ -215,15 +225,16 @@ __global__ void grad_apply_kernel(const float* dy, const float* x, const float* 
 
 }  // namespace
 
-void batchnorm_channel_sums(const Tensor& x, Tensor& sums) {
+void batchnorm_channel_sums(const TensorRef& x, const TensorRef& sums) {
   Launch l(x);
   channel_sums_kernel<<<int(x.dim(1)), kThreads, 0, l.stream>>>(
       fdata(x), x.dim(0), x.dim(1), x.dim(2) * x.dim(3), sums.data<double>());
   CUDA_CHECK_LAUNCH(l.stream, "batchnorm_channel_sums");
 }
 
-void batchnorm_sync_stats(const Tensor& sums, double count, double momentum, double eps,
-                          Tensor& mean, Tensor& invstd, Tensor& running_mean, Tensor& running_var) {
+void batchnorm_sync_stats(const TensorRef& sums, double count, double momentum, double eps,
+                          const TensorRef& mean, const TensorRef& invstd,
+                          const TensorRef& running_mean, const TensorRef& running_var) {
   const int64_t C = mean.numel();
   Launch l(mean);
   sync_stats_kernel<<<blocks_for(C), kThreads, 0, l.stream>>>(
@@ -232,8 +243,8 @@ void batchnorm_sync_stats(const Tensor& sums, double count, double momentum, dou
   CUDA_CHECK_LAUNCH(l.stream, "batchnorm_sync_stats");
 }
 
-void batchnorm_apply(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& mean,
-                     const Tensor& invstd, Tensor& y) {
+void batchnorm_apply(const TensorRef& x, const TensorRef& gamma, const TensorRef& beta,
+                     const TensorRef& mean, const TensorRef& invstd, const TensorRef& y) {
   const int64_t n = x.numel();
   Launch l(x);
   apply_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(fdata(x), fdata(gamma), fdata(beta),
@@ -242,8 +253,8 @@ void batchnorm_apply(const Tensor& x, const Tensor& gamma, const Tensor& beta, c
   CUDA_CHECK_LAUNCH(l.stream, "batchnorm_apply");
 }
 
-void batchnorm_grad_sums(const Tensor& grad_y, const Tensor& x, const Tensor& mean,
-                         const Tensor& invstd, Tensor& sums) {
+void batchnorm_grad_sums(const TensorRef& grad_y, const TensorRef& x, const TensorRef& mean,
+                         const TensorRef& invstd, const TensorRef& sums) {
   Launch l(x);
   grad_sums_kernel<<<int(x.dim(1)), kThreads, 0, l.stream>>>(
       fdata(grad_y), fdata(x), fdata(mean), fdata(invstd), x.dim(0), x.dim(1), x.dim(2) * x.dim(3),
@@ -251,19 +262,20 @@ void batchnorm_grad_sums(const Tensor& grad_y, const Tensor& x, const Tensor& me
   CUDA_CHECK_LAUNCH(l.stream, "batchnorm_grad_sums");
 }
 
-void batchnorm_param_grads(const Tensor& sums, Tensor* grad_gamma, double beta_gamma,
-                           Tensor* grad_beta, double beta_beta) {
+void batchnorm_param_grads(const TensorRef& sums, const TensorRef& grad_gamma, double beta_gamma,
+                           const TensorRef& grad_beta, double beta_beta) {
   const int64_t C = sums.numel() / 2;
   Launch l(sums);
   param_grads_kernel<<<blocks_for(C), kThreads, 0, l.stream>>>(
-      sums.data<double>(), grad_gamma ? fdata(*grad_gamma) : nullptr, float(beta_gamma),
-      grad_beta ? fdata(*grad_beta) : nullptr, float(beta_beta), C);
+      sums.data<double>(), grad_gamma.defined() ? fdata(grad_gamma) : nullptr, float(beta_gamma),
+      grad_beta.defined() ? fdata(grad_beta) : nullptr, float(beta_beta), C);
   CUDA_CHECK_LAUNCH(l.stream, "batchnorm_param_grads");
 }
 
-void batchnorm_grad_apply(const Tensor& grad_y, const Tensor& x, const Tensor& gamma,
-                          const Tensor& mean, const Tensor& invstd, const Tensor& global_sums,
-                          double count, Tensor& grad_x, double beta_x) {
+void batchnorm_grad_apply(const TensorRef& grad_y, const TensorRef& x, const TensorRef& gamma,
+                          const TensorRef& mean, const TensorRef& invstd,
+                          const TensorRef& global_sums, double count, const TensorRef& grad_x,
+                          double beta_x) {
   const int64_t n = x.numel();
   Launch l(x);
   grad_apply_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(

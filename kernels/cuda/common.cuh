@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "engine/cuda/runtime.cuh"
-#include "engine/tensor.h"
-#include "kernels/common.h"
+#include "runtime/cuda/runtime.cuh"
+#include "runtime/tensor_ref.h"
+#include "kernels/bodies/common.h"
 
 namespace unetcu::kernels::cuda {
 
@@ -25,7 +25,8 @@ inline int blocks_for(int64_t n) {
 
 // Sets the tensor's device for the scope and gives its current stream.
 struct Launch {
-  explicit Launch(const Tensor& t) : guard(t.device().index), stream(unetcu::cuda::current_stream(t.device().index)) {}
+  explicit Launch(const TensorRef& t)
+      : guard(t.device().index), stream(unetcu::cuda::current_stream(t.device().index)) {}
   unetcu::cuda::DeviceGuard guard;
   cudaStream_t stream;
 };
@@ -47,7 +48,6 @@ __device__ T block_sum(T v) {
 }
 
 // The CUDA backend computes in float32 (the op layer checks); launchers read float data.
-inline const float* fdata(const Tensor& t) { return t.data<float>(); }
-inline float* fdata(Tensor& t) { return t.data<float>(); }
+inline float* fdata(const TensorRef& t) { return t.data<float>(); }
 
 }  // namespace unetcu::kernels::cuda

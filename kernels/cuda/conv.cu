@@ -12,7 +12,7 @@
 #include <mutex>
 #include <tuple>
 
-#include "engine/cuda_api.h"
+#include "runtime/cuda_api.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cudnn_util.cuh"
 #include "kernels/launchers.h"
@@ -99,7 +99,8 @@ void reset_math(Plan& p, bool tf32) {
   CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv.d, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
 }
 
-void find_forward(Plan& p, cudnnHandle_t h, int device, const Tensor& x, const Tensor& w, Tensor& y) {
+void find_forward(Plan& p, cudnnHandle_t h, int device, const TensorRef& x, const TensorRef& w,
+                  const TensorRef& y) {
   SearchWorkspace ws;
   const size_t ws_bytes = ws.bytes;
   cudnnConvolutionFwdAlgoPerf_t res[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
@@ -111,8 +112,8 @@ void find_forward(Plan& p, cudnnHandle_t h, int device, const Tensor& x, const T
   p.has_fwd = true;
 }
 
-void find_backward_data(Plan& p, cudnnHandle_t h, int device, const Tensor& w, const Tensor& dy,
-                        const Tensor& x) {
+void find_backward_data(Plan& p, cudnnHandle_t h, int device, const TensorRef& w,
+                        const TensorRef& dy, const TensorRef& x) {
   SearchWorkspace ws;
   const size_t ws_bytes = ws.bytes;
   unetcu::cuda::DeviceBuffer scratch_dx(device, x.nbytes());  // the real dx may hold a gradient
@@ -125,8 +126,8 @@ void find_backward_data(Plan& p, cudnnHandle_t h, int device, const Tensor& w, c
   p.has_bwd_data = true;
 }
 
-void find_backward_filter(Plan& p, cudnnHandle_t h, int device, const Tensor& x, const Tensor& dy,
-                          const Tensor& w) {
+void find_backward_filter(Plan& p, cudnnHandle_t h, int device, const TensorRef& x,
+                          const TensorRef& dy, const TensorRef& w) {
   SearchWorkspace ws;
   const size_t ws_bytes = ws.bytes;
   unetcu::cuda::DeviceBuffer scratch_dw(device, w.nbytes());
@@ -141,7 +142,7 @@ void find_backward_filter(Plan& p, cudnnHandle_t h, int device, const Tensor& x,
 
 }  // namespace
 
-void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y,
+void conv2d_forward(const TensorRef& x, const TensorRef& w, const TensorRef& b, const TensorRef& y,
                     const ConvGeometry& g) {
   Launch l(x);
   const int dev = x.device().index;
@@ -162,21 +163,21 @@ void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y
   CUDA_CHECK_LAUNCH(l.stream, "conv2d_forward");
 }
 
-void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, Tensor* grad_x,
-                     double beta_x, Tensor* grad_w, double beta_w, Tensor* grad_b, double beta_b,
-                     const ConvGeometry& g) {
+void conv2d_backward(const TensorRef& grad_y, const TensorRef& x, const TensorRef& w,
+                     const TensorRef& grad_x, double beta_x, const TensorRef& grad_w, double beta_w,
+                     const TensorRef& grad_b, double beta_b, const ConvGeometry& g) {
   Launch l(x);
   const int dev = x.device().index;
   const bool tf32 = unetcu::cuda::allow_tf32();
   Plan& p = plan_for(dev, g, tf32);
   const float one = 1;
   unetcu::cuda::CudnnLock h(dev);
-  if (grad_b) {
+  if (grad_b.defined()) {
     const float bb = float(beta_b);
     CUDNN_CHECK(cudnnConvolutionBackwardBias(h.handle(), &one, p.y.d, grad_y.raw(), &bb, p.bias.d,
-                                             grad_b->raw()));
+                                             grad_b.raw()));
   }
-  if (grad_w) {
+  if (grad_w.defined()) {
     if (!p.has_bwd_filter) {
       reset_math(p, tf32);
       find_backward_filter(p, h.handle(), dev, x, grad_y, w);
@@ -186,9 +187,9 @@ void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, Ten
     const float bw = float(beta_w);
     CUDNN_CHECK(cudnnConvolutionBackwardFilter(h.handle(), &one, p.x.d, x.raw(), p.y.d,
                                                grad_y.raw(), p.conv.d, p.bwd_filter.algo, ws.get(),
-                                               p.bwd_filter.memory, &bw, p.w.d, grad_w->raw()));
+                                               p.bwd_filter.memory, &bw, p.w.d, grad_w.raw()));
   }
-  if (grad_x) {
+  if (grad_x.defined()) {
     if (!p.has_bwd_data) {
       reset_math(p, tf32);
       find_backward_data(p, h.handle(), dev, w, grad_y, x);
@@ -198,7 +199,7 @@ void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, Ten
     const float bx = float(beta_x);
     CUDNN_CHECK(cudnnConvolutionBackwardData(h.handle(), &one, p.w.d, w.raw(), p.y.d, grad_y.raw(),
                                              p.conv.d, p.bwd_data.algo, ws.get(),
-                                             p.bwd_data.memory, &bx, p.x.d, grad_x->raw()));
+                                             p.bwd_data.memory, &bx, p.x.d, grad_x.raw()));
   }
   CUDA_CHECK_LAUNCH(l.stream, "conv2d_backward");
 }

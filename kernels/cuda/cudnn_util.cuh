@@ -2,7 +2,7 @@
 #pragma once
 #include <cudnn.h>
 
-#include "engine/cuda/runtime.cuh"
+#include "runtime/cuda/runtime.cuh"
 
 namespace unetcu::kernels::cuda {
 

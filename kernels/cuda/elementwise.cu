@@ -1,7 +1,7 @@
 // CUDA launchers of fill, axpby, relu, sigmoid and add: grid-stride loops over the bodies of
-// kernels/elementwise.h (the same ones the CPU backend runs).
+// kernels/bodies/elementwise.h (the same ones the CPU backend runs).
 #include "kernels/cuda/common.cuh"
-#include "kernels/elementwise.h"
+#include "kernels/bodies/elementwise.h"
 #include "kernels/launchers.h"
 
 namespace unetcu::kernels::cuda {
@@ -34,7 +34,7 @@ __global__ void add_kernel(const float* a, const float* b, float* y, int64_t n) 
 
 }  // namespace
 
-void fill(Tensor& dst, double value) {
+void fill(const TensorRef& dst, double value) {
   const int64_t n = dst.numel();
   if (n == 0) return;
   Launch l(dst);
@@ -45,7 +45,7 @@ void fill(Tensor& dst, double value) {
   CUDA_CHECK_LAUNCH(l.stream, "fill");
 }
 
-void axpby(Tensor& dst, double alpha, const Tensor& src, double beta) {
+void axpby(const TensorRef& dst, double alpha, const TensorRef& src, double beta) {
   const int64_t n = dst.numel();
   Launch l(dst);
   axpby_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(fdata(dst), float(alpha), fdata(src),
@@ -53,14 +53,15 @@ void axpby(Tensor& dst, double alpha, const Tensor& src, double beta) {
   CUDA_CHECK_LAUNCH(l.stream, "axpby");
 }
 
-void relu_forward(const Tensor& x, Tensor& y) {
+void relu_forward(const TensorRef& x, const TensorRef& y) {
   const int64_t n = x.numel();
   Launch l(x);
   relu_forward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(fdata(x), fdata(y), n);
   CUDA_CHECK_LAUNCH(l.stream, "relu_forward");
 }
 
-void relu_backward(const Tensor& grad_y, const Tensor& y, Tensor& grad_x, double beta) {
+void relu_backward(const TensorRef& grad_y, const TensorRef& y, const TensorRef& grad_x,
+                   double beta) {
   const int64_t n = y.numel();
   Launch l(y);
   relu_backward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(fdata(grad_y), fdata(y),
@@ -68,14 +69,15 @@ void relu_backward(const Tensor& grad_y, const Tensor& y, Tensor& grad_x, double
   CUDA_CHECK_LAUNCH(l.stream, "relu_backward");
 }
 
-void sigmoid_forward(const Tensor& x, Tensor& y) {
+void sigmoid_forward(const TensorRef& x, const TensorRef& y) {
   const int64_t n = x.numel();
   Launch l(x);
   sigmoid_forward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(fdata(x), fdata(y), n);
   CUDA_CHECK_LAUNCH(l.stream, "sigmoid_forward");
 }
 
-void sigmoid_backward(const Tensor& grad_y, const Tensor& y, Tensor& grad_x, double beta) {
+void sigmoid_backward(const TensorRef& grad_y, const TensorRef& y, const TensorRef& grad_x,
+                      double beta) {
   const int64_t n = y.numel();
   Launch l(y);
   sigmoid_backward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(fdata(grad_y), fdata(y),
@@ -83,7 +85,7 @@ void sigmoid_backward(const Tensor& grad_y, const Tensor& y, Tensor& grad_x, dou
   CUDA_CHECK_LAUNCH(l.stream, "sigmoid_backward");
 }
 
-void add_forward(const Tensor& a, const Tensor& b, Tensor& y) {
+void add_forward(const TensorRef& a, const TensorRef& b, const TensorRef& y) {
   const int64_t n = a.numel();
   Launch l(a);
   add_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(fdata(a), fdata(b), fdata(y), n);

@@ -1,9 +1,9 @@
-// CUDA losses over kernels/loss.h: block reductions in double (one atomicAdd per block), the
+// CUDA losses over kernels/bodies/loss.h: block reductions in double (one atomicAdd per block), the
 // loss finished on the device, and backward kernels that read the upstream gradient and the
 // Dice sums from device memory, so no host synchronisation happens inside a step.
 #include "kernels/cuda/common.cuh"
 #include "kernels/launchers.h"
-#include "kernels/loss.h"
+#include "kernels/bodies/loss.h"
 
 namespace unetcu::kernels::cuda {
 namespace {
@@ -59,7 +59,8 @@ __global__ void dice_backward_kernel(const float* x, const float* t, const doubl
 
 }  // namespace
 
-void bce_with_logits_forward(const Tensor& logits, const Tensor& target, Tensor& loss) {
+void bce_with_logits_forward(const TensorRef& logits, const TensorRef& target,
+                             const TensorRef& loss) {
   const int64_t n = logits.numel();
   Launch l(logits);
   unetcu::cuda::DeviceBuffer sum(logits.device().index, sizeof(double));
@@ -71,8 +72,8 @@ void bce_with_logits_forward(const Tensor& logits, const Tensor& target, Tensor&
   CUDA_CHECK_LAUNCH(l.stream, "bce_with_logits_forward (mean)");
 }
 
-void bce_with_logits_backward(const Tensor& logits, const Tensor& target, const Tensor& grad_loss,
-                              Tensor& grad_x, double beta) {
+void bce_with_logits_backward(const TensorRef& logits, const TensorRef& target,
+                              const TensorRef& grad_loss, const TensorRef& grad_x, double beta) {
   const int64_t n = logits.numel();
   Launch l(logits);
   bce_backward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
@@ -80,7 +81,7 @@ void bce_with_logits_backward(const Tensor& logits, const Tensor& target, const 
   CUDA_CHECK_LAUNCH(l.stream, "bce_with_logits_backward");
 }
 
-void dice_sums(const Tensor& logits, const Tensor& target, Tensor& sums) {
+void dice_sums(const TensorRef& logits, const TensorRef& target, const TensorRef& sums) {
   const int64_t n = logits.numel();
   Launch l(logits);
   CUDA_CHECK(cudaMemsetAsync(sums.raw(), 0, 3 * sizeof(double), l.stream));
@@ -89,14 +90,15 @@ void dice_sums(const Tensor& logits, const Tensor& target, Tensor& sums) {
   CUDA_CHECK_LAUNCH(l.stream, "dice_sums");
 }
 
-void dice_loss_from_sums(const Tensor& sums, double smooth, Tensor& loss) {
+void dice_loss_from_sums(const TensorRef& sums, double smooth, const TensorRef& loss) {
   Launch l(sums);
   dice_loss_kernel<<<1, 1, 0, l.stream>>>(sums.data<double>(), smooth, fdata(loss));
   CUDA_CHECK_LAUNCH(l.stream, "dice_loss_from_sums");
 }
 
-void dice_backward(const Tensor& logits, const Tensor& target, const Tensor& sums, double smooth,
-                   const Tensor& grad_loss, Tensor& grad_x, double beta) {
+void dice_backward(const TensorRef& logits, const TensorRef& target, const TensorRef& sums,
+                   double smooth, const TensorRef& grad_loss, const TensorRef& grad_x,
+                   double beta) {
   const int64_t n = logits.numel();
   Launch l(logits);
   dice_backward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(

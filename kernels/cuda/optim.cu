@@ -1,7 +1,7 @@
-// CUDA optimizer updates over kernels/optim.h (the bodies the CPU backend runs).
+// CUDA optimizer updates over kernels/bodies/optim.h (the bodies the CPU backend runs).
 #include "kernels/cuda/common.cuh"
 #include "kernels/launchers.h"
-#include "kernels/optim.h"
+#include "kernels/bodies/optim.h"
 
 namespace unetcu::kernels::cuda {
 namespace {
@@ -17,7 +17,8 @@ __global__ void sgd_kernel(float* p, const float* g, float* buf, SgdStep s, int6
 
 }  // namespace
 
-void adam_update(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamStep& s) {
+void adam_update(const TensorRef& p, const TensorRef& g, const TensorRef& m, const TensorRef& v,
+                 const AdamStep& s) {
   const int64_t n = p.numel();
   Launch l(p);
   adam_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(fdata(p), fdata(g), fdata(m), fdata(v),
@@ -25,7 +26,7 @@ void adam_update(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamSte
   CUDA_CHECK_LAUNCH(l.stream, "adam_update");
 }
 
-void sgd_update(Tensor& p, const Tensor& g, Tensor& buf, const SgdStep& s) {
+void sgd_update(const TensorRef& p, const TensorRef& g, const TensorRef& buf, const SgdStep& s) {
   const int64_t n = p.numel();
   Launch l(p);
   sgd_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(fdata(p), fdata(g), fdata(buf), s, n);

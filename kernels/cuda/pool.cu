@@ -1,8 +1,8 @@
-// CUDA max pooling over kernels/pool.h. Backward is a gather: each input element sums the
+// CUDA max pooling over kernels/bodies/pool.h. Backward is a gather: each input element sums the
 // gradients of the output windows whose argmax (recomputed from x) it is, so there are no
 // atomics and the result is deterministic.
 #include "kernels/cuda/common.cuh"
-#include "kernels/elementwise.h"
+#include "kernels/bodies/elementwise.h"
 #include "kernels/launchers.h"
 
 namespace unetcu::kernels::cuda {
@@ -39,15 +39,15 @@ __global__ void maxpool_backward_kernel(const float* gy, const float* x, float* 
 
 }  // namespace
 
-void maxpool_forward(const Tensor& x, Tensor& y, const PoolGeometry& g) {
+void maxpool_forward(const TensorRef& x, const TensorRef& y, const PoolGeometry& g) {
   const int64_t n = y.numel();
   Launch l(x);
   maxpool_forward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(fdata(x), fdata(y), g, n);
   CUDA_CHECK_LAUNCH(l.stream, "maxpool_forward");
 }
 
-void maxpool_backward(const Tensor& grad_y, const Tensor& x, Tensor& grad_x, double beta,
-                      const PoolGeometry& g) {
+void maxpool_backward(const TensorRef& grad_y, const TensorRef& x, const TensorRef& grad_x,
+                      double beta, const PoolGeometry& g) {
   const int64_t n = x.numel();
   Launch l(x);
   maxpool_backward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(

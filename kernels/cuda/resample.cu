@@ -1,8 +1,8 @@
-// CUDA nearest ×2 upsampling (kernels/resample.h) and channel concatenation.
+// CUDA nearest ×2 upsampling (kernels/bodies/resample.h) and channel concatenation.
 #include "kernels/cuda/common.cuh"
-#include "kernels/elementwise.h"
+#include "kernels/bodies/elementwise.h"
 #include "kernels/launchers.h"
-#include "kernels/resample.h"
+#include "kernels/bodies/resample.h"
 
 namespace unetcu::kernels::cuda {
 namespace {
@@ -42,7 +42,7 @@ __global__ void concat_backward_kernel(const float* gy, float* gx, float beta, i
 
 }  // namespace
 
-void upsample2x_forward(const Tensor& x, Tensor& y) {
+void upsample2x_forward(const TensorRef& x, const TensorRef& y) {
   const int64_t n = y.numel();
   Launch l(x);
   upsample_forward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(fdata(x), fdata(y), x.dim(2),
@@ -50,7 +50,7 @@ void upsample2x_forward(const Tensor& x, Tensor& y) {
   CUDA_CHECK_LAUNCH(l.stream, "upsample2x_forward");
 }
 
-void upsample2x_backward(const Tensor& grad_y, Tensor& grad_x, double beta) {
+void upsample2x_backward(const TensorRef& grad_y, const TensorRef& grad_x, double beta) {
   const int64_t n = grad_x.numel();
   Launch l(grad_x);
   upsample_backward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
@@ -58,7 +58,7 @@ void upsample2x_backward(const Tensor& grad_y, Tensor& grad_x, double beta) {
   CUDA_CHECK_LAUNCH(l.stream, "upsample2x_backward");
 }
 
-void concat_forward_part(const Tensor& x, Tensor& y, int64_t channel_offset) {
+void concat_forward_part(const TensorRef& x, const TensorRef& y, int64_t channel_offset) {
   const int64_t n = x.numel();
   Launch l(x);
   concat_forward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
@@ -66,7 +66,7 @@ void concat_forward_part(const Tensor& x, Tensor& y, int64_t channel_offset) {
   CUDA_CHECK_LAUNCH(l.stream, "concat_forward_part");
 }
 
-void concat_backward_part(const Tensor& grad_y, Tensor& grad_x, int64_t channel_offset,
+void concat_backward_part(const TensorRef& grad_y, const TensorRef& grad_x, int64_t channel_offset,
                           double beta) {
   const int64_t n = grad_x.numel();
   Launch l(grad_x);

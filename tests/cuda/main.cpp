@@ -7,8 +7,8 @@
 #include <cstdio>
 #include <cstring>
 
-#include "engine/cuda_api.h"
-#include "engine/device.h"
+#include "runtime/cuda_api.h"
+#include "runtime/device.h"
 
 int main(int argc, char** argv) {
   bool listing = false;

@@ -14,8 +14,8 @@
 #include <functional>
 
 #include "apps/cli.h"
-#include "engine/cuda/nccl.cuh"
-#include "engine/cuda_api.h"
+#include "runtime/cuda/nccl.cuh"
+#include "runtime/cuda_api.h"
 #include "engine/ops.h"
 #include "engine/optim.h"
 #include "engine/random.h"

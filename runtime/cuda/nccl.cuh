@@ -3,7 +3,7 @@
 #pragma once
 #include <nccl.h>
 
-#include "engine/cuda/runtime.cuh"
+#include "runtime/cuda/runtime.cuh"
 
 #define NCCL_CHECK(expr)                                                                   \
   do {                                                                                     \

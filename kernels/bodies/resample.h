@@ -1,7 +1,7 @@
 // Bodies of nearest-neighbour ×2 upsampling: output (oh, ow) reads input (oh/2, ow/2), so
 // an input element's gradient is the sum of its 2×2 output block.
 #pragma once
-#include "kernels/common.h"
+#include "kernels/bodies/common.h"
 
 namespace unetcu::kernels {
 

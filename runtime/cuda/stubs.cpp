@@ -1,6 +1,6 @@
-// engine/cuda_api.h for builds without the CUDA backend.
-#include "engine/common.h"
-#include "engine/cuda_api.h"
+// runtime/cuda_api.h for builds without the CUDA backend.
+#include "runtime/common.h"
+#include "runtime/cuda_api.h"
 
 namespace unetcu::cuda {
 
@@ -19,12 +19,15 @@ void copy(void*, Device, const void*, Device, size_t, bool) { no_cuda(); }
 void memset_zero(void*, int, size_t) { no_cuda(); }
 void synchronize(int) { no_cuda(); }
 std::string device_name(int) { no_cuda(); }
-StageStream::StageStream(int d) : device_(d) { no_cuda(); }
-StageStream::~StageStream() {}
-ThreadStream::ThreadStream(const StageStream&) : device_(0), previous_(nullptr) { no_cuda(); }
-ThreadStream::~ThreadStream() {}
-EventHandle EventHandle::record(int) { no_cuda(); }
-void EventHandle::wait(int) const { no_cuda(); }
+Stream::Stream(int) { no_cuda(); }
+Stream::~Stream() {}
+StreamScope::StreamScope(const Stream&) : device_(0), previous_(nullptr) { no_cuda(); }
+StreamScope::~StreamScope() {}
+Event::Event(int) { no_cuda(); }
+Event Event::record(int) { no_cuda(); }
+void Event::wait(int) const {}  // no event can exist here: waiting on none does nothing
+void Event::record(CUstream_st*) { no_cuda(); }
+void Event::wait_on(CUstream_st*) const { no_cuda(); }
 void set_allow_tf32(bool) {}
 bool allow_tf32() { return false; }
 

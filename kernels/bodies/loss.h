@@ -1,7 +1,7 @@
 // Per-element bodies of the losses. Reductions (means, Dice sums) are done by the launchers.
 #pragma once
-#include "kernels/common.h"
-#include "kernels/elementwise.h"
+#include "kernels/bodies/common.h"
+#include "kernels/bodies/elementwise.h"
 
 namespace unetcu::kernels {
 

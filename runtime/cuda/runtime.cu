@@ -7,8 +7,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/cuda/runtime.cuh"
-#include "engine/cuda_api.h"
+#include "runtime/cuda/runtime.cuh"
+#include "runtime/cuda_api.h"
 
 namespace unetcu {
 
@@ -62,59 +62,6 @@ DeviceGuard::~DeviceGuard() {
   if (cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
 }
 
-Stream Stream::create(int device) {
-  DeviceGuard g(device);
-  Stream s;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream_, cudaStreamNonBlocking));
-  s.device_ = device;
-  return s;
-}
-// Destructors must not throw: they switch devices with unchecked calls.
-Stream::~Stream() {
-  if (stream_) {
-    int prev = 0;
-    cudaGetDevice(&prev);
-    cudaSetDevice(device_);
-    cudaStreamDestroy(stream_);
-    cudaSetDevice(prev);
-  }
-}
-Stream& Stream::operator=(Stream&& o) noexcept {
-  std::swap(stream_, o.stream_);
-  std::swap(device_, o.device_);
-  return *this;
-}
-
-Event Event::create(int device, bool timing) {
-  DeviceGuard g(device);
-  Event e;
-  CUDA_CHECK(cudaEventCreateWithFlags(&e.event_, timing ? cudaEventDefault : cudaEventDisableTiming));
-  e.device_ = device;
-  return e;
-}
-Event::~Event() {
-  if (event_) {
-    int prev = 0;
-    cudaGetDevice(&prev);
-    cudaSetDevice(device_);
-    cudaEventDestroy(event_);
-    cudaSetDevice(prev);
-  }
-}
-Event& Event::operator=(Event&& o) noexcept {
-  std::swap(event_, o.event_);
-  std::swap(device_, o.device_);
-  return *this;
-}
-void Event::record(cudaStream_t stream) { CUDA_CHECK(cudaEventRecord(event_, stream)); }
-void Event::wait_on(cudaStream_t stream) const { CUDA_CHECK(cudaStreamWaitEvent(stream, event_, 0)); }
-void Event::synchronize() const { CUDA_CHECK(cudaEventSynchronize(event_)); }
-float Event::elapsed_ms_since(const Event& start) const {
-  float ms = 0;
-  CUDA_CHECK(cudaEventElapsedTime(&ms, start.event_, event_));
-  return ms;
-}
-
 // ---- contexts and streams ------------------------------------------------------------
 
 namespace {
@@ -146,7 +93,7 @@ DeviceContext& context(int device) {
   auto ctx = std::make_unique<DeviceContext>();
   DeviceGuard g(device);
   ctx->device = device;
-  ctx->stream = Stream::create(device);
+  ctx->stream = Stream(device);
   CUDNN_CHECK(cudnnCreate(&ctx->cudnn));
   CUBLAS_CHECK(cublasCreate(&ctx->cublas));
   c.ctx[device] = std::move(ctx);
@@ -158,13 +105,6 @@ cudaStream_t current_stream(int device) {
     return t_stream_override[device];
   return context(device).stream.get();
 }
-
-StreamScope::StreamScope(int device, cudaStream_t stream) : device_(device) {
-  check_device_index(device);
-  previous_ = t_stream_override[device];
-  t_stream_override[device] = stream;
-}
-StreamScope::~StreamScope() { t_stream_override[device_] = previous_; }
 
 CudnnLock::CudnnLock(int device)
     : lock_(context(device).handle_mutex), handle_(context(device).cudnn) {
@@ -383,14 +323,14 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, size
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ds));
     return;
   }
-  Event ready = Event::create(sd);
+  Event ready(sd);
   ready.record(current_stream(sd));
   DeviceGuard g(dd);
   ready.wait_on(ds);
   CUDA_CHECK(cudaMemcpyPeerAsync(dst, dd, src, sd, bytes, ds));
   // ...and the source's stream waits for the copy, so the source block cannot be handed out
   // again (to work on that stream) while the copy still reads it.
-  Event copied = Event::create(dd);
+  Event copied(dd);
   copied.record(ds);
   copied.wait_on(current_stream(sd));
 }
@@ -412,42 +352,60 @@ std::string device_name(int device) {
   return prop.name;
 }
 
-StageStream::StageStream(int device) : device_(device) {
+// ---- streams and events (runtime/cuda_api.h) -------------------------------------------
+
+// Destructors must not throw: they switch devices with unchecked calls.
+Stream::Stream(int device) : device_(device) {
   check_device_index(device);
   DeviceGuard g(device);
-  cudaStream_t s;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  stream_ = s;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
 }
-StageStream::~StageStream() {
+Stream::~Stream() {
+  if (!stream_) return;
   int prev = 0;
   cudaGetDevice(&prev);
   cudaSetDevice(device_);
-  cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
-  cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+  cudaStreamSynchronize(stream_);
+  cudaStreamDestroy(stream_);
   cudaSetDevice(prev);
 }
 
-ThreadStream::ThreadStream(const StageStream& s) : device_(s.device()) {
+StreamScope::StreamScope(const Stream& stream) : device_(stream.device()) {
+  check_device_index(device_);
   previous_ = t_stream_override[device_];
-  t_stream_override[device_] = static_cast<cudaStream_t>(s.handle());
+  t_stream_override[device_] = stream.get();
 }
-ThreadStream::~ThreadStream() { t_stream_override[device_] = static_cast<cudaStream_t>(previous_); }
+StreamScope::~StreamScope() { t_stream_override[device_] = previous_; }
 
-EventHandle EventHandle::record(int device) {
+Event::Event(int device) {
   DeviceGuard g(device);
   cudaEvent_t e;
   CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  CUDA_CHECK(cudaEventRecord(e, current_stream(device)));
-  EventHandle h;
-  h.event_ = std::shared_ptr<void>(e, [](void* p) { cudaEventDestroy(static_cast<cudaEvent_t>(p)); });
-  return h;
+  event_ = std::shared_ptr<CUevent_st>(e, [device](cudaEvent_t p) {
+    int prev = 0;
+    cudaGetDevice(&prev);
+    cudaSetDevice(device);
+    cudaEventDestroy(p);
+    cudaSetDevice(prev);
+  });
 }
 
-void EventHandle::wait(int device) const {
+Event Event::record(int device) {
+  Event e(device);
+  DeviceGuard g(device);
+  e.record(current_stream(device));
+  return e;
+}
+
+void Event::wait(int device) const {
   if (!event_) return;
   DeviceGuard g(device);
-  CUDA_CHECK(cudaStreamWaitEvent(current_stream(device), static_cast<cudaEvent_t>(event_.get()), 0));
+  wait_on(current_stream(device));
+}
+
+void Event::record(cudaStream_t stream) { CUDA_CHECK(cudaEventRecord(event_.get(), stream)); }
+void Event::wait_on(cudaStream_t stream) const {
+  CUDA_CHECK(cudaStreamWaitEvent(stream, event_.get(), 0));
 }
 
 static bool g_allow_tf32 = true;

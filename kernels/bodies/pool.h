@@ -2,7 +2,7 @@
 // as in PyTorch); ties go to the first element in row-major window order, so forward and
 // backward (which recomputes the argmax from the input) agree.
 #pragma once
-#include "kernels/common.h"
+#include "kernels/bodies/common.h"
 
 namespace unetcu::kernels {
 

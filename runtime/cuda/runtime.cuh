@@ -1,6 +1,7 @@
-// CUDA-side runtime for the .cu files of the engine and the CUDA launchers: check macros (one
-// per library), RAII streams and events, the per-device context (stream, cuDNN and cuBLAS
-// handles), and the launch check with its debug switch.
+// CUDA-side runtime for the .cu files of the runtime, the CUDA launchers and the NCCL
+// communicator: check macros (one per library), the per-device context (stream, cuDNN and
+// cuBLAS handles), and the launch check with its debug switch. Streams and events are the
+// plain C++ ones of runtime/cuda_api.h (get() gives the cudaStream_t / cudaEvent_t).
 #pragma once
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -9,7 +10,8 @@
 #include <mutex>
 #include <string>
 
-#include "engine/common.h"
+#include "runtime/common.h"
+#include "runtime/cuda_api.h"
 
 namespace unetcu::cuda {
 
@@ -42,7 +44,7 @@ int current_device();
       ::unetcu::cuda::throw_error("cuBLAS", #expr, __FILE__, __LINE__,                     \
                                   cublasGetStatusString(st_));                             \
   } while (0)
-// NCCL_CHECK is in engine/cuda/nccl.cuh (only the communicator needs nccl.h).
+// NCCL_CHECK is in runtime/cuda/nccl.cuh (only the communicator needs nccl.h).
 
 namespace unetcu::cuda {
 
@@ -64,43 +66,6 @@ class DeviceGuard {
   int previous_;
 };
 
-class Stream {
- public:
-  Stream() = default;
-  static Stream create(int device);  // non-blocking with respect to the legacy default stream
-  ~Stream();
-  Stream(Stream&& o) noexcept : stream_(o.stream_), device_(o.device_) { o.stream_ = nullptr; }
-  Stream& operator=(Stream&& o) noexcept;
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  cudaStream_t get() const { return stream_; }
-  int device() const { return device_; }
-
- private:
-  cudaStream_t stream_ = nullptr;
-  int device_ = -1;
-};
-
-class Event {
- public:
-  Event() = default;
-  static Event create(int device, bool timing = false);
-  ~Event();
-  Event(Event&& o) noexcept : event_(o.event_), device_(o.device_) { o.event_ = nullptr; }
-  Event& operator=(Event&& o) noexcept;
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  void record(cudaStream_t stream);
-  void wait_on(cudaStream_t stream) const;  // `stream` waits until the event completes
-  void synchronize() const;
-  float elapsed_ms_since(const Event& start) const;
-  cudaEvent_t get() const { return event_; }
-
- private:
-  cudaEvent_t event_ = nullptr;
-  int device_ = -1;
-};
-
 // One per device: its default compute stream and the library handles. The handles are
 // re-pointed at the stream in use on every call (cudnnSetStream / cublasSetStream) under the
 // context's mutex, so threads sharing a device may use different streams.
@@ -116,18 +81,6 @@ DeviceContext& context(int device);
 // The stream the calling thread issues work to on `device`: the one set by a StreamScope, or
 // the device's default stream.
 cudaStream_t current_stream(int device);
-
-class StreamScope {
- public:
-  StreamScope(int device, cudaStream_t stream);
-  ~StreamScope();
-  StreamScope(const StreamScope&) = delete;
-  StreamScope& operator=(const StreamScope&) = delete;
-
- private:
-  int device_;
-  cudaStream_t previous_;
-};
 
 // A cuDNN handle bound to the calling thread's current stream on `device`, held under the
 // context's mutex for the lock's lifetime.
@@ -152,7 +105,8 @@ class CublasLock {
   cublasHandle_t handle_;
 };
 
-// Temporary device memory (cuDNN workspaces) from the caching allocator.
+// Temporary device memory (cuDNN workspaces, launcher scratch) from the caching allocator, on
+// the calling thread's current stream.
 class DeviceBuffer {
  public:
   DeviceBuffer(int device, size_t bytes);

@@ -1,6 +1,6 @@
 // Per-element bodies of 2-D batch normalisation (per channel over N*H*W).
 #pragma once
-#include "kernels/common.h"
+#include "kernels/bodies/common.h"
 
 namespace unetcu::kernels {
 

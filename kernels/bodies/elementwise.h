@@ -1,6 +1,6 @@
 // Per-element bodies of relu, sigmoid, add and scale, forward and backward.
 #pragma once
-#include "kernels/common.h"
+#include "kernels/bodies/common.h"
 
 namespace unetcu::kernels {
 

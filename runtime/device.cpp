@@ -1,11 +1,11 @@
-#include "engine/device.h"
+#include "runtime/device.h"
 
 #include <omp.h>
 
 #include <cctype>
 
-#include "engine/common.h"
-#include "engine/cuda_api.h"
+#include "runtime/common.h"
+#include "runtime/cuda_api.h"
 
 namespace unetcu {
 
@@ -33,7 +33,7 @@ std::string Device::str() const {
 }
 
 #ifndef UNETCU_WITH_CUDA
-int cuda_device_count() { return 0; }  // the CUDA build's lives in engine/cuda/runtime.cu
+int cuda_device_count() { return 0; }  // the CUDA build's lives in runtime/cuda/runtime.cu
 #endif
 
 Device resolve_device(const std::string& spec, std::string* note) {

@@ -1,4 +1,4 @@
-#include "engine/cuda/nccl.cuh"
+#include "runtime/cuda/nccl.cuh"
 
 namespace unetcu::cuda {
 

@@ -1,11 +1,11 @@
-#include "engine/allocator.h"
+#include "runtime/allocator.h"
 
 #include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <mutex>
 
-#include "engine/common.h"
+#include "runtime/common.h"
 
 namespace unetcu {
 namespace {

@@ -1,0 +1,106 @@
+// The launchers of both backends, listed once: kernels/launchers.h declares them for
+// kernels::cpu and kernels::cuda from this list, and kernels/cuda/stubs.cpp makes the no-CUDA
+// stubs from it, so adding an op is one row here plus its two bodies.
+//
+// Each row is X(name, (parameters)); every launcher returns void. Launchers trust shapes and
+// dtypes (the op layer checked them). A `beta` argument is 0 (overwrite the destination, which
+// may hold garbage) or 1 (add to it): that is what "written or accumulated" means below.
+#pragma once
+
+#define UNETCU_LAUNCHERS(X)                                                                        \
+  /* dst = beta*dst + alpha*src (elementwise, same shape): written or accumulated by beta. */      \
+  X(axpby, (const TensorRef& dst, double alpha, const TensorRef& src, double beta))                \
+  /* dst written. */                                                                               \
+  X(fill, (const TensorRef& dst, double value))                                                    \
+  /* y written; grad_x written or accumulated by beta. */                                          \
+  X(relu_forward, (const TensorRef& x, const TensorRef& y))                                        \
+  X(relu_backward, (const TensorRef& grad_y, const TensorRef& y, const TensorRef& grad_x,          \
+                    double beta))                                                                  \
+  X(sigmoid_forward, (const TensorRef& x, const TensorRef& y))                                     \
+  X(sigmoid_backward, (const TensorRef& grad_y, const TensorRef& y, const TensorRef& grad_x,       \
+                       double beta))                                                               \
+  X(add_forward, (const TensorRef& a, const TensorRef& b, const TensorRef& y))                     \
+  /* y = conv(x, w) + b, written; b may be absent. */                                              \
+  X(conv2d_forward, (const TensorRef& x, const TensorRef& w, const TensorRef& b,                   \
+                     const TensorRef& y, const ConvGeometry& g))                                   \
+  /* Any of grad_x / grad_w / grad_b may be absent (not needed); each written or accumulated by    \
+     its beta. */                                                                                  \
+  X(conv2d_backward, (const TensorRef& grad_y, const TensorRef& x, const TensorRef& w,             \
+                      const TensorRef& grad_x, double beta_x, const TensorRef& grad_w,             \
+                      double beta_w, const TensorRef& grad_b, double beta_b,                       \
+                      const ConvGeometry& g))                                                      \
+  /* Training: batch statistics; writes y and save_mean/save_invstd [C] and updates the running    \
+     statistics in place (momentum, unbiased variance). */                                         \
+  X(batchnorm_forward_train, (const TensorRef& x, const TensorRef& gamma, const TensorRef& beta,   \
+                              const TensorRef& y, const TensorRef& save_mean,                      \
+                              const TensorRef& save_invstd, const TensorRef& running_mean,         \
+                              const TensorRef& running_var, double momentum, double eps))          \
+  /* y written. */                                                                                 \
+  X(batchnorm_forward_eval, (const TensorRef& x, const TensorRef& gamma, const TensorRef& beta,    \
+                             const TensorRef& running_mean, const TensorRef& running_var,          \
+                             double eps, const TensorRef& y))                                      \
+  /* mean = running_mean, invstd = 1/sqrt(running_var + eps) (written): the constants of eval      \
+     mode. */                                                                                      \
+  X(batchnorm_eval_stats, (const TensorRef& running_mean, const TensorRef& running_var,            \
+                           double eps, const TensorRef& mean, const TensorRef& invstd))            \
+  /* training = false: mean/invstd are eval_stats and the statistics are constants; eps is the     \
+     forward's. Gradients may be absent; each written or accumulated by its beta. */               \
+  X(batchnorm_backward, (const TensorRef& grad_y, const TensorRef& x, const TensorRef& gamma,      \
+                         const TensorRef& mean, const TensorRef& invstd, bool training,            \
+                         double eps, const TensorRef& grad_x, double beta_x,                       \
+                         const TensorRef& grad_gamma, double beta_gamma,                           \
+                         const TensorRef& grad_beta, double beta_beta))                            \
+  /* y written; grad_x written or accumulated by beta. */                                          \
+  X(maxpool_forward, (const TensorRef& x, const TensorRef& y, const PoolGeometry& g))              \
+  X(maxpool_backward, (const TensorRef& grad_y, const TensorRef& x, const TensorRef& grad_x,       \
+                       double beta, const PoolGeometry& g))                                        \
+  X(upsample2x_forward, (const TensorRef& x, const TensorRef& y))                                  \
+  X(upsample2x_backward, (const TensorRef& grad_y, const TensorRef& grad_x, double beta))          \
+  /* x into channels [offset, offset + C_x) of y (written), and back for the backward (grad_x      \
+     written or accumulated by beta). */                                                           \
+  X(concat_forward_part, (const TensorRef& x, const TensorRef& y, int64_t channel_offset))         \
+  X(concat_backward_part, (const TensorRef& grad_y, const TensorRef& grad_x,                       \
+                           int64_t channel_offset, double beta))                                   \
+  /* loss (0-dim, logits dtype) = mean BCE-with-logits over all elements, written. */              \
+  X(bce_with_logits_forward, (const TensorRef& logits, const TensorRef& target,                    \
+                              const TensorRef& loss))                                              \
+  /* grad_x = beta*grad_x + grad_loss/numel * (sigmoid(x) - t); grad_loss read on device. */       \
+  X(bce_with_logits_backward, (const TensorRef& logits, const TensorRef& target,                   \
+                               const TensorRef& grad_loss, const TensorRef& grad_x, double beta))  \
+  /* sums [3] float64 on the logits' device (written): sum p*t, sum p, sum t with                  \
+     p = sigmoid(x). */                                                                            \
+  X(dice_sums, (const TensorRef& logits, const TensorRef& target, const TensorRef& sums))          \
+  /* loss = 1 - (2 I + smooth) / (P + T + smooth), written; 0 when the denominator is 0. */        \
+  X(dice_loss_from_sums, (const TensorRef& sums, double smooth, const TensorRef& loss))            \
+  /* grad_x written or accumulated by beta. */                                                     \
+  X(dice_backward, (const TensorRef& logits, const TensorRef& target, const TensorRef& sums,       \
+                    double smooth, const TensorRef& grad_loss, const TensorRef& grad_x,            \
+                    double beta))                                                                  \
+  /* Synchronized batch norm; sums are [2, C] float64 on the tensors' device. */                   \
+  /* Per channel sum(x) and sum(x²) of this replica's batch, written. */                           \
+  X(batchnorm_channel_sums, (const TensorRef& x, const TensorRef& sums))                           \
+  /* From the sums over all replicas (count values per channel): mean, invstd (written), and       \
+     the running statistics updated in place as by batchnorm_forward_train. */                     \
+  X(batchnorm_sync_stats, (const TensorRef& sums, double count, double momentum, double eps,       \
+                           const TensorRef& mean, const TensorRef& invstd,                         \
+                           const TensorRef& running_mean, const TensorRef& running_var))           \
+  /* y = (x - mean) * invstd * gamma + beta with the given statistics, written. */                 \
+  X(batchnorm_apply, (const TensorRef& x, const TensorRef& gamma, const TensorRef& beta,           \
+                      const TensorRef& mean, const TensorRef& invstd, const TensorRef& y))         \
+  /* Per channel sum(dy) and sum(dy * xhat) of this replica's batch, written. */                   \
+  X(batchnorm_grad_sums, (const TensorRef& grad_y, const TensorRef& x, const TensorRef& mean,      \
+                          const TensorRef& invstd, const TensorRef& sums))                         \
+  /* dgamma = sum(dy * xhat), dbeta = sum(dy) from this replica's sums; either may be absent;      \
+     each written or accumulated by its beta. */                                                   \
+  X(batchnorm_param_grads, (const TensorRef& sums, const TensorRef& grad_gamma,                    \
+                            double beta_gamma, const TensorRef& grad_beta, double beta_beta))      \
+  /* dx from the sums over all replicas (count values per channel in all); written or              \
+     accumulated by beta_x. */                                                                     \
+  X(batchnorm_grad_apply, (const TensorRef& grad_y, const TensorRef& x, const TensorRef& gamma,    \
+                           const TensorRef& mean, const TensorRef& invstd,                         \
+                           const TensorRef& global_sums, double count, const TensorRef& grad_x,    \
+                           double beta_x))                                                         \
+  /* Parameter, moments and momentum buffer updated in place. */                                   \
+  X(adam_update, (const TensorRef& p, const TensorRef& g, const TensorRef& m, const TensorRef& v,  \
+                  const AdamStep& s))                                                              \
+  X(sgd_update, (const TensorRef& p, const TensorRef& g, const TensorRef& buf, const SgdStep& s))

@@ -1,0 +1,120 @@
+// The CUDA runtime as the rest of the engine sees it: plain C++, no CUDA headers, so engine
+// code compiles the same with and without the CUDA parts. Implemented in runtime/cuda/runtime.cu
+// (CUDA builds) or runtime/cuda/stubs.cpp (builds without CUDA, where every call but the
+// queries throws: no CUDA tensor can exist there).
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "runtime/allocator.h"
+#include "runtime/device.h"
+
+// The CUDA runtime's opaque handle types, declared as <cuda_runtime.h> declares them.
+struct CUstream_st;
+struct CUevent_st;
+
+namespace unetcu::cuda {
+
+bool built();  // this build has the CUDA backend
+
+// Device memory from the caching allocator of `device`. A freed block is reused only by work on
+// the stream it was allocated on (stream order makes that safe). A tensor used on another
+// stream must be kept alive by its user until that stream has passed the use (as the peer
+// copy does with an event); there is no record_stream yet.
+void* device_alloc(int device, size_t bytes, size_t* capacity);
+void device_free(int device, void* ptr, size_t capacity);
+AllocatorStats device_memory_stats(int device);
+void reset_device_peak(int device);
+void release_device_cache(int device);
+// Tests: fill every new device block with 0xFF bytes (NaN in float) so an element a kernel
+// fails to write shows up.
+void set_poison_allocations(bool on);
+
+// Page-locked host memory, for batches copied to the device asynchronously.
+void* pinned_alloc(size_t bytes);
+void pinned_free(void* ptr);
+
+// Copies between any two of host / cuda:N, on the current stream of the CUDA device involved
+// (the destination's for device-to-device). Returns when the bytes may be used by the host
+// side: a copy into pageable host memory is waited for; a copy out of pinned memory is not.
+void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes,
+          bool src_pinned = false);
+void memset_zero(void* ptr, int device, size_t bytes);
+void synchronize(int device);
+
+std::string device_name(int device);
+
+// Streams and events, the one vocabulary for plain C++ (pipeline stages) and the .cu files
+// alike. The handles are the CUDA runtime's own opaque types (cudaStream_t is CUstream_st*,
+// cudaEvent_t is CUevent_st*), so get() gives a .cu file what it passes to CUDA, with no cast
+// and no CUDA header here.
+//
+// Stream: a stream of its own on `device`, non-blocking with respect to the legacy default
+// stream. Move-only. Destroying it first waits for the work queued on it: the caching device
+// allocator tags a freed block with the stream it served, and a new stream may get the handle
+// of a destroyed one while that one's work still reads the block.
+class Stream {
+ public:
+  Stream() = default;  // none
+  explicit Stream(int device);
+  ~Stream();
+  Stream(Stream&& o) noexcept : stream_(o.stream_), device_(o.device_) { o.stream_ = nullptr; }
+  Stream& operator=(Stream&& o) noexcept {
+    std::swap(stream_, o.stream_);
+    std::swap(device_, o.device_);
+    return *this;
+  }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  int device() const { return device_; }
+  CUstream_st* get() const { return stream_; }
+
+ private:
+  CUstream_st* stream_ = nullptr;
+  int device_ = -1;
+};
+
+// While a StreamScope is alive, the calling thread's work on the stream's device goes to that
+// stream (it is what current_stream() returns); the previous one is restored after.
+class StreamScope {
+ public:
+  explicit StreamScope(const Stream& stream);
+  ~StreamScope();
+  StreamScope(const StreamScope&) = delete;
+  StreamScope& operator=(const StreamScope&) = delete;
+
+ private:
+  int device_;
+  CUstream_st* previous_;
+};
+
+// Event: a point in a stream's work. Copies share one CUDA event (it is destroyed with the
+// last copy), so tables of events, one per (stage, micro-batch), can be made and copied whole.
+class Event {
+ public:
+  Event() = default;  // none: valid() is false and wait() does nothing
+  explicit Event(int device);
+  // A new event marking the work queued so far on the calling thread's current stream of
+  // `device`.
+  static Event record(int device);
+  // Makes the calling thread's current stream on `device` wait for the event (no host wait).
+  void wait(int device) const;
+  // The same on explicit streams: marks the work queued on `stream` so far, and makes
+  // `stream` wait until the event has completed.
+  void record(CUstream_st* stream);
+  void wait_on(CUstream_st* stream) const;
+  bool valid() const { return event_ != nullptr; }
+  CUevent_st* get() const { return event_.get(); }
+
+ private:
+  std::shared_ptr<CUevent_st> event_;
+};
+
+// cuDNN convolutions may use TF32 tensor cores (PyTorch's default). Tests comparing with the
+// float64 reference at 1e-5 turn it off.
+void set_allow_tf32(bool on);
+bool allow_tf32();
+
+}  // namespace unetcu::cuda
