@@ -1,6 +1,8 @@
 #include "apps/cli.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <sstream>
 
 namespace unetcu::cli {
@@ -65,6 +67,15 @@ std::vector<int> parse_cuts(const std::string& spec) {
   for (size_t i = 1; i < cuts.size(); ++i)
     UNETCU_CHECK(cuts[i] > cuts[i - 1], "cuts must be in increasing block order");
   return cuts;
+}
+
+uint64_t parse_uint64(const std::string& s) {
+  UNETCU_CHECK(!s.empty() && s.size() <= 20 && std::all_of(s.begin(), s.end(), ::isdigit),
+               "'", s, "' is not a whole number in 0..18446744073709551615");
+  errno = 0;
+  const unsigned long long v = std::strtoull(s.c_str(), nullptr, 10);
+  UNETCU_CHECK(errno == 0, "'", s, "' is larger than 18446744073709551615");
+  return uint64_t(v);
 }
 
 std::vector<int> parse_int_list(const std::string& s) {

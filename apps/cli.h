@@ -49,6 +49,8 @@ std::string device_list_str(const std::vector<Device>& devices);
 // block indices, comma separated, in increasing order; each names the block a cut follows.
 // Returns the first block of each later stage.
 std::vector<int> parse_cuts(const std::string& spec);
+// A whole number in 0..2^64-1, digits only (no sign: "-1" is refused, not wrapped).
+uint64_t parse_uint64(const std::string& s);
 // Positive integers, comma separated ("1,2,4").
 std::vector<int> parse_int_list(const std::string& s);
 // The block names of the UNet, in order (what --split accepts).

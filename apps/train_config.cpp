@@ -26,8 +26,10 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
   app.add_option("--image-size", cfg.image_size, "Image height and width (multiple of 32)")
       ->capture_default_str();
   app.add_option("--lr", cfg.lr, "Learning rate")->capture_default_str();
-  app.add_option("--seed", cfg.seed, "Seed of the initialisation, data and shuffling")
-      ->capture_default_str();
+  app.add_option_function<std::string>(
+         "--seed", checked("--seed", [&cfg](const std::string& s) { cfg.seed = cli::parse_uint64(s); }),
+         "Seed of the initialisation, data and shuffling (0..2^64-1)")
+      ->default_str("0");
   add_enum(app, "--loss", cfg.loss, kLossNames, "Loss");
   app.add_option_function<std::string>(
          "--device", checked("--device", [&cfg](const std::string& s) { cfg.device = cli::parse_device(s, true); }),
@@ -119,23 +121,64 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
                         "TF32 tensor cores, as PyTorch does)");
 }
 
+namespace {
+
+// The sizes the training set decides: the synthetic set's --train-size, or the count a folder
+// gave (`folder` non-empty), named as the user knows them.
+void check_train_count(const TrainConfig& c, int64_t train_n, const std::string& folder) {
+  const std::string what = folder.empty() ? str_cat("--train-size ", train_n)
+                                          : str_cat("the ", train_n, " training images of ", folder);
+  UNETCU_CHECK(c.batch_size <= train_n, "--batch-size ", c.batch_size, " is larger than the ",
+               train_n, " training images", folder.empty() ? "" : " of " + folder);
+  if (c.mode == Mode::DataParallel) {
+    const int64_t n = int64_t(c.devices.size());
+    UNETCU_CHECK(train_n / n >= c.batch_size, "the ", train_n, " training images give each of the ", n,
+                 " replicas ", train_n / n, " samples, fewer than --batch-size ", c.batch_size);
+  }
+  // BN in training needs more than one value per channel: at layer4 a sample is (S/32)² values.
+  const int64_t last = int64_t(c.image_size / 32) * (c.image_size / 32);
+  const int64_t replicas = c.mode == Mode::DataParallel ? int64_t(c.devices.size()) : 1;
+  UNETCU_CHECK(last > 1 || (train_n / replicas) % c.batch_size != 1, what,
+               " leaves a last batch of one ", c.image_size, "x", c.image_size,
+               " image: one value per channel for batch norm; change the sizes or --batch-size");
+  if (c.mode == Mode::Pipeline && last == 1 && !c.split_auto) {
+    // Every micro-batch, the epoch's last batch's included, needs two samples.
+    const int64_t split = c.split_size ? c.split_size : c.batch_size;
+    const int64_t tail = train_n % c.batch_size;
+    UNETCU_CHECK(split >= 2 && c.batch_size % split != 1 && (tail == 0 || tail % split != 1),
+                 "--split-size ", split, " with --batch-size ", c.batch_size, " and ", train_n,
+                 " training images makes a micro-batch of one ", c.image_size, "x", c.image_size,
+                 " image: one value per channel for batch norm");
+  }
+}
+
+}  // namespace
+
 void validate(const TrainConfig& c) {
-  UNETCU_CHECK(c.epochs >= 1, "--epochs must be at least 1, got ", c.epochs);
-  UNETCU_CHECK(c.batch_size >= 1, "--batch-size must be at least 1, got ", c.batch_size);
-  UNETCU_CHECK(c.image_size >= 32 && c.image_size % 32 == 0,
-               "--image-size must be a positive multiple of 32, got ", c.image_size);
+  // Upper bounds keep every size computed from them far from overflow (and from libgomp's
+  // limits); they are documented in the README.
+  UNETCU_CHECK(c.epochs >= 1 && c.epochs <= kMaxEpochs, "--epochs must be in 1..", kMaxEpochs,
+               ", got ", c.epochs);
+  UNETCU_CHECK(c.batch_size >= 1 && c.batch_size <= kMaxBatch, "--batch-size must be in 1..",
+               kMaxBatch, ", got ", c.batch_size);
+  UNETCU_CHECK(c.image_size >= 32 && c.image_size % 32 == 0 && c.image_size <= kMaxImageSize,
+               "--image-size must be a multiple of 32 in 32..", kMaxImageSize, ", got ", c.image_size);
   UNETCU_CHECK(c.lr > 0 && std::isfinite(c.lr), "--lr must be a positive number, got ", c.lr);
   // With --data the folder decides the sizes; they are checked once it has been read.
   const bool sized = c.data.empty();
-  UNETCU_CHECK(c.train_size >= 1, "--train-size must be at least 1, got ", c.train_size);
-  UNETCU_CHECK(c.val_size >= 1, "--val-size must be at least 1, got ", c.val_size);
-  UNETCU_CHECK(!sized || c.batch_size <= c.train_size, "--batch-size ", c.batch_size,
-               " is larger than the ", c.train_size, " training images");
-  UNETCU_CHECK(c.width_divisor >= 1, "--width-divisor must be at least 1");
-  UNETCU_CHECK(c.weight_decay >= 0, "--weight-decay must be >= 0");
+  UNETCU_CHECK(c.train_size >= 1 && c.train_size <= kMaxSamples, "--train-size must be in 1..",
+               kMaxSamples, ", got ", c.train_size);
+  UNETCU_CHECK(c.val_size >= 1 && c.val_size <= kMaxSamples, "--val-size must be in 1..",
+               kMaxSamples, ", got ", c.val_size);
+  UNETCU_CHECK(c.width_divisor >= 1 && c.width_divisor <= 64, "--width-divisor must be in 1..64, got ",
+               c.width_divisor);
+  UNETCU_CHECK(c.weight_decay >= 0 && std::isfinite(c.weight_decay), "--weight-decay must be >= 0");
   UNETCU_CHECK(c.momentum >= 0 && c.momentum < 1, "--momentum must be in [0, 1)");
-  UNETCU_CHECK(c.threads >= 0, "--threads must be >= 0");
-  UNETCU_CHECK(c.workers >= 0, "--workers must be >= 0");
+  UNETCU_CHECK(c.threads >= 0 && c.threads <= kMaxThreads, "--threads must be in 0..", kMaxThreads,
+               ", got ", c.threads);
+  UNETCU_CHECK(c.workers >= 0 && c.workers <= kMaxWorkers, "--workers must be in 0..", kMaxWorkers,
+               ", got ", c.workers);
+  UNETCU_CHECK(c.devices.size() <= 64, "--devices lists ", c.devices.size(), " devices; at most 64");
   UNETCU_CHECK(c.data.empty() || (c.val_fraction > 0 && c.val_fraction < 1) || !c.val_data.empty(),
                "--val-fraction must be between 0 and 1");
   UNETCU_CHECK(!c.data.empty() || (c.val_data.empty() && c.data_list.empty()),
@@ -165,10 +208,6 @@ void validate(const TrainConfig& c) {
     for (size_t i = 0; i < c.devices.size(); ++i)
       for (size_t j = 0; j < i; ++j)
         UNETCU_CHECK(c.devices[i] != c.devices[j], "--devices lists ", c.devices[i].str(), " twice");
-    const int64_t n = int64_t(c.devices.size());
-    UNETCU_CHECK(!sized || c.train_size / n >= c.batch_size, "the ", c.train_size,
-                 " training images give each of the ", n, " replicas ", c.train_size / n,
-                 " samples, fewer than --batch-size ", c.batch_size);
   }
   // BN in training mode needs more than one value per channel: at layer4 a sample is
   // (S/32)² values, so a batch of one 32×32 image cannot train.
@@ -176,11 +215,7 @@ void validate(const TrainConfig& c) {
   UNETCU_CHECK(int64_t(c.batch_size) * last > 1, "--batch-size 1 with --image-size ",
                c.image_size, " leaves one value per channel for batch norm; use a larger batch "
                "or image");
-  // With --mode dp each replica batches its own train_size / N samples.
-  const int64_t replicas = c.mode == Mode::DataParallel ? int64_t(c.devices.size()) : 1;
-  UNETCU_CHECK(!sized || last > 1 || (c.train_size / replicas) % c.batch_size != 1, "--train-size ",
-               c.train_size, " leaves a last batch of one ", c.image_size, "x", c.image_size,
-               " image: one value per channel for batch norm; change --train-size or --batch-size");
+  if (sized) check_train_count(c, c.train_size, "");
 }
 
 TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
@@ -225,11 +260,7 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
     }
     train_ds = std::make_unique<FolderDataset>(std::move(train_pairs), cfg.image_size);
     val_ds = std::make_unique<FolderDataset>(std::move(val_pairs), cfg.image_size);
-    TrainConfig sized = cfg;  // the folder decides the sizes: check them now
-    sized.train_size = train_ds->size();
-    sized.val_size = val_ds->size();
-    sized.data.clear(), sized.val_data.clear(), sized.data_list.clear();
-    validate(sized);
+    check_train_count(cfg, train_ds->size(), cfg.data);  // the folder decides the sizes
   }
 
   StrategyConfig sc;

@@ -17,6 +17,14 @@ class App;
 
 namespace unetcu {
 
+// Upper bounds of the sizes a user gives: far from any overflow of what is computed from them.
+constexpr int kMaxEpochs = 100000;
+constexpr int kMaxBatch = 4096;
+constexpr int kMaxImageSize = 8192;
+constexpr int64_t kMaxSamples = 100000000;
+constexpr int kMaxThreads = 1024;
+constexpr int kMaxWorkers = 256;
+
 struct TrainConfig {
   int epochs = 10;
   int batch_size = 8;              // per replica with dp

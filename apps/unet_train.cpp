@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "apps/train_config.h"
+#include "train/interrupt.h"
 
 int main(int argc, char** argv) {
   using namespace unetcu;
@@ -17,8 +18,13 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  install_interrupt_handler();  // Ctrl-C: finish the step, save, exit 130
   try {
     train_unet(cfg, std::cout);
+  } catch (const Interrupted& e) {
+    std::cout.flush();
+    std::cerr << "unet_train: " << e.what() << "\n";
+    return 130;
   } catch (const std::exception& e) {
     std::cerr << "unet_train: error: " << e.what() << "\n";
     return 1;

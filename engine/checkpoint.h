@@ -13,6 +13,7 @@
 //    naming the file and the problem.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -44,17 +45,27 @@ SafeTensors model_state(const Module& model);
 void load_model_state(Module& model, const SafeTensors& tensors, const std::string& file,
                       const std::string& prefix = "");
 
-// Model to `path`; the training state to `path + ".train"`: the epoch and every optimizer's
-// state, each entry named "<optimizer>.<statistic>.<parameter name>" (e.g.
-// "adam.m.encoder.conv1.weight"). Keyed by name, not position, the state loads into any
-// strategy that trains the same model: one device, data parallel (rank 0's optimizer; the
-// others are equal) or pipeline stages (each stage's optimizer holds its own parameters).
-// Every optimizer parameter must be a parameter of `model`.
+// Model to `path`; the training state to `path + ".train"`: the epoch, the step (steps done
+// into the next epoch when a run stopped mid-epoch, else 0) and every optimizer's state, each
+// entry named "<optimizer>.<statistic>.<parameter name>" (e.g. "adam.m.encoder.conv1.weight").
+// Keyed by name, not position, the state loads into any strategy that trains the same model:
+// one device, data parallel (rank 0's optimizer; the others are equal) or pipeline stages
+// (each stage's optimizer holds its own parameters). Every optimizer parameter must be a
+// parameter of `model`. Each tensor's checksum is in the metadata; the pair of files is
+// replaced so that a reader always finds a complete, matching pair (see load_checkpoint).
 void save_checkpoint(const std::string& path, const Module& model,
-                     const std::vector<Optimizer*>& optimizers, int epoch);
+                     const std::vector<Optimizer*>& optimizers, int epoch, int64_t step = 0);
 // Loads the model and, for each optimizer, the state of each of its parameters; returns the
-// epoch stored with the checkpoint (0 when there is no training state file).
+// epoch stored with the checkpoint (0 when there is no training state file) and the step in
+// *step. Everything read is checked (checksums, ranges of the epoch, step and counters,
+// shapes, finite values) before the model or an optimizer is written. A save that stopped
+// between its two renames is completed from its temporary model file.
 int load_checkpoint(const std::string& path, Module& model,
-                    const std::vector<Optimizer*>& optimizers);
+                    const std::vector<Optimizer*>& optimizers, int64_t* step = nullptr);
+
+// Tests: called with 1..4 as save_checkpoint passes each stage (model written to .tmp, .train
+// written to .tmp, .train renamed, model renamed); a hook that throws stops the save there,
+// as a crash would.
+void set_checkpoint_save_hook(std::function<void(int)> hook);
 
 }  // namespace unetcu

@@ -18,8 +18,14 @@ std::string shape_str(const Shape& s) {
 }
 
 int64_t shape_numel(const Shape& s) {
+  // Checked: a shape computed from input must not wrap around to a small or negative count.
+  constexpr int64_t kMax = int64_t(1) << 48;
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s) {
+    UNETCU_CHECK(d >= 0, "negative dimension in shape ", shape_str(s));
+    UNETCU_CHECK(d == 0 || n <= kMax / d, "shape ", shape_str(s), " has too many elements");
+    n *= d;
+  }
   return n;
 }
 

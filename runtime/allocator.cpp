@@ -24,6 +24,8 @@ State& state() {
 // Small blocks round to 64 bytes, large ones to 1/16 of their power of two, so that nearly
 // equal sizes share blocks without wasting more than ~6%.
 size_t round_size(size_t bytes) {
+  // No machine has this much memory; refusing here keeps the rounding below from wrapping.
+  UNETCU_CHECK(bytes <= (size_t(1) << 48), "out of host memory: ", bytes, " bytes requested");
   if (bytes <= 4096) return (bytes + 63) / 64 * 64;
   size_t p = 4096;
   while (p * 2 <= bytes) p *= 2;

@@ -17,13 +17,13 @@ expect_error() {  # expect_error "<text the message must contain>" args...
     echo "ok: '$*' -> rc $rc: $out"
   fi
 }
-expect_error "--batch-size must be at least 1" --batch-size 0
+expect_error "--batch-size must be in 1..4096, got 0" --batch-size 0
 expect_error "multiple of 32" --image-size 100
 expect_error "bad device" --device tpu:0
 expect_error "device cuda:99 requested, but" --device cuda:99
 expect_error "The following argument was not expected: --bogus" --bogus
 expect_error "--loss" --loss focal
-expect_error "--epochs must be at least 1" --epochs 0
+expect_error "--epochs must be in 1..100000, got 0" --epochs 0
 expect_error "is larger than the 8 training images" --batch-size 64 --train-size 8
 expect_error "not finite" --lr 1e300 --optimizer sgd --epochs 2 --image-size 32 \
   --train-size 16 --val-size 8 --width-divisor 16
@@ -42,5 +42,19 @@ expect_error "--device belongs to --mode single" --mode dp --devices cpu:0,cpu:1
 expect_error "--schedule: unknown schedule 'foo' (expected gpipe or 1f1b)" --schedule foo
 expect_error "--mode: unknown mode 'pp' (expected single, dp or mp)" --mode pp
 expect_error "bad device 'gpu:1'" --mode dp --devices cpu:0,gpu:1
+# Sizes past their documented bounds, and values that used to wrap around.
+expect_error "--image-size must be a multiple of 32 in 32..8192" --image-size 536870912
+expect_error "--image-size must be a multiple of 32 in 32..8192" --image-size 2147483616
+expect_error "--threads must be in 0..1024" --threads 100000
+expect_error "--train-size must be in 1..100000000" --train-size 9223372036854775807
+expect_error "--seed: '-1' is not a whole number" --seed -1
+expect_error "not a block" --mode mp --devices cpu:0,cpu:1 --split 99999999999
+# Output paths are checked before training, not after it.
+expect_error "cannot write the profile trace '/nonexistent/t.json': folder '/nonexistent' does not exist" \
+  --profile /nonexistent/t.json --epochs 50
+expect_error "cannot write the checkpoint" --checkpoint /nonexistent/m.safetensors --epochs 50
+# A non-finite validation loss is an error too.
+expect_error "validation loss is not finite" --lr 16 --epochs 3 --image-size 32 --train-size 16 \
+  --val-size 8 --width-divisor 16
 if ! "$bin" --help | grep -q -- "--batch-size"; then echo "FAIL: --help"; fail=1; fi
 exit $fail

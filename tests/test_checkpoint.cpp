@@ -1,5 +1,8 @@
 // Checkpoints: safetensors round trip, bit-exact resume, encoder-only loading, and a reader
 // that refuses truncated, corrupt or lying files with a message instead of reading past them.
+#include <sys/stat.h>
+
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -183,4 +186,115 @@ TEST_CASE("checkpoint: bad files are refused with a message, never read out of b
   spit(good + ".train", train2);
   CHECK_THROWS_WITH(load_checkpoint(good, model, {}), doctest::Contains("an interrupted save"));
   for (const auto& p : {good, good + ".train", badp}) std::remove(p.c_str());
+}
+
+TEST_CASE("checkpoint: a save stopped at any stage leaves a complete pair (old or new)") {
+  const std::string path = temp_path("crash");
+  auto clean = [&] {
+    for (const auto& p : {path, path + ".train", path + ".tmp", path + ".train.tmp"}) std::remove(p.c_str());
+  };
+  for (int stage = 1; stage <= 4; ++stage) {
+    CAPTURE(stage);
+    clean();
+    UNet model(small(1));
+    auto opt = optimizer_factory({})(model.parameters());
+    const double before = model.parameters()[0].at(0);
+    save_checkpoint(path, model, {opt.get()}, 1);  // a complete pair from epoch 1
+    model.parameters()[0].set(0, 42.0);             // what the next save holds
+    // The save of epoch 2 stops after `stage`, as a kill there would leave it.
+    set_checkpoint_save_hook([stage](int s) {
+      if (s == stage) throw std::runtime_error("killed");
+    });
+    CHECK_THROWS_AS(save_checkpoint(path, model, {opt.get()}, 2), std::runtime_error);
+    set_checkpoint_save_hook({});
+    UNet loaded(small(9));
+    auto lopt = optimizer_factory({})(loaded.parameters());
+    int epoch = -1;
+    try {
+      epoch = load_checkpoint(path, loaded, {lopt.get()});
+    } catch (const Error& e) {
+      FAIL("a stopped save left no loadable pair: ", e.what());
+    }
+    if (stage <= 2) {  // nothing renamed yet: the old pair
+      CHECK(epoch == 1);
+      CHECK(loaded.parameters()[0].at(0) == before);
+    } else {  // stage 3: the new .train beside the old model; the model rolled forward
+      CHECK(epoch == 2);
+      CHECK(loaded.parameters()[0].at(0) == 42.0);
+    }
+  }
+  clean();
+}
+
+TEST_CASE("checkpoint: damage is found and named, stored values are range-checked") {
+  UNet model(small(1));
+  auto opt = optimizer_factory({})(model.parameters());
+  const std::string path = temp_path("damage");
+  save_checkpoint(path, model, {opt.get()}, 3);
+  const std::vector<char> good = slurp(path);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(static_cast<unsigned char>(good[i])) << (8 * i);
+  auto refused_with = [&](std::vector<char> bytes, const char* why) {
+    spit(path, bytes);
+    CHECK_THROWS_WITH(load_model_state(model, read_safetensors(path), path), doctest::Contains(why));
+  };
+  // A flipped bit in a tensor's bytes: the tensor is named.
+  std::vector<char> b = good;
+  b[b.size() - 3] ^= 0x10;
+  refused_with(b, "is damaged");
+  // A header length one byte short: the data would shift by a byte.
+  b = good;
+  const uint64_t shorter = n - 1;
+  for (int i = 0; i < 8; ++i) b[i] = char((shorter >> (8 * i)) & 0xFF);
+  spit(path, b);
+  CHECK_THROWS_AS(read_safetensors(path), Error);
+  // Overlapping and gapped offsets.
+  {
+    SafeTensors t;
+    t["a"] = {"F32", {2}, std::vector<char>(8, 0)};
+    t["b"] = {"F32", {2}, std::vector<char>(8, 0)};
+    write_safetensors(path, t);
+    std::vector<char> bytes = slurp(path);
+    std::string text(bytes.begin(), bytes.end());
+    const std::string second = "\"data_offsets\":[8,16]";
+    const auto pos = text.find(second);
+    REQUIRE(pos != std::string::npos);
+    std::string overlap = text, gap = text;
+    overlap.replace(pos, second.size(), "\"data_offsets\":[4,12]");
+    spit(path, std::vector<char>(overlap.begin(), overlap.end()));
+    CHECK_THROWS_WITH(read_safetensors(path), doctest::Contains("overlaps"));
+    gap += "12345678";  // bytes after the last entry
+    spit(path, std::vector<char>(gap.begin(), gap.end()));
+    CHECK_THROWS_WITH(read_safetensors(path), doctest::Contains("cover 16 of the 24"));
+  }
+  // Not a regular file: refused without reading (a FIFO would block, /dev/zero never ends).
+  CHECK_THROWS_WITH(read_safetensors("/dev/zero"), doctest::Contains("not a regular file"));
+  CHECK_THROWS_WITH(read_safetensors("."), doctest::Contains("not a regular file"));
+  const std::string fifo = temp_path("fifo");
+  std::remove(fifo.c_str());
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK_THROWS_WITH(read_safetensors(fifo), doctest::Contains("not a regular file"));
+  std::remove(fifo.c_str());
+  // Stored values out of range: epoch, counters.
+  for (const char* epoch : {"2147483647", "-5", "x"}) {
+    CAPTURE(epoch);
+    write_safetensors(path, model_state(model));
+    write_safetensors(path + ".train", {}, {{"epoch", epoch}});
+    CHECK_THROWS_AS(load_checkpoint(path, model, {}), Error);
+  }
+  SafeTensors st = model_state(model);
+  const int64_t minus_one = -1;
+  std::memcpy(st.at("encoder.bn1.num_batches_tracked").data.data(), &minus_one, 8);
+  write_safetensors(path, st);
+  std::remove((path + ".train").c_str());
+  CHECK_THROWS_WITH(load_checkpoint(path, model, {}), doctest::Contains("impossible count"));
+  // A refused file leaves the model as it was.
+  const auto before = model.parameters()[0].to_vector();
+  SafeTensors nan_state = model_state(model);
+  float nan = std::nanf("");
+  std::memcpy(nan_state.at("segmentation_head.0.bias").data.data(), &nan, 4);
+  write_safetensors(path, nan_state);
+  CHECK_THROWS_WITH(load_checkpoint(path, model, {}), doctest::Contains("not finite"));
+  CHECK(model.parameters()[0].to_vector() == before);
+  for (const auto& p : {path, path + ".train"}) std::remove(p.c_str());
 }

@@ -14,7 +14,9 @@
 #include "data/dataset.h"
 #include "engine/checkpoint.h"
 #include "testing.h"
+#include "train/interrupt.h"
 #include "train/strategy.h"
+#include "train/trainer.h"
 
 using namespace unetcu;
 
@@ -337,4 +339,84 @@ TEST_CASE("pipeline schedules: every micro-batch once forward then once backward
         for (int s = 0; s < S; ++s) CHECK(pos[s] == plan[s].size());
       }
   CHECK_THROWS_WITH(stage_schedule(Schedule::GPipe, 2, 2, 1), doctest::Contains("stage 2 of 2"));
+}
+
+namespace {
+
+// fit() on the synthetic set with a fresh strategy of `mode` (two CPU devices for DP).
+struct FitRun {
+  SyntheticSegmentation synthetic{64, 7};
+  SyntheticDataset train{synthetic, 0, 20}, val{synthetic, 20, 4};
+  std::unique_ptr<TrainingStrategy> make(Mode mode) {
+    StrategyConfig c;
+    c.mode = mode;
+    c.devices = mode == Mode::Single ? std::vector<Device>{Device::cpu()}
+                                     : std::vector<Device>{Device::cpu(0), Device::cpu(1)};
+    c.model.width_divisor = 16;
+    c.optimizer = {OptimizerKind::Adam, 1e-2, 0.9, 0};
+    c.cuts = {4};
+    c.split_size = 2;
+    std::ostringstream ignored;
+    return make_strategy(c, nullptr, ignored);
+  }
+  FitOptions options(const std::string& checkpoint) {
+    FitOptions o;
+    o.epochs = 2;
+    o.batch_size = 4;
+    o.progress = false;
+    o.checkpoint = checkpoint;
+    return o;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("an interrupted run saves mid-epoch and its resume ends where an uninterrupted run ends") {
+  for (Mode mode : {Mode::Single, Mode::DataParallel, Mode::Pipeline}) {
+    CAPTURE(name_of(kModeNames, mode));
+    FitRun run;
+    std::ostringstream log;
+    // Uninterrupted.
+    auto whole = run.make(mode);
+    fit(*whole, run.train, run.val, run.options("strategy_int_whole.safetensors"), log);
+    // Interrupted after step 1 of epoch 2 (as the first Ctrl-C does), then resumed.
+    auto first = run.make(mode);
+    FitOptions o = run.options("strategy_int.safetensors");
+    o.on_step = [](int epoch, int64_t step) {
+      if (epoch == 2 && step == 1) request_interrupt();
+    };
+    CHECK_THROWS_WITH_AS(fit(*first, run.train, run.val, o, log),
+                         doctest::Contains("interrupted at epoch 2 after step 1"), Interrupted);
+    clear_interrupt();
+    auto rest = run.make(mode);
+    FitOptions r = run.options("strategy_int.safetensors");
+    r.resume = "strategy_int.safetensors";
+    fit(*rest, run.train, run.val, r, log);
+    INFO(log.str());
+    CHECK(log.str().find("resumed from strategy_int.safetensors after epoch 1 and 1 steps of epoch 2") !=
+          std::string::npos);
+    CHECK(slurp("strategy_int.safetensors") == slurp("strategy_int_whole.safetensors"));
+    CHECK(slurp("strategy_int.safetensors.train") == slurp("strategy_int_whole.safetensors.train"));
+    remove_checkpoint("strategy_int.safetensors");
+    remove_checkpoint("strategy_int_whole.safetensors");
+  }
+}
+
+TEST_CASE("a non-finite loss or parameter stops training and keeps the last good checkpoint") {
+  FitRun run;
+  std::ostringstream log;
+  auto s = run.make(Mode::Single);
+  FitOptions o = run.options("strategy_nan.safetensors");
+  o.epochs = 3;
+  // After epoch 1's checkpoint, poison a parameter at the last step of epoch 2: the validation
+  // (and the check before saving) must refuse it.
+  o.on_step = [&](int epoch, int64_t step) {
+    if (epoch == 2 && step == 5) s->model().parameters().back().set(0, std::nan(""));
+  };
+  CHECK_THROWS_WITH(fit(*s, run.train, run.val, o, log),
+                    doctest::Contains("validation loss is not finite (nan) after epoch 2; lower the learning rate; the checkpoint of epoch 1 is kept"));
+  std::map<std::string, std::string> meta;
+  read_safetensors("strategy_nan.safetensors", &meta);
+  CHECK(meta.at("epoch") == "1");
+  remove_checkpoint("strategy_nan.safetensors");
 }

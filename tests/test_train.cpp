@@ -30,10 +30,10 @@ TEST_CASE("bad training configurations are refused with a clear message") {
   std::ostringstream log;
   TrainConfig cfg;
   cfg.batch_size = 0;
-  CHECK_THROWS_WITH(train_unet(cfg, log), doctest::Contains("--batch-size must be at least 1"));
+  CHECK_THROWS_WITH(train_unet(cfg, log), doctest::Contains("--batch-size must be in 1..4096, got 0"));
   cfg = TrainConfig{};
   cfg.image_size = 100;
-  CHECK_THROWS_WITH(train_unet(cfg, log), doctest::Contains("multiple of 32"));
+  CHECK_THROWS_WITH(train_unet(cfg, log), doctest::Contains("multiple of 32 in 32..8192"));
   cfg = TrainConfig{};
   cfg.lr = 1e300;  // diverges: the NaN loss must stop training with a message
   cfg.epochs = 3;

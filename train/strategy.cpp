@@ -146,10 +146,17 @@ PipelineOptions search_split(const StrategyConfig& c, PipelineOptions o, const B
                                                 : Batch{batch.images.to(one.device), batch.masks.to(one.device)},
                                      c.loss, 2);
   set_cpu_threads(saved_threads);
-  std::vector<int> splits;
-  for (int s = 1; s < B; s *= 2) splits.push_back(s);
-  splits.push_back(B);
-  if (c.split_size) splits = {c.split_size};
+  std::vector<int> candidates, splits;
+  for (int s = 1; s < B; s *= 2) candidates.push_back(s);
+  candidates.push_back(B);
+  if (c.split_size) candidates = {c.split_size};
+  // Batch norm needs more than one value per channel at layer4 ((H/32)·(W/32) per sample): a
+  // split size that makes a micro-batch too small for that is left out of the search.
+  const int64_t deepest = (batch.images.dim(2) / 32) * (batch.images.dim(3) / 32);
+  for (int s : candidates)
+    if (int64_t(s) * deepest > 1 && (B % s == 0 || int64_t(B % s) * deepest > 1)) splits.push_back(s);
+  UNETCU_CHECK(!splits.empty(), "the split search has no split size whose micro-batches batch norm "
+               "can train at this image size");
   auto plans = rank_plans(blocks, B, splits, o.schedule, LinkModel{});
   const size_t run = std::min<size_t>(3, plans.size());
   for (size_t k = 0; k < run; ++k) {

@@ -9,7 +9,10 @@
 #include <iomanip>
 #include <memory>
 
+#include <sys/stat.h>
+
 #include "data/loader.h"
+#include "train/interrupt.h"
 #include "data/metrics.h"
 #include "engine/checkpoint.h"
 #include "runtime/cuda_api.h"
@@ -53,6 +56,35 @@ class Progress {
   double last_ = -1;
 };
 
+// Refuses, before any training, an output path that cannot be written: a missing or read-only
+// folder, or a folder where the file should be.
+void check_writable(const std::string& path, const char* what) {
+  if (path.empty()) return;
+  std::string dir = ".";
+  const auto slash = path.rfind('/');
+  if (slash != std::string::npos) dir = slash == 0 ? "/" : path.substr(0, slash);
+  struct stat st {};
+  UNETCU_CHECK(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "cannot write the ", what,
+               " '", path, "': folder '", dir, "' does not exist");
+  UNETCU_CHECK(::access(dir.c_str(), W_OK) == 0, "cannot write the ", what, " '", path,
+               "': folder '", dir, "' is not writable");
+  UNETCU_CHECK(::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode), "cannot write the ", what,
+               " '", path, "': it exists and is not a regular file");
+}
+
+bool parameters_finite(Module& model) {
+  for (const Tensor& p : model.parameters()) {
+    const Tensor host = p.device().is_cpu() ? p : p.to(Device::cpu());
+    bool ok = true;
+    UNETCU_DISPATCH_FLOAT(host.dtype(), T, {
+      const T* d = host.data<T>();
+      for (int64_t i = 0; i < host.numel() && ok; ++i) ok = std::isfinite(d[i]);
+    });
+    if (!ok) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 int64_t steps_per_epoch(int64_t train_size, int replicas, int batch_size) {
@@ -77,7 +109,10 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
   for (const Device& d : strategy.devices())
     if (d.is_cuda()) gpus.push_back(d);
   const bool on_gpu = !gpus.empty();
+  check_writable(o.checkpoint, "checkpoint");
+  check_writable(o.profile, "profile trace");
   int first_epoch = 1;
+  int64_t first_step = 0;  // > 0: a run stopped mid-epoch resumes at this step
   if (!o.init_encoder.empty()) {
     load_model_state(strategy.model(), read_safetensors(o.init_encoder), o.init_encoder, "encoder.");
     strategy.state_loaded();
@@ -87,9 +122,11 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
     UNETCU_CHECK(std::ifstream(o.resume + ".train").good(), "resume from ", o.resume, ": no ",
                  o.resume, ".train beside it (optimizer state and epoch); load only the encoder "
                  "or the weights another way to start over");
-    first_epoch = load_checkpoint(o.resume, strategy.model(), strategy.optimizers()) + 1;
+    first_epoch = load_checkpoint(o.resume, strategy.model(), strategy.optimizers(), &first_step) + 1;
     strategy.state_loaded();
-    out << "resumed from " << o.resume << " after epoch " << first_epoch - 1 << "\n";
+    out << "resumed from " << o.resume << " after epoch " << first_epoch - 1;
+    if (first_step) out << " and " << first_step << " steps of epoch " << first_epoch;
+    out << "\n";
     UNETCU_CHECK(first_epoch <= o.epochs, "resume: the checkpoint is from epoch ", first_epoch - 1,
                  ", nothing left to do with ", o.epochs, " epochs");
   }
@@ -102,7 +139,6 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
                " replicas none");
   UNETCU_CHECK(val_n >= 1, "training needs at least one validation sample");
   const int64_t steps = steps_per_epoch(train_n, N, o.batch_size);
-  const int64_t epoch_samples = per_rank * N;
   // Loader threads: one on the CPU (the cores train), a few for GPUs.
   const int workers = o.workers > 0 ? o.workers : (on_gpu ? 4 : 1);
 
@@ -110,17 +146,22 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
     Profiler::reset();
     Profiler::enable(true);
   }
+  // What a failure leaves: the checkpoint of the last good epoch, if one was written.
+  std::string kept = o.checkpoint.empty() ? "" : "; " + o.checkpoint + " was not overwritten";
   for (int epoch = first_epoch; epoch <= o.epochs; ++epoch) {
     EpochStats st;
     st.epoch = epoch;
     strategy.set_training(true);
     std::vector<int> peak_live;
     const auto perm = epoch_permutation(train_n, o.seed, epoch);
+    // A run resumed mid-epoch starts at the step it stopped at; the batches are those it would
+    // have had (the order and augmentation depend only on the seed, the epoch and the index).
+    const int64_t start = epoch == first_epoch ? std::min(first_step, steps) : 0;
     // The workers make the epoch's global batches ahead of the step, in order (pinned for a GPU).
     BatchLoader loader(
-        steps,
-        [&](int64_t s) {
-          return make_batch(train_ds, global_batch_indices(perm, N, o.batch_size, s), o.dtype,
+        steps - start,
+        [&](int64_t k) {
+          return make_batch(train_ds, global_batch_indices(perm, N, o.batch_size, start + k), o.dtype,
                             on_gpu, o.augment, o.seed, epoch);
         },
         workers, workers + 1);
@@ -129,26 +170,43 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
     const auto t0 = Clock::now();
     double loss_sum = 0;
     int64_t seen = 0;
-    PlacedBatch next = strategy.place(loader.next());
-    for (int64_t s = 0; s < steps; ++s) {
+    PlacedBatch next;
+    if (start < steps) next = strategy.place(loader.next());
+    for (int64_t s = start; s < steps; ++s) {
       const PlacedBatch batch = std::move(next);
       if (s + 1 < steps) next = strategy.place(loader.next());  // the next upload is queued first
       const double loss = strategy.step(batch);
       UNETCU_CHECK(std::isfinite(loss), "loss is not finite (", loss, ") at epoch ", epoch,
-                   " step ", s + 1, "; lower the learning rate");
+                   " step ", s + 1, "; lower the learning rate", kept);
       loss_sum += loss * double(batch.size());
       seen += batch.size();
       bar.update(s + 1, seconds_since(t0), seen);
       const auto live = strategy.live_micro_batches();
       if (peak_live.empty()) peak_live = live;
       for (size_t i = 0; i < live.size(); ++i) peak_live[i] = std::max(peak_live[i], live[i]);
+      if (o.on_step) o.on_step(epoch, s + 1);
+      if (interrupt_requested()) {
+        bar.finish();
+        std::string saved = "no checkpoint was configured";
+        if (!o.checkpoint.empty()) {
+          UNETCU_CHECK(parameters_finite(strategy.model()), "a parameter is not finite at epoch ", epoch,
+                       " step ", s + 1, kept);
+          // Steps done into this epoch: a resume continues right after them.
+          const bool epoch_done = s + 1 == steps;
+          save_checkpoint(o.checkpoint, strategy.model(), strategy.optimizers(),
+                          epoch_done ? epoch : epoch - 1, epoch_done ? 0 : s + 1);
+          saved = "checkpoint written to " + o.checkpoint + " (resuming continues from there)";
+        }
+        throw Interrupted(str_cat("interrupted at epoch ", epoch, " after step ", s + 1, " of ", steps,
+                                  "; ", saved));
+      }
     }
     st.seconds = seconds_since(t0);
     st.load_seconds = loader.busy_seconds() / workers;  // its workers run side by side
     st.wait_seconds = loader.wait_seconds();
     bar.finish();
-    st.train_loss = loss_sum / double(seen);
-    st.images_per_second = double(epoch_samples) / st.seconds;
+    st.train_loss = seen ? loss_sum / double(seen) : 0.0;
+    st.images_per_second = double(seen) / st.seconds;
 
     // Validation: eval-mode BN, no tape, batches of batch_size.
     strategy.set_training(false);
@@ -166,6 +224,8 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
       counts.add(logits, masks);
     }
     st.val_loss = val_loss / double(val_n);
+    UNETCU_CHECK(std::isfinite(st.val_loss), "validation loss is not finite (", st.val_loss,
+                 ") after epoch ", epoch, "; lower the learning rate", kept);
     st.val_iou = counts.iou();
     st.val_dice = counts.dice();
     for (const Device& d : gpus)
@@ -183,7 +243,7 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
           << double(st.peak_device_bytes) / (1 << 20) << " MiB" << std::defaultfloat;
     // The loader: its rate, and how much of the epoch the step waited for it.
     out << "  loader " << std::fixed << std::setprecision(0)
-        << (st.load_seconds > 0 ? double(epoch_samples) / st.load_seconds : 0.0) << " img/s, waited "
+        << (st.load_seconds > 0 ? double(seen) / st.load_seconds : 0.0) << " img/s, waited "
         << std::setprecision(2) << st.wait_seconds << "s" << std::defaultfloat;
     if (!peak_live.empty()) {
       out << "  live_micro_batches";
@@ -192,9 +252,17 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
     out << "\n";
     out.flush();
     result.epochs.push_back(st);
-    if (!o.checkpoint.empty())
+    if (!o.checkpoint.empty()) {
+      UNETCU_CHECK(parameters_finite(strategy.model()), "a parameter is not finite after epoch ",
+                   epoch, kept);
       save_checkpoint(o.checkpoint, strategy.model(), strategy.optimizers(), epoch);
+      kept = "; the checkpoint of epoch " + std::to_string(epoch) + " is kept";
+    }
     if (on_epoch) on_epoch(st);
+    if (interrupt_requested() && epoch < o.epochs)
+      throw Interrupted(str_cat("interrupted after epoch ", epoch, "; ",
+                                o.checkpoint.empty() ? "no checkpoint was configured"
+                                                     : "checkpoint written to " + o.checkpoint));
   }
 
   if (!o.profile.empty()) {

@@ -33,6 +33,8 @@ struct FitOptions {
   // the optimizer state and the epoch); resume continues a run from one (bit-exactly: the
   // same losses and files as an uninterrupted run); init_encoder loads only encoder.*.
   std::string checkpoint, resume, init_encoder;
+  // Called after every training step (epoch, steps done in it): tests and progress hooks.
+  std::function<void(int, int64_t)> on_step;
 };
 
 struct EpochStats {
@@ -53,8 +55,13 @@ struct TrainResult {
 };
 
 // Trains `strategy` on `train`, validating on `val` after each epoch; each finished epoch is
-// printed to `out` (one line) and passed to `on_epoch` if given. A non-finite loss stops
-// training with an Error.
+// printed to `out` (one line) and passed to `on_epoch` if given.
+//  - A non-finite training or validation loss, or a non-finite parameter, stops training with
+//    an Error before the checkpoint is written: the last good one stays.
+//  - The output files' folders are checked before training starts.
+//  - interrupt_requested() (train/interrupt.h) stops after the step in progress: the checkpoint
+//    (if configured) is written with the steps done so far and Interrupted is thrown; resuming
+//    from it continues mid-epoch exactly where it stopped.
 TrainResult fit(TrainingStrategy& strategy, const Dataset& train, const Dataset& val,
                 const FitOptions& options, std::ostream& out,
                 const std::function<void(const EpochStats&)>& on_epoch = {});
