@@ -444,6 +444,8 @@ int load_checkpoint(const std::string& path, Module& model,
     return 0;
   }
   const SafeTensors train = read_safetensors(train_path, &meta);
+  const int epoch = int(meta_int(meta, "epoch", train_path, 0, kMaxEpoch, true));
+  const int64_t step = meta_int(meta, "step", train_path, 0, kMaxStep, false);
   if (model_meta.count("save_id") && meta.count("save_id") && model_meta["save_id"] != meta["save_id"]) {
     // A save stopped between its two renames: the new .train is in place, the new model is
     // still complete in path.tmp. Roll it forward.
@@ -470,8 +472,6 @@ int load_checkpoint(const std::string& path, Module& model,
   if (model_meta.count("epoch") && model_meta["epoch"] != meta["epoch"])
     bad(train_path, "is from epoch " + meta["epoch"] + " but the model file from epoch " +
                         model_meta["epoch"] + " (an interrupted save?)");
-  const int epoch = int(meta_int(meta, "epoch", train_path, 0, kMaxEpoch, true));
-  const int64_t step = meta_int(meta, "step", train_path, 0, kMaxStep, false);
   // Check the optimizer state completely before writing anything.
   struct Write {
     Tensor dst;

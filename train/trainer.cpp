@@ -119,7 +119,8 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
     out << "encoder weights from " << o.init_encoder << "\n";
   }
   if (!o.resume.empty()) {
-    UNETCU_CHECK(std::ifstream(o.resume + ".train").good(), "resume from ", o.resume, ": no ",
+    struct stat train_file {};  // stat, not open: a FIFO must not block here
+    UNETCU_CHECK(::stat((o.resume + ".train").c_str(), &train_file) == 0, "resume from ", o.resume, ": no ",
                  o.resume, ".train beside it (optimizer state and epoch); load only the encoder "
                  "or the weights another way to start over");
     first_epoch = load_checkpoint(o.resume, strategy.model(), strategy.optimizers(), &first_step) + 1;
