@@ -45,14 +45,9 @@ void save_image(const std::string& path, const Image& image) {
   std::string ext = dot == std::string::npos ? "" : path.substr(dot + 1);
   for (char& c : ext) c = char(std::tolower(static_cast<unsigned char>(c)));
   if (ext == "png") return save_png(path, image);
-  int ok = 0;
-  if (ext == "jpg" || ext == "jpeg")
-    ok = stbi_write_jpg(path.c_str(), image.width, image.height, image.channels, image.pixels.data(), 95);
-  else if (ext == "bmp")
-    ok = stbi_write_bmp(path.c_str(), image.width, image.height, image.channels, image.pixels.data());
-  else
-    throw Error("cannot write '" + path + "': unknown image extension");
-  if (!ok) throw Error("cannot write '" + path + "'");
+  if (ext != "bmp") throw Error("cannot write '" + path + "': PNG or BMP only (by the extension)");
+  if (!stbi_write_bmp(path.c_str(), image.width, image.height, image.channels, image.pixels.data()))
+    throw Error("cannot write '" + path + "'");
 }
 
 }  // namespace unetcu

@@ -1,4 +1,4 @@
-// Image files through stb_image / stb_image_write: PNG, JPEG, BMP in; PNG out.
+// Image files through stb_image / stb_image_write: PNG, JPEG, BMP in; PNG (and BMP) out.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -16,7 +16,8 @@ struct Image {
 Image load_image(const std::string& path, int channels);
 // Writes a PNG to a temporary file and renames it.
 void save_png(const std::string& path, const Image& image);
-// PNG, JPEG (quality 95) or BMP by the path's extension.
+// PNG or BMP by the path's extension. (No JPEG: stb_image_write's JPEG encoder has undefined
+// behaviour, a left shift of negative values, under -fsanitize=undefined.)
 void save_image(const std::string& path, const Image& image);
 
 }  // namespace unetcu
