@@ -1,4 +1,11 @@
 // Image files through stb_image / stb_image_write: PNG, JPEG, BMP in; PNG (and BMP) out.
+//
+// Reading is defensive, because image folders and prediction inputs come from anywhere:
+// - only regular files are opened (a FIFO would block forever, a folder is no image);
+// - the whole file is read into memory and stb decodes from memory;
+// - JPEG marker segments are walked before stb sees the bytes, and a Huffman table (DHT) with
+//   more than 256 codes is refused: Debian's stb_image 2.27 writes past its tables on one.
+// Every refusal is one unetcu::Error naming the file.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -12,12 +19,18 @@ struct Image {
 };
 
 // Loads with `channels` channels (1 or 3, converting as needed). Throws unetcu::Error naming
-// the file and stb's reason when it cannot be read or decoded.
+// the file and the reason (stb's, or one of the checks above) when it cannot be used.
 Image load_image(const std::string& path, int channels);
-// Writes a PNG to a temporary file and renames it.
+
+// Throws unetcu::Error unless `path` names a regular file (after following links), without
+// opening it: "<what> '<path>' cannot be opened: ..." when it does not exist or cannot be
+// examined, "... is a folder / a FIFO / ..., not a regular file" otherwise.
+void check_regular_file(const std::string& path, const std::string& what);
+
+// Writes a PNG to a temporary file beside it and renames it, so `path` is whole or absent.
 void save_png(const std::string& path, const Image& image);
 // PNG or BMP by the path's extension. (No JPEG: stb_image_write's JPEG encoder has undefined
-// behaviour, a left shift of negative values, under -fsanitize=undefined.)
+// behaviour, a signed left shift that overflows, under -fsanitize=undefined.)
 void save_image(const std::string& path, const Image& image);
 
 }  // namespace unetcu

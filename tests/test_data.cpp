@@ -1,7 +1,9 @@
 // Image files, image folders and augmentation.
 //
-// The JPEG files these tests read are written byte by byte here (stb's JPEG writer has
-// undefined behaviour).
+// The JPEG files these tests read are written byte by byte here (no encoder: stb's
+// JPEG writer has undefined behaviour, and a bad file is easiest to say exactly in bytes).
+#include <sys/stat.h>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -124,6 +126,27 @@ Bytes flat_jpeg(int width, int height, std::vector<int> values) {
   return flat_jpeg(width, height, int(values.size()), [values](int c, int, int) { return values[size_t(c)]; });
 }
 
+// A DHT segment of one table (class 1 = AC, id 3) whose 16 code counts add up to 510, each
+// count at most 255 and all codes 15 or 16 bits long, so the code lengths themselves are fine
+// and stb_image 2.27 would build the table, writing 510 entries into arrays of 256 and 257.
+Bytes oversized_huffman_table() {
+  Bytes body{0x13};
+  for (int length = 1; length <= 16; ++length) body.push_back(length >= 15 ? 255 : 0);
+  body.resize(body.size() + 510, 0x00);
+  return segment(0xC4, body);
+}
+
+// `bytes` inserted into a JPEG at byte `at`, just after SOI, or just before EOI.
+Bytes insert_at(Bytes jpeg, size_t at, const Bytes& bytes) {
+  jpeg.insert(jpeg.begin() + std::ptrdiff_t(at), bytes.begin(), bytes.end());
+  return jpeg;
+}
+Bytes after_soi(const Bytes& jpeg, const Bytes& bytes) { return insert_at(jpeg, 2, bytes); }
+Bytes before_eoi(const Bytes& jpeg, const Bytes& bytes) { return insert_at(jpeg, jpeg.size() - 2, bytes); }
+
+// doctest::Contains of a composed message (it takes a C string).
+doctest::Contains contains(const std::string& text) { return doctest::Contains(text.c_str()); }
+
 }  // namespace
 
 TEST_CASE("folder dataset: pairing by stem, both layouts, name lists, resize, normalisation") {
@@ -217,6 +240,71 @@ TEST_CASE("images: a hand-written baseline JPEG decodes (colour, stuffed FF byte
   }
   // Nothing writes JPEG (stb's encoder has undefined behaviour).
   CHECK_THROWS_WITH(save_image((d.path / "out.jpg").string(), solid(8, 8, 3, 0)), doctest::Contains("PNG or BMP only"));
+}
+
+TEST_CASE("images: a JPEG Huffman table of more than 256 codes is refused before stb builds it") {
+  TempDir d("jpeg_dht");
+  const Bytes good = flat_jpeg(16, 16, {128, 128, 128});
+  // In the header.
+  const std::string head = (d.path / "head.jpg").string();
+  write_file(head, after_soi(good, oversized_huffman_table()));
+  CHECK_THROWS_WITH(load_image(head, 3), contains("cannot read image '" + head + "': corrupt JPEG: Huffman table"));
+  CHECK_THROWS_WITH(load_image(head, 3), doctest::Contains("has 510 codes, more than the 256"));
+  // After the scan (progressive files define tables between scans): the whole file is walked.
+  const std::string tail = (d.path / "tail.jpg").string();
+  write_file(tail, before_eoi(good, oversized_huffman_table()));
+  CHECK_THROWS_WITH(load_image(tail, 3), doctest::Contains("has 510 codes, more than the 256"));
+  // A table cut off by its segment's end, and a class/id stb has no table for.
+  Bytes table(17, 0);  // class 0 id 0, four 3-bit codes, but two symbols
+  table[3] = 4;
+  table.insert(table.end(), {1, 2});
+  write_file(head, after_soi(good, segment(0xC4, table)));
+  CHECK_THROWS_WITH(load_image(head, 3), doctest::Contains("is cut off by the end of its segment"));
+  table = Bytes(17, 0);
+  table[0] = 0x24;
+  write_file(head, after_soi(good, segment(0xC4, table)));
+  CHECK_THROWS_WITH(load_image(head, 3), doctest::Contains("has class 2 and id 4"));
+}
+
+TEST_CASE("images: truncated or garbled JPEG structure is refused") {
+  TempDir d("jpeg_structure");
+  const std::string path = (d.path / "x.jpg").string();
+  const Bytes good = flat_jpeg(16, 16, {128, 128, 128});
+  write_file(path, Bytes(good.begin(), good.end() - 2));  // no end-of-image marker
+  CHECK_THROWS_WITH(load_image(path, 1), doctest::Contains("corrupt JPEG: the file ends inside the image data (truncated?)"));
+  write_file(path, Bytes(good.begin(), good.begin() + 90));  // the frame header, then nothing
+  CHECK_THROWS_WITH(load_image(path, 1), doctest::Contains("corrupt JPEG: the file ends before its end-of-image marker"));
+  write_file(path, Bytes(good.begin(), good.begin() + 30));  // inside the quantisation table
+  CHECK_THROWS_WITH(load_image(path, 1), doctest::Contains("the file ends inside the segment FFDB at byte 2"));
+  Bytes short_length = good;
+  short_length[4] = 0, short_length[5] = 1;  // the DQT segment's length: 1 cannot count itself
+  write_file(path, short_length);
+  CHECK_THROWS_WITH(load_image(path, 1), doctest::Contains("segment FFDB at byte 2 has length 1"));
+  // Stray bytes between segments: stb skips them before the frame header (SOF, bytes 71..89
+  // here), not after it.
+  write_file(path, insert_at(good, 71, {0x12, 0x34}));
+  CHECK(load_image(path, 1).width == 16);
+  write_file(path, insert_at(good, 90, {0x12, 0x34}));
+  CHECK_THROWS_WITH(load_image(path, 1), doctest::Contains("expected a marker at byte 90"));
+  write_file(path, before_eoi(good, segment(0xC0, {8, 0, 16, 0, 16, 1, 1, 0x11, 0})));
+  CHECK_THROWS_WITH(load_image(path, 1), doctest::Contains("a second frame header"));
+  write_file(path, before_eoi(good, {0xFF, 0x01}));
+  CHECK_THROWS_WITH(load_image(path, 1), doctest::Contains("unexpected marker FF01"));
+}
+
+TEST_CASE("images: only regular files are read (a FIFO does not block, a folder is no image)") {
+  TempDir d("special_files");
+  const std::string fifo = (d.path / "pipe.png").string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK_THROWS_WITH(load_image(fifo, 3), contains("image '" + fifo + "' is a FIFO (named pipe), not a regular file"));
+  fs::create_directories(d.path / "folder.png");
+  CHECK_THROWS_WITH(load_image((d.path / "folder.png").string(), 3), doctest::Contains("is a folder, not a regular file"));
+  CHECK_THROWS_WITH(load_image((d.path / "none.png").string(), 3), doctest::Contains("none.png' cannot be opened: No such file"));
+  CHECK_THROWS_WITH(check_regular_file(fifo, "the name list"), contains("the name list '" + fifo + "' is a FIFO"));
+  // A link to a regular file is read.
+  save_png((d.path / "real.png").string(), solid(4, 4, 1, 3));
+  fs::create_symlink(d.path / "real.png", d.path / "link.png");
+  CHECK(load_image((d.path / "link.png").string(), 1).width == 4);
 }
 
 TEST_CASE("augmentation keeps image and mask aligned (a marked spot moves with its mask)") {
