@@ -1,10 +1,11 @@
 // Image files, image folders and augmentation.
 //
-// The JPEG files these tests read are written byte by byte here (no encoder: stb's
+// The JPEG and PNG files these tests read are written byte by byte here (no encoder: stb's
 // JPEG writer has undefined behaviour, and a bad file is easiest to say exactly in bytes).
 #include <sys/stat.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -37,7 +38,15 @@ void write_file(const fs::path& path, const Bytes& bytes) {
   std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
 }
 
+Bytes read_file(const fs::path& path) {
+  std::ifstream f(path, std::ios::binary);
+  return Bytes(std::istreambuf_iterator<char>(f), {});
+}
+
 void put16be(Bytes& b, uint32_t v) { b.push_back(uint8_t(v >> 8)), b.push_back(uint8_t(v)); }
+void put32be(Bytes& b, uint32_t v) { put16be(b, v >> 16), put16be(b, v & 0xFFFF); }
+void put16le(Bytes& b, uint32_t v) { b.push_back(uint8_t(v)), b.push_back(uint8_t(v >> 8)); }
+void put32le(Bytes& b, uint32_t v) { put16le(b, v & 0xFFFF), put16le(b, v >> 16); }
 
 // A JPEG marker segment: FF m, a big-endian length that counts itself, the body.
 Bytes segment(uint8_t marker, const Bytes& body) {
@@ -144,8 +153,76 @@ Bytes insert_at(Bytes jpeg, size_t at, const Bytes& bytes) {
 Bytes after_soi(const Bytes& jpeg, const Bytes& bytes) { return insert_at(jpeg, 2, bytes); }
 Bytes before_eoi(const Bytes& jpeg, const Bytes& bytes) { return insert_at(jpeg, jpeg.size() - 2, bytes); }
 
+// A 54-byte BMP header (24 bits a pixel) with no pixels after it.
+Bytes bmp_header(uint32_t width, uint32_t height) {
+  const uint32_t row = (width * 3 + 3) / 4 * 4;
+  Bytes b{'B', 'M'};
+  put32le(b, uint32_t(54 + uint64_t(row) * height)), put32le(b, 0), put32le(b, 54);
+  put32le(b, 40), put32le(b, width), put32le(b, height), put16le(b, 1), put16le(b, 24);
+  put32le(b, 0), put32le(b, 0), put32le(b, 2835), put32le(b, 2835), put32le(b, 0), put32le(b, 0);
+  return b;
+}
+
+uint32_t crc32(const uint8_t* p, size_t n) {
+  uint32_t c = 0xFFFFFFFFu;
+  for (size_t i = 0; i < n; ++i) {
+    c ^= p[i];
+    for (int k = 0; k < 8; ++k) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+  }
+  return ~c;
+}
+
+void png_chunk(Bytes& png, const char* type, const Bytes& data) {
+  put32be(png, uint32_t(data.size()));
+  const size_t start = png.size();
+  png.insert(png.end(), type, type + 4);
+  png.insert(png.end(), data.begin(), data.end());
+  put32be(png, crc32(png.data() + start, png.size() - start));
+}
+
+// A 1x1 gray PNG whose image data inflates to `inflated` bytes (all zero) from about
+// inflated / 160 bytes: one fixed-Huffman deflate block of a literal 0 and then copies of
+// 258 bytes at distance 1 (13 bits each). A PNG decoder that inflates all of it first holds
+// megabytes for one pixel.
+Bytes png_inflating_to(size_t inflated) {
+  Bytes deflate;
+  int bit = 0;
+  auto put_bit = [&](uint32_t b) {
+    if (bit % 8 == 0) deflate.push_back(0);
+    deflate.back() |= uint8_t(b << (bit % 8));
+    ++bit;
+  };
+  auto huffman = [&](uint32_t code, int length) {  // Huffman codes go most significant bit first
+    for (int i = length - 1; i >= 0; --i) put_bit((code >> i) & 1);
+  };
+  put_bit(1), put_bit(1), put_bit(0);  // the final block; type 01 (fixed codes), low bit first
+  huffman(0x30, 8), huffman(0x30, 8);  // literal 0 twice: the row's filter byte and the pixel
+  size_t out = 2;
+  for (; out + 258 <= inflated; out += 258) huffman(0xC5, 8), huffman(0, 5);  // length 258, distance 1
+  huffman(0, 7);                                                               // end of block
+  uint32_t a = 1, b = 0;  // Adler-32 of `out` zero bytes
+  for (size_t i = 0; i < out; ++i) b = (b + a) % 65521;
+  Bytes zlib{0x78, 0x01};
+  zlib.insert(zlib.end(), deflate.begin(), deflate.end());
+  put32be(zlib, b << 16 | a);
+  Bytes png{0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  Bytes ihdr;
+  put32be(ihdr, 1), put32be(ihdr, 1);
+  ihdr.insert(ihdr.end(), {8, 0, 0, 0, 0});  // 8-bit gray, not interlaced
+  png_chunk(png, "IHDR", ihdr);
+  png_chunk(png, "IDAT", zlib);
+  png_chunk(png, "IEND", {});
+  return png;
+}
+
 // doctest::Contains of a composed message (it takes a C string).
 doctest::Contains contains(const std::string& text) { return doctest::Contains(text.c_str()); }
+
+// Sets the process-wide pixel limit for one test and puts the default back.
+struct PixelLimit {
+  explicit PixelLimit(int64_t pixels) { set_max_image_pixels(pixels); }
+  ~PixelLimit() { set_max_image_pixels(kDefaultMaxImagePixels); }
+};
 
 }  // namespace
 
@@ -212,6 +289,10 @@ TEST_CASE("images: a hand-written baseline JPEG decodes (colour, stuffed FF byte
   TempDir d("jpeg_read");
   // YCbCr (100, 150, 90) is RGB (46.7, 119.6, 139.0) by JFIF's conversion.
   write_file(d.path / "colour.jpg", flat_jpeg(20, 12, {100, 150, 90}));
+  const ImageInfo info = read_image_info((d.path / "colour.jpg").string());
+  CHECK(info.width == 20);
+  CHECK(info.height == 12);
+  CHECK(info.channels == 3);
   const Image rgb = load_image((d.path / "colour.jpg").string(), 3);
   REQUIRE(rgb.pixels.size() == size_t(20 * 12 * 3));
   for (size_t q = 0; q < size_t(20 * 12); ++q) {
@@ -245,15 +326,19 @@ TEST_CASE("images: a hand-written baseline JPEG decodes (colour, stuffed FF byte
 TEST_CASE("images: a JPEG Huffman table of more than 256 codes is refused before stb builds it") {
   TempDir d("jpeg_dht");
   const Bytes good = flat_jpeg(16, 16, {128, 128, 128});
-  // In the header.
+  // In the header, where stbi_info reads it too.
   const std::string head = (d.path / "head.jpg").string();
   write_file(head, after_soi(good, oversized_huffman_table()));
-  CHECK_THROWS_WITH(load_image(head, 3), contains("cannot read image '" + head + "': corrupt JPEG: Huffman table"));
-  CHECK_THROWS_WITH(load_image(head, 3), doctest::Contains("has 510 codes, more than the 256"));
+  for (int pass = 0; pass < 2; ++pass) {
+    auto read = [&] { return pass == 0 ? load_image(head, 3).width : read_image_info(head).width; };
+    CHECK_THROWS_WITH(read(), contains("cannot read image '" + head + "': corrupt JPEG: Huffman table"));
+    CHECK_THROWS_WITH(read(), doctest::Contains("has 510 codes, more than the 256"));
+  }
   // After the scan (progressive files define tables between scans): the whole file is walked.
   const std::string tail = (d.path / "tail.jpg").string();
   write_file(tail, before_eoi(good, oversized_huffman_table()));
   CHECK_THROWS_WITH(load_image(tail, 3), doctest::Contains("has 510 codes, more than the 256"));
+  CHECK(read_image_info(tail).width == 16);  // the header alone is sound
   // A table cut off by its segment's end, and a class/id stb has no table for.
   Bytes table(17, 0);  // class 0 id 0, four 3-bit codes, but two symbols
   table[3] = 4;
@@ -276,6 +361,7 @@ TEST_CASE("images: truncated or garbled JPEG structure is refused") {
   CHECK_THROWS_WITH(load_image(path, 1), doctest::Contains("corrupt JPEG: the file ends before its end-of-image marker"));
   write_file(path, Bytes(good.begin(), good.begin() + 30));  // inside the quantisation table
   CHECK_THROWS_WITH(load_image(path, 1), doctest::Contains("the file ends inside the segment FFDB at byte 2"));
+  CHECK_THROWS_WITH(read_image_info(path), doctest::Contains("the file ends inside the segment FFDB"));
   Bytes short_length = good;
   short_length[4] = 0, short_length[5] = 1;  // the DQT segment's length: 1 cannot count itself
   write_file(path, short_length);
@@ -292,11 +378,78 @@ TEST_CASE("images: truncated or garbled JPEG structure is refused") {
   CHECK_THROWS_WITH(load_image(path, 1), doctest::Contains("unexpected marker FF01"));
 }
 
+TEST_CASE("images: the pixel limit refuses an image from its header, before any decoding") {
+  TempDir d("bombs");
+  // 54 bytes claiming 9000x9000 (81 Mi pixels): stb would allocate 243 MB and read zeros.
+  const std::string bmp = (d.path / "big.bmp").string();
+  write_file(bmp, bmp_header(9000, 9000));
+  CHECK_THROWS_WITH(load_image(bmp, 3), contains("image '" + bmp + "' is 9000x9000 (81000000 pixels), more than the limit of 67108864 pixels"));
+  CHECK_THROWS_WITH(read_image_info(bmp), doctest::Contains("more than the limit"));
+  // A JPEG of a few hundred bytes claiming 9000x9000.
+  const std::string jpg = (d.path / "big.jpg").string();
+  write_file(jpg, flat_jpeg(9000, 9000, 1, [](int, int, int) { return 128; }, false, 4));
+  CHECK(fs::file_size(jpg) < 1024);
+  CHECK_THROWS_WITH(load_image(jpg, 3), doctest::Contains("is 9000x9000 (81000000 pixels), more than the limit"));
+  // A top-down BMP (negative height) is as tall as its height's magnitude.
+  Bytes top_down = bmp_header(9000, 9000);
+  const uint32_t minus_9000 = uint32_t(-9000);
+  std::memcpy(top_down.data() + 22, &minus_9000, 4);
+  write_file(bmp, top_down);
+  CHECK_THROWS_WITH(load_image(bmp, 3), doctest::Contains("is 9000x9000 (81000000 pixels)"));
+  // The limit is the process's, set by the apps' --max-image-pixels.
+  CHECK(max_image_pixels() == kDefaultMaxImagePixels);
+  CHECK_THROWS_WITH(set_max_image_pixels(0), doctest::Contains("at least 1"));
+  const std::string png = (d.path / "small.png").string();
+  save_png(png, solid(40, 30, 3, 9));
+  {
+    PixelLimit limit(40 * 30 - 1);
+    CHECK_THROWS_WITH(load_image(png, 3), doctest::Contains("is 40x30 (1200 pixels), more than the limit of 1199 pixels (--max-image-pixels)"));
+    CHECK_THROWS_WITH(read_image_info(png), doctest::Contains("more than the limit of 1199"));
+  }
+  {
+    PixelLimit limit(40 * 30);
+    CHECK(load_image(png, 3).width == 40);
+    // Files too long for any image within the limit are not even read (8 bytes a pixel + 64 MiB).
+    const std::string huge = (d.path / "huge.png").string();
+    write_file(huge, read_file(png));
+    fs::resize_file(huge, 40 * 30 * 8 + (64 << 20) + 1);
+    CHECK_THROWS_WITH(read_image_info(huge), doctest::Contains("bytes, more than an image within the limit of 1200 pixels needs"));
+  }
+}
+
+TEST_CASE("images: a PNG that inflates far past its size is refused while decoding") {
+  TempDir d("png_bomb");
+  const std::string path = (d.path / "bomb.png").string();
+  write_file(path, png_inflating_to(size_t(16) << 20));
+  CHECK(fs::file_size(path) < 200 * 1024);
+  const ImageInfo info = read_image_info(path);  // a sound 1x1 header
+  CHECK(info.width * info.height == 1);
+  CHECK_THROWS_WITH(load_image(path, 1), contains("cannot read image '" + path + "': decoding it needs more memory than a 1x1 image can"));
+  // The same construction at the size the pixel needs decodes: the cap is no false alarm.
+  write_file(path, png_inflating_to(2));
+  CHECK(load_image(path, 1).pixels == std::vector<uint8_t>{0});
+}
+
+TEST_CASE("images: a BMP shorter than its header promises is refused, not read as black") {
+  TempDir d("bmp_short");
+  const std::string path = (d.path / "short.bmp").string();
+  write_file(path, bmp_header(100, 50));
+  CHECK_THROWS_WITH(load_image(path, 3), doctest::Contains("truncated BMP: 100x50 at 24 bits per pixel needs at least 15054 bytes, the file has 54"));
+  CHECK_THROWS_WITH(read_image_info(path), doctest::Contains("truncated BMP"));
+  Bytes whole = bmp_header(100, 50);
+  whole.resize(15054, 7);
+  write_file(path, whole);
+  CHECK(load_image(path, 3).pixels[0] == 7);
+  save_image(path, solid(5, 3, 3, 200));  // and what stb writes reads back
+  CHECK(load_image(path, 3).pixels == solid(5, 3, 3, 200).pixels);
+}
+
 TEST_CASE("images: only regular files are read (a FIFO does not block, a folder is no image)") {
   TempDir d("special_files");
   const std::string fifo = (d.path / "pipe.png").string();
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
   CHECK_THROWS_WITH(load_image(fifo, 3), contains("image '" + fifo + "' is a FIFO (named pipe), not a regular file"));
+  CHECK_THROWS_WITH(read_image_info(fifo), doctest::Contains("is a FIFO (named pipe), not a regular file"));
   fs::create_directories(d.path / "folder.png");
   CHECK_THROWS_WITH(load_image((d.path / "folder.png").string(), 3), doctest::Contains("is a folder, not a regular file"));
   CHECK_THROWS_WITH(load_image((d.path / "none.png").string(), 3), doctest::Contains("none.png' cannot be opened: No such file"));
