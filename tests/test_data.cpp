@@ -460,6 +460,39 @@ TEST_CASE("images: only regular files are read (a FIFO does not block, a folder 
   CHECK(load_image((d.path / "link.png").string(), 1).width == 4);
 }
 
+TEST_CASE("folder dataset: a name list must be a regular file (a folder is not ignored, a FIFO does not block)") {
+  TempDir d("list_kinds");
+  fs::create_directories(d.path / "data" / "images");
+  fs::create_directories(d.path / "data" / "masks");
+  save_png((d.path / "data" / "images" / "a.png").string(), solid(32, 32, 3, 1));
+  save_png((d.path / "data" / "masks" / "a.png").string(), solid(32, 32, 1, 1));
+  const std::string data = (d.path / "data").string();
+  CHECK_THROWS_WITH(FolderDataset::scan(data, (d.path / "data" / "images").string()),
+                    contains("name list '" + (d.path / "data" / "images").string() + "' is a folder"));
+  const std::string fifo = (d.path / "list.txt").string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK_THROWS_WITH(FolderDataset::scan(data, fifo), doctest::Contains("is a FIFO (named pipe), not a regular file"));
+  CHECK_THROWS_WITH(FolderDataset::scan(data, (d.path / "none.txt").string()), doctest::Contains("none.txt' cannot be opened"));
+}
+
+TEST_CASE("folder dataset: image and mask sizes are compared from their headers, before decoding") {
+  TempDir d("sizes_first");
+  fs::create_directories(d.path / "images");
+  fs::create_directories(d.path / "masks");
+  // The image's pixels are damaged (its header is whole) and the mask is the wrong size: the
+  // size is the error, found before either is decoded.
+  save_png((d.path / "images" / "x.png").string(), solid(32, 32, 3, 1));
+  Bytes png = read_file(d.path / "images" / "x.png");
+  png.resize(40);
+  write_file(d.path / "images" / "x.png", png);
+  save_png((d.path / "masks" / "x.png").string(), solid(16, 32, 1, 1));
+  FolderDataset ds(FolderDataset::scan(d.path.string()), 32);
+  CHECK_THROWS_WITH(make_batch(ds, {0}, DType::F32), contains("mask '" + (d.path / "masks" / "x.png").string() + "' is 16x32 but its image"));
+  // The right size: now the damage is the error.
+  save_png((d.path / "masks" / "x.png").string(), solid(32, 32, 1, 1));
+  CHECK_THROWS_WITH(make_batch(ds, {0}, DType::F32), contains("cannot read image '" + (d.path / "images" / "x.png").string() + "'"));
+}
+
 TEST_CASE("augmentation keeps image and mask aligned (a marked spot moves with its mask)") {
   const int S = 64;
   const size_t plane = size_t(S) * S;
