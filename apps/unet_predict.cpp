@@ -1,6 +1,11 @@
 // unet_predict: a checkpoint and images (files or folders) in, mask PNGs out (sigmoid >
 // threshold, at each image's own size), optionally an overlay of the mask on the image, and
 // IoU/Dice when ground-truth masks are given.
+//
+// Every input is checked from its header (a regular file, within the pixel limit, the size of
+// its ground-truth mask) before the model is loaded or anything is written; each output is
+// written to a temporary name and renamed. Should decoding or writing still fail part way, the
+// error says which masks were already written.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -8,6 +13,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <map>
+#include <set>
 
 #include "engine/checkpoint.h"
 #include "data/dataset.h"
@@ -22,6 +29,7 @@ int main(int argc, char** argv) {
   std::string checkpoint, out_dir = "predictions", gt_dir, device_s = "auto";
   std::vector<std::string> inputs;
   int size = 512, width_divisor = 1;
+  int64_t max_pixels = kDefaultMaxImagePixels;
   double threshold = 0.5;
   bool overlay = false;
   CLI::App app{"unet_predict: segment images with a trained UNet-ResNet34 checkpoint"};
@@ -34,28 +42,32 @@ int main(int argc, char** argv) {
   app.add_flag("--overlay", overlay, "Also write <stem>_overlay.png: the mask in red over the image");
   app.add_option("--masks", gt_dir, "Ground-truth masks (matched by file stem): report IoU and Dice");
   app.add_option("--device", device_s, "auto, cpu, cpu:N or cuda:N")->capture_default_str();
+  app.add_option("--max-image-pixels", max_pixels,
+                 "Refuse images (and masks) of more pixels than this, from their header, before decoding")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  std::vector<std::string> written;  // masks written so far, for the error message
+  size_t overlays_written = 0, total = 0;
   try {
     UNETCU_CHECK(size > 0 && size % 32 == 0, "--image-size must be a positive multiple of 32");
     UNETCU_CHECK(threshold > 0 && threshold < 1, "--threshold must be between 0 and 1");
+    UNETCU_CHECK(max_pixels >= 1, "--max-image-pixels must be at least 1");
+    set_max_image_pixels(max_pixels);
     std::string note;
     const Device device = resolve_device(device_s, &note);
-    UNetConfig cfg;
-    cfg.width_divisor = width_divisor;
-    cfg.device = device;
-    UNet model(cfg);
-    load_model_state(model, read_safetensors(checkpoint), checkpoint);
-    model.eval();
+    check_regular_file(checkpoint, "checkpoint");  // a FIFO would block the reader
+    auto is_image_name = [](const fs::path& p) {
+      std::string ext = p.extension().string();
+      std::transform(ext.begin(), ext.end(), ext.begin(), ::tolower);
+      return ext == ".png" || ext == ".jpg" || ext == ".jpeg" || ext == ".bmp";
+    };
     std::vector<fs::path> files;
     for (const auto& in : inputs) {
       if (fs::is_directory(in)) {
-        for (const auto& e : fs::directory_iterator(in)) {
-          std::string ext = e.path().extension().string();
-          std::transform(ext.begin(), ext.end(), ext.begin(), ::tolower);
-          if (ext == ".png" || ext == ".jpg" || ext == ".jpeg" || ext == ".bmp") files.push_back(e.path());
-        }
+        for (const auto& e : fs::directory_iterator(in))  // as image folders are scanned: files only
+          if (e.is_regular_file() && is_image_name(e.path())) files.push_back(e.path());
       } else {
-        UNETCU_CHECK(fs::exists(in), "no such image or folder '", in, "'");
+        check_regular_file(in, "image");
         files.push_back(in);
       }
     }
@@ -71,11 +83,44 @@ int main(int argc, char** argv) {
     for (const auto& f : files)
       UNETCU_CHECK(fs::weakly_canonical(f).parent_path() != out_abs, "--out ", out_dir,
                    " holds the input images: masks would overwrite them");
+    // Ground truth by stem; a stem found twice is an error only for an image that needs it.
+    std::map<std::string, fs::path> truth_of;
+    std::set<std::string> truth_twice;
+    if (!gt_dir.empty()) {
+      UNETCU_CHECK(fs::is_directory(gt_dir), "--masks '", gt_dir, "' is not a folder");
+      for (const auto& e : fs::directory_iterator(gt_dir))
+        if (e.is_regular_file() && is_image_name(e.path()))
+          if (!truth_of.emplace(e.path().stem().string(), e.path()).second) truth_twice.insert(e.path().stem().string());
+    }
+    // Every input from its header before any output: the pixel limit, and the ground truth's
+    // size before it is decoded.
+    std::vector<fs::path> truths(files.size());
+    for (size_t i = 0; i < files.size(); ++i) {
+      const ImageInfo info = read_image_info(files[i].string());
+      if (gt_dir.empty()) continue;
+      const std::string stem = files[i].stem().string();
+      UNETCU_CHECK(!truth_twice.count(stem), "two ground-truth masks named '", stem, "' in ", gt_dir);
+      auto it = truth_of.find(stem);
+      UNETCU_CHECK(it != truth_of.end(), "no ground-truth mask for '", files[i].string(), "' in ", gt_dir);
+      truths[i] = it->second;
+      const ImageInfo g = read_image_info(truths[i].string());
+      UNETCU_CHECK(g.width == info.width && g.height == info.height, "mask '", truths[i].string(), "' is ",
+                   g.width, "x", g.height, " but its image '", files[i].string(), "' is ", info.width, "x",
+                   info.height);
+    }
+    UNetConfig cfg;
+    cfg.width_divisor = width_divisor;
+    cfg.device = device;
+    UNet model(cfg);
+    load_model_state(model, read_safetensors(checkpoint), checkpoint);
+    model.eval();
     fs::create_directories(out_dir);
+    total = files.size();
     const double logit_threshold = std::log(threshold / (1 - threshold));
     int64_t tp = 0, fp = 0, fn = 0;
     const size_t plane = size_t(size) * size;
-    for (const auto& f : files) {
+    for (size_t i = 0; i < files.size(); ++i) {
+      const fs::path& f = files[i];
       const Image img = load_image(f.string(), 3);
       Tensor x = Tensor::empty({1, 3, size, size});
       resize_bilinear(img, size, x.data<float>());
@@ -95,29 +140,19 @@ int main(int argc, char** argv) {
           mask.pixels[size_t(y) * img.width + xx] = l[size_t(sy) * size + sx] > logit_threshold ? 255 : 0;
         }
       const std::string stem = f.stem().string();
+      // The ground truth is decoded before anything of this image is written.
+      const Image g = gt_dir.empty() ? Image{} : load_image(truths[i].string(), 1);
       save_png((fs::path(out_dir) / (stem + ".png")).string(), mask);
+      written.push_back(stem + ".png");
       if (overlay) {
         Image o = img;
         for (size_t q = 0; q < mask.pixels.size(); ++q)
           if (mask.pixels[q]) o.pixels[q * 3] = uint8_t(std::min(255, o.pixels[q * 3] / 2 + 128)), o.pixels[q * 3 + 1] /= 2, o.pixels[q * 3 + 2] /= 2;
         save_png((fs::path(out_dir) / (stem + "_overlay.png")).string(), o);
+        ++overlays_written;
       }
       std::string line = f.string() + " -> " + (fs::path(out_dir) / (stem + ".png")).string();
       if (!gt_dir.empty()) {
-        fs::path gt;
-        for (const auto& e : fs::directory_iterator(gt_dir)) {
-          std::string ext = e.path().extension().string();
-          std::transform(ext.begin(), ext.end(), ext.begin(), ::tolower);
-          const bool image = ext == ".png" || ext == ".jpg" || ext == ".jpeg" || ext == ".bmp";
-          if (image && e.path().stem() == stem) {
-            UNETCU_CHECK(gt.empty(), "two ground-truth masks named '", stem, "' in ", gt_dir);
-            gt = e.path();
-          }
-        }
-        UNETCU_CHECK(!gt.empty(), "no ground-truth mask for '", f.string(), "' in ", gt_dir);
-        const Image g = load_image(gt.string(), 1);
-        UNETCU_CHECK(g.width == img.width && g.height == img.height, "mask '", gt.string(),
-                     "' is not the size of its image");
         int64_t t = 0, p2 = 0, n2 = 0;
         for (size_t q = 0; q < g.pixels.size(); ++q) {
           const bool truth = g.pixels[q] > 0, pred = mask.pixels[q] > 0;
@@ -137,6 +172,14 @@ int main(int argc, char** argv) {
     }
   } catch (const std::exception& e) {
     std::cerr << "unet_predict: error: " << e.what() << "\n";
+    if (!written.empty()) {  // one line: how many, where, and the first few names
+      std::string names;
+      for (size_t i = 0; i < written.size() && i < 5; ++i) names += (i ? ", " : "") + written[i];
+      if (written.size() > 5) names += ", ... (" + std::to_string(written.size() - 5) + " more)";
+      std::cerr << "unet_predict: " << written.size() << " of " << total << " masks"
+                << (overlays_written ? " (and " + std::to_string(overlays_written) + " overlays)" : "")
+                << " were written to " << out_dir << " before the error: " << names << "\n";
+    }
     return 1;
   }
   return 0;

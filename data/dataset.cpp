@@ -42,6 +42,7 @@ std::vector<FolderDataset::Pair> FolderDataset::scan(const std::string& dir, con
   }
   std::set<std::string> keep;
   if (!list.empty()) {
+    check_regular_file(list, "the name list");  // a folder would read as empty, a FIFO block
     std::ifstream f(list);
     UNETCU_CHECK(f, "cannot read the name list '", list, "'");
     for (std::string line; std::getline(f, line);) {
@@ -104,10 +105,13 @@ void resize_nearest_mask(const Image& in, int S, float* out) {  // > 0 is foregr
 
 void FolderDataset::load(int64_t index, float* image, float* mask) const {
   const Pair& p = pairs_.at(size_t(index));
+  // Sizes from the headers first: a mismatch is reported as such, before decoding either.
+  const ImageInfo img_info = read_image_info(p.image), msk_info = read_image_info(p.mask);
+  UNETCU_CHECK(img_info.width == msk_info.width && img_info.height == msk_info.height, "mask '", p.mask,
+               "' is ", msk_info.width, "x", msk_info.height, " but its image '", p.image, "' is ",
+               img_info.width, "x", img_info.height);
   const Image img = load_image(p.image, 3);
   const Image msk = load_image(p.mask, 1);
-  UNETCU_CHECK(img.width == msk.width && img.height == msk.height, "mask '", p.mask, "' is ",
-               msk.width, "x", msk.height, " but its image '", p.image, "' is ", img.width, "x", img.height);
   resize_bilinear(img, size_, image);
   resize_nearest_mask(msk, size_, mask);
 }

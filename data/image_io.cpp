@@ -1,43 +1,345 @@
 #include "data/image_io.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
 #include <cctype>
+#include <cerrno>
+#include <climits>
 #include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <system_error>
 
 #include "runtime/common.h"
+
+// While one image decodes, each allocation stb_image makes is capped by what an image of the
+// header's size can need (set by decode_image, per thread: images load on several threads).
+// Outside a decode the cap is off. A refusal makes stb fail with "outofmem", and the flag tells
+// decode_image why.
+static thread_local size_t t_stb_allocation_cap = SIZE_MAX;
+static thread_local bool t_stb_allocation_refused = false;
+static bool stb_allocation_allowed(size_t bytes) {
+  if (bytes <= t_stb_allocation_cap) return true;
+  t_stb_allocation_refused = true;
+  return false;
+}
+static void* stb_capped_malloc(size_t bytes) { return stb_allocation_allowed(bytes) ? std::malloc(bytes) : nullptr; }
+static void* stb_capped_realloc(void* p, size_t bytes) {
+  return stb_allocation_allowed(bytes) ? std::realloc(p, bytes) : nullptr;
+}
 
 #define STB_IMAGE_IMPLEMENTATION
 #define STBI_ONLY_PNG
 #define STBI_ONLY_JPEG
 #define STBI_ONLY_BMP
+#define STBI_NO_STDIO  // files are read here (regular files only) and decoded from memory
+#define STBI_MALLOC(bytes) stb_capped_malloc(bytes)
+#define STBI_REALLOC(p, bytes) stb_capped_realloc(p, bytes)
+#define STBI_FREE(p) std::free(p)
 #include <stb_image.h>
 #define STB_IMAGE_WRITE_IMPLEMENTATION
 #include <stb_image_write.h>
 
 namespace unetcu {
 
-Image load_image(const std::string& path, int channels) {
-  UNETCU_CHECK(channels == 1 || channels == 3, "load_image: 1 or 3 channels");
+namespace {
+
+std::atomic<int64_t> g_max_image_pixels{kDefaultMaxImagePixels};
+
+std::string errno_text(int e) { return std::error_code(e, std::generic_category()).message(); }
+
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a folder";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a plain file";
+}
+
+// The largest image file read: a 16-bit RGBA PNG stored uncompressed needs 8 bytes a pixel;
+// 64 MiB more for metadata. stb takes the length as an int.
+uint64_t max_image_file_bytes() {
+  return std::min<uint64_t>(uint64_t(max_image_pixels()) * 8 + (uint64_t(64) << 20), INT_MAX);
+}
+
+struct FdCloser {
+  int fd;
+  ~FdCloser() { ::close(fd); }
+};
+
+// The first `limit` bytes of the image file `path` (all of it for SIZE_MAX); *file_size gets
+// its length. A non-regular path is refused from stat() without opening it; the descriptor is
+// checked again (O_NONBLOCK, so even a FIFO swapped in between cannot block the open).
+std::vector<uint8_t> read_image_file(const std::string& path, size_t limit, uint64_t* file_size) {
+  check_regular_file(path, "image");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw Error("image '" + path + "' cannot be opened: " + errno_text(errno));
+  FdCloser closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw Error("image '" + path + "' cannot be opened: " + errno_text(errno));
+  if (!S_ISREG(st.st_mode))
+    throw Error("image '" + path + "' is " + file_kind(st.st_mode) + ", not a regular file");
+  *file_size = uint64_t(st.st_size);
+  UNETCU_CHECK(*file_size <= max_image_file_bytes(), "image '", path, "' is ", *file_size,
+               " bytes, more than an image within the limit of ", max_image_pixels(),
+               " pixels needs (", max_image_file_bytes(), " bytes)");
+  std::vector<uint8_t> bytes(size_t(std::min<uint64_t>(limit, *file_size)));
+  size_t got = 0;
+  while (got < bytes.size()) {
+    const ssize_t r = ::read(fd, bytes.data() + got, bytes.size() - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) throw Error("cannot read image '" + path + "': " + errno_text(errno));
+    if (r == 0) break;  // shorter than stat said: what is there is the file
+    got += size_t(r);
+  }
+  bytes.resize(got);
+  return bytes;
+}
+
+// ---- JPEG structure -------------------------------------------------------------------------
+// stb_image 2.27 (Debian's) builds a Huffman table from its 16 code counts before checking
+// that they add up to at most 256, writing past the table's arrays. So every DHT segment stb
+// can reach is checked first, and the walk follows the bytes exactly as stb's parser does:
+// length-delimited segments; stray bytes between segments skipped only before the frame header
+// (SOF); after a scan header (SOS) entropy-coded data up to the first FF xx that is neither a
+// stuffed FF 00 nor a restart marker FF D0..D7 (FF fill bytes skipped). Where the walk and stb
+// could part, stb refuses the file itself (or the walk refuses it first).
+
+// stb takes the bytes for a JPEG when they start with FF, any FF fill bytes, then D8 (SOI).
+bool looks_like_jpeg(const std::vector<uint8_t>& d) {
+  size_t i = 1;
+  if (d.empty() || d[0] != 0xFF) return false;
+  while (i < d.size() && d[i] == 0xFF) ++i;
+  return i < d.size() && d[i] == 0xD8;
+}
+
+// The tables of one DHT segment in d[p, end): each 1 byte class/id, 16 code counts, then as
+// many symbol bytes as the counts add up to. Empty when they are sound.
+std::string check_huffman_tables(const std::vector<uint8_t>& d, size_t p, size_t end) {
+  while (p < end) {
+    const size_t at = p;
+    const int table_class = d[p] >> 4, table_id = d[p] & 15;
+    if (table_class > 1 || table_id > 3)
+      return str_cat("table at byte ", at, " has class ", table_class, " and id ", table_id,
+                     " (at most 1 and 3)");
+    if (end - p < 17) return str_cat("table at byte ", at, " is cut off by the end of its segment");
+    int codes = 0;
+    for (int i = 1; i <= 16; ++i) codes += d[p + i];
+    if (codes > 256)
+      return str_cat("table at byte ", at, " has ", codes, " codes, more than the 256 a table can hold");
+    p += 17;
+    if (end - p < size_t(codes))
+      return str_cat("table at byte ", at, " is cut off by the end of its segment");
+    p += size_t(codes);
+  }
+  return "";
+}
+
+// Walks the segments of a JPEG: the whole file up to EOI (DHT segments may also come between
+// scans), or, for the header only, up to and including the frame header, which is all that
+// stbi_info reads. Empty when sound; *truncated tells that the bytes ran out.
+std::string check_jpeg_segments(const std::vector<uint8_t>& d, bool whole, bool* truncated) {
+  const size_t n = d.size();
+  auto cut = [&](const std::string& where) {
+    *truncated = true;
+    return "the file ends " + where + " (truncated?)";
+  };
+  auto marker_name = [](int m) {
+    char s[8];
+    std::snprintf(s, sizeof s, "FF%02X", m);
+    return std::string(s);
+  };
+  size_t pos = 1;
+  while (d[pos] == 0xFF) ++pos;  // looks_like_jpeg() found the D8 after these
+  ++pos;
+  bool frame = false;
+  for (;;) {
+    if (pos >= n) return cut("before its end-of-image marker");
+    if (d[pos] != 0xFF) {
+      if (frame) return str_cat("expected a marker at byte ", pos);
+      ++pos;  // padding between header segments, which stb skips too
+      continue;
+    }
+    const size_t at = pos;
+    while (pos < n && d[pos] == 0xFF) ++pos;
+    if (pos >= n) return cut("inside a marker");
+    const int m = d[pos++];
+    if (m == 0xD9) return "";  // EOI
+    if (m == 0x00 || m == 0x01 || m == 0xD8 || (m >= 0xD0 && m <= 0xD7))
+      return str_cat("unexpected marker ", marker_name(m), " at byte ", at);
+    if (n - pos < 2) return cut("inside the segment " + marker_name(m) + " at byte " + std::to_string(at));
+    const size_t length = size_t(d[pos]) << 8 | d[pos + 1];  // counts itself, not the marker
+    if (length < 2) return str_cat("segment ", marker_name(m), " at byte ", at, " has length ", length);
+    if (n - pos < length) return cut("inside the segment " + marker_name(m) + " at byte " + std::to_string(at));
+    if (m == 0xC4) {
+      const std::string why = check_huffman_tables(d, pos + 2, pos + length);
+      if (!why.empty()) return str_cat("Huffman table segment (DHT) at byte ", at, ": ", why);
+    }
+    pos += length;
+    if (m == 0xC0 || m == 0xC1 || m == 0xC2) {  // the frame header (SOF) stb reads
+      if (frame) return str_cat("a second frame header at byte ", at);
+      frame = true;
+      if (!whole) return "";
+    } else if (m == 0xDA) {  // a scan: its entropy-coded data follows
+      if (!frame) return str_cat("a scan at byte ", at, " before the frame header");
+      for (;;) {
+        if (pos >= n) return cut("inside the image data");
+        if (d[pos] != 0xFF) {
+          ++pos;
+          continue;
+        }
+        size_t q = pos + 1;
+        while (q < n && d[q] == 0xFF) ++q;
+        if (q >= n) return cut("inside the image data");
+        if (d[q] == 0x00 || (d[q] >= 0xD0 && d[q] <= 0xD7)) {
+          pos = q + 1;
+          continue;
+        }
+        break;  // a marker: the next segment starts at pos
+      }
+    }
+  }
+}
+
+// ---- header and decode ------------------------------------------------------------------------
+
+uint32_t le16(const std::vector<uint8_t>& d, size_t at) { return uint32_t(d[at]) | uint32_t(d[at + 1]) << 8; }
+uint32_t le32(const std::vector<uint8_t>& d, size_t at) { return le16(d, at) | le16(d, at + 2) << 16; }
+
+// The checks before any pixel is decoded, on the file's bytes (all of them when `whole`, else
+// its first bytes; *need_more then asks for the whole file when a JPEG header runs past them).
+ImageInfo checked_header(const std::string& path, const std::vector<uint8_t>& d, uint64_t file_size,
+                         bool whole, bool* need_more) {
+  *need_more = false;
+  if (looks_like_jpeg(d)) {
+    bool truncated = false;
+    const std::string why = check_jpeg_segments(d, whole, &truncated);
+    if (truncated && d.size() < file_size) {
+      *need_more = true;
+      return {};
+    }
+    if (!why.empty()) throw Error("cannot read image '" + path + "': corrupt JPEG: " + why);
+  }
+  ImageInfo info;
+  if (!stbi_info_from_memory(d.data(), int(d.size()), &info.width, &info.height, &info.channels)) {
+    const std::string reason = stbi_failure_reason() ? stbi_failure_reason() : "";
+    throw Error("cannot read image '" + path + "': " +
+                (reason == "unknown image type" ? "not a PNG, JPEG or BMP image, or its header is corrupt"
+                                                : reason));
+  }
+  const bool bmp = d.size() >= 30 && d[0] == 'B' && d[1] == 'M';
+  // stbi_info gives a top-down BMP's height negative; stb cannot negate the most negative one.
+  UNETCU_CHECK(info.height != INT_MIN, "cannot read image '", path, "': its height is out of range");
+  if (bmp) info.height = std::abs(info.height);
+  const int64_t pixels = int64_t(info.width) * info.height;
+  UNETCU_CHECK(info.width > 0 && info.height > 0, "cannot read image '", path, "': its header says ",
+               info.width, "x", info.height);
+  UNETCU_CHECK(pixels <= max_image_pixels(), "image '", path, "' is ", info.width, "x", info.height,
+               " (", pixels, " pixels), more than the limit of ", max_image_pixels(),
+               " pixels (--max-image-pixels)");
+  if (bmp) {
+    // stb reads zeros past the end of a short BMP: a black image instead of an error. Each
+    // row is padded to 4 bytes, after the 14-byte file header and the info header.
+    const uint64_t header = le32(d, 14), bits = header == 12 ? le16(d, 24) : le16(d, 28);
+    const uint64_t row = (uint64_t(info.width) * bits + 31) / 32 * 4;
+    const uint64_t need = 14 + header + row * uint64_t(info.height);
+    UNETCU_CHECK(file_size >= need, "cannot read image '", path, "': truncated BMP: ", info.width, "x",
+                 info.height, " at ", bits, " bits per pixel needs at least ", need, " bytes, the file has ",
+                 file_size);
+  }
+  return info;
+}
+
+Image decode_image(const std::string& path, const std::vector<uint8_t>& bytes, const ImageInfo& info,
+                   int channels) {
+  // The most any one allocation of a legitimate decode takes: stb pads a JPEG's components to
+  // whole blocks (< 32 pixels each way) and keeps progressive coefficients as shorts; a PNG
+  // inflates to at most 8 bytes a pixel plus a filter byte a row, doubled for an interlaced
+  // image's guess; its compressed data is gathered in a buffer up to twice the file.
+  const uint64_t cap = 16 * (uint64_t(info.width) + 32) * (uint64_t(info.height) + 32) +
+                       2 * uint64_t(bytes.size()) + (uint64_t(1) << 20);
+  struct CapWhileDecoding {
+    explicit CapWhileDecoding(uint64_t bytes) {
+      t_stb_allocation_cap = size_t(std::min<uint64_t>(bytes, SIZE_MAX));
+      t_stb_allocation_refused = false;
+    }
+    ~CapWhileDecoding() { t_stb_allocation_cap = SIZE_MAX; }
+  } capped(cap);
   int w = 0, h = 0, stored = 0;
-  unsigned char* data = stbi_load(path.c_str(), &w, &h, &stored, channels);
-  if (!data) throw Error("cannot read image '" + path + "': " + stbi_failure_reason());
+  std::unique_ptr<stbi_uc, void (*)(void*)> data(
+      stbi_load_from_memory(bytes.data(), int(bytes.size()), &w, &h, &stored, channels), stbi_image_free);
+  if (!data && t_stb_allocation_refused)
+    throw Error(str_cat("cannot read image '", path, "': decoding it needs more memory than a ", info.width,
+                        "x", info.height, " image can (a decompression bomb?)"));
+  if (!data) {
+    const char* reason = stbi_failure_reason();
+    throw Error("cannot read image '" + path + "': " + (reason ? reason : "stb_image failed"));
+  }
+  UNETCU_CHECK(w == info.width && h == info.height, "cannot read image '", path, "': its header says ",
+               info.width, "x", info.height, " but it decodes to ", w, "x", h);
   Image img;
   img.width = w, img.height = h, img.channels = channels;
-  img.pixels.assign(data, data + size_t(w) * h * channels);
-  stbi_image_free(data);
+  img.pixels.assign(data.get(), data.get() + size_t(w) * h * channels);
   return img;
 }
 
+constexpr size_t kHeaderBytes = 64 << 10;  // enough for the headers of nearly every image file
+
+// Writes through `write(tmp)` to a temporary name beside `path`, then renames it.
+template <class Write>
+void write_through_temporary(const std::string& path, Write write) {
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  if (!write(tmp.c_str()) || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw Error("cannot write '" + path + "'");
+  }
+}
+
+}  // namespace
+
+void set_max_image_pixels(int64_t pixels) {
+  UNETCU_CHECK(pixels >= 1, "the image pixel limit must be at least 1, got ", pixels);
+  g_max_image_pixels.store(pixels);
+}
+
+int64_t max_image_pixels() { return g_max_image_pixels.load(); }
+
+void check_regular_file(const std::string& path, const std::string& what) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    throw Error(what + " '" + path + "' cannot be opened: " + errno_text(errno));
+  if (!S_ISREG(st.st_mode)) throw Error(what + " '" + path + "' is " + file_kind(st.st_mode) + ", not a regular file");
+}
+
+ImageInfo read_image_info(const std::string& path) {
+  uint64_t file_size = 0;
+  bool need_more = false;
+  const std::vector<uint8_t> head = read_image_file(path, kHeaderBytes, &file_size);
+  const ImageInfo info = checked_header(path, head, file_size, false, &need_more);
+  if (!need_more) return info;
+  const std::vector<uint8_t> all = read_image_file(path, SIZE_MAX, &file_size);
+  return checked_header(path, all, all.size(), false, &need_more);
+}
+
+Image load_image(const std::string& path, int channels) {
+  UNETCU_CHECK(channels == 1 || channels == 3, "load_image: 1 or 3 channels");
+  uint64_t file_size = 0;
+  bool need_more = false;
+  const std::vector<uint8_t> bytes = read_image_file(path, SIZE_MAX, &file_size);
+  const ImageInfo info = checked_header(path, bytes, bytes.size(), true, &need_more);
+  return decode_image(path, bytes, info, channels);
+}
+
 void save_png(const std::string& path, const Image& image) {
-  const std::string tmp = path + ".tmp.png";
-  if (!stbi_write_png(tmp.c_str(), image.width, image.height, image.channels, image.pixels.data(),
-                      image.width * image.channels)) {
-    std::remove(tmp.c_str());
-    throw Error("cannot write '" + path + "'");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw Error("cannot write '" + path + "'");
-  }
+  write_through_temporary(path, [&](const char* tmp) {
+    return stbi_write_png(tmp, image.width, image.height, image.channels, image.pixels.data(),
+                          image.width * image.channels);
+  });
 }
 
 void save_image(const std::string& path, const Image& image) {
@@ -45,14 +347,10 @@ void save_image(const std::string& path, const Image& image) {
   std::string ext = dot == std::string::npos ? "" : path.substr(dot + 1);
   for (char& c : ext) c = char(std::tolower(static_cast<unsigned char>(c)));
   if (ext == "png") return save_png(path, image);
-  int ok = 0;
-  if (ext == "jpg" || ext == "jpeg")
-    ok = stbi_write_jpg(path.c_str(), image.width, image.height, image.channels, image.pixels.data(), 95);
-  else if (ext == "bmp")
-    ok = stbi_write_bmp(path.c_str(), image.width, image.height, image.channels, image.pixels.data());
-  else
-    throw Error("cannot write '" + path + "': unknown image extension");
-  if (!ok) throw Error("cannot write '" + path + "'");
+  if (ext != "bmp") throw Error("cannot write '" + path + "': PNG or BMP only (by the extension)");
+  write_through_temporary(path, [&](const char* tmp) {
+    return stbi_write_bmp(tmp, image.width, image.height, image.channels, image.pixels.data());
+  });
 }
 
 }  // namespace unetcu

@@ -1,4 +1,16 @@
-// Image files through stb_image / stb_image_write: PNG, JPEG, BMP in; PNG out.
+// Image files through stb_image / stb_image_write: PNG, JPEG, BMP in; PNG (and BMP) out.
+//
+// Reading is defensive, because image folders and prediction inputs come from anywhere:
+// - only regular files are opened (a FIFO would block forever, a folder is no image);
+// - the whole file is read into memory, capped by what an image within the pixel limit can
+//   need, and stb decodes from memory;
+// - JPEG marker segments are walked before stb sees the bytes, and a Huffman table (DHT) with
+//   more than 256 codes is refused: Debian's stb_image 2.27 writes past its tables on one;
+// - the header's size is checked against a process-wide pixel limit before anything is
+//   decoded, and while decoding no single allocation may exceed what an image of that size
+//   needs (a small PNG inflating to gigabytes is refused);
+// - a BMP too short for the pixels its header promises is refused (stb would fill with zeros).
+// Every refusal is one unetcu::Error naming the file.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -11,12 +23,33 @@ struct Image {
   std::vector<uint8_t> pixels;              // row-major, interleaved
 };
 
+// Images with more pixels than the limit are refused from their header, before decoding.
+// 8192 x 8192 (64 Mi pixels) by default; the apps set it from --max-image-pixels.
+constexpr int64_t kDefaultMaxImagePixels = int64_t(8192) * 8192;
+void set_max_image_pixels(int64_t pixels);  // process-wide; throws unetcu::Error for < 1
+int64_t max_image_pixels();
+
+struct ImageInfo {
+  int width = 0, height = 0, channels = 0;  // channels as stored in the file
+};
+
+// The size from the header only (reads the file's first bytes, decodes no pixels), with the
+// same checks and errors as load_image up to the header: a regular file, the file size cap,
+// the JPEG segments up to the frame header, the pixel limit, a BMP's length.
+ImageInfo read_image_info(const std::string& path);
 // Loads with `channels` channels (1 or 3, converting as needed). Throws unetcu::Error naming
-// the file and stb's reason when it cannot be read or decoded.
+// the file and the reason (stb's, or one of the checks above) when it cannot be used.
 Image load_image(const std::string& path, int channels);
-// Writes a PNG to a temporary file and renames it.
+
+// Throws unetcu::Error unless `path` names a regular file (after following links), without
+// opening it: "<what> '<path>' cannot be opened: ..." when it does not exist or cannot be
+// examined, "... is a folder / a FIFO / ..., not a regular file" otherwise.
+void check_regular_file(const std::string& path, const std::string& what);
+
+// Writes a PNG to a temporary file beside it and renames it, so `path` is whole or absent.
 void save_png(const std::string& path, const Image& image);
-// PNG, JPEG (quality 95) or BMP by the path's extension.
+// PNG or BMP by the path's extension. (No JPEG: stb_image_write's JPEG encoder has undefined
+// behaviour, a signed left shift that overflows, under -fsanitize=undefined.)
 void save_image(const std::string& path, const Image& image);
 
 }  // namespace unetcu

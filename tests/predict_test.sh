@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# unet_predict: masks (and overlays) for a folder, IoU/Dice against ground truth, clear errors.
+# unet_predict: masks (and overlays) for a folder, IoU/Dice against ground truth, clear errors
+# (bad inputs refused before anything is written, partial output reported).
 set -u
 train="$1" predict="$2" make_data="$3"
 d=$(mktemp -d)
@@ -45,5 +46,57 @@ grep -q "no .*\.train beside it" <<<"$msg" || { echo "FAIL: resume message: $msg
   --device cpu:0 --out "$d/pred0" > /dev/null 2> "$d/err" || { echo "FAIL: cpu:0 prediction: $(cat "$d/err")"; fail=1; }
 [ "$(ls "$d/pred1" | wc -l)" -eq 6 ] || { echo "FAIL: 6 masks expected from cpu:1"; fail=1; }
 diff -r "$d/pred0" "$d/pred1" > /dev/null || { echo "FAIL: cpu:1 and cpu:0 masks differ"; fail=1; }
+# Bad inputs: one clear error each, nothing hangs (timeout), nothing written before the inputs
+# have been checked.
+common=(--checkpoint "$d/model.safetensors" --width-divisor 16 --image-size 64 --device cpu)
+good="$d/data/images/00000.png"
+expect_error() {  # expect_error PATTERN WHAT COMMAND...: fails unless it exits non-zero saying PATTERN
+  local pattern="$1" what="$2"
+  shift 2
+  msg=$(timeout 120 "$@" 2>&1) && { echo "FAIL: $what accepted"; fail=1; return; }
+  grep -q -- "$pattern" <<<"$msg" || { echo "FAIL: $what: $msg"; fail=1; }
+}
+mkfifo "$d/pipe.png"
+expect_error "image '$d/pipe.png' is a FIFO (named pipe), not a regular file" "a FIFO input" \
+  "$predict" "$d/pipe.png" "${common[@]}" --out "$d/bad"
+expect_error "checkpoint '$d/pipe.png' is a FIFO (named pipe)" "a FIFO checkpoint" \
+  "$predict" "$good" --checkpoint "$d/pipe.png" --device cpu --out "$d/bad"
+expect_error "checkpoint '$d/data' is a folder, not a regular file" "a folder checkpoint" \
+  "$predict" "$good" --checkpoint "$d/data" --device cpu --out "$d/bad"
+# A 54-byte BMP header claiming 20000x20000 (stb would allocate 1.2 GB), refused from its header.
+{ printf 'BM\x36\x00\x00\x00\x00\x00\x00\x00\x36\x00\x00\x00\x28\x00\x00\x00\x20\x4e\x00\x00\x20\x4e\x00\x00\x01\x00\x18\x00'
+  head -c 24 /dev/zero; } > "$d/huge.bmp"
+expect_error "image '$d/huge.bmp' is 20000x20000 (400000000 pixels), more than the limit of 67108864 pixels" \
+  "a 20000x20000 BMP" "$predict" "$good" "$d/huge.bmp" "${common[@]}" --out "$d/bad"
+# A JPEG whose Huffman table has 320 codes (stb_image 2.27 would write past its arrays).
+{ printf '\xff\xd8\xff\xc4\x01\x53\x00'; printf '\x14%.0s' {1..16}; head -c 320 /dev/zero; printf '\xff\xd9'; } > "$d/dht.jpg"
+expect_error "corrupt JPEG: Huffman table segment (DHT) at byte 2: table at byte 6 has 320 codes" "a bad Huffman table" \
+  "$predict" "$d/dht.jpg" "${common[@]}" --out "$d/bad"
+# --max-image-pixels: the 64x64 images are refused below 4096 pixels.
+expect_error "is 64x64 (4096 pixels), more than the limit of 4095 pixels" "--max-image-pixels 4095" \
+  "$predict" "$good" "${common[@]}" --out "$d/bad" --max-image-pixels 4095
+expect_error "max-image-pixels must be at least 1" "--max-image-pixels 0" \
+  "$predict" "$good" "${common[@]}" --out "$d/bad" --max-image-pixels 0
+"$predict" --help | grep -q -- "--max-image-pixels" || { echo "FAIL: --max-image-pixels not in --help"; fail=1; }
+# A ground-truth mask of another size: found from the headers, before anything is written.
+"$make_data" "$d/small" --count 1 --image-size 32 > /dev/null || { echo "FAIL: small dataset"; exit 1; }
+mkdir -p "$d/gt" && cp "$d/small/masks/00000.png" "$d/gt/"
+expect_error "mask '$d/gt/00000.png' is 32x32 but its image '$good' is 64x64" "a ground-truth mask of another size" \
+  "$predict" "$good" "${common[@]}" --masks "$d/gt" --out "$d/bad"
+[ -e "$d/bad" ] && { echo "FAIL: outputs written for bad inputs: $(ls "$d/bad")"; fail=1; }
+# Decoding fails part way (c.png's header is whole, its pixels cut off): the masks written
+# before it are whole, no temporary file is left, and the error says which were written.
+mkdir -p "$d/mixed" && cp "$d/data/images/00001.png" "$d/mixed/a.png" && cp "$d/data/images/00002.png" "$d/mixed/b.png"
+head -c 60 "$d/data/images/00003.png" > "$d/mixed/c.png"
+expect_error "cannot read image '$d/mixed/c.png'" "a damaged image" "$predict" "$d/mixed" "${common[@]}" --out "$d/part"
+grep -qx "unet_predict: 2 of 3 masks were written to $d/part before the error: a.png, b.png" <<<"$msg" \
+  || { echo "FAIL: written masks not reported: $msg"; fail=1; }
+[ "$(ls -A "$d/part" | tr '\n' ' ')" = "a.png b.png " ] || { echo "FAIL: outputs after a failure: $(ls -A "$d/part")"; fail=1; }
+# unet_train's --data-list goes through the same checks: a folder or a FIFO is refused.
+mkfifo "$d/list.fifo"
+for list in "$d/data/images" "$d/list.fifo"; do
+  expect_error "the name list '$list' is a" "--data-list $list" "$train" --data "$d/data" --data-list "$list" \
+    --epochs 1 --width-divisor 16 --batch-size 2 --val-fraction 0.34 --no-progress --device cpu
+done
 [ $fail -eq 0 ] && echo "ok: masks, overlays, IoU/Dice, folders, errors"
 exit $fail
