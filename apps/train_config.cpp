@@ -105,6 +105,10 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
                  "(0: one when training on CPU devices, four for GPUs); each epoch line gives the "
                  "loader's img/s and the time the step waited for it")
       ->capture_default_str();
+  app.add_option("--max-image-pixels", cfg.max_image_pixels,
+                 "--data: refuse an image or mask with more pixels than this, from its header, "
+                 "before decoding it (a guard against decompression bombs)")
+      ->capture_default_str();
   app.add_option("--checkpoint", cfg.checkpoint,
                  "Save a checkpoint after every epoch, in every mode: the model to FILE "
                  "(safetensors with segmentation_models_pytorch's state_dict names), optimizer "
@@ -178,6 +182,7 @@ void validate(const TrainConfig& c) {
                ", got ", c.threads);
   UNETCU_CHECK(c.workers >= 0 && c.workers <= kMaxWorkers, "--workers must be in 0..", kMaxWorkers,
                ", got ", c.workers);
+  UNETCU_CHECK(c.max_image_pixels >= 1, "--max-image-pixels must be at least 1, got ", c.max_image_pixels);
   UNETCU_CHECK(c.devices.size() <= 64, "--devices lists ", c.devices.size(), " devices; at most 64");
   UNETCU_CHECK(c.data.empty() || (c.val_fraction > 0 && c.val_fraction < 1) || !c.val_data.empty(),
                "--val-fraction must be between 0 and 1");
@@ -250,6 +255,7 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
     train_ds = std::make_unique<SyntheticDataset>(*synthetic, 0, cfg.train_size);
     val_ds = std::make_unique<SyntheticDataset>(*synthetic, cfg.train_size, cfg.val_size);
   } else {
+    set_max_image_pixels(cfg.max_image_pixels);
     auto pairs = FolderDataset::scan(cfg.data, cfg.data_list);
     std::vector<FolderDataset::Pair> train_pairs, val_pairs;
     if (!cfg.val_data.empty()) {

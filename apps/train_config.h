@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "data/dataset.h"
+#include "data/image_io.h"
 #include "train/strategy.h"
 #include "train/trainer.h"
 
@@ -57,6 +58,7 @@ struct TrainConfig {
   double val_fraction = 0.1;
   Augment augment = Augment::None;
   int workers = 0;
+  int64_t max_image_pixels = kDefaultMaxImagePixels;  // images above this are refused unread
 };
 
 // Declares every unet_train flag, bound to `cfg`.

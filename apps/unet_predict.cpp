@@ -16,6 +16,7 @@
 #include <map>
 #include <set>
 
+#include "apps/train_config.h"
 #include "engine/checkpoint.h"
 #include "data/dataset.h"
 #include "data/image_io.h"
@@ -49,7 +50,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> written;  // masks written so far, for the error message
   size_t overlays_written = 0, total = 0;
   try {
-    UNETCU_CHECK(size > 0 && size % 32 == 0, "--image-size must be a positive multiple of 32");
+    UNETCU_CHECK(size >= 32 && size % 32 == 0 && size <= kMaxImageSize,
+                 "--image-size must be a multiple of 32 in 32..", kMaxImageSize, ", got ", size);
     UNETCU_CHECK(threshold > 0 && threshold < 1, "--threshold must be between 0 and 1");
     UNETCU_CHECK(max_pixels >= 1, "--max-image-pixels must be at least 1");
     set_max_image_pixels(max_pixels);

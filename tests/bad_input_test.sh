@@ -101,10 +101,10 @@ check "is not a regular file" "$train" "${small[@]}" --resume fifo
 check "is not a regular file" "$train" "${small[@]}" --init-encoder fifo
 check "is not a regular file" "$train" "${small[@]}" --init-encoder /dev/zero
 check "is not a regular file" "$train" "${small[@]}" --init-encoder adir
-check "is not a regular file" "$train" "${small[@]}" --data data --data-list fifo2 --batch-size 2
-check "is not a regular file" "$train" "${small[@]}" --data data --data-list adir --batch-size 2
-check "is not a regular file" "$predict" fifo --checkpoint good.safetensors --width-divisor 16
-check "is not a regular file" "$predict" data/images --checkpoint fifo --width-divisor 16
+check "is a FIFO (named pipe), not a regular file" "$train" "${small[@]}" --data data --data-list fifo2 --batch-size 2
+check "is a folder, not a regular file" "$train" "${small[@]}" --data data --data-list adir --batch-size 2
+check "is a FIFO (named pipe), not a regular file" "$predict" fifo --checkpoint good.safetensors --width-divisor 16
+check "is a FIFO (named pipe), not a regular file" "$predict" data/images --checkpoint fifo --width-divisor 16
 check "is damaged" "$train" "${small[@]}" --init-encoder flipped.safetensors
 check "checkpoint 'short_header.safetensors'" "$train" "${small[@]}" --init-encoder short_header.safetensors
 check "truncated" "$train" "${small[@]}" --init-encoder truncated.safetensors
