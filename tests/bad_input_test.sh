@@ -139,7 +139,9 @@ if [ $rc -ne 130 ] || ! grep -q "interrupted .* checkpoint written to int.safete
    || [ ! -e int.safetensors ]; then
   echo "FAIL: Ctrl-C: rc $rc: $(cat int.err)"; fail=1
 else
-  out=$(timeout 120 "$train" --epochs 3 --image-size 32 --train-size 64 --val-size 4 --width-divisor 16 \
+  # One more epoch than the interrupted one, wherever the signal landed.
+  e=$(sed -nE 's/.*interrupted (at|after) epoch ([0-9]+).*/\2/p' int.err)
+  out=$(timeout 120 "$train" --epochs $((e + 1)) --image-size 32 --train-size 64 --val-size 4 --width-divisor 16 \
         --batch-size 4 --no-progress --resume int.safetensors 2>&1)
   if [ $? -ne 0 ] || ! grep -q "resumed from int.safetensors after epoch" <<<"$out"; then
     echo "FAIL: resume after Ctrl-C: $out"; fail=1
