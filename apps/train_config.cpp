@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "apps/cli.h"
+#include "kernels/cpu/cpu_select.h"
 #include "runtime/cuda_api.h"
 
 namespace unetcu {
@@ -226,6 +227,7 @@ void validate(const TrainConfig& c) {
 TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
                        const std::function<void(const EpochStats&)>& on_epoch) {
   validate(cfg);
+  out << kernels::cpu::cpu_gemm_line() << "\n";
   std::vector<Device> devices;
   if (cfg.mode == Mode::Single) {
     // float64 is a CPU-only type: "auto" then means the CPU.

@@ -17,6 +17,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "kernels/cpu/cpu_select.h"
 #include "apps/cli.h"
 #include "bench/bench_util.h"
 #include "runtime/cuda_api.h"
@@ -95,6 +96,7 @@ std::string json_str(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  unetcu::kernels::cpu::select_gemm_kernels(argv);  // first: it may run the program again
   std::string devices_s = "cpu:0,cpu:1", splits_s, out_dir = "bench_out";
   int image = 64, batch = 4, mp_batch = 0, epoch_images = 0, epochs = 2, warmup = 1;
   int width_divisor = 1, threads = 0, mp_steps = 2;
@@ -170,6 +172,7 @@ int main(int argc, char** argv) {
     };
     const OptimizerFactory adam = optimizer_factory({});
     const std::string machine = machine_description(devices);
+    std::printf("%s\n", kernels::cpu::cpu_gemm_line().c_str());
     std::printf("machine: %s\nimage %dx%d, width/%d; single and DP batch %d per device, MP batch %d; "
                 "epoch = %d images; %d timed epochs after %d warm-up steps; %d threads per CPU device\n\n",
                 machine.c_str(), image, image, width_divisor, batch, mp_batch, epoch_images, epochs,

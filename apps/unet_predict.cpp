@@ -16,6 +16,7 @@
 #include <map>
 #include <set>
 
+#include "kernels/cpu/cpu_select.h"
 #include "apps/train_config.h"
 #include "engine/checkpoint.h"
 #include "data/dataset.h"
@@ -27,6 +28,7 @@ using namespace unetcu;
 namespace fs = std::filesystem;
 
 int main(int argc, char** argv) {
+  unetcu::kernels::cpu::select_gemm_kernels(argv);  // first: it may run the program again
   std::string checkpoint, out_dir = "predictions", gt_dir, device_s = "auto";
   std::vector<std::string> inputs;
   int size = 512, width_divisor = 1;

@@ -5,10 +5,12 @@
 #include <iostream>
 
 #include "apps/train_config.h"
+#include "kernels/cpu/cpu_select.h"
 #include "train/interrupt.h"
 
 int main(int argc, char** argv) {
   using namespace unetcu;
+  kernels::cpu::select_gemm_kernels(argv);  // before anything else: it may run us again
   TrainConfig cfg;
   CLI::App app{"unet_train: train a UNet-ResNet34 (segmentation_models_pytorch Unet('resnet34'), "
                "1 class) on the synthetic segmentation set or an image folder"};

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "kernels/cpu/cpu_select.h"
 #include "bench/bench_util.h"
 
 using namespace unetcu;
@@ -20,6 +21,7 @@ static double time_steps(int batch, int size, int warmup, int steps, std::vector
 }
 
 int main(int argc, char** argv) {
+  unetcu::kernels::cpu::select_gemm_kernels(argv);  // first: it may run the program again
   int threads = 2, warmup = 2, steps = 7;
   CLI::App app{"bench_cpu_step: median CPU Adam training step of the full UNet-ResNet34"};
   app.add_option("--threads", threads, "CPU threads")->capture_default_str();
@@ -28,6 +30,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     set_cpu_threads(threads);
+    std::printf("%s\n\n", kernels::cpu::cpu_gemm_line().c_str());
     std::printf("| batch | image | threads | median step (s) | min (s) | max (s) | img/s |\n");
     std::printf("|---|---|---|---|---|---|---|\n");
     for (auto [batch, size] : {std::pair{4, 128}, std::pair{2, 256}}) {

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "kernels/cpu/cpu_select.h"
 #include "apps/cli.h"
 #include "bench/bench_util.h"
 
@@ -17,6 +18,7 @@ using Clock = std::chrono::steady_clock;
 using bench::median;
 
 int main(int argc, char** argv) {
+  unetcu::kernels::cpu::select_gemm_kernels(argv);  // first: it may run the program again
   int global_batch = 8, image = 64, width_divisor = 1, warmup = 1, steps = 3, train_size = 512;
   std::string counts = "1,2,4";
   AllReduceAlgo allreduce = AllReduceAlgo::Ring;

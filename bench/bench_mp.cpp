@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "kernels/cpu/cpu_select.h"
 #include "apps/cli.h"
 #include "bench/bench_util.h"
 
@@ -14,6 +15,7 @@ using namespace unetcu;
 using bench::median;
 
 int main(int argc, char** argv) {
+  unetcu::kernels::cpu::select_gemm_kernels(argv);  // first: it may run the program again
   int batch = 8, image = 128, width_divisor = 1, warmup = 1, steps = 3;
   std::string splits = "1,2,4,8", cut = "layer3", devices = "cpu:0,cpu:1";
   CLI::App app{"bench_mp: pipeline model parallelism on CPU devices (one thread each) vs one device"};

@@ -6,6 +6,8 @@
 #include <atomic>
 #include <cstdio>
 
+#include "kernels/cpu/cpu_select.h"
+
 namespace {
 std::atomic<int> g_cases_started{0};
 
@@ -28,6 +30,7 @@ REGISTER_LISTENER("counting", 1, CountingListener);
 }  // namespace
 
 int main(int argc, char** argv) {
+  unetcu::kernels::cpu::select_gemm_kernels(argv);  // the matching GEMM kernels (may re-run)
   doctest::Context context(argc, argv);
   const int rc = context.run();
   if (context.shouldExit()) return rc;  // --help, --list-test-cases, ...
