@@ -1,0 +1,182 @@
+// What each fuzz target does with one input, written once: the libFuzzer programs
+// (tests/fuzz/fuzz_*.cpp) and the corpus replay of the ordinary test suite
+// (tests/test_corpus.cpp) both call these, so a crash the fuzzer finds is replayed through
+// exactly the calls that found it.
+//
+// Each target writes the bytes to a file in a private scratch directory and goes through the
+// project's own readers. A unetcu::Error is an accepted outcome and is thrown on to the caller
+// (the fuzzer programs swallow it, the replay counts it); anything else — a crash, a sanitizer
+// report, another exception type, a hang — is a finding.
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "data/dataset.h"
+#include "data/image_io.h"
+#include "engine/checkpoint.h"
+#include "engine/optim.h"
+#include "models/unet.h"
+#include "runtime/common.h"
+
+// The UBSan options of the fuzz programs, built in so that running one by hand on an input
+// reports what tools/fuzz.sh does (UBSAN_OPTIONS still overrides): every report fatal except
+// the known third-party ones listed in ubsan_suppressions.txt.
+#if defined(UNETCU_SOURCE_DIR)
+#define UNETCU_FUZZ_UBSAN_DEFAULTS                                                       \
+  extern "C" const char* __ubsan_default_options() {                                    \
+    return "halt_on_error=1:print_stacktrace=1:suppressions=" UNETCU_SOURCE_DIR         \
+           "/tests/fuzz/ubsan_suppressions.txt";                                        \
+  }
+#endif
+
+namespace unetcu::fuzz {
+
+// A directory of this process's own (mkdtemp under $TMPDIR or /tmp), removed at exit.
+inline const std::string& scratch_dir() {
+  struct Dir {
+    std::string path;
+    Dir() {
+      const char* tmp = std::getenv("TMPDIR");
+      std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/unetcu-fuzz-XXXXXX";
+      std::vector<char> buf(pattern.begin(), pattern.end());
+      buf.push_back('\0');
+      if (!mkdtemp(buf.data())) throw std::runtime_error("fuzz: cannot create a scratch directory");
+      path = buf.data();
+    }
+    ~Dir() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  };
+  static const Dir dir;
+  return dir.path;
+}
+
+inline void write_bytes(const std::string& path, const uint8_t* data, size_t size) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(reinterpret_cast<const char*>(data), std::streamsize(size));
+  if (!f) throw std::runtime_error("fuzz: cannot write " + path);
+}
+
+inline std::vector<uint8_t> read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::vector<uint8_t>((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+// The small model every checkpoint target loads into: the real topology, channels / 64, so its
+// state has all 278 names of Unet('resnet34') at ~100 KB.
+inline UNetConfig fuzz_model_config() {
+  UNetConfig c;
+  c.width_divisor = 64;
+  c.seed = 1;
+  return c;
+}
+
+// (a) The safetensors reader: read_safetensors, then load_model_state into the small UNet.
+inline void run_safetensors(const uint8_t* data, size_t size) {
+  static UNet model(fuzz_model_config());
+  const std::string path = scratch_dir() + "/input.safetensors";
+  write_bytes(path, data, size);
+  std::map<std::string, std::string> metadata;
+  const SafeTensors tensors = read_safetensors(path, &metadata);
+  load_model_state(model, tensors, path);
+}
+
+// (b) The image decoder through the data set's load and resize path: the image as RGB and the
+// same file as a mask (gray), each resized to the training size as FolderDataset::load does.
+// Each input is decoded on a thread of its own: stb_image keeps its failure reason in a
+// thread_local that nothing resets, so on a fresh thread every input meets the decoder as a
+// program's first image does, whatever inputs came before it (the replay runs many in one
+// process; a reason left unset by one decoder path is a finding only on a fresh thread).
+inline constexpr int kFuzzImageSize = 32;
+inline void run_image(const uint8_t* data, size_t size) {
+  const std::string path = scratch_dir() + "/input.img";
+  write_bytes(path, data, size);
+  std::exception_ptr failure;
+  std::thread decoder([&] {
+    try {
+      const int S = kFuzzImageSize;
+      std::vector<float> image(size_t(3) * S * S), mask(size_t(S) * S);
+      const Image rgb = load_image(path, 3);
+      resize_bilinear(rgb, S, image.data());
+      const Image gray = load_image(path, 1);
+      resize_nearest_mask(gray, S, mask.data());
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  });
+  decoder.join();
+  if (failure) std::rethrow_exception(failure);
+}
+
+// (c) The training-state reader: a valid model file (and an Adam optimizer over the model's
+// parameters) written once; the input is its `<file>.train`; load_checkpoint reads both.
+struct TrainFixture {
+  UNet model{fuzz_model_config()};
+  Adam adam{model.parameters()};
+  std::string path = scratch_dir() + "/model.safetensors";
+  TrainFixture() { save_checkpoint(path, model, {&adam}, 1); }
+};
+inline TrainFixture& train_fixture() {
+  static TrainFixture f;
+  return f;
+}
+inline void run_train(const uint8_t* data, size_t size) {
+  TrainFixture& f = train_fixture();
+  write_bytes(f.path + ".train", data, size);
+  load_checkpoint(f.path, f.model, {&f.adam});
+}
+
+// The targets by name; the name is also the folder of the corpus: tests/corpus/<name>/.
+using Target = std::function<void(const uint8_t*, size_t)>;
+inline const std::map<std::string, Target>& targets() {
+  static const std::map<std::string, Target> all{
+      {"safetensors", run_safetensors}, {"image", run_image}, {"train", run_train}};
+  return all;
+}
+
+// Valid inputs for each target, made by the project's own writers: the seeds of the fuzzer
+// and of tests/corpus/<target>/seed_*. Names are file names.
+inline std::map<std::string, std::vector<uint8_t>> seed_files(const std::string& target) {
+  std::map<std::string, std::vector<uint8_t>> out;
+  const std::string dir = scratch_dir() + "/seeds";
+  std::filesystem::create_directories(dir);
+  if (target == "safetensors" || target == "train") {
+    UNet model(fuzz_model_config());
+    Adam adam(model.parameters());
+    const std::string path = dir + "/model.safetensors";
+    save_checkpoint(path, model, {&adam}, 1);
+    if (target == "safetensors") out["seed_unet_w64.safetensors"] = read_bytes(path);
+    else out["seed_unet_w64_adam.train"] = read_bytes(path + ".train");
+  } else if (target == "image") {
+    // A small pattern with edges and a gradient, as RGB and gray, in each format we read.
+    for (int channels : {3, 1}) {
+      Image img;
+      img.width = 13, img.height = 9, img.channels = channels;
+      for (int y = 0; y < img.height; ++y)
+        for (int x = 0; x < img.width; ++x)
+          for (int c = 0; c < channels; ++c)
+            img.pixels.push_back(uint8_t((x * 19 + y * 7 + c * 80) % 256 * ((x + y) % 3 != 0)));
+      const std::string tag = channels == 3 ? "rgb" : "gray";
+      for (const char* ext : {"png", "bmp", "jpg"}) {
+        if (channels == 1 && std::string(ext) == "bmp") continue;  // stb writes BMP as 24-bit
+        const std::string name = "seed_" + tag + "." + ext;
+        save_image(dir + "/" + name, img);
+        out[name] = read_bytes(dir + "/" + name);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace unetcu::fuzz
