@@ -7,7 +7,8 @@
 #
 # Usage: tools/fuzz.sh [SECONDS] [TARGET...]   each target for SECONDS (default 60), all by default
 #        tools/fuzz.sh --update-seeds          rewrite tests/corpus/<target>/seed_* for the
-#                                              current model and writers
+#                                              current model and writers, and the bad_* made
+#                                              from them (needs python3)
 # Environment: FUZZ_FLAGS adds libFuzzer flags (e.g. "-fork=0" to stop at the first finding).
 #
 # Builds in build-fuzz/ (clang, -DUNETCU_FUZZ=ON, CUDA off) and starts each fuzzer from fresh
@@ -35,7 +36,7 @@ targets=()
 for arg in "$@"; do
   case "$arg" in
     --update-seeds) update_seeds=1 ;;
-    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n "2,24p" "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     ''|*[!0-9]*)
       [[ " ${all_targets[*]} " == *" $arg "* ]] || { echo "fuzz.sh: unknown target or flag '$arg'" >&2; exit 2; }
       targets+=("$arg") ;;
@@ -76,8 +77,10 @@ CC=clang CXX=clang++ cmake -S . -B "$build" -DUNETCU_FUZZ=ON -DUNETCU_CUDA=OFF \
 cmake --build "$build" -j"$(nproc)" --target unetcu_fuzz_seeds $(printf 'fuzz_%s ' "${all_targets[@]}")
 
 if [ "$update_seeds" -eq 1 ]; then
-  rm -f tests/corpus/*/seed_*
+  # The seeds, then the hand-made breakages of them (tests/corpus/make_malformed.py).
+  rm -f tests/corpus/*/seed_* tests/corpus/*/bad_*
   "$bin/unetcu_fuzz_seeds" tests/corpus
+  python3 tests/corpus/make_malformed.py
   exit 0
 fi
 rm -rf "$build/seeds"

@@ -145,38 +145,4 @@ inline const std::map<std::string, Target>& targets() {
   return all;
 }
 
-// Valid inputs for each target, made by the project's own writers: the seeds of the fuzzer
-// and of tests/corpus/<target>/seed_*. Names are file names.
-inline std::map<std::string, std::vector<uint8_t>> seed_files(const std::string& target) {
-  std::map<std::string, std::vector<uint8_t>> out;
-  const std::string dir = scratch_dir() + "/seeds";
-  std::filesystem::create_directories(dir);
-  if (target == "safetensors" || target == "train") {
-    UNet model(fuzz_model_config());
-    Adam adam(model.parameters());
-    const std::string path = dir + "/model.safetensors";
-    save_checkpoint(path, model, {&adam}, 1);
-    if (target == "safetensors") out["seed_unet_w64.safetensors"] = read_bytes(path);
-    else out["seed_unet_w64_adam.train"] = read_bytes(path + ".train");
-  } else if (target == "image") {
-    // A small pattern with edges and a gradient, as RGB and gray, in each format we read.
-    for (int channels : {3, 1}) {
-      Image img;
-      img.width = 13, img.height = 9, img.channels = channels;
-      for (int y = 0; y < img.height; ++y)
-        for (int x = 0; x < img.width; ++x)
-          for (int c = 0; c < channels; ++c)
-            img.pixels.push_back(uint8_t((x * 19 + y * 7 + c * 80) % 256 * ((x + y) % 3 != 0)));
-      const std::string tag = channels == 3 ? "rgb" : "gray";
-      for (const char* ext : {"png", "bmp", "jpg"}) {
-        if (channels == 1 && std::string(ext) == "bmp") continue;  // stb writes BMP as 24-bit
-        const std::string name = "seed_" + tag + "." + ext;
-        save_image(dir + "/" + name, img);
-        out[name] = read_bytes(dir + "/" + name);
-      }
-    }
-  }
-  return out;
-}
-
 }  // namespace unetcu::fuzz
