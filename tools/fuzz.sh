@@ -85,6 +85,11 @@ if [ "$update_seeds" -eq 1 ]; then
 fi
 rm -rf "$build/seeds"
 "$bin/unetcu_fuzz_seeds" "$build/seeds" >/dev/null
+# The targets' scratch files (and libFuzzer's) under build-fuzz/tmp/, removed at the end: a
+# crashing input leaves its process no chance to remove its own.
+export TMPDIR="$root/$build/tmp"
+rm -rf "$TMPDIR" && mkdir -p "$TMPDIR"
+trap 'rm -rf "$probe_dir" "$TMPDIR"' EXIT
 
 # ---- findings: one signature per bug ------------------------------------------------------
 # "kind@file:line": the kind of report and the first stack frame in our sources, stb or
