@@ -173,7 +173,7 @@ for t in "${targets[@]}"; do
   if [ ${#new[@]} -gt 0 ]; then
     found=1
     line+="; NEW: ${new[*]}"
-  elif [ "$rc" -ne 0 ]; then
+  elif [ "$rc" -ne 0 ] && [ -z "$(ls "$findings")" ]; then  # fork mode exits 1 after any finding
     found=1
     line+="; the fuzzer failed (exit $rc), see $log"
     tail -20 "$log"
