@@ -241,7 +241,7 @@ ImageInfo checked_header(const std::string& path, const std::vector<uint8_t>& d,
                info.width, "x", info.height);
   UNETCU_CHECK(pixels <= max_image_pixels(), "image '", path, "' is ", info.width, "x", info.height,
                " (", pixels, " pixels), more than the limit of ", max_image_pixels(),
-               " pixels (--max-image-pixels)");
+               " pixels set for images");
   if (bmp) {
     // stb reads zeros past the end of a short BMP: a black image instead of an error. Each
     // row is padded to 4 bytes, after the 14-byte file header and the info header.

@@ -403,7 +403,7 @@ TEST_CASE("images: the pixel limit refuses an image from its header, before any 
   save_png(png, solid(40, 30, 3, 9));
   {
     PixelLimit limit(40 * 30 - 1);
-    CHECK_THROWS_WITH(load_image(png, 3), doctest::Contains("is 40x30 (1200 pixels), more than the limit of 1199 pixels (--max-image-pixels)"));
+    CHECK_THROWS_WITH(load_image(png, 3), doctest::Contains("is 40x30 (1200 pixels), more than the limit of 1199 pixels set for images"));
     CHECK_THROWS_WITH(read_image_info(png), doctest::Contains("more than the limit of 1199"));
   }
   {
