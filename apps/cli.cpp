@@ -22,12 +22,6 @@ std::vector<Device> parse_device_list(const std::string& s) {
   return out;
 }
 
-std::string device_list_str(const std::vector<Device>& devices) {
-  std::string s;
-  for (const Device& d : devices) s += (s.empty() ? "" : ",") + d.str();
-  return s;
-}
-
 const std::vector<std::string>& unet_block_names() {
   static const std::vector<std::string> names = [] {
     UNetConfig probe;

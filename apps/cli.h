@@ -44,7 +44,6 @@ CLI::Option* add_enum(CLI::App& app, const std::string& flag, E& field,
 std::optional<Device> parse_device(const std::string& s, bool allow_auto);
 // "cpu:0,cpu:1,...": a comma-separated list (empty items skipped).
 std::vector<Device> parse_device_list(const std::string& s);
-std::string device_list_str(const std::vector<Device>& devices);
 // Cut points for model parallelism: block names (encoder.layer3 or its last part, layer3) or
 // block indices, comma separated, in increasing order; each names the block a cut follows.
 // Returns the first block of each later stage.

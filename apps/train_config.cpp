@@ -195,11 +195,11 @@ void validate(const TrainConfig& c) {
   UNETCU_CHECK(c.mode == Mode::DataParallel || !c.sync_bn, "--sync-bn belongs to --mode dp");
   for (const Device& d : c.devices)
     UNETCU_CHECK(d.kind == c.devices[0].kind, "--devices must be all CPU devices or all GPUs, got ",
-                 cli::device_list_str(c.devices));
+                 device_list_str(c.devices));
   if (c.mode == Mode::Pipeline) {
     UNETCU_CHECK(!c.devices.empty(), "--mode mp needs --devices (one per stage, e.g. cpu:0,cpu:1)");
     UNETCU_CHECK(c.devices.size() >= 2, "--mode mp needs at least two stage devices, got ",
-                 cli::device_list_str(c.devices));
+                 device_list_str(c.devices));
     UNETCU_CHECK(c.split_size >= 0, "--split-size must be at least 1, got ", c.split_size);
     UNETCU_CHECK(c.split_size <= c.batch_size, "--split-size ", c.split_size,
                  " is larger than --batch-size ", c.batch_size);

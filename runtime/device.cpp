@@ -28,6 +28,12 @@ Device Device::parse(const std::string& s) {
   throw Error("bad device '" + s + "' (expected cpu, cpu:N, cuda or cuda:N)");
 }
 
+std::string device_list_str(const std::vector<Device>& devices) {
+  std::string s;
+  for (const Device& d : devices) s += (s.empty() ? "" : ",") + d.str();
+  return s;
+}
+
 std::string Device::str() const {
   return std::string(is_cpu() ? "cpu" : "cuda") + ":" + std::to_string(index);
 }

@@ -2,6 +2,7 @@
 // data and model parallelism run on a machine without a GPU) and "cuda:N".
 #pragma once
 #include <string>
+#include <vector>
 
 namespace unetcu {
 
@@ -22,6 +23,9 @@ struct Device {
   bool operator==(const Device& o) const { return kind == o.kind && index == o.index; }
   bool operator!=(const Device& o) const { return !(*this == o); }
 };
+
+// "cpu:0,cpu:1": a device list as the command line writes it.
+std::string device_list_str(const std::vector<Device>& devices);
 
 // Number of visible CUDA GPUs. Any error from the CUDA runtime (no driver, no device,
 // a build without CUDA) means zero: "no GPU" is a normal answer, never a crash.

@@ -15,12 +15,6 @@ namespace {
 // pinned memory to a GPU, on the device's current stream).
 Tensor on(const Tensor& t, Device device) { return t.device() == device ? t : t.to(device); }
 
-std::string device_list(const std::vector<Device>& devices) {
-  std::string s;
-  for (const Device& d : devices) s += (s.empty() ? "" : ",") + d.str();
-  return s;
-}
-
 }  // namespace
 
 // ---- one device -----------------------------------------------------------------------------
@@ -60,7 +54,7 @@ DataParallelStrategy::DataParallelStrategy(const UNetConfig& model, const DataPa
 
 std::string DataParallelStrategy::describe() const {
   const auto& o = dp_.options();
-  return "data parallel, " + std::to_string(dp_.size()) + " replicas on " + device_list(o.devices) +
+  return "data parallel, " + std::to_string(dp_.size()) + " replicas on " + device_list_str(o.devices) +
          ", " + name_of(kAllReduceNames, o.algo) + " all-reduce" + (o.sync_bn ? ", synchronized BN" : "");
 }
 
@@ -103,7 +97,7 @@ std::string PipelineStrategy::describe() const {
   const auto& o = pipe_.options();
   std::string cuts;
   for (int c : o.cuts) cuts += (cuts.empty() ? "" : ", ") + pipe_.model().blocks()[c - 1].name;
-  return "model parallel, " + std::to_string(o.devices.size()) + " stages on " + device_list(o.devices) +
+  return "model parallel, " + std::to_string(o.devices.size()) + " stages on " + device_list_str(o.devices) +
          " (cut after " + cuts + "), micro-batches of " + std::to_string(o.split_size) + ", " +
          name_of(kScheduleNames, o.schedule) + " schedule; BN statistics per micro-batch";
 }
