@@ -2,6 +2,7 @@
 // float64), on random inputs of odd shapes; conv and BN forward also against loop references;
 // float32 forward against float64.
 #include "engine/ops.h"
+#include "kernels/cpu/conv_dnnl.h"
 #include "kernels/launchers.h"
 #include "testing.h"
 
@@ -150,6 +151,57 @@ TEST_CASE("conv2d banded strategy: bands of output rows on several threads") {
     }
   }
   set_cpu_threads(saved);
+}
+
+TEST_CASE("conv2d float32: oneDNN and im2col against the float64 reference") {
+  // Every convolution shape of the UNet-ResNet34 (stem 7x7/2 on 3 channels, 3x3/1, 3x3/2,
+  // 1x1/2 downsample, the head's 3x3 with bias to one channel) at small odd sizes, forward and
+  // backward, written (pass 1) and accumulated (pass 2, beta = 1). float32 sums of at most a
+  // few hundred products: relative error ~1e-7, checked at 1e-5.
+  const std::vector<ConvCase> cases = {{{2, 3, 37, 30}, {16, 3, 7, 7}, {2, 2, 3, 3}, false},
+                                       {{2, 16, 17, 13}, {16, 16, 3, 3}, {1, 1, 1, 1}, false},
+                                       {{3, 16, 17, 13}, {32, 16, 3, 3}, {2, 2, 1, 1}, false},
+                                       {{3, 16, 16, 12}, {32, 16, 1, 1}, {2, 2, 0, 0}, false},
+                                       {{2, 40, 9, 9}, {24, 40, 1, 1}, {1, 1, 0, 0}, true},
+                                       {{2, 16, 20, 18}, {1, 16, 3, 3}, {1, 1, 1, 1}, true}};
+  const kernels::cpu::CpuConvImpl saved = kernels::cpu::cpu_conv_impl();
+  std::vector<kernels::cpu::CpuConvImpl> impls = {kernels::cpu::CpuConvImpl::Im2col};
+  if (kernels::cpu::onednn_built())
+    impls.push_back(kernels::cpu::CpuConvImpl::OneDnn);
+  else
+    WARN_MESSAGE(false, "this build has no oneDNN: only im2col is checked in float32");
+  Rng rng(33);
+  for (const ConvCase& c : cases) {
+    CAPTURE(shape_str(c.x));
+    CAPTURE(shape_str(c.w));
+    Tensor x = random_tensor(c.x, rng), w = random_tensor(c.w, rng);
+    Tensor b = c.bias ? random_tensor({c.w[0]}, rng) : Tensor();
+    Tensor ref_y = conv_reference(x, w, b, c.opt);
+    Tensor gy = random_tensor(ref_y.shape(), rng);
+    Tensor rgx, rgw, rgb;
+    conv_backward_reference(x, w, gy, c.opt, &rgx, &rgw, &rgb);
+    for (auto impl : impls) {
+      CAPTURE(int(impl));
+      kernels::cpu::set_cpu_conv_impl(impl);
+      Tensor x32 = x.to(DType::F32).set_requires_grad(true);
+      Tensor w32 = w.to(DType::F32).set_requires_grad(true);
+      Tensor b32 = c.bias ? b.to(DType::F32).set_requires_grad(true) : Tensor();
+      for (int pass = 1; pass <= 2; ++pass) {
+        Tape tape;
+        Tensor y;
+        {
+          TapeScope s(tape);
+          y = conv2d(x32, w32, b32, c.opt);
+        }
+        CHECK(rel_error(y.to(DType::F64), ref_y) < 1e-5);
+        tape.backward({y}, {gy.to(DType::F32)});
+        CHECK(rel_error(x32.grad().to(DType::F64), scale(rgx, pass)) < 1e-5);
+        CHECK(rel_error(w32.grad().to(DType::F64), scale(rgw, pass)) < 1e-5);
+        if (c.bias) CHECK(rel_error(b32.grad().to(DType::F64), scale(rgb, pass)) < 1e-5);
+      }
+    }
+  }
+  kernels::cpu::set_cpu_conv_impl(saved);
 }
 
 TEST_CASE("conv2d on large planes (one sample per GEMM, 1x1 direct path)") {

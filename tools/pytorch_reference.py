@@ -11,6 +11,10 @@ module names, to check unetcu against PyTorch.
   pytorch_reference.py check CHECKPOINT.safetensors [--width-divisor 1] [--image-size 64]
       Loads an engine checkpoint into the PyTorch model (strict: every name and shape must
       match) and prints the logits' statistics on a fixed input.
+  pytorch_reference.py bench --batch 4 --size 128 [--threads 2] [--warmup 2] [--steps 7]
+      Times the float32 training step the engine's bench_cpu_step times (forward, BCE+Dice,
+      backward, Adam 1e-3) on the synthetic-like random batch and prints one JSON line:
+      {"batch", "size", "threads", "steps": [seconds...], "median"}.
 
 Needs PyTorch (Debian: python3-torch; run it with /usr/bin/python3) and nothing else: the
 safetensors format is read and written here directly."""
@@ -185,6 +189,28 @@ def check(args):
     print(f"loaded {args.path} strictly; logits mean {y.mean().item():.6f} std {y.std().item():.6f}")
 
 
+def bench(args):
+    import time
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model = Unet(1).float().train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x = torch.randn(args.batch, 3, args.size, args.size)
+    target = (torch.rand(args.batch, 1, args.size, args.size) < 0.4).float()
+    times = []
+    for i in range(args.warmup + args.steps):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), target)
+        loss.backward()
+        opt.step()
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    med = sorted(times)[len(times) // 2]
+    print(json.dumps({"batch": args.batch, "size": args.size, "threads": args.threads, "steps": times,
+                      "median": med, "torch": torch.__version__}))
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -196,5 +222,11 @@ if __name__ == "__main__":
     c.add_argument("path")
     c.add_argument("--width-divisor", type=int, default=1)
     c.add_argument("--image-size", type=int, default=64)
+    b = sub.add_parser("bench")
+    b.add_argument("--batch", type=int, default=4)
+    b.add_argument("--size", type=int, default=128)
+    b.add_argument("--threads", type=int, default=2)
+    b.add_argument("--warmup", type=int, default=2)
+    b.add_argument("--steps", type=int, default=7)
     a = ap.parse_args()
-    golden(a) if a.cmd == "golden" else check(a)
+    {"golden": golden, "check": check, "bench": bench}[a.cmd](a)

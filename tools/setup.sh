@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the build needs, only those missing. Safe to run again.
 set -euo pipefail
-pkgs=(cmake g++ make libopenblas-openmp-dev doctest-dev libstb-dev nlohmann-json3-dev libcli11-dev)
+pkgs=(cmake g++ make libopenblas-openmp-dev libdnnl-dev doctest-dev libstb-dev nlohmann-json3-dev libcli11-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

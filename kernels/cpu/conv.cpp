@@ -23,6 +23,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/conv_dnnl.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/launchers.h"
 #include "kernels/cpu/workspace.h"
@@ -392,6 +393,10 @@ bool conv2d_uses_bands(const ConvGeometry& g, DType dtype) {
 
 void conv2d_forward(const TensorRef& x, const TensorRef& w, const TensorRef& b, const TensorRef& y,
                     const ConvGeometry& g) {
+  if (x.dtype() == DType::F32 && cpu_conv_impl() == CpuConvImpl::OneDnn &&
+      onednn_conv2d_forward(x.data<float>(), w.data<float>(),
+                            b.defined() ? b.data<float>() : nullptr, y.data<float>(), g))
+    return;
   UNETCU_DISPATCH_FLOAT(x.dtype(), T, forward_impl<T>(x.data<T>(), w.data<T>(),
                                                       b.defined() ? b.data<T>() : nullptr,
                                                       y.data<T>(), g));
@@ -400,6 +405,23 @@ void conv2d_forward(const TensorRef& x, const TensorRef& w, const TensorRef& b, 
 void conv2d_backward(const TensorRef& grad_y, const TensorRef& x, const TensorRef& w,
                      const TensorRef& grad_x, double beta_x, const TensorRef& grad_w, double beta_w,
                      const TensorRef& grad_b, double beta_b, const ConvGeometry& g) {
+  if (x.dtype() == DType::F32 && cpu_conv_impl() == CpuConvImpl::OneDnn &&
+      (grad_x.defined() || grad_w.defined())) {
+    // The bias gradient is a plain sum over dY here; oneDNN does the data and weight gradients.
+    if (grad_b.defined())
+      backward_impl<float>(grad_y.data<float>(), x.data<float>(), w.data<float>(), nullptr, 0.f,
+                           nullptr, 0.f, grad_b.data<float>(), float(beta_b), g);
+    if (onednn_conv2d_backward(grad_y.data<float>(), x.data<float>(), w.data<float>(),
+                               grad_x.defined() ? grad_x.data<float>() : nullptr, float(beta_x),
+                               grad_w.defined() ? grad_w.data<float>() : nullptr, float(beta_w),
+                               g))
+      return;
+    backward_impl<float>(grad_y.data<float>(), x.data<float>(), w.data<float>(),
+                         grad_x.defined() ? grad_x.data<float>() : nullptr, float(beta_x),
+                         grad_w.defined() ? grad_w.data<float>() : nullptr, float(beta_w),
+                         nullptr, 0.f, g);
+    return;
+  }
   UNETCU_DISPATCH_FLOAT(
       x.dtype(), T,
       backward_impl<T>(grad_y.data<T>(), x.data<T>(), w.data<T>(),

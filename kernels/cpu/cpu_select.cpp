@@ -1,5 +1,7 @@
 #include "kernels/cpu/cpu_select.h"
 
+#include "kernels/cpu/conv_dnnl.h"
+
 #include <cpuid.h>
 #include <strings.h>
 #include <unistd.h>
@@ -106,7 +108,8 @@ void select_gemm_kernels(char** argv) {
 }
 
 std::string cpu_gemm_line() {
-  std::string line = "cpu: " + cpu_isa().name() + ", gemm: " + gemm_kernels() + " kernels";
+  std::string line = "cpu: " + cpu_isa().name() + ", conv: " + cpu_conv_line() +
+                     ", gemm: " + gemm_kernels() + " kernels";
   const char* force = std::getenv("UNETCU_GEMM_CORE");
   if (force && *force)
     line += std::string(" (UNETCU_GEMM_CORE=") + force + ")";

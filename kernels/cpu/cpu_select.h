@@ -32,7 +32,8 @@ std::string gemm_kernels();
 // build without OpenBLAS.
 void select_gemm_kernels(char** argv);
 
-// One line for the log: "cpu: AVX-512 (bf16), gemm: OpenBLAS 0.3.21 SkylakeX kernels" plus,
+// One line for the log: "cpu: AVX-512 (bf16), conv: oneDNN 2.6.3 (avx512_core_bf16), gemm:
+// OpenBLAS 0.3.21 SkylakeX kernels" plus,
 // when the engine corrected OpenBLAS, "(OpenBLAS picked Prescott for this CPU)".
 std::string cpu_gemm_line();
 

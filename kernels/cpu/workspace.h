@@ -11,7 +11,11 @@
 
 namespace unetcu::kernels::cpu {
 
-enum class WorkspaceSlot { Columns = 0, Scratch = 1, Count = 2 };
+enum class WorkspaceSlot {
+  Columns, Scratch,  // im2col (conv.cpp)
+  OnednnSrc, OnednnWeights, OnednnDst, OnednnDiffDst, OnednnScratchpad, OnednnAccum,  // conv_dnnl.cpp
+  Count
+};
 
 inline void* workspace(WorkspaceSlot slot, size_t bytes) {
   struct Buffer {
