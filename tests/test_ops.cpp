@@ -323,6 +323,52 @@ TEST_CASE("max_pool2d: ResNet's 3x3/2 pad 1 and general windows, forward and gra
   }
 }
 
+TEST_CASE("max_pool2d ties and NaN: the first maximum in window order wins, a NaN beats all") {
+  // Values from {0, 1, 2} make ties everywhere, on the border and in the interior (where the
+  // CPU takes its branch-free path); two NaNs, one inside and one on the border. Reference:
+  // loops with the same rule; backward with dY = 1 puts each output's 1 on its winner.
+  for (DType dt : {DType::F64, DType::F32}) {
+    CAPTURE(dtype_name(dt));
+    const Shape shape{2, 2, 9, 11};
+    Tensor x = Tensor::empty(shape, dt);
+    Rng rng(61);
+    for (int64_t i = 0; i < x.numel(); ++i) x.set(i, double(rng.below(3)));
+    x.set(4 * 11 + 5, NAN);        // interior of plane 0
+    x.set(99 + 8 * 11 + 10, NAN);  // last corner of plane 1
+    x.set_requires_grad(true);
+    const Pool2dOptions o = Pool2dOptions::square(3, 2, 1);
+    Tape tape;
+    Tensor y;
+    {
+      TapeScope sc(tape);
+      y = max_pool2d(x, o);
+    }
+    tape.backward({y}, {Tensor::full(y.shape(), 1.0, dt)});
+    const int64_t H = shape[2], W = shape[3], OH = y.dim(2), OW = y.dim(3);
+    std::vector<double> want_gx(x.numel(), 0.0);
+    for (int64_t p = 0; p < shape[0] * shape[1]; ++p)
+      for (int64_t oh = 0; oh < OH; ++oh)
+        for (int64_t ow = 0; ow < OW; ++ow) {
+          int64_t best = -1;
+          for (int i = 0; i < 3; ++i)
+            for (int j = 0; j < 3; ++j) {
+              const int64_t ih = oh * 2 - 1 + i, iw = ow * 2 - 1 + j;
+              if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+              const int64_t k = p * H * W + ih * W + iw;
+              const double v = x.at(k), b = best < 0 ? 0 : x.at(best);
+              if (best < 0 || v > b || (std::isnan(v) && !std::isnan(b))) best = k;
+            }
+          const double got = y.at((p * OH + oh) * OW + ow);
+          if (std::isnan(x.at(best)))
+            CHECK(std::isnan(got));
+          else
+            CHECK(got == x.at(best));
+          want_gx[best] += 1;
+        }
+    for (int64_t i = 0; i < x.numel(); ++i) CHECK(x.grad().at(i) == want_gx[i]);
+  }
+}
+
 TEST_CASE("upsample_nearest2x and concat_channels: forward and gradients") {
   Rng rng(7);
   Tensor x = random_tensor({2, 3, 3, 5}, rng).set_requires_grad(true);

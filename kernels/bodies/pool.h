@@ -11,6 +11,10 @@ struct PoolGeometry {
   int kh, kw, sh, sw, ph, pw;
 };
 
+// Whether v replaces the running maximum best_v: larger, or a NaN over a number (a NaN beats
+// everything, as in PyTorch). Ties keep the earlier element.
+template <class T> HD bool pool_takes(T v, T best_v) { return v > best_v || (v != v && best_v == best_v); }
+
 // plane: one (n, c) input plane [H, W]. Returns the flat index in the plane of the maximum.
 template <class T> HD int64_t maxpool_argmax(const T* plane, const PoolGeometry& g, int64_t oh,
                                              int64_t ow) {
@@ -23,11 +27,28 @@ template <class T> HD int64_t maxpool_argmax(const T* plane, const PoolGeometry&
       int64_t iw = ow * g.sw - g.pw + j;
       if (iw < 0 || iw >= g.W) continue;
       T v = plane[ih * g.W + iw];
-      // NaN propagates: a NaN beats everything, as in PyTorch.
-      if (best < 0 || v > best_v || (v != v && best_v == best_v)) {
+      if (best < 0 || pool_takes(v, best_v)) {
         best = ih * g.W + iw;
         best_v = v;
       }
+    }
+  }
+  return best;
+}
+
+// The same for a window wholly inside the plane, top-left at (ih0, iw0): no bounds checks and
+// selects instead of branches (the comparisons are data dependent), for the CPU's interior.
+template <class T> HD int64_t maxpool_argmax_inside(const T* plane, const PoolGeometry& g,
+                                                    int64_t ih0, int64_t iw0) {
+  int64_t best = ih0 * g.W + iw0;
+  T best_v = plane[best];
+  for (int i = 0; i < g.kh; ++i) {
+    const int64_t row = (ih0 + i) * g.W + iw0;
+    for (int j = i == 0 ? 1 : 0; j < g.kw; ++j) {
+      const T v = plane[row + j];
+      const bool take = pool_takes(v, best_v);
+      best = take ? row + j : best;
+      best_v = take ? v : best_v;
     }
   }
   return best;
