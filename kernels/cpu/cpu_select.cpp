@@ -18,6 +18,15 @@ namespace unetcu::kernels::cpu {
 
 namespace {
 
+// OpenMP threads that find no work spin before they sleep: libgomp's default is 300,000 spins
+// (about a millisecond), made for a machine of one's own. Beside other work (a second run, a
+// compiler) the spinning threads take the cores the working ones need: one epoch of the main
+// job beside a second copy of itself took 3.8-4.3x its time alone on 2 cores instead of 2x.
+// 1,000 spins keep that near 2x at a cost of 1-2% alone (docs/benchmarks.md). libgomp reads
+// its environment once, when it loads, before main() (a setenv() from an .preinit_array is
+// undone by libc's own initialisation), so the default is set by running the program again.
+constexpr const char* kSpinCount = "1000";
+
 // Whether the OS saves the AVX (and AVX-512) registers: XGETBV's XCR0 bits.
 bool os_saves(unsigned mask) {
   unsigned a, b, c, d;
@@ -84,27 +93,45 @@ std::string gemm_kernels() {
 }
 
 void select_gemm_kernels(char** argv) {
-#ifdef UNETCU_HAVE_OPENBLAS
-  if (std::getenv("UNETCU_GEMM_REEXEC")) return;  // once: this run is the corrected one
-  const char* force = std::getenv("UNETCU_GEMM_CORE");
-  if (force && std::strcmp(force, "keep") == 0) return;
-  const std::string current = openblas_get_corename();
-  std::string want;
-  if (force && *force) {
-    want = force;
-  } else {
-    const CpuIsa isa = cpu_isa();
-    if (gemm_core_level(current) >= isa.level) return;
-    want = gemm_core_for(isa);
+  if (std::getenv("UNETCU_REEXEC")) return;  // once: this run is the corrected one
+  bool again = false;
+  const bool set_spin = !std::getenv("OMP_WAIT_POLICY") && !std::getenv("GOMP_SPINCOUNT");
+  if (set_spin) {
+    setenv("GOMP_SPINCOUNT", kSpinCount, 1);
+    again = true;
   }
-  if (want.empty() || strcasecmp(want.c_str(), current.c_str()) == 0) return;
-  setenv("OPENBLAS_CORETYPE", want.c_str(), 1);
-  setenv("UNETCU_GEMM_REEXEC", current.c_str(), 1);  // what OpenBLAS had picked, for the log
-  execv("/proc/self/exe", argv);
-  unsetenv("UNETCU_GEMM_REEXEC");  // could not re-execute: carry on with OpenBLAS's pick
-#else
-  (void)argv;
+#ifdef UNETCU_HAVE_OPENBLAS
+  const char* force = std::getenv("UNETCU_GEMM_CORE");
+  if (!(force && std::strcmp(force, "keep") == 0)) {
+    const std::string current = openblas_get_corename();
+    std::string want;
+    if (force && *force) {
+      want = force;
+    } else {
+      const CpuIsa isa = cpu_isa();
+      if (gemm_core_level(current) < isa.level) want = gemm_core_for(isa);
+    }
+    if (!want.empty() && strcasecmp(want.c_str(), current.c_str()) != 0) {
+      setenv("OPENBLAS_CORETYPE", want.c_str(), 1);
+      setenv("UNETCU_GEMM_REEXEC", current.c_str(), 1);  // what OpenBLAS had picked, for the log
+      again = true;
+    }
+  }
 #endif
+  if (!again) return;
+  setenv("UNETCU_REEXEC", "1", 1);
+  execv("/proc/self/exe", argv);
+  // Could not re-execute: carry on with the libraries as they loaded.
+  unsetenv("UNETCU_REEXEC");
+  unsetenv("UNETCU_GEMM_REEXEC");
+  if (set_spin) unsetenv("GOMP_SPINCOUNT");
+}
+
+std::string omp_wait_line() {
+  if (const char* policy = std::getenv("OMP_WAIT_POLICY")) return std::string("OMP_WAIT_POLICY=") + policy;
+  const char* spin = std::getenv("GOMP_SPINCOUNT");
+  if (!spin) return "OpenMP waits: libgomp's default";
+  return std::string("OpenMP spin ") + spin + (std::strcmp(spin, kSpinCount) == 0 ? "" : " (GOMP_SPINCOUNT)");
 }
 
 std::string cpu_gemm_line() {
@@ -116,6 +143,7 @@ std::string cpu_gemm_line() {
   else if (const char* before = std::getenv("UNETCU_GEMM_REEXEC"))
     line += std::string(" (OpenBLAS picked ") + before +
             " for this CPU; UNETCU_GEMM_CORE=keep keeps its pick)";
+  line += ", " + omp_wait_line();
   return line;
 }
 

@@ -6,7 +6,8 @@
 // to the matching kernels (OpenBLAS reads it once, when it loads, before main()).
 //
 // Environment: UNETCU_GEMM_CORE=<OpenBLAS core name> forces those kernels;
-// UNETCU_GEMM_CORE=keep keeps OpenBLAS's own pick.
+// UNETCU_GEMM_CORE=keep keeps OpenBLAS's own pick. GOMP_SPINCOUNT / OMP_WAIT_POLICY, when set,
+// replace the engine's OpenMP wait default (1,000 spins, for machines shared with other work).
 #pragma once
 #include <string>
 
@@ -27,10 +28,15 @@ std::string gemm_core_for(const CpuIsa& isa);
 // The kernels the GEMM library runs now: "OpenBLAS 0.3.21 SkylakeX", or the loop GEMM.
 std::string gemm_kernels();
 
-// Call first in main(). May not return (it re-executes the program once, with the matching
-// kernels); does nothing when OpenBLAS's pick already matches, when the user chose, or in a
-// build without OpenBLAS.
+// Call first in main(). May not return: it re-executes the program once, with the matching GEMM
+// kernels (when OpenBLAS picked lower than the CPU can do and the user did not choose) and with
+// GOMP_SPINCOUNT=1000 (when neither GOMP_SPINCOUNT nor OMP_WAIT_POLICY is set), both read by
+// the libraries when they load. Does nothing when there is nothing to change.
 void select_gemm_kernels(char** argv);
+
+// How idle OpenMP threads wait: "OpenMP spin 1000" (the engine's default, see
+// select_gemm_kernels), or the user's GOMP_SPINCOUNT / OMP_WAIT_POLICY.
+std::string omp_wait_line();
 
 // One line for the log: "cpu: AVX-512 (bf16), conv: oneDNN 2.6.3 (avx512_core_bf16), gemm:
 // OpenBLAS 0.3.21 SkylakeX kernels" plus,
