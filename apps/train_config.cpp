@@ -80,6 +80,10 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
       "one per stage, may repeat (CPU devices share the cores: --threads each, default cores/N)");
   add_enum(app, "--allreduce", cfg.allreduce, kAllReduceNames,
            "--mode dp: ring (reduce-scatter + all-gather) or ps (reduce to rank 0, broadcast back)");
+  app.add_option("--collective-timeout", cfg.collective_timeout,
+                 "--mode dp: seconds a collective may take before every rank stops with an "
+                 "error naming the rank and the collective (instead of hanging)")
+      ->capture_default_str();
   app.add_flag("--sync-bn", cfg.sync_bn,
                "--mode dp: batch-norm statistics over all replicas, so N x b trains as one batch "
                "of N*b");
@@ -193,6 +197,9 @@ void validate(const TrainConfig& c) {
   UNETCU_CHECK(c.mode == Mode::Single || !c.device,
                "--device belongs to --mode single; --mode dp and mp take --devices");
   UNETCU_CHECK(c.mode == Mode::DataParallel || !c.sync_bn, "--sync-bn belongs to --mode dp");
+  UNETCU_CHECK(c.collective_timeout > 0 && c.collective_timeout <= 7 * 24 * 3600.0,
+               "--collective-timeout must be between 0 and 604800 seconds, got ",
+               c.collective_timeout);
   for (const Device& d : c.devices)
     UNETCU_CHECK(d.kind == c.devices[0].kind, "--devices must be all CPU devices or all GPUs, got ",
                  device_list_str(c.devices));
@@ -282,6 +289,7 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
   sc.threads = cfg.threads;
   sc.allreduce = cfg.allreduce;
   sc.sync_bn = cfg.sync_bn;
+  sc.collective_timeout = cfg.collective_timeout;
   sc.cuts = cfg.cuts;
   sc.search_split = cfg.split_auto;
   sc.split_size = cfg.split_size || cfg.split_auto ? cfg.split_size : cfg.batch_size;

@@ -48,6 +48,7 @@ struct TrainConfig {
   std::vector<Device> devices;     // dp: one per replica; mp: one per stage
   AllReduceAlgo allreduce = AllReduceAlgo::Ring;
   bool sync_bn = false;
+  double collective_timeout = kDefaultCollectiveTimeout;  // seconds
   std::vector<int> cuts = {4};     // mp: first block of each later stage (4: after layer3)
   bool split_auto = false;         // mp: search the cut and split size
   int split_size = 0;              // mp: 0 = the whole batch

@@ -9,6 +9,12 @@
 //    large N. The "ps" flavour reduces to rank 0 and broadcasts back: rank 0 receives and sends
 //    (N-1)·S, the parameter-server bottleneck.
 //  - NCCL (parallel/nccl_communicator.*, CUDA builds): one host thread per GPU.
+//
+// Ordering rule: every rank issues the same collectives in the same order, on each of its
+// communicators, and — where one process holds several groups on a device (data parallelism's
+// gradient and control groups) — NCCL operations on one device run in the order they were
+// issued, whatever group or stream they belong to (nccl_communicator.cu chains them with
+// events), so two groups never wait on each other in opposite orders on two GPUs.
 #pragma once
 #include <memory>
 #include <string>
@@ -52,8 +58,13 @@ class Communicator {
   virtual void abort() = 0;
 };
 
+// A collective that has not completed after this long aborts its group (every rank then ends
+// with a message naming the rank and the collective that waited), instead of hanging.
+inline constexpr double kDefaultCollectiveTimeout = 600;
+
 // An in-process group of CPU ranks. make_communicators returns one Communicator per rank;
 // they share the group's state and must each be driven by a different thread.
-std::vector<std::unique_ptr<Communicator>> make_cpu_communicators(int size, AllReduceAlgo algo);
+std::vector<std::unique_ptr<Communicator>> make_cpu_communicators(
+    int size, AllReduceAlgo algo, double timeout_s = kDefaultCollectiveTimeout);
 
 }  // namespace unetcu

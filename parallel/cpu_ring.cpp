@@ -1,6 +1,7 @@
 // The CPU communicator: ranks are threads of one process, buffers are host memory. Data moves
 // as in a message-passing ring: in each step a rank reads only its left neighbour's buffer (the
 // chunk that neighbour "sends") and writes only its own; a barrier separates the steps.
+#include <chrono>
 #include <condition_variable>
 #include <algorithm>
 #include <cstring>
@@ -9,6 +10,7 @@
 #include <future>
 #include <thread>
 #include <mutex>
+#include <string>
 
 #include "runtime/device.h"
 #include "engine/profiler.h"
@@ -18,39 +20,53 @@ namespace unetcu {
 
 namespace {
 
-// Reusable barrier for `n` threads (C++17 has no std::barrier) that can be aborted.
+// Reusable barrier for `n` threads (C++17 has no std::barrier) that can be aborted, with a
+// watchdog: a rank that waits longer than `timeout` seconds for the others aborts the group,
+// naming itself and the collective, so every rank ends with that message instead of hanging
+// (a rank stuck or gone elsewhere never arrives).
 class Barrier {
  public:
-  explicit Barrier(int n) : n_(n) {}
-  void wait() {
+  Barrier(int n, double timeout) : n_(n), timeout_(timeout) {}
+  void wait(int rank, const char* what) {
     std::unique_lock<std::mutex> lock(mu_);
-    if (aborted_) throw Error("collective aborted: another rank failed");
+    if (aborted_) throw Error(reason_);
     const uint64_t gen = generation_;
     if (++arrived_ == n_) {
       arrived_ = 0;
       ++generation_;
       cv_.notify_all();
-    } else {
-      cv_.wait(lock, [&] { return generation_ != gen || aborted_; });
-      if (generation_ == gen) throw Error("collective aborted: another rank failed");
+      return;
     }
+    const auto limit = std::chrono::duration<double>(timeout_);
+    if (!cv_.wait_for(lock, limit, [&] { return generation_ != gen || aborted_; })) {
+      abort_locked(str_cat("collective timed out: rank ", rank, " waited ", timeout_, " s in ",
+                           what, " for the other ranks (collective timeout)"));
+    }
+    if (generation_ == gen) throw Error(reason_);
   }
-  void abort() {
+  void abort(const std::string& reason) {
     std::lock_guard<std::mutex> lock(mu_);
-    aborted_ = true;
-    cv_.notify_all();
+    abort_locked(reason);
   }
 
  private:
+  void abort_locked(const std::string& reason) {
+    if (!aborted_) reason_ = reason;  // the first reason is the cause
+    aborted_ = true;
+    cv_.notify_all();
+  }
   std::mutex mu_;
   std::condition_variable cv_;
   int n_, arrived_ = 0;
+  double timeout_;
   uint64_t generation_ = 0;
   bool aborted_ = false;
+  std::string reason_;
 };
 
 struct Group {
-  explicit Group(int n, AllReduceAlgo a) : size(n), algo(a), barrier(n), buffers(n), counts(n), dtypes(n) {}
+  Group(int n, AllReduceAlgo a, double timeout)
+      : size(n), algo(a), barrier(n, timeout), buffers(n), counts(n), dtypes(n) {}
   int size;
   AllReduceAlgo algo;
   Barrier barrier;
@@ -79,25 +95,28 @@ class CpuRingCommunicator : public Communicator {
       UNETCU_DISPATCH_FLOAT(t.dtype(), T, ring_all_reduce<T>(op));
     else
       UNETCU_DISPATCH_FLOAT(t.dtype(), T, ps_all_reduce<T>(op));
-    g_->barrier.wait();  // nobody leaves while a neighbour may still read its buffer
+    sync();  // nobody leaves while a neighbour may still read its buffer
   }
 
   void broadcast(Tensor& t, int root) override {
     publish(t, "broadcast");
     check_root(root);
     if (rank_ != root) std::memcpy(t.raw(), g_->buffers[root], t.nbytes());
-    g_->barrier.wait();
+    sync();
   }
 
   void reduce(Tensor& t, int root, ReduceOp op) override {
     publish(t, "reduce");
     check_root(root);
     if (rank_ == root) UNETCU_DISPATCH_FLOAT(t.dtype(), T, sum_at_root<T>(op));
-    g_->barrier.wait();
+    sync();
   }
 
-  void barrier() override { g_->barrier.wait(); }
-  void abort() override { g_->barrier.abort(); }
+  void barrier() override {
+    op_ = "barrier";
+    sync();
+  }
+  void abort() override { g_->barrier.abort("collective aborted: another rank failed"); }
 
   std::unique_ptr<Work> all_reduce_async(Tensor& t, ReduceOp op) override {
     auto done = std::make_shared<std::promise<void>>();
@@ -161,12 +180,13 @@ class CpuRingCommunicator : public Communicator {
 
   // Every rank registers its buffer; after the barrier all ranks see all buffers.
   void publish(Tensor& t, const char* what) {
+    op_ = what;
     UNETCU_CHECK(t.device().is_cpu(), what, ": the CPU communicator needs CPU tensors, got ",
                  t.device().str());
     g_->buffers[rank_] = t.raw();
     g_->counts[rank_] = t.numel();
     g_->dtypes[rank_] = t.dtype();
-    g_->barrier.wait();
+    sync();
     // All ranks check the same thing, so they all throw together (no rank left waiting); the
     // second barrier keeps a rank that throws from overwriting its entry for its next
     // collective while a slower rank is still checking this one.
@@ -174,7 +194,7 @@ class CpuRingCommunicator : public Communicator {
     for (int r = 0; r < g_->size; ++r)
       agree = agree && g_->counts[r] == g_->counts[0] && g_->dtypes[r] == g_->dtypes[0];
     const int64_t mine = g_->counts[rank_], first = g_->counts[0];
-    g_->barrier.wait();
+    sync();
     UNETCU_CHECK(agree, what, ": ranks disagree on the tensor (rank ", rank_, ": ", mine,
                  " elements, rank 0: ", first, ")");
   }
@@ -199,20 +219,20 @@ class CpuRingCommunicator : public Communicator {
       const int c = ((rank_ - s - 1) % N + N) % N;
       const int64_t b = chunk_begin(L, N, c), e = chunk_begin(L, N, c + 1);
       add_into(mine + b, from_left + b, e - b);
-      g_->barrier.wait();
+      sync();
     }
     const int owned = (rank_ + 1) % N;
     if (op == ReduceOp::Average) {
       const int64_t b = chunk_begin(L, N, owned), e = chunk_begin(L, N, owned + 1);
       for (int64_t i = b; i < e; ++i) mine[i] /= T(N);
-      g_->barrier.wait();
+      sync();
     }
     // All-gather: in step s, copy the finished chunk (r - s) from the left.
     for (int s = 0; s < N - 1; ++s) {
       const int c = ((rank_ - s) % N + N) % N;
       const int64_t b = chunk_begin(L, N, c), e = chunk_begin(L, N, c + 1);
       std::copy(from_left + b, from_left + e, mine + b);
-      g_->barrier.wait();
+      sync();
     }
   }
 
@@ -221,7 +241,7 @@ class CpuRingCommunicator : public Communicator {
   template <class T>
   void ps_all_reduce(ReduceOp op) {
     if (rank_ == 0) sum_at_root<T>(op);
-    g_->barrier.wait();
+    sync();
     if (rank_ != 0) std::copy(buf<T>(0), buf<T>(0) + g_->counts[0], buf<T>(rank_));
   }
 
@@ -235,15 +255,21 @@ class CpuRingCommunicator : public Communicator {
       for (int64_t i = 0; i < L; ++i) mine[i] /= T(g_->size);
   }
 
+  // One step of a collective: wait for every rank (or the watchdog's timeout).
+  void sync() { g_->barrier.wait(rank_, op_); }
+
   std::shared_ptr<Group> g_;
   int rank_;
+  const char* op_ = "collective";  // the collective in progress, for the watchdog's message
 };
 
 }  // namespace
 
-std::vector<std::unique_ptr<Communicator>> make_cpu_communicators(int size, AllReduceAlgo algo) {
+std::vector<std::unique_ptr<Communicator>> make_cpu_communicators(int size, AllReduceAlgo algo,
+                                                                 double timeout_s) {
   UNETCU_CHECK(size >= 1, "a communicator group needs at least one rank");
-  auto g = std::make_shared<Group>(size, algo);
+  UNETCU_CHECK(timeout_s > 0, "the collective timeout must be positive, got ", timeout_s, " s");
+  auto g = std::make_shared<Group>(size, algo, timeout_s);
   std::vector<std::unique_ptr<Communicator>> out;
   for (int r = 0; r < size; ++r) out.push_back(std::make_unique<CpuRingCommunicator>(g, r));
   return out;

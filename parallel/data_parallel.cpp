@@ -99,11 +99,11 @@ DataParallel::DataParallel(const UNetConfig& model_cfg, const DataParallelOption
   if (options.devices[0].is_cuda()) {
     std::vector<int> ids;
     for (const Device& d : options.devices) ids.push_back(d.index);
-    grad_comms = make_nccl_communicators(ids, options.algo);
-    ctrl_comms = make_nccl_communicators(ids);
+    grad_comms = make_nccl_communicators(ids, options.algo, options.collective_timeout);
+    ctrl_comms = make_nccl_communicators(ids, AllReduceAlgo::Ring, options.collective_timeout);
   } else {
-    grad_comms = make_cpu_communicators(N, options.algo);
-    ctrl_comms = make_cpu_communicators(N, AllReduceAlgo::Ring);
+    grad_comms = make_cpu_communicators(N, options.algo, options.collective_timeout);
+    ctrl_comms = make_cpu_communicators(N, AllReduceAlgo::Ring, options.collective_timeout);
   }
   for (int r = 0; r < N; ++r) {
     auto rep = std::make_unique<Replica>();

@@ -37,6 +37,7 @@ struct DataParallelOptions {
   size_t first_bucket_bytes = size_t(1) << 20;
   int threads_per_replica = 0;  // CPU devices; 0: the cores shared out, at least 1 each
   bool record_events = false;   // keep an ordered log of backward nodes and bucket launches
+  double collective_timeout = kDefaultCollectiveTimeout;  // seconds; then every rank fails
 };
 
 class DataParallel {

@@ -3,10 +3,19 @@
 #include "parallel/nccl_communicator.h"
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
 #include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <thread>
+#include <vector>
 
 namespace unetcu {
 namespace {
+
+using Clock = std::chrono::steady_clock;
 
 ncclDataType_t nccl_type(const Tensor& t) {
   return t.dtype() == DType::F32 ? ncclFloat32 : ncclFloat64;
@@ -22,15 +31,124 @@ class NcclWork : public Work {
   int device_;
 };
 
+// NCCL operations on one device run in the order they were issued, whatever group or stream
+// they are on. Why: data parallelism holds two groups per GPU (gradient buckets on a
+// communication stream, batch-norm collectives on the compute stream). Left to the streams, a
+// --sync-bn all-reduce could run before an earlier bucket's on one GPU and after it on another;
+// each kernel then waits for peers that are inside the other group's kernel: a hang with two
+// or more GPUs. Every operation's stream first waits for the device's previous NCCL operation
+// (an event), so all GPUs see the same total order, the order every rank issues them in.
+struct DeviceOrder {
+  std::mutex mu;
+  cuda::Event last;
+};
+DeviceOrder& device_order(int device) {
+  static std::mutex map_mu;
+  static auto* orders = new std::map<int, std::unique_ptr<DeviceOrder>>();
+  std::lock_guard<std::mutex> lock(map_mu);
+  auto& slot = (*orders)[device];
+  if (!slot) slot = std::make_unique<DeviceOrder>();
+  return *slot;
+}
+
 // The communicators of one set of ranks, owned together: NCCL's finalize is a collective
 // over the ranks, so when one thread holds them all it must finalize them in one group (one at
 // a time would wait for ranks that never come); abort likewise happens once, for all.
+//
+// The communicators are non-blocking (ncclConfig_t::blocking = 0): a call returns at once,
+// possibly ncclInProgress, and is polled with ncclCommGetAsyncError. Why: abort must never run
+// between a rank's "aborted?" check and its NCCL call (ncclCommAbort frees the communicator the
+// call then uses), so calls hold `calls` shared and abort holds it exclusively; with blocking
+// communicators a call could block inside NCCL waiting for a dead peer while holding it, and
+// abort would wait forever.
+//
+// A watchdog thread polls every enqueued operation's completion event and the communicators'
+// asynchronous errors: an operation unfinished after `timeout` seconds, or an NCCL error,
+// aborts the group with a message naming the rank and the operation; every later call on any
+// rank throws that message, and ncclCommAbort ends the kernels the ranks' streams wait on.
 struct NcclGroup {
   std::vector<ncclComm_t> comms;
   std::vector<int> devices;
+  double timeout = kDefaultCollectiveTimeout;
+
+  std::shared_mutex calls;
   std::atomic<bool> aborted{false};
-  std::once_flag abort_once;
+  std::string reason;  // written under `calls` held exclusively
+
+  struct Pending {
+    cuda::Event done;
+    Clock::time_point start;
+    int rank;
+    std::string op;
+  };
+  std::mutex pending_mu;
+  std::condition_variable pending_cv;
+  std::vector<Pending> pending;
+  bool stop = false;
+  std::thread watchdog;
+
+  void start_watchdog() { watchdog = std::thread([this] { watch_loop(); }); }
+
+  void abort(const std::string& why) {
+    std::unique_lock<std::shared_mutex> lock(calls);
+    if (aborted) return;
+    reason = why;
+    aborted = true;
+    for (ncclComm_t c : comms)
+      if (c) ncclCommAbort(c);
+  }
+
+  void track(cuda::Event done, int rank, const char* op) {
+    std::lock_guard<std::mutex> lock(pending_mu);
+    pending.push_back({std::move(done), Clock::now(), rank, op});
+  }
+
+  void watch_loop() {
+    std::unique_lock<std::mutex> lock(pending_mu);
+    while (!stop) {
+      pending_cv.wait_for(lock, std::chrono::milliseconds(100));
+      if (stop || aborted) continue;
+      std::string why;
+      for (size_t i = 0; i < pending.size();) {
+        const cudaError_t q = cudaEventQuery(pending[i].done.get());
+        if (q == cudaSuccess) {
+          pending.erase(pending.begin() + i);
+          continue;
+        }
+        if (q != cudaErrorNotReady) {
+          why = str_cat("NCCL ", pending[i].op, " on rank ", pending[i].rank,
+                        " failed: ", cudaGetErrorString(q));
+          break;
+        }
+        const double waited = std::chrono::duration<double>(Clock::now() - pending[i].start).count();
+        if (waited > timeout) {
+          why = str_cat("collective timed out: rank ", pending[i].rank, "'s ", pending[i].op,
+                        " did not finish within ", timeout, " s (collective timeout)");
+          break;
+        }
+        ++i;
+      }
+      for (size_t r = 0; why.empty() && r < comms.size(); ++r) {
+        ncclResult_t st = ncclSuccess;
+        if (ncclCommGetAsyncError(comms[r], &st) == ncclSuccess && st != ncclSuccess &&
+            st != ncclInProgress)
+          why = str_cat("NCCL error on rank ", r, ": ", ncclGetErrorString(st));
+      }
+      if (!why.empty()) {
+        lock.unlock();  // abort takes `calls`; a caller holding it may be waiting to track()
+        abort(why);
+        lock.lock();
+      }
+    }
+  }
+
   ~NcclGroup() {
+    {
+      std::lock_guard<std::mutex> lock(pending_mu);
+      stop = true;
+    }
+    pending_cv.notify_all();
+    if (watchdog.joinable()) watchdog.join();
     if (aborted) return;  // ncclCommAbort released them
     ncclGroupStart();
     for (size_t r = 0; r < comms.size(); ++r) {
@@ -38,15 +156,27 @@ struct NcclGroup {
       ncclCommFinalize(comms[r]);
     }
     ncclGroupEnd();
-    for (size_t r = 0; r < comms.size(); ++r) ncclCommDestroy(comms[r]);
-  }
-  void abort() {
-    std::call_once(abort_once, [&] {
-      aborted = true;
-      for (ncclComm_t c : comms) ncclCommAbort(c);
-    });
+    for (ncclComm_t c : comms) {  // non-blocking: finalize completes asynchronously
+      ncclResult_t st = ncclInProgress;
+      const auto t0 = Clock::now();
+      while (st == ncclInProgress && ncclCommGetAsyncError(c, &st) == ncclSuccess &&
+             std::chrono::duration<double>(Clock::now() - t0).count() < timeout)
+        std::this_thread::yield();
+    }
+    for (ncclComm_t c : comms) ncclCommDestroy(c);
   }
 };
+
+// Polls a non-blocking communicator until its last call has been enqueued (or failed).
+ncclResult_t settle(ncclComm_t comm, ncclResult_t res, double timeout) {
+  const auto t0 = Clock::now();
+  while (res == ncclInProgress) {
+    if (ncclCommGetAsyncError(comm, &res) != ncclSuccess) return ncclSystemError;
+    if (std::chrono::duration<double>(Clock::now() - t0).count() > timeout) return ncclInProgress;
+    if (res == ncclInProgress) std::this_thread::yield();
+  }
+  return res;
+}
 
 class NcclCommunicator : public Communicator {
  public:
@@ -65,14 +195,17 @@ class NcclCommunicator : public Communicator {
   void broadcast(Tensor& t, int root) override {
     check(t);
     cuda::DeviceGuard g(device_);
-    NCCL_CHECK(ncclBroadcast(t.raw(), t.raw(), size_t(t.numel()), nccl_type(t), root, comm_,
-                             cuda::current_stream(device_)));
+    enqueue("broadcast", cuda::current_stream(device_), [&](cudaStream_t s) {
+      return ncclBroadcast(t.raw(), t.raw(), size_t(t.numel()), nccl_type(t), root, comm_, s);
+    });
   }
   void reduce(Tensor& t, int root, ReduceOp op) override {
     check(t);
     cuda::DeviceGuard g(device_);
-    NCCL_CHECK(ncclReduce(t.raw(), t.raw(), size_t(t.numel()), nccl_type(t), nccl_op(op), root,
-                          comm_, cuda::current_stream(device_)));
+    enqueue("reduce", cuda::current_stream(device_), [&](cudaStream_t s) {
+      return ncclReduce(t.raw(), t.raw(), size_t(t.numel()), nccl_type(t), nccl_op(op), root,
+                        comm_, s);
+    });
   }
   void barrier() override {
     Tensor one = Tensor::zeros({1}, DType::F32, Device::cuda(device_));
@@ -80,31 +213,55 @@ class NcclCommunicator : public Communicator {
     cuda::synchronize(device_);
   }
   // Error path only: after a rank failed, every rank's collectives end with an error.
-  void abort() override { group_->abort(); }
+  void abort() override { group_->abort("collective aborted: another rank failed"); }
   std::unique_ptr<Work> all_reduce_async(Tensor& t, ReduceOp op) override {
     check(t);
     cuda::DeviceGuard g(device_);
     cuda::Event ready(device_);
     ready.record(cuda::current_stream(device_));  // the gradients in t are final there
     ready.wait_on(comm_stream_.get());
-    enqueue_all_reduce(t, op, comm_stream_.get());
-    cuda::Event done(device_);
-    done.record(comm_stream_.get());
+    cuda::Event done = enqueue_all_reduce(t, op, comm_stream_.get());
     return std::make_unique<NcclWork>(std::move(done), device_);
   }
 
  private:
-  void enqueue_all_reduce(Tensor& t, ReduceOp op, cudaStream_t s) {
-    UNETCU_CHECK(!group_->aborted, "NCCL collective after an abort: another rank failed");
+  cuda::Event enqueue_all_reduce(Tensor& t, ReduceOp op, cudaStream_t stream) {
     const size_t n = size_t(t.numel());
-    if (algo_ == AllReduceAlgo::Ring) {
-      NCCL_CHECK(ncclAllReduce(t.raw(), t.raw(), n, nccl_type(t), nccl_op(op), comm_, s));
-      return;
-    }
+    if (algo_ == AllReduceAlgo::Ring)
+      return enqueue("all_reduce", stream, [&](cudaStream_t s) {
+        return ncclAllReduce(t.raw(), t.raw(), n, nccl_type(t), nccl_op(op), comm_, s);
+      });
     // Stream order runs the broadcast after the reduce has finished at rank 0.
-    NCCL_CHECK(ncclReduce(t.raw(), t.raw(), n, nccl_type(t), nccl_op(op), 0, comm_, s));
-    NCCL_CHECK(ncclBroadcast(t.raw(), t.raw(), n, nccl_type(t), 0, comm_, s));
+    enqueue("all_reduce (ps: reduce)", stream, [&](cudaStream_t s) {
+      return ncclReduce(t.raw(), t.raw(), n, nccl_type(t), nccl_op(op), 0, comm_, s);
+    });
+    return enqueue("all_reduce (ps: broadcast)", stream, [&](cudaStream_t s) {
+      return ncclBroadcast(t.raw(), t.raw(), n, nccl_type(t), 0, comm_, s);
+    });
   }
+
+  // One NCCL call on `stream`: under the group's call lock (no abort in between), after the
+  // device's previous NCCL operation, tracked by the watchdog. Returns its completion event.
+  template <class Call>
+  cuda::Event enqueue(const char* what, cudaStream_t stream, Call&& call) {
+    std::shared_lock<std::shared_mutex> calls(group_->calls);
+    if (group_->aborted) throw Error(str_cat("NCCL ", what, " on rank ", rank_, ": ", group_->reason));
+    DeviceOrder& order = device_order(device_);
+    std::lock_guard<std::mutex> ordered(order.mu);
+    if (order.last.valid()) order.last.wait_on(stream);
+    const ncclResult_t res = settle(comm_, call(stream), group_->timeout);
+    if (res == ncclInProgress)
+      throw Error(str_cat("NCCL ", what, " on rank ", rank_, " was not enqueued within ",
+                          group_->timeout, " s (collective timeout)"));
+    if (res != ncclSuccess)
+      throw Error(str_cat("NCCL ", what, " on rank ", rank_, " failed: ", ncclGetErrorString(res)));
+    cuda::Event done(device_);
+    done.record(stream);
+    order.last = done;
+    group_->track(done, rank_, what);
+    return done;
+  }
+
   static ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Sum ? ncclSum : ncclAvg; }
   void check(const Tensor& t) const {
     UNETCU_CHECK(t.device() == Device::cuda(device_), "NCCL rank ", rank_, " works on cuda:",
@@ -120,32 +277,44 @@ class NcclCommunicator : public Communicator {
 }  // namespace
 
 std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::vector<int>& devices,
-                                                                  AllReduceAlgo algo) {
+                                                                  AllReduceAlgo algo,
+                                                                  double timeout_s) {
+  UNETCU_CHECK(timeout_s > 0, "the collective timeout must be positive, got ", timeout_s, " s");
   const int n = int(devices.size());
   auto group = std::make_shared<NcclGroup>();
   group->devices = devices;
+  group->timeout = timeout_s;
   group->comms.assign(n, nullptr);
   ncclUniqueId id;
   NCCL_CHECK(ncclGetUniqueId(&id));
   {
     cuda::DeviceGuard restore(devices[0]);  // puts the caller's device back afterwards
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // see NcclGroup
     ncclResult_t res = ncclGroupStart();
     for (int r = 0; r < n && res == ncclSuccess; ++r) {
       if (cudaSetDevice(devices[r]) != cudaSuccess) {
         res = ncclInvalidArgument;
         break;
       }
-      res = ncclCommInitRank(&group->comms[r], n, id, r);
+      res = ncclCommInitRankConfig(&group->comms[r], n, id, r, &config);
+      if (res == ncclInProgress) res = ncclSuccess;  // completes at ncclGroupEnd, polled below
     }
-    const ncclResult_t end = ncclGroupEnd();  // always closes the group
+    ncclResult_t end = ncclGroupEnd();  // always closes the group
+    if (end == ncclInProgress) end = ncclSuccess;
     if (res == ncclSuccess) res = end;
+    for (int r = 0; r < n && res == ncclSuccess; ++r)
+      res = group->comms[r] ? settle(group->comms[r], ncclInProgress, timeout_s) : ncclInternalError;
     if (res != ncclSuccess) {
       group->aborted = true;  // nothing usable to finalize
       for (ncclComm_t c : group->comms)
         if (c) ncclCommAbort(c);
+      if (res == ncclInProgress)
+        throw Error(str_cat("NCCL communicators not ready within ", timeout_s, " s (collective timeout)"));
       NCCL_CHECK(res);
     }
   }
+  group->start_watchdog();
   std::vector<std::unique_ptr<Communicator>> out;
   for (int r = 0; r < n; ++r) out.push_back(std::make_unique<NcclCommunicator>(group, r, algo));
   return out;

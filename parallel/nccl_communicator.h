@@ -1,6 +1,7 @@
 // NCCL communicators for data parallelism over GPUs: one process, one host thread per GPU.
-// The communicators come from ncclGetUniqueId + ncclCommInitRank (inside one NCCL group), the
-// calls that serve several processes too once the unique id is shared between them.
+// The communicators come from ncclGetUniqueId + ncclCommInitRankConfig (non-blocking, inside
+// one NCCL group), the calls that serve several processes too once the unique id is shared
+// between them. A watchdog aborts the group when an operation outlives the collective timeout.
 // Collectives are ordered on the calling thread's current stream of the rank's GPU;
 // all_reduce_async runs on a communication stream that first waits on an event of the compute
 // stream, and its wait() makes the compute stream wait in turn (no host synchronisation).
@@ -15,7 +16,9 @@ namespace unetcu {
 
 // algo: Ring is NCCL's all-reduce; ParameterServer is ncclReduce to rank 0 then ncclBroadcast
 // (the parameter-server traffic pattern, for the article's comparison).
+// timeout_s: a collective unfinished after this long aborts the group (see communicator.h).
 std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(
-    const std::vector<int>& devices, AllReduceAlgo algo = AllReduceAlgo::Ring);
+    const std::vector<int>& devices, AllReduceAlgo algo = AllReduceAlgo::Ring,
+    double timeout_s = kDefaultCollectiveTimeout);
 
 }  // namespace unetcu

@@ -3,7 +3,8 @@
 
 namespace unetcu {
 
-std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::vector<int>&, AllReduceAlgo) {
+std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::vector<int>&, AllReduceAlgo,
+                                                                  double) {
   throw Error("data parallelism over GPUs needs the CUDA build (NCCL)");
 }
 

@@ -2,6 +2,7 @@
 // overlap of gradient buckets with backward.
 #include <chrono>
 #include <cstring>
+#include <string>
 #include <thread>
 
 #include "apps/cli.h"
@@ -353,6 +354,51 @@ TEST_CASE("CPU communicator: async all-reduces queue up while another group runs
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   comms[1]->abort();
   waiter.join();
+}
+
+TEST_CASE("collective watchdog: a rank that never arrives times the group out, naming rank and collective") {
+  // Rank 1 never joins rank 0's all-reduce (stuck elsewhere, or gone). With a 0.2 s timeout rank
+  // 0 leaves with an error naming itself and the collective; rank 1's next collective fails
+  // with the same cause instead of starting one nobody will finish. Both algorithms.
+  for (AllReduceAlgo algo : {AllReduceAlgo::Ring, AllReduceAlgo::ParameterServer}) {
+    auto comms = make_cpu_communicators(2, algo, 0.2);
+    Tensor t = Tensor::zeros({8});
+    std::string first;
+    std::thread rank0([&] {
+      try {
+        comms[0]->all_reduce(t, ReduceOp::Sum);
+      } catch (const Error& e) {
+        first = e.what();
+      }
+    });
+    rank0.join();
+    CHECK(first.find("timed out") != std::string::npos);
+    CHECK(first.find("rank 0") != std::string::npos);
+    CHECK(first.find("all_reduce") != std::string::npos);
+    CHECK_THROWS_WITH(comms[1]->broadcast(t, 0), doctest::Contains("rank 0 waited 0.2 s in all_reduce"));
+    // The async path reports it through wait().
+    auto work = comms[1]->all_reduce_async(t, ReduceOp::Sum);
+    CHECK_THROWS_WITH(work->wait(), doctest::Contains("timed out"));
+  }
+  CHECK_THROWS_WITH(make_cpu_communicators(2, AllReduceAlgo::Ring, 0), doctest::Contains("timeout"));
+}
+
+TEST_CASE("collective watchdog: of three ranks, the two waiting fail with one cause") {
+  // Rank 2 never arrives; ranks 0 and 1 both end, with the message of whichever timed out first.
+  auto comms = make_cpu_communicators(3, AllReduceAlgo::Ring, 0.1);
+  Tensor a = Tensor::zeros({4}), b = Tensor::zeros({4});
+  std::string e0, e1;
+  std::thread r0([&] {
+    try { comms[0]->all_reduce(a, ReduceOp::Average); } catch (const Error& e) { e0 = e.what(); }
+  });
+  std::thread r1([&] {
+    try { comms[1]->all_reduce(b, ReduceOp::Average); } catch (const Error& e) { e1 = e.what(); }
+  });
+  r0.join();
+  r1.join();
+  CHECK(e0.find("timed out") != std::string::npos);
+  CHECK(e1.find("timed out") != std::string::npos);
+  CHECK(e0 == e1);  // one cause, reported by every rank
 }
 
 TEST_CASE("data parallel: a failing rank ends the step with its own error, no rank hangs") {

@@ -198,6 +198,7 @@ std::unique_ptr<TrainingStrategy> make_strategy(const StrategyConfig& c, const B
       o.devices = c.devices;
       o.algo = c.allreduce;
       o.sync_bn = c.sync_bn;
+      o.collective_timeout = c.collective_timeout;
       o.threads_per_replica = c.threads;
       return std::make_unique<DataParallelStrategy>(c.model, o, make_optimizer, c.loss);
     }

@@ -153,6 +153,7 @@ struct StrategyConfig {
   // DP
   AllReduceAlgo allreduce = AllReduceAlgo::Ring;
   bool sync_bn = false;
+  double collective_timeout = kDefaultCollectiveTimeout;  // seconds, data parallel
   // MP
   std::vector<int> cuts;        // empty with search_split
   bool search_split = false;    // two stages: profile, predict every cut x split, run the best
