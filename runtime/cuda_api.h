@@ -112,6 +112,13 @@ class Event {
   std::shared_ptr<CUevent_st> event_;
 };
 
+// Starts copying `bytes` from cuda:`device` memory into pinned host memory on the calling
+// thread's current stream of that device and returns the event of its completion: no host
+// wait (a training step's loss is read this way one step later). host_wait blocks the calling
+// thread until the event has completed.
+Event copy_to_host_async(void* pinned_dst, const void* src, int device, size_t bytes);
+void host_wait(const Event& e);
+
 // cuDNN convolutions may use TF32 tensor cores (PyTorch's default). Tests comparing with the
 // float64 reference at 1e-5 turn it off.
 void set_allow_tf32(bool on);

@@ -30,7 +30,29 @@ PlacedBatch SingleDevice::place(Batch host) {
   return p;
 }
 
-double SingleDevice::step(const PlacedBatch& batch) {
+StepLoss StepLoss::ready(double value) {
+  StepLoss l;
+  l.valid_ = true;
+  l.value_ = value;
+  return l;
+}
+
+StepLoss StepLoss::pending(Tensor host, cuda::Event done) {
+  StepLoss l;
+  l.valid_ = true;
+  l.host_ = std::move(host);
+  l.done_ = std::move(done);
+  return l;
+}
+
+double StepLoss::get() const {
+  UNETCU_CHECK(valid_, "no step loss to read");
+  if (!host_.defined()) return value_;
+  cuda::host_wait(done_);
+  return host_.item();
+}
+
+StepLoss SingleDevice::step_async(const PlacedBatch& batch) {
   const Batch& b = batch.parts.at(0);
   Tape tape;
   Tensor loss;
@@ -41,7 +63,12 @@ double SingleDevice::step(const PlacedBatch& batch) {
     tape.backward(loss);
   }
   optimizer_->step();
-  return loss.item();
+  if (!device_.is_cuda()) return StepLoss::ready(loss.item());
+  // Behind the step's kernels on the same stream: the copy reads the loss before any later
+  // kernel can reuse its memory.
+  Tensor host = Tensor::empty_pinned({1}, loss.dtype());
+  cuda::Event done = cuda::copy_to_host_async(host.raw(), loss.raw(), device_.index, loss.nbytes());
+  return StepLoss::pending(std::move(host), std::move(done));
 }
 
 Tensor SingleDevice::infer(const Tensor& images) { return model_->forward(on(images, device_)); }

@@ -18,6 +18,7 @@
 #include "data/batch.h"
 #include "engine/module.h"
 #include "engine/named.h"
+#include "runtime/cuda_api.h"
 #include "engine/ops.h"
 #include "engine/optim.h"
 #include "models/unet.h"
@@ -34,6 +35,26 @@ struct PlacedBatch {
   int64_t size() const { return host.size(); }
 };
 
+// A step's loss, read when it is needed. On a GPU the value is copied into pinned host memory
+// behind the step's kernels and read one step later by the epoch loop, so the host queues
+// step s+1 before it waits for step s (a read right after each step would stall the host on
+// every step and leave the GPU idle while it queues the next). On the CPU it is ready at once.
+class StepLoss {
+ public:
+  StepLoss() = default;
+  static StepLoss ready(double value);
+  // `host`: a one-element pinned tensor the copy lands in; `done`: the copy's event.
+  static StepLoss pending(Tensor host, cuda::Event done);
+  bool valid() const { return valid_; }
+  double get() const;  // waits for the copy when it is still in flight
+
+ private:
+  bool valid_ = false;
+  double value_ = 0;
+  Tensor host_;
+  cuda::Event done_;
+};
+
 class TrainingStrategy {
  public:
   virtual ~TrainingStrategy() = default;
@@ -48,6 +69,8 @@ class TrainingStrategy {
   virtual PlacedBatch place(Batch host) = 0;
   // One optimizer step; returns the batch's mean loss (DP: the mean over the replicas').
   virtual double step(const PlacedBatch& batch) = 0;
+  // The same step, its loss read later (see StepLoss); by default it is read at once.
+  virtual StepLoss step_async(const PlacedBatch& batch) { return StepLoss::ready(step(batch)); }
   LossKind loss_kind() const { return loss_; }
 
   // Forward without a tape, in the mode set by set_training: logits on output_device().
@@ -78,7 +101,8 @@ class SingleDevice : public TrainingStrategy {
   std::string describe() const override;
   std::vector<Device> devices() const override { return {device_}; }
   PlacedBatch place(Batch host) override;
-  double step(const PlacedBatch& batch) override;
+  double step(const PlacedBatch& batch) override { return step_async(batch).get(); }
+  StepLoss step_async(const PlacedBatch& batch) override;
   Tensor infer(const Tensor& images) override;
   Device output_device() const override { return device_; }
   void set_training(bool on) override { model_->train(on); }

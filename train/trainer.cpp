@@ -173,20 +173,38 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
     int64_t seen = 0;
     PlacedBatch next;
     if (start < steps) next = strategy.place(loader.next());
-    for (int64_t s = start; s < steps; ++s) {
-      const PlacedBatch batch = std::move(next);
-      if (s + 1 < steps) next = strategy.place(loader.next());  // the next upload is queued first
-      const double loss = strategy.step(batch);
+    // The loss of the step before, read after this step is queued (StepLoss); its batch stays
+    // alive with it until then, as the copies from it may still be in flight.
+    StepLoss pending;
+    PlacedBatch pending_batch;
+    int64_t pending_step = 0;
+    auto settle = [&] {
+      if (!pending.valid()) return;
+      const double loss = pending.get();
       UNETCU_CHECK(std::isfinite(loss), "loss is not finite (", loss, ") at epoch ", epoch,
-                   " step ", s + 1, "; lower the learning rate", kept);
-      loss_sum += loss * double(batch.size());
-      seen += batch.size();
-      bar.update(s + 1, seconds_since(t0), seen);
+                   " step ", pending_step + 1, "; lower the learning rate", kept);
+      loss_sum += loss * double(pending_batch.size());
+      seen += pending_batch.size();
+      bar.update(pending_step + 1, seconds_since(t0), seen);
+      pending = StepLoss();
+      pending_batch = PlacedBatch();
+    };
+    for (int64_t s = start; s < steps; ++s) {
+      PlacedBatch batch = std::move(next);
+      if (s + 1 < steps) next = strategy.place(loader.next());  // the next upload is queued first
+      StepLoss loss = strategy.step_async(batch);
+      settle();  // the step before's loss: its kernels ran while this step was being queued
+      pending = std::move(loss);
+      pending_batch = std::move(batch);
+      pending_step = s;
+      // Step hooks, interrupts and the epoch's last step read this step's loss now.
+      if (s + 1 == steps || o.on_step) settle();
       const auto live = strategy.live_micro_batches();
       if (peak_live.empty()) peak_live = live;
       for (size_t i = 0; i < live.size(); ++i) peak_live[i] = std::max(peak_live[i], live[i]);
       if (o.on_step) o.on_step(epoch, s + 1);
       if (interrupt_requested()) {
+        settle();
         bar.finish();
         std::string saved = "no checkpoint was configured";
         if (!o.checkpoint.empty()) {
