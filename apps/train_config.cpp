@@ -114,6 +114,14 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
                  "--data: refuse an image or mask with more pixels than this, from its header, "
                  "before decoding it (a guard against decompression bombs)")
       ->capture_default_str();
+  app.add_option("--log", cfg.log,
+                 "Metrics file: a row per epoch (epoch, time, train loss, validation loss / IoU / "
+                 "Dice, img/s, learning rate, peak device memory, loader wait), flushed as "
+                 "written; CSV with a header, or JSON Lines when FILE ends in .jsonl; appended to "
+                 "with --resume");
+  app.add_option("--log-every", cfg.log_every,
+                 "With --log: also a row every N training steps (step, loss, img/s)")
+      ->capture_default_str();
   app.add_option("--checkpoint", cfg.checkpoint,
                  "Save a checkpoint after every epoch, in every mode: the model to FILE "
                  "(safetensors with segmentation_models_pytorch's state_dict names), optimizer "
@@ -197,6 +205,9 @@ void validate(const TrainConfig& c) {
   UNETCU_CHECK(c.mode == Mode::Single || !c.device,
                "--device belongs to --mode single; --mode dp and mp take --devices");
   UNETCU_CHECK(c.mode == Mode::DataParallel || !c.sync_bn, "--sync-bn belongs to --mode dp");
+  UNETCU_CHECK(c.log_every >= 0 && c.log_every <= kMaxSamples, "--log-every must be between 0 and ",
+               kMaxSamples, ", got ", c.log_every);
+  UNETCU_CHECK(c.log_every == 0 || !c.log.empty(), "--log-every needs --log FILE");
   UNETCU_CHECK(c.collective_timeout > 0 && c.collective_timeout <= 7 * 24 * 3600.0,
                "--collective-timeout must be between 0 and 604800 seconds, got ",
                c.collective_timeout);
@@ -324,6 +335,8 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
   fo.workers = cfg.workers;
   fo.progress = cfg.progress;
   fo.profile = cfg.profile;
+  fo.log = cfg.log;
+  fo.log_every = cfg.log_every;
   fo.checkpoint = cfg.checkpoint;
   fo.resume = cfg.resume;
   fo.init_encoder = cfg.init_encoder;

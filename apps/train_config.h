@@ -55,6 +55,8 @@ struct TrainConfig {
   Schedule schedule = Schedule::GPipe;
   std::string profile;
   std::string checkpoint, resume, init_encoder;
+  std::string log;          // metrics file: CSV, or JSON Lines for *.jsonl
+  int64_t log_every = 0;    // step rows every N steps (0: epoch rows only)
   std::string data, data_list, val_data;
   double val_fraction = 0.1;
   Augment augment = Augment::None;

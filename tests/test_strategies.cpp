@@ -371,6 +371,60 @@ struct FitRun {
 
 }  // namespace
 
+TEST_CASE("the metrics file: a row per epoch with what the epoch line says, step rows, appended on resume") {
+  // 20 samples in steps of 4: 5 steps per epoch; step rows every 2 steps: steps 2 and 4.
+  for (const char* name : {"metrics_test.csv", "metrics_test.jsonl"}) {
+    CAPTURE(name);
+    const bool jsonl = std::string(name).find(".jsonl") != std::string::npos;
+    FitRun run;
+    std::ostringstream log;
+    FitOptions o = run.options("metrics_test.safetensors");
+    o.log = name;
+    o.log_every = 2;
+    auto s = run.make(Mode::Single);
+    const TrainResult r = fit(*s, run.train, run.val, o, log);
+    auto read_lines = [&] {
+      std::ifstream f(name);
+      std::vector<std::string> lines;
+      for (std::string l; std::getline(f, l);) lines.push_back(l);
+      return lines;
+    };
+    std::vector<std::string> lines = read_lines();
+    const size_t header = jsonl ? 0 : 1;
+    REQUIRE(lines.size() == header + 2 * 3);  // per epoch: two step rows and the epoch row
+    if (!jsonl) CHECK(lines[0].rfind("kind,epoch,step,time_s,train_loss,val_loss,val_iou,val_dice", 0) == 0);
+    // The epoch rows carry the epoch's own figures (to the 9 digits written).
+    for (int e = 0; e < 2; ++e) {
+      const std::string& row = lines[header + 3 * e + 2];
+      CAPTURE(row);
+      const EpochStats& st = r.epochs[size_t(e)];
+      char want[64];
+      std::snprintf(want, sizeof want, "%.9g", st.val_iou);
+      CHECK(row.find(want) != std::string::npos);
+      std::snprintf(want, sizeof want, "%.9g", st.train_loss);
+      CHECK(row.find(want) != std::string::npos);
+      CHECK(row.find(jsonl ? "\"kind\": \"epoch\"" : "epoch,") == 0 + (jsonl ? 1 : 0));
+      CHECK(row.find("0.01") != std::string::npos);  // the learning rate
+      CHECK(lines[header + 3 * e].find(jsonl ? "\"step\": 2" : ",2,") != std::string::npos);
+    }
+    // A resumed run appends; a fresh run starts the file anew.
+    o.epochs = 3;
+    o.resume = "metrics_test.safetensors";
+    auto again = run.make(Mode::Single);
+    fit(*again, run.train, run.val, o, log);
+    CHECK(read_lines().size() == header + 3 * 3);
+    o.resume.clear();
+    o.epochs = 1;
+    o.log_every = 0;
+    auto fresh = run.make(Mode::Single);
+    fit(*fresh, run.train, run.val, o, log);
+    CHECK(read_lines().size() == header + 1);
+    std::remove(name);
+  }
+  std::remove("metrics_test.safetensors");
+  std::remove("metrics_test.safetensors.train");
+}
+
 TEST_CASE("an interrupted run saves mid-epoch and its resume ends where an uninterrupted run ends") {
   for (Mode mode : {Mode::Single, Mode::DataParallel, Mode::Pipeline}) {
     CAPTURE(name_of(kModeNames, mode));

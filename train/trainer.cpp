@@ -1,4 +1,5 @@
 #include "train/trainer.h"
+#include "train/metrics_log.h"
 
 #include <unistd.h>
 
@@ -143,6 +144,7 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
   // Loader threads: one on the CPU (the cores train), a few for GPUs.
   const int workers = o.workers > 0 ? o.workers : (on_gpu ? 4 : 1);
 
+  MetricsLog metrics(o.log, !o.resume.empty());
   if (!o.profile.empty()) {
     Profiler::reset();
     Profiler::enable(true);
@@ -186,6 +188,8 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
       loss_sum += loss * double(pending_batch.size());
       seen += pending_batch.size();
       bar.update(pending_step + 1, seconds_since(t0), seen);
+      if (o.log_every > 0 && (pending_step + 1) % o.log_every == 0)
+        metrics.step(epoch, pending_step + 1, loss, seconds_since(t0), seen);
       pending = StepLoss();
       pending_batch = PlacedBatch();
     };
@@ -270,6 +274,8 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
     }
     out << "\n";
     out.flush();
+    const std::vector<Optimizer*> opts = strategy.optimizers();
+    metrics.epoch(st, opts.empty() ? NAN : opts[0]->lr());
     result.epochs.push_back(st);
     if (!o.checkpoint.empty()) {
       UNETCU_CHECK(parameters_finite(strategy.model()), "a parameter is not finite after epoch ",

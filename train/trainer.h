@@ -33,6 +33,10 @@ struct FitOptions {
   // the optimizer state and the epoch); resume continues a run from one (bit-exactly: the
   // same losses and files as an uninterrupted run); init_encoder loads only encoder.*.
   std::string checkpoint, resume, init_encoder;
+  // Metrics file (train/metrics_log.h): a row per epoch, and a step row every log_every steps
+  // (0: none). Appended to when resuming.
+  std::string log;
+  int64_t log_every = 0;
   // Called after every training step (epoch, steps done in it): tests and progress hooks.
   std::function<void(int, int64_t)> on_step;
 };

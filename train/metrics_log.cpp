@@ -1,0 +1,86 @@
+#include "train/metrics_log.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+
+namespace unetcu {
+
+namespace {
+
+// The columns after kind, epoch and step, in order; step rows fill time, train_loss and img/s.
+constexpr const char* kColumns[] = {"time_s",  "train_loss",   "val_loss",     "val_iou",
+                                    "val_dice", "images_per_s", "lr",           "peak_mem_mib",
+                                    "loader_wait_s"};
+constexpr int kNumColumns = int(sizeof(kColumns) / sizeof(kColumns[0]));
+
+std::string num(double v) {
+  if (!std::isfinite(v)) return "";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+bool ends_with(const std::string& s, const char* suffix) {
+  const size_t n = std::strlen(suffix);
+  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
+}
+
+}  // namespace
+
+MetricsLog::MetricsLog(const std::string& path, bool append) : jsonl_(ends_with(path, ".jsonl")), path_(path) {
+  if (path.empty()) return;
+  f_ = std::fopen(path.c_str(), append ? "a" : "w");
+  UNETCU_CHECK(f_, "cannot write the metrics file ", path, ": ", std::strerror(errno));
+  std::fseek(f_, 0, SEEK_END);
+  if (!jsonl_ && std::ftell(f_) == 0) {
+    std::fprintf(f_, "kind,epoch,step");
+    for (const char* c : kColumns) std::fprintf(f_, ",%s", c);
+    std::fprintf(f_, "\n");
+    std::fflush(f_);
+  }
+}
+
+MetricsLog::~MetricsLog() {
+  if (f_) std::fclose(f_);
+}
+
+void MetricsLog::row(const char* kind, int epoch, int64_t step, const std::string* fields) {
+  if (!f_) return;
+  if (jsonl_) {
+    std::fprintf(f_, "{\"kind\": \"%s\", \"epoch\": %d", kind, epoch);
+    if (step >= 0) std::fprintf(f_, ", \"step\": %lld", static_cast<long long>(step));
+    for (int i = 0; i < kNumColumns; ++i)
+      if (!fields[i].empty()) std::fprintf(f_, ", \"%s\": %s", kColumns[i], fields[i].c_str());
+    std::fprintf(f_, "}\n");
+  } else {
+    std::fprintf(f_, "%s,%d,", kind, epoch);
+    if (step >= 0) std::fprintf(f_, "%lld", static_cast<long long>(step));
+    for (int i = 0; i < kNumColumns; ++i) std::fprintf(f_, ",%s", fields[i].c_str());
+    std::fprintf(f_, "\n");
+  }
+  UNETCU_CHECK(std::fflush(f_) == 0 && !std::ferror(f_), "cannot write the metrics file ", path_,
+               ": ", std::strerror(errno));
+}
+
+void MetricsLog::epoch(const EpochStats& st, double lr) {
+  const std::string fields[kNumColumns] = {
+      num(st.seconds),        num(st.train_loss),
+      num(st.val_loss),       num(st.val_iou),
+      num(st.val_dice),       num(st.images_per_second),
+      num(lr),
+      // Device memory exists only on GPUs: empty for CPU runs.
+      st.peak_device_bytes ? num(double(st.peak_device_bytes) / (1 << 20)) : std::string(),
+      num(st.wait_seconds)};
+  row("epoch", st.epoch, -1, fields);
+}
+
+void MetricsLog::step(int epoch, int64_t step, double loss, double seconds, int64_t images) {
+  std::string fields[kNumColumns];
+  fields[0] = num(seconds);
+  fields[1] = num(loss);
+  fields[5] = num(seconds > 0 ? double(images) / seconds : NAN);
+  row("step", epoch, step, fields);
+}
+
+}  // namespace unetcu

@@ -1,0 +1,35 @@
+// The metrics file of a training run (--log): one row per epoch — epoch, training time, train
+// loss, validation loss / IoU / Dice, images/s, learning rate, peak device memory, loader wait
+// — and, every N steps, a step row (step, loss, images/s). CSV with a header, or JSON Lines
+// when the name ends in ".jsonl". Every row is flushed when written, so a run that stops
+// leaves every finished row; a resumed run appends (a fresh one starts the file anew).
+#pragma once
+#include <cstdio>
+#include <string>
+
+#include "train/trainer.h"
+
+namespace unetcu {
+
+class MetricsLog {
+ public:
+  // Opens `path` (truncated, or appended to when `append`); Error when it cannot be written.
+  // An empty path: no file, every write is a no-op.
+  MetricsLog(const std::string& path, bool append);
+  ~MetricsLog();
+  MetricsLog(const MetricsLog&) = delete;
+  MetricsLog& operator=(const MetricsLog&) = delete;
+
+  bool enabled() const { return f_ != nullptr; }
+  void epoch(const EpochStats& st, double lr);
+  // step: steps done in the epoch; seconds: since the epoch started; images: seen since then.
+  void step(int epoch, int64_t step, double loss, double seconds, int64_t images);
+
+ private:
+  void row(const char* kind, int epoch, int64_t step, const std::string* fields);
+  std::FILE* f_ = nullptr;
+  bool jsonl_ = false;
+  std::string path_;
+};
+
+}  // namespace unetcu
