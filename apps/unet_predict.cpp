@@ -35,13 +35,21 @@ int main(int argc, char** argv) {
   int64_t max_pixels = kDefaultMaxImagePixels;
   double threshold = 0.5;
   bool overlay = false;
+  bool save_probabilities = false;
   CLI::App app{"unet_predict: segment images with a trained UNet-ResNet34 checkpoint"};
   app.add_option("inputs", inputs, "Image files or folders (PNG/JPEG/BMP)")->required();
   app.add_option("--checkpoint", checkpoint, "Model file written by unet_train --checkpoint (safetensors)")->required();
-  app.add_option("--out", out_dir, "Folder for <stem>.png masks (0/255) and overlays")->capture_default_str();
+  app.add_option("--out", out_dir, "Folder for <stem>.png masks (0/255), overlays and probabilities")->capture_default_str();
   app.add_option("--image-size", size, "Size the model sees (multiple of 32); masks come back at each image's size")->capture_default_str();
   app.add_option("--width-divisor", width_divisor, "The checkpoint's model width divisor")->capture_default_str();
-  app.add_option("--threshold", threshold, "Foreground where sigmoid(logit) > this")->capture_default_str();
+  app.add_option("--threshold", threshold,
+                 "Foreground where the probability sigmoid(logit) > this (0 < T < 1); a lower T "
+                 "marks more pixels, a higher fewer")
+      ->capture_default_str();
+  app.add_flag("--save-probabilities", save_probabilities,
+               "Also write <stem>_prob.png: the foreground probability of every pixel as a 16-bit "
+               "grayscale PNG (0..65535 for 0..1), at the image's own size, for choosing "
+               "thresholds or averaging models without running them again");
   app.add_flag("--overlay", overlay, "Also write <stem>_overlay.png: the mask in red over the image");
   app.add_option("--masks", gt_dir, "Ground-truth masks (matched by file stem): report IoU and Dice");
   app.add_option("--device", device_s, "auto, cpu, cpu:N or cuda:N")->capture_default_str();
@@ -136,18 +144,26 @@ int main(int argc, char** argv) {
       const Tensor logits = model.forward(x.device() == device ? x : x.to(device)).to(Device::cpu());
       // Back to the image's own size, nearest.
       Image mask{img.width, img.height, 1, std::vector<uint8_t>(size_t(img.width) * img.height)};
+      std::vector<uint16_t> prob(save_probabilities ? mask.pixels.size() : 0);
       const float* l = logits.data<float>();
       for (int y = 0; y < img.height; ++y)
         for (int xx = 0; xx < img.width; ++xx) {
           const int sy = std::min(size - 1, int((y + 0.5) * size / img.height));
           const int sx = std::min(size - 1, int((xx + 0.5) * size / img.width));
-          mask.pixels[size_t(y) * img.width + xx] = l[size_t(sy) * size + sx] > logit_threshold ? 255 : 0;
+          const float logit = l[size_t(sy) * size + sx];
+          mask.pixels[size_t(y) * img.width + xx] = logit > logit_threshold ? 255 : 0;
+          if (save_probabilities)
+            prob[size_t(y) * img.width + xx] =
+                uint16_t(std::lround(65535.0 / (1.0 + std::exp(-double(logit)))));
         }
       const std::string stem = f.stem().string();
       // The ground truth is decoded before anything of this image is written.
       const Image g = gt_dir.empty() ? Image{} : load_image(truths[i].string(), 1);
       save_png((fs::path(out_dir) / (stem + ".png")).string(), mask);
       written.push_back(stem + ".png");
+      if (save_probabilities) {
+        save_png16((fs::path(out_dir) / (stem + "_prob.png")).string(), img.width, img.height, prob);
+      }
       if (overlay) {
         Image o = img;
         for (size_t q = 0; q < mask.pixels.size(); ++q)

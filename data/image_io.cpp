@@ -342,6 +342,85 @@ void save_png(const std::string& path, const Image& image) {
   });
 }
 
+namespace {
+
+uint32_t crc32(const uint8_t* p, size_t n, uint32_t crc = 0) {
+  static uint32_t table[256];
+  static const bool made = [] {
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      table[i] = c;
+    }
+    return true;
+  }();
+  (void)made;
+  crc = ~crc;
+  for (size_t i = 0; i < n; ++i) crc = table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
+  return ~crc;
+}
+
+void put_be32(std::vector<uint8_t>& out, uint32_t v) {
+  for (int s = 24; s >= 0; s -= 8) out.push_back(uint8_t(v >> s));
+}
+
+// One PNG chunk: length, type, data, CRC of type and data.
+void put_chunk(std::vector<uint8_t>& out, const char type[4], const uint8_t* data, size_t n) {
+  put_be32(out, uint32_t(n));
+  const size_t start = out.size();
+  out.insert(out.end(), type, type + 4);
+  out.insert(out.end(), data, data + n);
+  put_be32(out, crc32(out.data() + start, n + 4));
+}
+
+}  // namespace
+
+void save_png16(const std::string& path, int width, int height, const std::vector<uint16_t>& gray) {
+  UNETCU_CHECK(width >= 1 && height >= 1 && gray.size() == size_t(width) * size_t(height),
+               "save_png16: ", gray.size(), " samples for a ", width, "x", height, " image");
+  // Rows of big-endian samples, each after its filter byte (0: none), deflated by stb's zlib.
+  std::vector<uint8_t> raw;
+  raw.reserve(size_t(height) * (size_t(width) * 2 + 1));
+  for (int y = 0; y < height; ++y) {
+    raw.push_back(0);
+    for (int x = 0; x < width; ++x) {
+      const uint16_t v = gray[size_t(y) * width + x];
+      raw.push_back(uint8_t(v >> 8));
+      raw.push_back(uint8_t(v & 0xFF));
+    }
+  }
+  int zlen = 0;
+  std::unique_ptr<unsigned char, void (*)(void*)> z(
+      stbi_zlib_compress(raw.data(), int(raw.size()), &zlen, 8), [](void* q) { STBIW_FREE(q); });
+  UNETCU_CHECK(z != nullptr, "cannot compress '", path, "'");
+  std::vector<uint8_t> png = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  std::vector<uint8_t> ihdr;
+  put_be32(ihdr, uint32_t(width));
+  put_be32(ihdr, uint32_t(height));
+  ihdr.insert(ihdr.end(), {16, 0, 0, 0, 0});  // 16 bits, grayscale, deflate, filter 0, no interlace
+  put_chunk(png, "IHDR", ihdr.data(), ihdr.size());
+  put_chunk(png, "IDAT", z.get(), size_t(zlen));
+  put_chunk(png, "IEND", nullptr, 0);
+  write_through_temporary(path, [&](const char* tmp) {
+    std::FILE* f = std::fopen(tmp, "wb");
+    if (!f) return false;
+    const bool ok = std::fwrite(png.data(), 1, png.size(), f) == png.size();
+    return std::fclose(f) == 0 && ok;
+  });
+}
+
+std::vector<uint16_t> load_png16(const std::string& path, int* width, int* height) {
+  uint64_t file_size = 0;
+  const std::vector<uint8_t> bytes = read_image_file(path, SIZE_MAX, &file_size);
+  int w = 0, h = 0, stored = 0;
+  std::unique_ptr<stbi_us, void (*)(void*)> px(
+      stbi_load_16_from_memory(bytes.data(), int(bytes.size()), &w, &h, &stored, 1), stbi_image_free);
+  UNETCU_CHECK(px != nullptr, "image '", path, "' cannot be decoded: ", stbi_failure_reason());
+  *width = w;
+  *height = h;
+  return std::vector<uint16_t>(px.get(), px.get() + size_t(w) * size_t(h));
+}
+
 void save_image(const std::string& path, const Image& image) {
   const auto dot = path.rfind('.');
   std::string ext = dot == std::string::npos ? "" : path.substr(dot + 1);

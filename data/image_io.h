@@ -48,6 +48,11 @@ void check_regular_file(const std::string& path, const std::string& what);
 
 // Writes a PNG to a temporary file beside it and renames it, so `path` is whole or absent.
 void save_png(const std::string& path, const Image& image);
+// A 16-bit grayscale PNG (samples 0..65535, row-major, width*height of them), written through a
+// temporary file like save_png; load_png16 reads one back (any PNG, converted to 16-bit gray).
+void save_png16(const std::string& path, int width, int height, const std::vector<uint16_t>& gray);
+std::vector<uint16_t> load_png16(const std::string& path, int* width, int* height);
+
 // PNG or BMP by the path's extension. (No JPEG: stb_image_write's JPEG encoder has undefined
 // behaviour, a signed left shift that overflows, under -fsanitize=undefined.)
 void save_image(const std::string& path, const Image& image);

@@ -12,6 +12,12 @@ fail=0
 out=$("$predict" "$d/data/images" --checkpoint "$d/model.safetensors" --width-divisor 16 --image-size 64 \
   --masks "$d/data/masks" --overlay --out "$d/pred" --device cpu 2>&1) || { echo "FAIL: predict: $out"; exit 1; }
 [ "$(ls "$d/pred" | grep -vc overlay)" -eq 6 ] || { echo "FAIL: 6 masks expected"; fail=1; }
+# Probabilities: a 16-bit grayscale PNG per image (IHDR bit depth 16, colour type 0), 64x64.
+"$predict" "$d/data/images" --checkpoint "$d/model.safetensors" --width-divisor 16 --image-size 64 \
+  --save-probabilities --out "$d/prob" --device cpu > /dev/null 2>&1 || { echo "FAIL: --save-probabilities"; fail=1; }
+[ "$(ls "$d/prob" | grep -c '_prob.png$')" -eq 6 ] || { echo "FAIL: 6 probability maps expected"; fail=1; }
+head -c 26 "$d/prob/00000_prob.png" | tail -c 10 | od -An -tx1 | tr -d ' \n' | grep -q "00000040000000401000" \
+  || { echo "FAIL: probability map is not a 64x64 16-bit grayscale PNG"; fail=1; }
 [ "$(ls "$d/pred" | grep -c overlay)" -eq 6 ] || { echo "FAIL: 6 overlays expected"; fail=1; }
 grep -qE "^all 6 images: IoU [0-9.]+  Dice [0-9.]+$" <<<"$out" || { echo "FAIL: summary line: $out"; fail=1; }
 # The written mask is the same size as its image and only 0/255 (checked by the engine's reader

@@ -531,3 +531,22 @@ TEST_CASE("augmentation keeps image and mask aligned (a marked spot moves with i
   CHECK(a == b);
   CHECK(am == bm);
 }
+
+TEST_CASE("16-bit grayscale PNG: written and read back sample for sample") {
+  // Every value that matters at the ends (0, 1, 255, 256, 65534, 65535) and a ramp, on an odd
+  // size, so byte order, row filters and the deflate stream are all exercised.
+  const int w = 37, h = 5;
+  std::vector<uint16_t> v(size_t(w) * h);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = uint16_t((i * 1777u) % 65536u);
+  const uint16_t ends[] = {0, 1, 255, 256, 65534, 65535};
+  for (size_t i = 0; i < 6; ++i) v[i] = ends[i];
+  const std::string path = "png16_test.png";
+  save_png16(path, w, h, v);
+  int rw = 0, rh = 0;
+  const std::vector<uint16_t> back = load_png16(path, &rw, &rh);
+  CHECK(rw == w);
+  CHECK(rh == h);
+  CHECK(back == v);
+  std::remove(path.c_str());
+  CHECK_THROWS_WITH(save_png16(path, w, h, std::vector<uint16_t>(3)), doctest::Contains("3 samples"));
+}
