@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -113,6 +114,11 @@ int main(int argc, char** argv) {
   app.add_option("--width-divisor", width_divisor, "Model width divisor (1: the real model)")->capture_default_str();
   app.add_option("--threads", threads, "CPU threads per device (0: cores / devices)")->capture_default_str();
   app.add_option("--out", out_dir, "Folder for table1/table2 .md/.csv and bench.json")->capture_default_str();
+  bool plot = false;
+  app.add_flag("--plot", plot,
+               "Also draw table1.png (step time per cut x split size, the best marked) and "
+               "table2.png (epoch time per method with error bars) with tools/plot.py, when "
+               "matplotlib is installed (tools/setup.sh --plots)");
   CLI11_PARSE(app, argc, argv);
   try {
     std::vector<Device> devices;
@@ -290,6 +296,17 @@ int main(int argc, char** argv) {
     write_file(out_dir + "/table2.csv", t2csv.str());
     write_file(out_dir + "/bench.json", json.str());
     std::printf("\nwritten: %s/{table1,table2}.{md,csv}, %s/bench.json\n", out_dir.c_str(), out_dir.c_str());
+    std::fflush(stdout);
+    if (plot) {
+      UNETCU_CHECK(out_dir.find('\'') == std::string::npos, "--plot: --out must not contain a quote");
+      // The plots are an extra: without matplotlib the tables stand, and the run still succeeds.
+      const std::string script = std::string(UNETCU_SOURCE_DIR) + "/tools/plot.py";
+      const std::string cmd = "/usr/bin/python3 -c 'import matplotlib' 2>/dev/null && /usr/bin/python3 '" +
+                              script + "' bench '" + out_dir + "/bench.json' --out-dir '" + out_dir + "'";
+      if (std::system(cmd.c_str()) != 0)
+        std::printf("plots not drawn: %s needs /usr/bin/python3 with matplotlib (tools/setup.sh --plots)\n",
+                    script.c_str());
+    }
   } catch (const std::exception& e) {
     std::cerr << "unet_bench: error: " << e.what() << "\n";
     return 1;

@@ -5,7 +5,7 @@ bin="$1"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 fail=0
-if ! "$bin" --devices cpu:0,cpu:1 --image-size 64 --width-divisor 16 --batch-size 2 --epochs 2 \
+if ! "$bin" --devices cpu:0,cpu:1 --image-size 64 --width-divisor 16 --batch-size 2 --epochs 2 --plot \
      --split-sizes 1,2,4 --out "$out" > "$out/stdout.txt" 2>&1; then
   echo "FAIL: unet_bench exited non-zero"; cat "$out/stdout.txt"; exit 1
 fi
@@ -27,6 +27,12 @@ grep -q '"machine"' "$out/bench.json" && grep -q '"image_size": 64' "$out/bench.
 if command -v python3 >/dev/null; then
   python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert len(d['table1'])==30 and len(d['table2'])==4" \
     "$out/bench.json" || { echo "FAIL: bench.json"; fail=1; }
+fi
+# --plot: the PNGs when matplotlib is there, else a line saying why not (the run succeeds).
+if /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then
+  for f in table1.png table2.png; do [ -s "$out/$f" ] || { echo "FAIL: --plot did not draw $f"; fail=1; }; done
+else
+  grep -q "plots not drawn" "$out/stdout.txt" || { echo "FAIL: --plot without matplotlib said nothing"; fail=1; }
 fi
 [ $fail -eq 0 ] && echo "ok: both tables and the files, every cell filled"
 exit $fail

@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the build needs, only those missing. Safe to run again.
+# --plots also installs matplotlib for tools/plot.py (and unet_bench --plot).
 set -euo pipefail
 pkgs=(cmake g++ make libopenblas-openmp-dev libdnnl-dev doctest-dev libstb-dev nlohmann-json3-dev libcli11-dev)
+for arg in "$@"; do
+  case "$arg" in
+    --plots) pkgs+=(python3-matplotlib) ;;
+    *) echo "setup: unknown option '$arg' (only --plots)" >&2; exit 2 ;;
+  esac
+done
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
