@@ -1,136 +1,387 @@
 #!/usr/bin/env bash
-# Every GPU check in one run on the GPU machine, in well under 8 minutes:
-#   1. the GPU, and where cuDNN, cuBLAS and NCCL are (CUDA toolkit, system, or the nvidia-*
-#      Python packages, headers included);
-#   2. a build for sm_90 there (if it fails, a carried build/ is tried instead);
-#   3. the whole test suite with the CUDA tests active;
-#   4. single-GPU training at 512x512, batch 14 (the article's) and 64, 3 short epochs: images/s (median of
-#      the epochs after the first, which finds cuDNN algorithms and draws the data) and peak
-#      device memory; then data parallelism through NCCL with one rank (batch 14), and the
-#      article's MP run: two stages on the one GPU (two streams), cut after layer3, batch 30
-#      in micro-batches of 6, against the single-GPU run on the same batch;
-#   5. unet_bench on cuda:0 (Tables 1 and 2 into $OUT/bench), 6. a profiled step with a trace.
-# Logs go to $OUT/gpu_check_logs.tar.gz (the device tool sets OUT; else ./gpu_check_out) and the table to $OUT/table.md;
-# the table is also printed last. Run from the repository root with `.deps` carried (tools/gpu_deps.sh).
+# The GPU checks, for a lent GPU machine whose time is short and may be cut off at any moment.
+#
+#   tools/gpu_check.sh [--deadline SECONDS] [--quick] [--rehearse] [--out DIR]
+#
+# Steps, most valuable first; each starts only if its minimum time is left before the deadline
+# (default 480 s from the start), else its row says "skipped: deadline", and each runs under a
+# limit that ends by the deadline:
+#    1. device facts (nvidia-smi, cores, compilers) and   2. where cuDNN, cuBLAS and NCCL are
+#       (toolkit, system, or the nvidia-* Python packages) with their versions;
+#    3. configure for sm_90 (no OpenBLAS, no oneDNN: the GPU machine has neither) with the
+#       header-only dependencies from .deps (tools/gpu_deps.sh), and  4. build only what runs:
+#       unetcu_cuda_tests, unet_train, unet_bench (the CPU suite is CI's);
+#    5. the CUDA tests, once (every op against the CPU, the UNet step, NCCL with one rank, two
+#       pipeline stages on one GPU);
+#    6. training at 512x512, 3 short epochs: single GPU with batch 14 (the article's) and 64,
+#       data parallel through NCCL with one rank (batch 14), the article's MP run as two stages
+#       on the one GPU (cut after layer3, batch 30, micro-batches of 6): images/s (median of
+#       the epochs after the first, which runs cuDNN's algorithm search) and peak memory;
+#    7. unet_bench on cuda:0 at 256x256 (two split sizes: 20 pipelines).
+# --quick: steps 1-5 and the first training only (about 3 minutes; a second call after a fix;
+# on a machine still warm the build is incremental).
+# --rehearse: steps 1-4 only, for a machine without a GPU: the cost of everything before the
+# first GPU call, printed step by step.
+# A step that needs a GPU where none is visible is reported "skipped: no GPU", never passed.
+#
+# What comes back (at most 2 files under $OUT; the device tool sets OUT, else ./gpu_check_out):
+#   table.md              header, then one row per step appended the moment it ends, then a
+#                         last line saying how the run ended and after how long;
+#   gpu_check_logs.tar.gz every step's log (bench tables included), repacked after every step
+#                         and once more on exit, so a run killed even by SIGKILL returns the
+#                         table and the logs of every finished step.
+# A trap on EXIT (and TERM, INT, HUP) stops the running step, records it as interrupted and packs.
+#
+# There is no fallback to a build carried from another machine: that build was made with
+# -march=native for a different CPU and linked against OpenBLAS, and could not load there.
+#
+# Testing: GPU_CHECK_FAKE_STEPS="name:need:seconds[:gpu] ..." replaces the steps by sleeps
+# (tests/gpu_check_test.sh); GPU_CHECK_FAKE_GPU=1 pretends a GPU is visible for them;
+# GPU_CHECK_RESERVE (default 5) is the time kept after the last step for packing.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-# The device tool brings back at most 8 files: the logs are written to $OUT/work and packed
-# into one archive at the end, beside the table.
-OUTROOT="${OUT:-$PWD/gpu_check_out}"
-OUT="$OUTROOT/work"
-mkdir -p "$OUT"
-START=$SECONDS
-declare -a ROWS
-row() { ROWS+=("$(printf '| %-34s | %s |' "$1" "$2")"); }
-elapsed() { echo "$((SECONDS - START))s"; }
+set -m  # every step is its own process group: a limit or a kill stops the whole of it
 
-# ---- 1. machine and libraries --------------------------------------------------------
-{
-  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
-  command -v nvcc && nvcc --version | tail -2
-  cmake --version | head -1
-  python3 --version
-} > "$OUT/machine.txt" 2>&1
-row "GPU" "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+usage() { sed -n '4p' "$0" | sed 's/^# *//'; exit "${1:-2}"; }
+DEADLINE=480 QUICK=0 REHEARSE=0 OUTROOT="${OUT:-}"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --deadline) [[ "${2:-}" =~ ^[0-9]+$ ]] || { echo "--deadline needs whole seconds" >&2; usage; }
+                DEADLINE=$2; shift 2 ;;
+    --quick) QUICK=1; shift ;;
+    --rehearse) REHEARSE=1; shift ;;
+    --out) [ -n "${2:-}" ] || usage; OUTROOT=$2; shift 2 ;;
+    -h|--help) usage 0 ;;
+    *) echo "unknown argument: $1" >&2; usage ;;
+  esac
+done
+[ -n "$OUTROOT" ] || OUTROOT="$PWD/gpu_check_out"
+case "$OUTROOT" in /*) ;; *) OUTROOT="$PWD/$OUTROOT" ;; esac
+cd "$(dirname "$0")/.." || exit 1
+mkdir -p "$OUTROOT" || exit 1
+TABLE="$OUTROOT/table.md"
+ARCHIVE="$OUTROOT/gpu_check_logs.tar.gz"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX") || exit 1
+LOGS="$WORK/logs"
+RESULT="$WORK/result"   # a step's one-line result
+STATE="$WORK/state.sh"  # what a step tells the steps after it (it runs in a subshell)
+mkdir -p "$LOGS"
+RESERVE=${GPU_CHECK_RESERVE:-5}
+B=build-gpu
 
-CUDA_HOME="${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")")}"
-SITES=$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null)
-# first directory holding a file matching $1, searched in the toolkit, the system, then the
-# Python packages' nvidia/ trees
-locate() {
-  local pattern="$1" f
+now_ms() {
+  local t=${EPOCHREALTIME:-}
+  if [ -n "$t" ]; then t=${t//[.,]/}; echo $((10#$t / 1000)); else echo $(($(date +%s%N) / 1000000)); fi
+}
+START_MS=$(now_ms)
+elapsed_ms() { echo $(($(now_ms) - START_MS)); }
+secs() { printf '%d.%d' $(($1 / 1000)) $(($1 % 1000 / 100)); }  # milliseconds -> "12.3"
+
+HAVE_GPU=0 CONFIGURED=0 BUILD_OK=0
+STEP_N=0 STEP_PID="" WATCH_PID="" STEP_NAME="" STEP_T0=0
+N_FAILED=0 N_DEADLINE=0 ENDED=""
+PRE_GPU_MS=""  # when the last step before the first GPU step ended (the rehearsal's figure)
+
+row() {  # step, result, seconds: appended at once, '|' inside a cell made '/'
+  local line
+  line=$(printf '| %s | %s | %s |' "${1//|//}" "${2//|//}" "$3")
+  echo "$line" >> "$TABLE"
+  echo "$line"
+}
+pack() {
+  tar czf "$ARCHIVE.tmp" -C "$WORK" logs 2>/dev/null && mv -f "$ARCHIVE.tmp" "$ARCHIVE"
+}
+stop_step() {  # the running step and its watchdog, whole process groups
+  [ -n "$WATCH_PID" ] && kill -KILL -- -"$WATCH_PID" 2>/dev/null
+  if [ -n "$STEP_PID" ]; then
+    kill -TERM -- -"$STEP_PID" 2>/dev/null
+    for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$STEP_PID" 2>/dev/null || break; sleep 0.2; done
+    kill -KILL -- -"$STEP_PID" 2>/dev/null
+    wait "$STEP_PID" 2>/dev/null
+  fi
+  [ -n "$WATCH_PID" ] && wait "$WATCH_PID" 2>/dev/null
+}
+on_exit() {
+  local rc=$?
+  trap - EXIT TERM INT HUP
+  if [ -n "$STEP_NAME" ]; then
+    stop_step
+    row "$STEP_NAME" "interrupted (${ENDED:-exit $rc}) after $(secs $(($(now_ms) - STEP_T0))) s" \
+      "$(secs $(($(now_ms) - STEP_T0)))"
+  fi
+  [ -n "$ENDED" ] || ENDED="exit $rc"
+  local extra=""
+  [ "$N_DEADLINE" -gt 0 ] && extra=", $N_DEADLINE step(s) skipped by the deadline"
+  [ "$N_FAILED" -gt 0 ] && extra="$extra, $N_FAILED FAILED"
+  { echo; echo "ended: $ENDED after $(secs "$(elapsed_ms)") s (deadline $DEADLINE s)$extra"; } >> "$TABLE"
+  if [ "$REHEARSE" = 1 ] && [ -n "$PRE_GPU_MS" ]; then
+    echo "rehearsal: everything before the first GPU step took $(secs "$PRE_GPU_MS") s" | tee -a "$TABLE"
+  fi
+  pack
+  rm -rf "$WORK"
+  echo
+  cat "$TABLE"
+  echo "logs: $ARCHIVE"
+}
+on_signal() { ENDED="killed by $1"; exit "$2"; }
+trap on_exit EXIT
+trap 'on_signal TERM 143' TERM
+trap 'on_signal INT 130' INT
+trap 'on_signal HUP 129' HUP
+
+# step NAME NEED CAP NEEDS FUNCTION [ARGS...]: runs FUNCTION (stdout and stderr into its log,
+# $LOG) if NEEDS holds (- nothing, configured, build, gpu) and NEED seconds are left, for at
+# most CAP seconds and never past the deadline. FUNCTION writes a one-line result to $RESULT
+# and returns 0 (ok), 77 (skipped: the result says why) or anything else (FAILED).
+step() {
+  local name=$1 need=$2 cap=$3 needs=$4 why=""
+  shift 4
+  STEP_N=$((STEP_N + 1))
+  case "$needs" in
+    gpu) if [ "$HAVE_GPU" != 1 ]; then why="skipped: no GPU"
+         elif [ "$REHEARSE" = 1 ]; then why="skipped: rehearsal (no GPU call)"
+         elif [ "$BUILD_OK" != 1 ]; then why="skipped: no build"; fi ;;
+    build) [ "$BUILD_OK" = 1 ] || why="skipped: no build" ;;
+    configured) [ "$CONFIGURED" = 1 ] || why="skipped: not configured" ;;
+  esac
+  if [ "$needs" = gpu ] && [ -z "$PRE_GPU_MS" ]; then PRE_GPU_MS=$(elapsed_ms); fi
+  if [ -n "$why" ]; then row "$name" "$why" "-"; return; fi
+  local left_ms=$((DEADLINE * 1000 - $(elapsed_ms) - RESERVE * 1000))
+  if [ "$left_ms" -lt $((need * 1000)) ]; then
+    row "$name" "skipped: deadline ($(secs $((left_ms > 0 ? left_ms : 0))) s left, needs $need s)" "-"
+    N_DEADLINE=$((N_DEADLINE + 1))
+    return
+  fi
+  local limit_ms=$((cap * 1000 < left_ms ? cap * 1000 : left_ms))
+  LOG="$LOGS/$(printf '%02d' "$STEP_N")-$(echo "$name" | tr -cs 'A-Za-z0-9' '-' | sed 's/-$//').log"
+  : > "$RESULT"
+  rm -f "$WORK/timed_out"
+  echo "-> $name (limit $(secs "$limit_ms") s)"
+  STEP_NAME=$name
+  STEP_T0=$(now_ms)
+  (trap 'exit 143' TERM; "$@") > "$LOG" 2>&1 &
+  STEP_PID=$!
+  (  # the step's watchdog; it ends with the script, even one killed by SIGKILL
+    end=$(($(now_ms) + limit_ms))
+    while [ "$(now_ms)" -lt "$end" ]; do
+      kill -0 $$ 2>/dev/null || exit 0
+      sleep 0.2
+    done
+    : > "$WORK/timed_out"
+    kill -TERM -- -"$STEP_PID" 2>/dev/null
+    sleep 3
+    kill -KILL -- -"$STEP_PID" 2>/dev/null
+  ) > /dev/null 2>&1 &
+  WATCH_PID=$!
+  wait "$STEP_PID"
+  local rc=$?
+  kill -KILL -- -"$WATCH_PID" 2>/dev/null
+  wait "$WATCH_PID" 2>/dev/null
+  local took result
+  took=$(secs $(($(now_ms) - STEP_T0)))
+  STEP_PID="" WATCH_PID="" STEP_NAME=""
+  result=$(head -c 600 "$RESULT" | tr '\n' ' ' | sed 's/ *$//')
+  if [ -e "$WORK/timed_out" ]; then
+    row "$name" "FAILED: stopped at its limit of $(secs "$limit_ms") s${result:+; $result}" "$took"
+    N_FAILED=$((N_FAILED + 1))
+  elif [ "$rc" = 0 ]; then
+    row "$name" "ok${result:+: $result}" "$took"
+  elif [ "$rc" = 77 ]; then
+    row "$name" "${result:-skipped}" "$took"
+  else
+    row "$name" "FAILED (exit $rc)${result:+: $result}" "$took"
+    N_FAILED=$((N_FAILED + 1))
+  fi
+  # shellcheck disable=SC1090
+  [ -f "$STATE" ] && . "$STATE"
+  pack
+}
+say() { echo "$*" > "$RESULT"; }       # a step's result
+tell() { echo "$*" >> "$STATE"; }      # a variable for the steps after it
+
+# ---- the steps ------------------------------------------------------------------------------
+step_machine() {
+  local gpu=""
+  if command -v nvidia-smi > /dev/null; then
+    nvidia-smi
+    gpu=$(nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader 2>/dev/null | head -1)
+  fi
+  echo "cores: $(nproc); memory: $(free -g 2>/dev/null | awk '/^Mem/ {print $2 " GiB"}'); kernel $(uname -r)"
+  for tool in nvcc cmake ninja g++ python3; do
+    echo "== $tool: $(command -v "$tool" || echo missing)"
+    "$tool" --version 2>&1 | head -4
+  done
+  local nvcc_v
+  nvcc_v=$(nvcc --version 2>/dev/null | sed -nE 's/.*release ([0-9.]+).*/\1/p')
+  if [ -n "$gpu" ]; then
+    tell HAVE_GPU=1
+    say "$gpu; $(nproc) cores; nvcc ${nvcc_v:-missing}"
+  else
+    say "no GPU (nvidia-smi: ${gpu:-$(command -v nvidia-smi > /dev/null && echo 'none listed' || echo 'not found')}); $(nproc) cores; nvcc ${nvcc_v:-missing}"
+  fi
+}
+
+# The first directory holding a file matching $1: the toolkit, the system, then the nvidia/
+# trees of the Python packages (where the GPU machine keeps cuDNN, cuBLAS and NCCL).
+find_dir() {
+  local pattern=$1 d f s
   for d in "$CUDA_HOME/lib64" "$CUDA_HOME/include" /usr/lib/x86_64-linux-gnu /usr/include; do
-    f=$(ls "$d"/$pattern 2>/dev/null | head -1) && [ -n "$f" ] && { dirname "$f"; return; }
+    f=$(find "$d/" -maxdepth 1 -name "$pattern" 2>/dev/null | head -1)
+    [ -n "$f" ] && { echo "$d"; return; }
   done
   for s in $SITES; do
     f=$(find "$s/nvidia" -maxdepth 4 -name "$pattern" 2>/dev/null | head -1)
     [ -n "$f" ] && { dirname "$f"; return; }
   done
 }
-export CUDNN_LIB_DIR=$(locate 'libcudnn.so*')
-export CUDNN_INCLUDE_DIR=$(locate 'cudnn.h')
-export CUBLAS_LIB_DIR=$(locate 'libcublas.so*')
-export CUBLAS_INCLUDE_DIR=$(locate 'cublas_v2.h')
-NCCL_LIB_DIR=$(locate 'libnccl.so*')
-NCCL_INCLUDE_DIR=$(locate 'nccl.h')
-export NCCL_LIB_DIR NCCL_INCLUDE_DIR
-for v in CUDNN_LIB_DIR CUDNN_INCLUDE_DIR CUBLAS_LIB_DIR CUBLAS_INCLUDE_DIR NCCL_LIB_DIR NCCL_INCLUDE_DIR; do
-  echo "$v=${!v}" >> "$OUT/machine.txt"
-done
-export LD_LIBRARY_PATH="${CUDNN_LIB_DIR}:${CUBLAS_LIB_DIR}:${NCCL_LIB_DIR}:${LD_LIBRARY_PATH:-}"
-row "cuDNN / cuBLAS / NCCL" "${CUDNN_LIB_DIR:-missing} / ${CUBLAS_LIB_DIR:-missing} / ${NCCL_LIB_DIR:-missing}"
-
-# ---- 2. build ------------------------------------------------------------------------
-B=build-gpu
-GEN=""
-command -v ninja >/dev/null && GEN="-G Ninja"
-if cmake -S . -B "$B" $GEN -DCMAKE_BUILD_TYPE=Release -DUNETCU_CUDA=ON \
-     -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$PWD/.deps/usr" > "$OUT/build.log" 2>&1 &&
-   cmake --build "$B" -j"$(nproc)" >> "$OUT/build.log" 2>&1; then
-  row "build (sm_90, on this machine)" "ok in $(elapsed)"
-elif [ -x build/unet_train ] && ldd build/unet_train 2>&1 | grep -q "libcudart"; then
-  B=build
-  row "build (sm_90, on this machine)" "FAILED (see build.log); using the carried build/"
-else
-  row "build (sm_90, on this machine)" "FAILED (see build.log), no usable carried build"
-  tail -30 "$OUT/build.log"
-  printf '%s\n' "${ROWS[@]}" | tee "$OUTROOT/table.md"
-  tar czf "$OUTROOT/gpu_check_logs.tar.gz" -C "$OUT" . && rm -rf "$OUT"
-  exit 1
-fi
-
-# ---- 3. tests ------------------------------------------------------------------------
-timeout 240 ctest --test-dir "$B" --output-on-failure > "$OUT/tests.log" 2>&1
-row "ctest" "$(grep -E 'tests passed|tests failed' "$OUT/tests.log" | tail -1) ($(elapsed))"
-# The CUDA suite's own report (every failed CHECK with its values).
-timeout 120 "$B/tests/unetcu_cuda_tests" > "$OUT/cuda_tests.log" 2>&1
-row "CUDA tests (doctest)" "$(grep -E 'test cases:' "$OUT/cuda_tests.log" | tail -1 | tr -s ' ')"
-grep -E "ERROR|FAILED|SKIPPED" "$OUT/cuda_tests.log" | head -20
-
-# ---- 4. training at 512x512 ------------------------------------------------------------
-train() {  # batch size, label, extra flags
-  local bs=$1 label=$2 log="$OUT/train_$2.log"
-  shift 2
-  timeout 150 "$B/unet_train" --image-size 512 --batch-size "$bs" \
-    --train-size $((bs * 8)) --val-size "$bs" --epochs 3 --no-progress "$@" > "$log" 2>&1
-  local rc=$?
-  local ips peak
-  ips=$(grep -E '^epoch [2-9]' "$log" | sed -E 's/.* ([0-9.]+) img\/s.*/\1/' | sort -n | awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]}')
-  peak=$(grep -E '^epoch' "$log" | tail -1 | sed -E 's/.*peak_mem ([0-9]+) MiB.*/\1/')
-  if [ $rc -eq 0 ] && [ -n "$ips" ]; then
-    row "$label 512x512 batch $bs (TF32)" "${ips} img/s, peak ${peak} MiB"
-  else
-    row "$label 512x512 batch $bs (TF32)" "FAILED rc=$rc: $(tail -1 "$log")"
-  fi
+header_version() {  # file, then the macros of the version's parts
+  local file=$1 m v=""
+  shift
+  [ -f "$file" ] || { echo "?"; return; }
+  for m; do v="$v${v:+.}$(sed -nE "s/^#define $m +([0-9]+).*/\1/p" "$file" | head -1)"; done
+  echo "$v"
 }
-train 14 single --device cuda:0
-train 64 single --device cuda:0
-train 14 dp-nccl-1rank --mode dp --devices cuda:0
-train 30 single --device cuda:0
-train 30 mp-2stages-1gpu --mode mp --devices cuda:0,cuda:0 --split layer3 --split-size 6
+step_libraries() {
+  CUDA_HOME="${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc 2> /dev/null || echo /usr/local/cuda/bin/nvcc)")")}"
+  SITES=$(python3 -c 'import site; print(" ".join(site.getsitepackages() + [site.getusersitepackages()]))' 2> /dev/null)
+  local missing="" v
+  for v in CUDNN_LIB_DIR:'libcudnn.so*' CUDNN_INCLUDE_DIR:cudnn.h CUBLAS_LIB_DIR:'libcublas.so*' \
+           CUBLAS_INCLUDE_DIR:cublas_v2.h NCCL_LIB_DIR:'libnccl.so*' NCCL_INCLUDE_DIR:nccl.h; do
+    local var=${v%%:*} dir
+    dir=$(find_dir "${v#*:}")
+    echo "$var=$dir"
+    if [ -n "$dir" ]; then tell "export $var='$dir'"; printf -v "$var" '%s' "$dir"; else missing="$missing ${v#*:}"; fi
+  done
+  tell "export LD_LIBRARY_PATH='${CUDNN_LIB_DIR:-}:${CUBLAS_LIB_DIR:-}:${NCCL_LIB_DIR:-}:${LD_LIBRARY_PATH:-}'"
+  local cudnn cublas nccl cudart
+  cudnn=$(header_version "${CUDNN_INCLUDE_DIR:-/nonexistent}/cudnn_version.h" CUDNN_MAJOR CUDNN_MINOR CUDNN_PATCHLEVEL)
+  cublas=$(header_version "${CUBLAS_INCLUDE_DIR:-/nonexistent}/cublas_api.h" CUBLAS_VER_MAJOR CUBLAS_VER_MINOR CUBLAS_VER_PATCH)
+  nccl=$(header_version "${NCCL_INCLUDE_DIR:-/nonexistent}/nccl.h" NCCL_MAJOR NCCL_MINOR NCCL_PATCH)
+  cudart=$(header_version "$CUDA_HOME/include/cuda_runtime_api.h" CUDART_VERSION)
+  [[ "$cudart" =~ ^[0-9]+$ ]] && cudart="$((cudart / 1000)).$((cudart % 1000 / 10))"  # 13000 -> 13.0
+  echo "cuDNN $cudnn, cuBLAS $cublas, NCCL $nccl, CUDA runtime $cudart (CUDA_HOME $CUDA_HOME)"
+  echo "== Python packages"
+  python3 -c 'import importlib.metadata as m
+for d in sorted(m.distributions(), key=lambda d: d.metadata["Name"].lower()):
+    n = d.metadata["Name"]
+    if n.lower().startswith(("nvidia-", "torch")): print(n, d.version)' 2>&1
+  if [ -n "$missing" ]; then
+    say "cuDNN $cudnn, cuBLAS $cublas, NCCL $nccl; not found:$missing"
+    return 1
+  fi
+  say "cuDNN $cudnn, cuBLAS $cublas, NCCL $nccl, CUDA runtime $cudart"
+}
 
-# ---- 5. the bench on cuda:0 (DP through NCCL with one rank; MP as two stages on the GPU) ----
-if timeout 200 "$B/unet_bench" --devices cuda:0 --image-size 256 --batch-size 8 --mp-batch 16 \
-     --split-sizes 2,4,8,16 --epochs 2 --out "$OUT/bench" > "$OUT/bench.log" 2>&1; then
-  row "unet_bench cuda:0 (256x256)" "$(grep -E '^\| MP best' "$OUT/bench.log" | head -1)"
-else
-  row "unet_bench cuda:0 (256x256)" "FAILED: $(tail -1 "$OUT/bench.log")"
-fi
-# ---- 6. a profiled step: per-op table and trace (kernel-accurate with UNETCU_CUDA_SYNC=1) ----
-if UNETCU_CUDA_SYNC=1 timeout 60 "$B/unet_train" --device cuda:0 --image-size 512 --batch-size 14 \
-     --train-size 28 --val-size 14 --epochs 1 --no-progress --profile "$OUT/trace.json" > "$OUT/profile.log" 2>&1; then
-  row "profile 512x512 batch 14" "$(grep -E '^\| conv2d \|' "$OUT/profile.log" | head -1)"
-else
-  row "profile 512x512 batch 14" "FAILED: $(tail -1 "$OUT/profile.log")"
-fi
+step_configure() {
+  local gen=() prefix=() ignore=-DCMAKE_IGNORE_PREFIX_PATH= note=""
+  command -v ninja > /dev/null && gen=(-G Ninja)
+  [ -d .deps/usr ] && prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps/usr") note=", .deps used"
+  # The rehearsal hides this machine's /usr from find_package and find_path: the header-only
+  # dependencies must then come from .deps alone, as on the GPU machine (no Debian packages).
+  if [ "$REHEARSE" = 1 ] && [ -d .deps/usr ]; then
+    ignore=-DCMAKE_IGNORE_PREFIX_PATH=/usr note=", .deps used, /usr ignored"
+  fi
+  # Release adds -march=native: right here, since the binaries run where they are built.
+  cmake -S . -B "$B" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DUNETCU_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DUNETCU_BUILD_TESTS=ON -DUNETCU_OPENBLAS=OFF -DUNETCU_DNNL=OFF \
+    "${prefix[@]}" "$ignore" || { say "$(grep -m1 -E 'Error|error' "$LOG")"; return 1; }
+  tell CONFIGURED=1
+  say "$(grep -oE 'unetcu: (CUDA parts|OpenBLAS|oneDNN) [A-Z]+' "$LOG" | sed 's/unetcu: //' | paste -sd, | sed 's/,/, /g')$note"
+}
 
+step_build() {
+  cmake --build "$B" -j"$(nproc)" --target unetcu_cuda_tests unet_train unet_bench \
+    || { say "$(grep -m1 -E 'error|Error' "$LOG")"; return 1; }
+  tell BUILD_OK=1
+  say "unetcu_cuda_tests, unet_train, unet_bench"
+}
+
+step_cuda_tests() {
+  "$B/tests/unetcu_cuda_tests" --duration=true
+  local rc=$?
+  if [ "$rc" = 77 ]; then
+    tell HAVE_GPU=0
+    say "skipped: no GPU ($(grep -m1 SKIPPED "$LOG"))"
+    return 77
+  fi
+  local summary failed
+  summary=$(grep -E 'test cases:' "$LOG" | tail -1 | sed 's/^\[doctest\] *//' | tr -s ' ')
+  failed=$(grep -E '^TEST CASE:' "$LOG" | sed -E 's/^TEST CASE: +//' | sort -u | paste -sd ';' | sed 's/;/; /g')
+  say "${summary:-no summary}${failed:+; failed: $failed}"
+  return "$rc"
+}
+
+# 3 short epochs at 512x512: images/s is the median of the epochs after the first (which finds
+# the cuDNN algorithms), peak memory the largest of the epoch lines' peak_mem.
+# The epoch line: "epoch 2/3  time ...  val_dice D  R img/s  peak_mem M MiB  loader L img/s, ...".
+step_train() {
+  local bs=$1
+  shift
+  trap 'train_result 143; exit 143' TERM  # stopped at its limit: what the finished epochs gave
+  "$B/unet_train" --image-size 512 --batch-size "$bs" --train-size $((bs * 8)) --val-size "$bs" \
+    --epochs 3 --no-progress "$@"
+  train_result $?
+}
+train_result() {  # unet_train's exit status
+  local rc=$1 ips peak
+  ips=$(grep -E '^epoch ([2-9]|[1-9][0-9]+)/' "$LOG" | sed -nE 's/.* val_dice [0-9.]+ +([0-9.]+) img\/s.*/\1/p' |
+    sort -n | awk '{a[NR] = $1} END {if (NR % 2) print a[(NR + 1) / 2]; else if (NR) printf "%.1f\n", (a[NR / 2] + a[NR / 2 + 1]) / 2}')
+  peak=$(grep -E '^epoch ' "$LOG" | sed -nE 's/.* peak_mem ([0-9]+) MiB.*/\1/p' | sort -n | tail -1)
+  if [ -n "$ips" ]; then
+    say "$ips img/s, peak ${peak:-?} MiB$([ "$rc" = 0 ] || echo " (epochs finished: $(grep -c '^epoch ' "$LOG"))")"
+  else
+    say "$(grep -vE '^(epoch|$)' "$LOG" | tail -1)"
+  fi
+  [ "$rc" = 0 ] && [ -n "$ips" ]
+}
+
+step_bench() {
+  "$B/unet_bench" --devices cuda:0 --image-size 256 --batch-size 8 --mp-batch 16 \
+    --split-sizes 2,8 --epochs 2 --out "$LOGS/bench" || { say "$(tail -1 "$LOG")"; return 1; }
+  # Table 2's rows: method | mean epoch (s) | std | speedup | model speedup
+  say "$(grep -E '^\| (single|DP ring|MP best)' "$LOG" |
+    awk -F'|' '{gsub(/^ +| +$/, "", $2); gsub(/ /, "", $3); gsub(/ /, "", $5); printf "%s%s %s s x%s", (NR > 1 ? "; " : ""), $2, $3, $5}')"
+}
+
+fake_step() {  # tests: a step that sleeps
+  sleep "$1" &
+  echo "sleep pid $!"
+  wait $!
+  say "slept $1 s"
+}
+
+# ---- the run --------------------------------------------------------------------------------
+MODE=full
+[ "$QUICK" = 1 ] && MODE=quick
+[ "$REHEARSE" = 1 ] && MODE=rehearse
 {
-  echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(elapsed) in all"
-  printf '| %-34s | %s |\n' "check" "result"
-  printf '|%s|%s|\n' "------------------------------------" "--------"
-  printf '%s\n' "${ROWS[@]}"
-} > "$OUTROOT/table.md"
-tar czf "$OUTROOT/gpu_check_logs.tar.gz" -C "$OUT" . && rm -rf "$OUT"
-echo
-cat "$OUTROOT/table.md"
-echo "logs: $OUTROOT/gpu_check_logs.tar.gz"
+  echo "# tools/gpu_check.sh: commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $MODE, deadline $DEADLINE s, $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo
+  echo "| step | result | s |"
+  echo "|---|---|---|"
+} > "$TABLE"
+cat "$TABLE"
+rm -f "$ARCHIVE"
+
+if [ -n "${GPU_CHECK_FAKE_STEPS:-}" ]; then
+  HAVE_GPU=${GPU_CHECK_FAKE_GPU:-0} BUILD_OK=1
+  for spec in $GPU_CHECK_FAKE_STEPS; do
+    IFS=: read -r name need seconds needs <<< "$spec"
+    step "$name" "$need" 600 "${needs:--}" fake_step "$seconds"
+  done
+else
+  step "device facts" 0 30 - step_machine
+  step "libraries" 0 60 - step_libraries
+  step "configure (sm_90, no OpenBLAS/oneDNN)" 10 120 - step_configure
+  step "build" 30 600 configured step_build
+  step "CUDA tests (doctest)" 20 180 gpu step_cuda_tests
+  step "train single 512² batch 14" 40 150 gpu step_train 14 --device cuda:0
+  if [ "$QUICK" = 0 ]; then
+    step "train single 512² batch 64" 45 180 gpu step_train 64 --device cuda:0
+    step "train DP NCCL 1 rank 512² batch 14" 40 150 gpu step_train 14 --mode dp --devices cuda:0
+    step "train MP 2 stages 1 GPU 512² batch 30 split 6" 40 150 gpu \
+      step_train 30 --mode mp --devices cuda:0,cuda:0 --split layer3 --split-size 6
+    step "unet_bench cuda:0 256² (20 pipelines)" 60 600 gpu step_bench
+  fi
+fi
+ENDED=finished
+[ "$N_FAILED" = 0 ]

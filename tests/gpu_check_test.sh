@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# tools/gpu_check.sh keeps its deadline and returns what it did when it is cut off: run with its
+# steps replaced by sleeps (GPU_CHECK_FAKE_STEPS), no GPU and no build, in a few seconds.
+#   1. a 3 s deadline: steps that fit run, one that needs more is "skipped: deadline", one that
+#      needs a GPU is "skipped: no GPU", a step that would run past the deadline is stopped at
+#      it, and the whole run ends by the deadline;
+#   2. SIGTERM in the middle of a step: the rows done so far, the step marked interrupted, a last
+#      line saying so, the logs packed, the step's processes gone, the steps after it not run;
+#   3. SIGKILL (no trap runs): the rows and the logs of the steps finished before it are there;
+#   and each time at most 8 files under $OUT (the device tool brings back no more).
+set -u
+script="$1"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export TMPDIR="$tmp"  # the script's work folder, left behind by SIGKILL
+fail=0
+bad() { echo "FAIL: $*"; fail=1; }
+has() { grep -qF -- "$2" "$1" || bad "$(basename "$(dirname "$1")")/table.md lacks '$2'"; }
+lacks() { ! grep -qF -- "$2" "$1" || bad "$(basename "$(dirname "$1")")/table.md has '$2'"; }
+few_files() {
+  local n
+  n=$(find "$1" -type f | wc -l)
+  [ "$n" -le 8 ] || bad "$n files under $1 (at most 8 come back)"
+}
+in_archive() {  # dir, log file names
+  local d=$1
+  shift
+  [ -s "$d/gpu_check_logs.tar.gz" ] || { bad "no log archive in $d"; return; }
+  local list
+  list=$(tar tzf "$d/gpu_check_logs.tar.gz") || { bad "unreadable archive in $d"; return; }
+  for f; do grep -qx "logs/$f" <<< "$list" || bad "logs/$f not in the archive of $d"; done
+}
+now() { date +%s%N; }
+running() {  # a zombie is dead: one left to an init that reaps late counts as ended
+  [ -r "/proc/$1/stat" ] && ! sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | grep -q '^Z'
+}
+
+# ---- 1. the deadline ------------------------------------------------------------------------
+d="$tmp/deadline"
+t0=$(now)
+GPU_CHECK_RESERVE=0 GPU_CHECK_FAKE_STEPS="first:0:0.2 second:0:0.2 big:30:0 needs-gpu:0:0:gpu last:0:0.1 long:1:30 after:1:0" \
+  "$script" --deadline 3 --out "$d" > "$tmp/deadline.out" 2>&1
+rc=$?
+ms=$((($(now) - t0) / 1000000))
+t="$d/table.md"
+if [ -f "$t" ]; then
+  has "$t" "| first | ok: slept 0.2 s |"
+  has "$t" "| second | ok: slept 0.2 s |"
+  has "$t" "| big | skipped: deadline"
+  has "$t" "| needs-gpu | skipped: no GPU |"
+  has "$t" "| last | ok: slept 0.1 s |"
+  has "$t" "| long | FAILED: stopped at its limit"
+  has "$t" "| after | skipped: deadline"
+  has "$t" "ended: finished"
+  lacks "$t" "needs-gpu | ok"
+  # The rows are in the order of the steps.
+  [ "$(grep -oE '^\| [a-z-]+ \|' "$t" | tr -d '| ' | paste -sd,)" = "step,first,second,big,needs-gpu,last,long,after" ] ||
+    bad "rows out of order: $(grep -oE '^\| [a-z-]+ \|' "$t" | tr -d '| ' | paste -sd,)"
+else
+  bad "no table.md after the deadline run"
+fi
+[ "$rc" -ne 0 ] || bad "a run with a FAILED step exited 0"
+[ "$ms" -lt 4500 ] || bad "a 3 s deadline took $ms ms"
+in_archive "$d" 01-first.log 02-second.log 05-last.log 06-long.log
+few_files "$d"
+
+# ---- 2. SIGTERM mid-step --------------------------------------------------------------------
+d="$tmp/term"
+GPU_CHECK_FAKE_STEPS="a:0:0.1 b:0:0.1 slow:0:30 after:0:0.1" "$script" --deadline 60 --out "$d" > "$tmp/term.out" 2>&1 &
+pid=$!
+for _ in $(seq 50); do grep -q '^-> slow' "$tmp/term.out" 2>/dev/null && break; sleep 0.1; done
+sleep 0.3
+t0=$(now)
+kill -TERM "$pid"
+wait "$pid"
+rc=$?
+ms=$((($(now) - t0) / 1000000))
+t="$d/table.md"
+if [ -f "$t" ]; then
+  has "$t" "| a | ok: slept 0.1 s |"
+  has "$t" "| b | ok: slept 0.1 s |"
+  has "$t" "| slow | interrupted (killed by TERM)"
+  has "$t" "ended: killed by TERM"
+  lacks "$t" "| after |"
+else
+  bad "no table.md after SIGTERM"
+fi
+[ "$rc" -ne 0 ] || bad "a run killed by TERM exited 0"
+[ "$ms" -lt 3000 ] || bad "the run took $ms ms to end after TERM"
+in_archive "$d" 01-a.log 02-b.log 03-slow.log
+sleeper=$(tar xzOf "$d/gpu_check_logs.tar.gz" logs/03-slow.log 2>/dev/null | sed -n 's/^sleep pid //p')
+if [ -z "$sleeper" ]; then bad "the interrupted step's log is empty"
+elif running "$sleeper"; then bad "the interrupted step's sleep ($sleeper) still runs"; kill "$sleeper"; fi
+few_files "$d"
+
+# ---- 3. SIGKILL mid-step: no trap, but every finished step was already recorded --------------
+d="$tmp/kill"
+GPU_CHECK_FAKE_STEPS="a:0:0.1 b:0:0.1 slow:0:2 after:0:0.1" "$script" --deadline 60 --out "$d" > "$tmp/kill.out" 2>&1 &
+pid=$!
+for _ in $(seq 50); do grep -q '^-> slow' "$tmp/kill.out" 2>/dev/null && break; sleep 0.1; done
+kill -KILL "$pid"
+wait "$pid" 2>/dev/null
+t="$d/table.md"
+if [ -f "$t" ]; then
+  has "$t" "| a | ok: slept 0.1 s |"
+  has "$t" "| b | ok: slept 0.1 s |"
+  lacks "$t" "| after |"
+else
+  bad "no table.md after SIGKILL"
+fi
+in_archive "$d" 01-a.log 02-b.log
+few_files "$d"
+
+if [ "$fail" -ne 0 ]; then
+  for f in deadline term kill; do echo "== $f"; cat "$tmp/$f.out"; done
+  exit 1
+fi
+echo "gpu_check: deadline, SIGTERM and SIGKILL behave"
