@@ -22,13 +22,15 @@ bool built();  // this build has the CUDA backend
 // Device memory from the caching allocator of `device` (runtime/block_pool.h has the rule).
 // A block is allocated for the calling thread's current stream on `device`; when freed, an
 // event is recorded on every stream that used it (that one, and those given to record_stream),
-// and it is handed out again only once those events have completed, or at once to work on the
-// stream it was freed from (stream order). Out of memory, cached blocks are given back to CUDA
-// (cudaFree synchronises the device) and the allocation is tried again.
+// and it is handed out again only once those events have completed; an event on the stream
+// asking for it needs no wait (stream order). Out of memory, cached blocks are given back to
+// CUDA (cudaFree synchronises the device) and the allocation is tried again.
 void* device_alloc(int device, size_t bytes, size_t* capacity);
 void device_free(int device, void* ptr, size_t capacity);
 AllocatorStats device_memory_stats(int device);
 void reset_device_peak(int device);
+// Gives every cached block back to CUDA after waiting for its streams (cudaFree synchronises
+// the device: not while NCCL kernels of this process may wait for another rank).
 void release_device_cache(int device);
 // Tests: fill every new device block with 0xFF bytes (NaN in float) so an element a kernel
 // fails to write shows up.

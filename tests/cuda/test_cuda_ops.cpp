@@ -370,9 +370,9 @@ TEST_CASE("data parallelism through NCCL with one GPU rank equals the single-GPU
     }
     tape.backward(loss);
     opt->step();
-    // Same device, an average over one rank, deterministic algorithms: equal up to float32
-    // rounding where the two paths differ (bucket views accumulate with beta 1 into zeros;
-    // with sync_bn two batch-norm implementations through the network).
+    // Same device, an average over one rank, deterministic algorithms (no run-to-run
+    // differences): equal up to float32 rounding, which with sync_bn includes two batch-norm
+    // implementations through the network.
     const double tol = sync_bn ? 1e-4 : 1e-5;
     CHECK(std::fabs(dp_loss - loss.item()) <= tol * std::fabs(loss.item()));
     const auto pa = dp.replica(0).parameters(), pb = single.parameters();
@@ -420,9 +420,9 @@ TEST_CASE("two pipeline stages on one GPU (two streams) equal the single-GPU ste
         tape.backward(l);
       }
       opt->step();
-      // Same kernels and (one plan per shape, deterministic) the same algorithms on the same
-      // GPU; the micro-batches' accumulation order is the same too, so only float32 rounding
-      // of the cut's copies and sums separates the two.
+      // Same kernels and, with one plan per shape and deterministic algorithms, the same
+      // algorithms on the same GPU: what remains is float32 rounding where the pipeline adds
+      // gradients in another order (a cut tensor's readers' gradients are summed first).
       CHECK(std::fabs(mp_loss - loss) <= 1e-5 * std::fabs(loss));
       const auto pa = pipe.model().parameters(), pb = single.parameters();
       for (size_t i = 0; i < pa.size(); ++i) CHECK(rel(pa[i], pb[i]) < 1e-5);
