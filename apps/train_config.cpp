@@ -136,6 +136,9 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
   app.add_flag_callback("--no-tf32", [&cfg] { cfg.tf32 = false; },
                         "CUDA: keep cuDNN convolutions in full float32 (by default they may use "
                         "TF32 tensor cores, as PyTorch does)");
+  app.add_flag("--deterministic", cfg.deterministic,
+               "CUDA: only deterministic cuDNN convolution algorithms (no atomics, FFT or "
+               "Winograd), so repeated runs give the same bits; usually slower");
 }
 
 namespace {
@@ -260,7 +263,10 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
   for (const Device& d : devices) {
     UNETCU_CHECK(d.is_cpu() || cfg.dtype == DType::F32, "--dtype ", dtype_name(cfg.dtype),
                  " is CPU only; ", d.str(), " trains in float32");
-    if (d.is_cuda()) cuda::set_allow_tf32(cfg.tf32);
+    if (d.is_cuda()) {
+      cuda::set_allow_tf32(cfg.tf32);
+      cuda::set_deterministic(cfg.deterministic);
+    }
   }
 
   // The data: the embedded synthetic set, or an image folder.

@@ -44,6 +44,7 @@ struct TrainConfig {
   DType dtype = DType::F32;
   bool progress = true;
   bool tf32 = true;                // CUDA: cuDNN convolutions may use TF32 tensor cores
+  bool deterministic = false;      // CUDA: only deterministic cuDNN convolution algorithms
   Mode mode = Mode::Single;
   std::vector<Device> devices;     // dp: one per replica; mp: one per stage
   AllReduceAlgo allreduce = AllReduceAlgo::Ring;

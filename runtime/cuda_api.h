@@ -19,22 +19,35 @@ namespace unetcu::cuda {
 
 bool built();  // this build has the CUDA backend
 
-// Device memory from the caching allocator of `device`. A freed block is reused only by work on
-// the stream it was allocated on (stream order makes that safe). A tensor used on another
-// stream must be kept alive by its user until that stream has passed the use (as the peer
-// copy does with an event); there is no record_stream yet.
+// Device memory from the caching allocator of `device` (runtime/block_pool.h has the rule).
+// A block is allocated for the calling thread's current stream on `device`; when freed, an
+// event is recorded on every stream that used it (that one, and those given to record_stream),
+// and it is handed out again only once those events have completed; an event on the stream
+// asking for it needs no wait (stream order). Out of memory, cached blocks are given back to
+// CUDA (cudaFree synchronises the device) and the allocation is tried again.
 void* device_alloc(int device, size_t bytes, size_t* capacity);
 void device_free(int device, void* ptr, size_t capacity);
 AllocatorStats device_memory_stats(int device);
 void reset_device_peak(int device);
+// Gives every cached block back to CUDA after waiting for its streams (cudaFree synchronises
+// the device: not while NCCL kernels of this process may wait for another rank).
 void release_device_cache(int device);
 // Tests: fill every new device block with 0xFF bytes (NaN in float) so an element a kernel
 // fails to write shows up.
 void set_poison_allocations(bool on);
 
-// Page-locked host memory, for batches copied to the device asynchronously.
+// Page-locked host memory, for batches copied to the device asynchronously. Cached like device
+// memory: a block an asynchronous copy reads (copy() records it) is handed out again only once
+// the copy has completed.
 void* pinned_alloc(size_t bytes);
 void pinned_free(void* ptr);
+
+// The block holding `ptr` (device memory of `memory`, or pinned host memory when `memory` is
+// a CPU device) is used by work queued on `stream` (a stream of cuda:`stream_device`): when the
+// block is freed it is not reused until that work is done. copy() records its own uses; a
+// caller that runs a kernel or a collective on a tensor from another stream records it here.
+// Pointers the allocators do not hold are ignored.
+void record_stream(const void* ptr, Device memory, int stream_device, CUstream_st* stream);
 
 // Copies between any two of host / cuda:N, on the current stream of the CUDA device involved
 // (the destination's for device-to-device). Returns when the bytes may be used by the host
@@ -52,9 +65,8 @@ std::string device_name(int device);
 // and no CUDA header here.
 //
 // Stream: a stream of its own on `device`, non-blocking with respect to the legacy default
-// stream. Move-only. Destroying it first waits for the work queued on it: the caching device
-// allocator tags a freed block with the stream it served, and a new stream may get the handle
-// of a destroyed one while that one's work still reads the block.
+// stream. Move-only. Destroying it first waits for the work queued on it (a new stream may get
+// the handle of a destroyed one, and the allocator's stream-order reuse compares handles).
 class Stream {
  public:
   Stream() = default;  // none
@@ -123,5 +135,12 @@ void host_wait(const Event& e);
 // float64 reference at 1e-5 turn it off.
 void set_allow_tf32(bool on);
 bool allow_tf32();
+
+// Deterministic convolutions: only cuDNN algorithms that report CUDNN_DETERMINISTIC (no
+// atomics) and are neither FFT nor Winograd (their rounding differs most from a direct sum),
+// so two runs, or two streams, give the same bits. Off by default (the fastest algorithm
+// wins); the CUDA tests and unet_train --deterministic turn it on.
+void set_deterministic(bool on);
+bool deterministic();
 
 }  // namespace unetcu::cuda

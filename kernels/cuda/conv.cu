@@ -1,17 +1,32 @@
-// CUDA convolution through cuDNN. For each (device, geometry, TF32 setting) the descriptors
-// are built once and each direction's algorithm is chosen once, by cudnnFind*AlgorithmEx
-// (measured on the real shapes), then cached. The chosen algorithm's workspace comes from
-// the caching device allocator for each call: no fixed per-layer cap.
+// CUDA convolution through cuDNN. For each (device, geometry, TF32 setting, deterministic
+// setting) the descriptors are built once and each direction's algorithm is chosen once, then
+// kept: from the on-disk cache of earlier processes' choices (runtime/algo_cache.h), else by
+// cudnnFind*AlgorithmEx (measured on the real shapes), whose choice is then added to that
+// cache. The chosen algorithm's workspace comes from the caching device allocator for each
+// call: no fixed per-layer cap.
+//
+// Which algorithms may be chosen:
+//  - deterministic setting (cuda::set_deterministic: the CUDA tests, unet_train
+//    --deterministic): only those cuDNN reports CUDNN_DETERMINISTIC, never the ones its header
+//    marks non-deterministic (atomics in backward data/filter ALGO_0 and filter ALGO_3), and
+//    no FFT or Winograd variant (their rounding differs most from the direct sum the CPU
+//    reference computes). Two runs, two streams or two replicas then give the same bits.
+//  - otherwise the fastest that ran.
+//  - TF32 off: the search runs with CUDNN_FMA_MATH, the chosen algorithm must report FMA (or
+//    default) math, and it runs with CUDNN_FMA_MATH; a tensor-core choice is an error rather
+//    than a silent loss of float32 precision.
 //
 // Gradient rule (cuDNN beta): the weight and bias gradients accumulate when a gradient
 // exists (beta = 1) and are written otherwise (beta = 0); the same holds for the input
 // gradient, which is written (beta = 0) unless the input already has one (e.g. a residual
 // input read by both the block and its downsample conv).
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <tuple>
 
+#include "runtime/algo_cache.h"
 #include "runtime/cuda_api.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cudnn_util.cuh"
@@ -22,25 +37,40 @@ namespace {
 
 struct Key {
   int device;
-  int64_t N, C, H, W, O, kh, kw, sh, sw, ph, pw;
+  int64_t N, C, H, W, O;
+  int kh, kw, sh, sw, ph, pw;
   bool tf32;
+  bool deterministic;  // another setting may choose another algorithm
   bool operator<(const Key& o) const {
-    return std::tie(device, N, C, H, W, O, kh, kw, sh, sw, ph, pw, tf32) <
-           std::tie(o.device, o.N, o.C, o.H, o.W, o.O, o.kh, o.kw, o.sh, o.sw, o.ph, o.pw, o.tf32);
+    return std::tie(device, N, C, H, W, O, kh, kw, sh, sw, ph, pw, tf32, deterministic) <
+           std::tie(o.device, o.N, o.C, o.H, o.W, o.O, o.kh, o.kw, o.sh, o.sw, o.ph, o.pw, o.tf32,
+                    o.deterministic);
   }
+};
+
+// One direction's algorithm. Each direction has its own convolution descriptor, set once to the
+// math type its algorithm runs with: plans are shared by every stream of the device, and two
+// streams may run the same plan at once, so nothing in a chosen plan changes afterwards.
+template <class Algo>
+struct Choice {
+  ConvDesc conv;
+  bool chosen = false;
+  Algo algo{};
+  cudnnMathType_t math = CUDNN_FMA_MATH;
+  size_t workspace = 0;
+  explicit Choice(const ConvGeometry& g) : conv(g.ph, g.pw, g.sh, g.sw) {}
 };
 
 struct Plan {
   TensorDesc x, y, bias;
   FilterDesc w;
-  ConvDesc conv;
-  bool has_fwd = false, has_bwd_data = false, has_bwd_filter = false;
-  cudnnConvolutionFwdAlgoPerf_t fwd;
-  cudnnConvolutionBwdDataAlgoPerf_t bwd_data;
-  cudnnConvolutionBwdFilterAlgoPerf_t bwd_filter;
+  Choice<cudnnConvolutionFwdAlgo_t> fwd;
+  Choice<cudnnConvolutionBwdDataAlgo_t> bwd_data;
+  Choice<cudnnConvolutionBwdFilterAlgo_t> bwd_filter;
+  std::mutex search_mutex;  // each direction is chosen once, by its first caller
   explicit Plan(const ConvGeometry& g)
       : x(g.N, g.C, g.H, g.W), y(g.N, g.O, g.OH, g.OW), bias(1, g.O, 1, 1), w(g.O, g.C, g.kh, g.kw),
-        conv(g.ph, g.pw, g.sh, g.sw) {}
+        fwd(g), bwd_data(g), bwd_filter(g) {}
 };
 
 std::mutex g_plans_mutex;
@@ -49,95 +79,229 @@ std::map<Key, std::unique_ptr<Plan>>& plans() {
   return *m;
 }
 
-Plan& plan_for(int device, const ConvGeometry& g, bool tf32) {
-  const Key k{device, g.N, g.C, g.H, g.W, g.O, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, tf32};
+Plan& plan_for(int device, const ConvGeometry& g, bool tf32, bool deterministic) {
+  const Key k{device, g.N, g.C, g.H, g.W, g.O, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, tf32,
+              deterministic};
   std::lock_guard<std::mutex> lock(g_plans_mutex);
   auto& slot = plans()[k];
-  if (!slot) {
-    slot = std::make_unique<Plan>(g);
-    CUDNN_CHECK(cudnnSetConvolutionMathType(slot->conv.d, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
-  }
+  if (!slot) slot = std::make_unique<Plan>(g);
   return *slot;
 }
 
-// Workspace the algorithm search may use: a quarter of the free memory, at most 1 GiB.
-size_t search_workspace_bytes() {
-  size_t free_b = 0, total_b = 0;
-  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  return std::min<size_t>(free_b / 4, size_t(1) << 30);
+// ---- the directions, each with its cuDNN calls -----------------------------------------
+
+// Which algorithms the deterministic setting leaves out: FFT and Winograd variants (looser
+// rounding) and those cuDNN's header marks non-deterministic (they accumulate with atomics).
+bool excluded_when_deterministic(cudnnConvolutionFwdAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_FWD_ALGO_FFT || a == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
+         a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD || a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
+}
+bool excluded_when_deterministic(cudnnConvolutionBwdDataAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT ||
+         a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING ||
+         a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD ||
+         a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
+}
+bool excluded_when_deterministic(cudnnConvolutionBwdFilterAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3 ||
+         a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT ||
+         a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING ||
+         a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD ||
+         a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
 }
 
-template <class Perf>
-Perf pick(const Perf* results, int count, const char* what) {
-  for (int i = 0; i < count; ++i)
-    if (results[i].status == CUDNN_STATUS_SUCCESS) return results[i];
-  throw Error(str_cat("cuDNN found no usable ", what, " algorithm"));
-}
-
-// Algorithms are searched with the handle already locked (h) and on the tensors of the call.
-// The search may use a large workspace once per shape: it comes straight from cudaMalloc, so
-// it neither stays in the caching allocator nor counts in the training's peak memory.
-struct SearchWorkspace {
-  void* ptr = nullptr;
-  size_t bytes;
-  SearchWorkspace() : bytes(search_workspace_bytes()) {
-    if (bytes && cudaMalloc(&ptr, bytes) != cudaSuccess) {
-      cudaGetLastError();
-      ptr = nullptr;
-      bytes = 0;  // search among the algorithms that need none
-    }
+// Find: runs every algorithm of the direction on (in1, in2) into out, within the workspace.
+// Workspace: the size cuDNN asks for one algorithm.
+struct Forward {
+  using Algo = cudnnConvolutionFwdAlgo_t;
+  using Perf = cudnnConvolutionFwdAlgoPerf_t;
+  static constexpr int kCount = CUDNN_CONVOLUTION_FWD_ALGO_COUNT;
+  static constexpr const char* kDirection = "fwd";
+  static constexpr const char* kWhat = "forward convolution";
+  static Choice<Algo>& choice(Plan& p) { return p.fwd; }
+  // in1 = x, in2 = w, out = y
+  static void find(cudnnHandle_t h, Plan& p, const void* in1, const void* in2, void* out,
+                   Perf* res, int* n, void* ws, size_t ws_bytes) {
+    CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, p.x.d, in1, p.w.d, in2, p.fwd.conv.d,
+                                                       p.y.d, out, kCount, n, res, ws, ws_bytes));
   }
-  ~SearchWorkspace() {
-    if (ptr) cudaFree(ptr);
+  static cudnnStatus_t workspace(cudnnHandle_t h, Plan& p, Algo a, size_t* bytes) {
+    return cudnnGetConvolutionForwardWorkspaceSize(h, p.x.d, p.w.d, p.fwd.conv.d, p.y.d, a, bytes);
   }
-  void* get() const { return ptr; }
 };
 
-// Each direction is searched under the requested math type (the descriptor keeps the type
-// of the last algorithm used).
-void reset_math(Plan& p, bool tf32) {
-  CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv.d, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+struct BackwardData {
+  using Algo = cudnnConvolutionBwdDataAlgo_t;
+  using Perf = cudnnConvolutionBwdDataAlgoPerf_t;
+  static constexpr int kCount = CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT;
+  static constexpr const char* kDirection = "bwd_data";
+  static constexpr const char* kWhat = "backward-data convolution";
+  static Choice<Algo>& choice(Plan& p) { return p.bwd_data; }
+  // in1 = w, in2 = dy, out = scratch dx
+  static void find(cudnnHandle_t h, Plan& p, const void* in1, const void* in2, void* out,
+                   Perf* res, int* n, void* ws, size_t ws_bytes) {
+    CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(h, p.w.d, in1, p.y.d, in2,
+                                                            p.bwd_data.conv.d, p.x.d, out, kCount,
+                                                            n, res, ws, ws_bytes));
+  }
+  static cudnnStatus_t workspace(cudnnHandle_t h, Plan& p, Algo a, size_t* bytes) {
+    return cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w.d, p.y.d, p.bwd_data.conv.d, p.x.d,
+                                                        a, bytes);
+  }
+};
+
+struct BackwardFilter {
+  using Algo = cudnnConvolutionBwdFilterAlgo_t;
+  using Perf = cudnnConvolutionBwdFilterAlgoPerf_t;
+  static constexpr int kCount = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT;
+  static constexpr const char* kDirection = "bwd_filter";
+  static constexpr const char* kWhat = "backward-filter convolution";
+  static Choice<Algo>& choice(Plan& p) { return p.bwd_filter; }
+  // in1 = x, in2 = dy, out = scratch dw
+  static void find(cudnnHandle_t h, Plan& p, const void* in1, const void* in2, void* out,
+                   Perf* res, int* n, void* ws, size_t ws_bytes) {
+    CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, p.x.d, in1, p.y.d, in2,
+                                                              p.bwd_filter.conv.d, p.w.d, out,
+                                                              kCount, n, res, ws, ws_bytes));
+  }
+  static cudnnStatus_t workspace(cudnnHandle_t h, Plan& p, Algo a, size_t* bytes) {
+    return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x.d, p.y.d, p.bwd_filter.conv.d,
+                                                          p.w.d, a, bytes);
+  }
+};
+
+// ---- choosing -------------------------------------------------------------------------
+
+bool tensor_op_math(int math) {
+  return math == CUDNN_TENSOR_OP_MATH || math == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
 }
 
-void find_forward(Plan& p, cudnnHandle_t h, int device, const TensorRef& x, const TensorRef& w,
-                  const TensorRef& y) {
-  SearchWorkspace ws;
-  const size_t ws_bytes = ws.bytes;
-  cudnnConvolutionFwdAlgoPerf_t res[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-  int n = 0;
-  CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, p.x.d, x.raw(), p.w.d, w.raw(), p.conv.d,
-                                                     p.y.d, y.raw(), CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
-                                                     &n, res, ws.get(), ws_bytes));
-  p.fwd = pick(res, n, "forward convolution");
-  p.has_fwd = true;
+// The math type an algorithm runs with: TF32 off, always FMA (CUDNN_DEFAULT_MATH would let
+// cuDNN use TF32 on Ampere and later); TF32 on, what the search measured.
+cudnnMathType_t run_math(bool tf32, int measured) {
+  return tf32 ? cudnnMathType_t(measured) : CUDNN_FMA_MATH;
 }
 
-void find_backward_data(Plan& p, cudnnHandle_t h, int device, const TensorRef& w,
-                        const TensorRef& dy, const TensorRef& x) {
-  SearchWorkspace ws;
-  const size_t ws_bytes = ws.bytes;
-  unetcu::cuda::DeviceBuffer scratch_dx(device, x.nbytes());  // the real dx may hold a gradient
-  cudnnConvolutionBwdDataAlgoPerf_t res[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-  int n = 0;
-  CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
-      h, p.w.d, w.raw(), p.y.d, dy.raw(), p.conv.d, p.x.d, scratch_dx.get(),
-      CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, res, ws.get(), ws_bytes));
-  p.bwd_data = pick(res, n, "backward-data convolution");
-  p.has_bwd_data = true;
+ConvAlgoCache& disk_cache() {
+  static auto* c = new ConvAlgoCache(default_conv_algo_cache_path());  // never destroyed
+  return *c;
 }
 
-void find_backward_filter(Plan& p, cudnnHandle_t h, int device, const TensorRef& x,
-                          const TensorRef& dy, const TensorRef& w) {
-  SearchWorkspace ws;
-  const size_t ws_bytes = ws.bytes;
-  unetcu::cuda::DeviceBuffer scratch_dw(device, w.nbytes());
-  cudnnConvolutionBwdFilterAlgoPerf_t res[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+ConvAlgoKey disk_key(const char* direction, int device, const ConvGeometry& g, bool tf32,
+                     bool deterministic) {
+  const cudaDeviceProp& prop = unetcu::cuda::device_properties(device);
+  ConvAlgoKey k;
+  k.device = prop.name;
+  k.cc_major = prop.major;
+  k.cc_minor = prop.minor;
+  k.cudnn_version = int(cudnnGetVersion());
+  k.direction = direction;
+  k.dtype = "f32";
+  k.tf32 = tf32;
+  k.deterministic = deterministic;
+  k.n = g.N, k.c = g.C, k.h = g.H, k.w = g.W, k.o = g.O;
+  k.kh = g.kh, k.kw = g.kw, k.sh = g.sh, k.sw = g.sw, k.ph = g.ph, k.pw = g.pw;
+  return k;
+}
+
+// Workspace the search may use: a quarter of the free memory, at most 1 GiB, fixed per device
+// at its first search so that every later search reuses the same cached block. It comes from
+// the caching allocator (cudaMalloc/cudaFree here would synchronise the device, with NCCL
+// kernels possibly in flight) and is optional: when memory is short the search runs among
+// the algorithms that need less.
+size_t search_workspace_bytes(int device) {
+  static std::mutex mu;
+  static std::map<int, size_t> bytes;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = bytes.find(device);
+  if (it != bytes.end()) return it->second;
+  size_t free_b = 0, total_b = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));  // on `device`: the launcher set it
+  return bytes[device] = std::min<size_t>(free_b / 4, size_t(1) << 30);
+}
+
+template <class D>
+typename D::Perf pick(const typename D::Perf* results, int count, bool tf32, bool deterministic,
+                      const ConvGeometry& g) {
+  const typename D::Perf* chosen = nullptr;
+  for (int i = 0; i < count && !chosen; ++i) {  // cuDNN lists the fastest first
+    const auto& r = results[i];
+    if (r.status != CUDNN_STATUS_SUCCESS) continue;
+    if (deterministic &&
+        (r.determinism != CUDNN_DETERMINISTIC || excluded_when_deterministic(r.algo)))
+      continue;
+    chosen = &r;
+  }
+  const std::string shape = str_cat("input ", g.N, "x", g.C, "x", g.H, "x", g.W, ", weight ", g.O,
+                                    "x", g.C, "x", g.kh, "x", g.kw);
+  if (!chosen)
+    throw Error(str_cat("cuDNN found no usable ", D::kWhat, " algorithm for ", shape,
+                        deterministic ? " among the deterministic ones (no atomics, FFT or Winograd)"
+                                      : ""));
+  if (!tf32 && tensor_op_math(chosen->mathType))
+    throw Error(str_cat("cuDNN chose ", D::kWhat, " algorithm ", int(chosen->algo), " for ", shape,
+                        " with tensor-core math (cudnnMathType_t ", int(chosen->mathType),
+                        ") although TF32 is off: its float32 results would lose precision"));
+  return *chosen;
+}
+
+// Chooses the direction's algorithm (once per plan): the on-disk cache, else the search.
+template <class D>
+void choose(Plan& p, cudnnHandle_t h, int device, const ConvGeometry& g, bool tf32,
+            bool deterministic, const void* in1, const void* in2, void* out) {
+  Choice<typename D::Algo>& c = D::choice(p);
+  const ConvAlgoKey key = disk_key(D::kDirection, device, g, tf32, deterministic);
+  if (const auto hit = disk_cache().find(key)) {
+    // Checked again, not trusted: the file may have been edited, or written by a cuDNN that
+    // had other algorithms. Anything doubtful is searched instead.
+    const auto algo = typename D::Algo(hit->algo);
+    const bool fits = hit->algo >= 0 && hit->algo < D::kCount &&
+                      (tf32 || !tensor_op_math(hit->math_type)) &&
+                      (!deterministic || (hit->deterministic && !excluded_when_deterministic(algo)));
+    size_t ws = 0;
+    if (fits &&
+        cudnnSetConvolutionMathType(c.conv.d, run_math(tf32, hit->math_type)) == CUDNN_STATUS_SUCCESS &&
+        D::workspace(h, p, algo, &ws) == CUDNN_STATUS_SUCCESS) {
+      c.algo = algo;
+      c.math = run_math(tf32, hit->math_type);
+      c.workspace = ws;
+      c.chosen = true;
+      return;
+    }
+  }
+  CUDNN_CHECK(cudnnSetConvolutionMathType(c.conv.d, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+  const size_t want = search_workspace_bytes(device);
+  unetcu::cuda::DeviceBuffer ws(device, want, /*optional=*/true);
+  typename D::Perf results[D::kCount];
   int n = 0;
-  CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
-      h, p.x.d, x.raw(), p.y.d, dy.raw(), p.conv.d, p.w.d, scratch_dw.get(),
-      CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, res, ws.get(), ws_bytes));
-  p.bwd_filter = pick(res, n, "backward-filter convolution");
-  p.has_bwd_filter = true;
+  D::find(h, p, in1, in2, out, results, &n, ws.get(), ws.get() ? want : 0);
+  const typename D::Perf perf = pick<D>(results, n, tf32, deterministic, g);
+  c.algo = perf.algo;
+  c.math = run_math(tf32, perf.mathType);
+  c.workspace = perf.memory;
+  CUDNN_CHECK(cudnnSetConvolutionMathType(c.conv.d, c.math));
+  c.chosen = true;
+  // A search that had to do without its workspace (memory was short) may have missed the
+  // fastest algorithm: good for this process, not worth keeping for the next.
+  if (ws.get() || want == 0)
+    disk_cache().store(key, ConvAlgoChoice{int(perf.algo), int(perf.mathType),
+                                           perf.determinism == CUDNN_DETERMINISTIC});
+}
+
+// The direction's choice, made by the first caller. The search writes its output: `out`, or
+// with `scratch_bytes` a scratch buffer (a backward's real output may hold a gradient that
+// must be accumulated into, not overwritten).
+template <class D>
+Choice<typename D::Algo>& chosen(Plan& p, cudnnHandle_t h, int device, const ConvGeometry& g,
+                                 bool tf32, bool deterministic, const void* in1, const void* in2,
+                                 void* out, size_t scratch_bytes = 0) {
+  std::lock_guard<std::mutex> lock(p.search_mutex);
+  Choice<typename D::Algo>& c = D::choice(p);
+  if (!c.chosen) {
+    unetcu::cuda::DeviceBuffer scratch(device, scratch_bytes);
+    choose<D>(p, h, device, g, tf32, deterministic, in1, in2, scratch_bytes ? scratch.get() : out);
+  }
+  return c;  // not changed again: read without the lock from here on
 }
 
 }  // namespace
@@ -146,18 +310,15 @@ void conv2d_forward(const TensorRef& x, const TensorRef& w, const TensorRef& b, 
                     const ConvGeometry& g) {
   Launch l(x);
   const int dev = x.device().index;
-  const bool tf32 = unetcu::cuda::allow_tf32();
-  Plan& p = plan_for(dev, g, tf32);
+  const bool tf32 = unetcu::cuda::allow_tf32(), det = unetcu::cuda::deterministic();
+  Plan& p = plan_for(dev, g, tf32, det);
   const float one = 1, zero = 0;
   unetcu::cuda::CudnnLock h(dev);
-  if (!p.has_fwd) {
-    reset_math(p, tf32);
-    find_forward(p, h.handle(), dev, x, w, y);
-  }
-  CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv.d, p.fwd.mathType));
-  unetcu::cuda::DeviceBuffer ws(dev, p.fwd.memory);
-  CUDNN_CHECK(cudnnConvolutionForward(h.handle(), &one, p.x.d, x.raw(), p.w.d, w.raw(), p.conv.d,
-                                      p.fwd.algo, ws.get(), p.fwd.memory, &zero, p.y.d, y.raw()));
+  // The search writes y, which this call overwrites anyway.
+  auto& c = chosen<Forward>(p, h.handle(), dev, g, tf32, det, x.raw(), w.raw(), y.raw());
+  unetcu::cuda::DeviceBuffer ws(dev, c.workspace);
+  CUDNN_CHECK(cudnnConvolutionForward(h.handle(), &one, p.x.d, x.raw(), p.w.d, w.raw(), c.conv.d,
+                                      c.algo, ws.get(), c.workspace, &zero, p.y.d, y.raw()));
   if (b.defined())
     CUDNN_CHECK(cudnnAddTensor(h.handle(), &one, p.bias.d, b.raw(), &one, p.y.d, y.raw()));
   CUDA_CHECK_LAUNCH(l.stream, "conv2d_forward");
@@ -168,8 +329,8 @@ void conv2d_backward(const TensorRef& grad_y, const TensorRef& x, const TensorRe
                      const TensorRef& grad_b, double beta_b, const ConvGeometry& g) {
   Launch l(x);
   const int dev = x.device().index;
-  const bool tf32 = unetcu::cuda::allow_tf32();
-  Plan& p = plan_for(dev, g, tf32);
+  const bool tf32 = unetcu::cuda::allow_tf32(), det = unetcu::cuda::deterministic();
+  Plan& p = plan_for(dev, g, tf32, det);
   const float one = 1;
   unetcu::cuda::CudnnLock h(dev);
   if (grad_b.defined()) {
@@ -178,28 +339,22 @@ void conv2d_backward(const TensorRef& grad_y, const TensorRef& x, const TensorRe
                                              grad_b.raw()));
   }
   if (grad_w.defined()) {
-    if (!p.has_bwd_filter) {
-      reset_math(p, tf32);
-      find_backward_filter(p, h.handle(), dev, x, grad_y, w);
-    }
-    CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv.d, p.bwd_filter.mathType));
-    unetcu::cuda::DeviceBuffer ws(dev, p.bwd_filter.memory);
+    auto& c = chosen<BackwardFilter>(p, h.handle(), dev, g, tf32, det, x.raw(), grad_y.raw(),
+                                     nullptr, w.nbytes());
+    unetcu::cuda::DeviceBuffer ws(dev, c.workspace);
     const float bw = float(beta_w);
     CUDNN_CHECK(cudnnConvolutionBackwardFilter(h.handle(), &one, p.x.d, x.raw(), p.y.d,
-                                               grad_y.raw(), p.conv.d, p.bwd_filter.algo, ws.get(),
-                                               p.bwd_filter.memory, &bw, p.w.d, grad_w.raw()));
+                                               grad_y.raw(), c.conv.d, c.algo, ws.get(),
+                                               c.workspace, &bw, p.w.d, grad_w.raw()));
   }
   if (grad_x.defined()) {
-    if (!p.has_bwd_data) {
-      reset_math(p, tf32);
-      find_backward_data(p, h.handle(), dev, w, grad_y, x);
-    }
-    CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv.d, p.bwd_data.mathType));
-    unetcu::cuda::DeviceBuffer ws(dev, p.bwd_data.memory);
+    auto& c = chosen<BackwardData>(p, h.handle(), dev, g, tf32, det, w.raw(), grad_y.raw(),
+                                   nullptr, x.nbytes());
+    unetcu::cuda::DeviceBuffer ws(dev, c.workspace);
     const float bx = float(beta_x);
     CUDNN_CHECK(cudnnConvolutionBackwardData(h.handle(), &one, p.w.d, w.raw(), p.y.d, grad_y.raw(),
-                                             p.conv.d, p.bwd_data.algo, ws.get(),
-                                             p.bwd_data.memory, &bx, p.x.d, grad_x.raw()));
+                                             c.conv.d, c.algo, ws.get(), c.workspace, &bx, p.x.d,
+                                             grad_x.raw()));
   }
   CUDA_CHECK_LAUNCH(l.stream, "conv2d_backward");
 }

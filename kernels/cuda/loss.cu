@@ -1,6 +1,10 @@
-// CUDA losses over kernels/bodies/loss.h: block reductions in double (one atomicAdd per block), the
-// loss finished on the device, and backward kernels that read the upstream gradient and the
-// Dice sums from device memory, so no host synchronisation happens inside a step.
+// CUDA losses over kernels/bodies/loss.h: block reductions in double, the loss finished on the
+// device, and backward kernels that read the upstream gradient and the Dice sums from device
+// memory, so no host synchronisation happens inside a step.
+//
+// Sums are deterministic: each block writes its partial sum, and one block adds the partials
+// in a fixed order (an atomicAdd per block would add them in order of arrival, which varies
+// the last bits of the loss and of the Dice gradient from run to run).
 #include "kernels/cuda/common.cuh"
 #include "kernels/launchers.h"
 #include "kernels/bodies/loss.h"
@@ -8,11 +12,23 @@
 namespace unetcu::kernels::cuda {
 namespace {
 
-__global__ void bce_sum_kernel(const float* x, const float* t, double* sum, int64_t n) {
+// partials [blocks]: this block's sum.
+__global__ void bce_sum_kernel(const float* x, const float* t, double* partials, int64_t n) {
   double acc = 0;
   GRID_STRIDE(i, n) acc += double(bce_with_logits(x[i], t[i]));
   acc = block_sum(acc);
-  if (threadIdx.x == 0) atomicAdd(sum, acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+// One block: out[k] = sum over b of partials[k * blocks + b], k < K, in a fixed order.
+template <int K>
+__global__ void sum_partials_kernel(const double* partials, int blocks, double* out) {
+  for (int k = 0; k < K; ++k) {
+    double acc = 0;
+    for (int b = threadIdx.x; b < blocks; b += blockDim.x) acc += partials[k * blocks + b];
+    acc = block_sum(acc);
+    if (threadIdx.x == 0) out[k] = acc;
+  }
 }
 
 __global__ void mean_kernel(const double* sum, float* loss, int64_t n) {
@@ -25,7 +41,8 @@ __global__ void bce_backward_kernel(const float* x, const float* t, const float*
   GRID_STRIDE(i, n) store(gx + i, s * bce_with_logits_grad(x[i], t[i]), beta);
 }
 
-__global__ void dice_sums_kernel(const float* x, const float* t, double* sums, int64_t n) {
+// partials [3][blocks]: this block's sums of p*t, p and t.
+__global__ void dice_sums_kernel(const float* x, const float* t, double* partials, int64_t n) {
   double inter = 0, ps = 0, ts = 0;
   GRID_STRIDE(i, n) {
     const double p = kernels::sigmoid_forward(x[i]);
@@ -37,9 +54,9 @@ __global__ void dice_sums_kernel(const float* x, const float* t, double* sums, i
   ps = block_sum(ps);
   ts = block_sum(ts);
   if (threadIdx.x == 0) {
-    atomicAdd(sums + 0, inter);
-    atomicAdd(sums + 1, ps);
-    atomicAdd(sums + 2, ts);
+    partials[0 * gridDim.x + blockIdx.x] = inter;
+    partials[1 * gridDim.x + blockIdx.x] = ps;
+    partials[2 * gridDim.x + blockIdx.x] = ts;
   }
 }
 
@@ -63,11 +80,15 @@ void bce_with_logits_forward(const TensorRef& logits, const TensorRef& target,
                              const TensorRef& loss) {
   const int64_t n = logits.numel();
   Launch l(logits);
+  const int blocks = blocks_for(n);
+  unetcu::cuda::DeviceBuffer partials(logits.device().index, size_t(blocks) * sizeof(double));
   unetcu::cuda::DeviceBuffer sum(logits.device().index, sizeof(double));
-  CUDA_CHECK(cudaMemsetAsync(sum.get(), 0, sizeof(double), l.stream));
-  bce_sum_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(fdata(logits), fdata(target),
-                                                           static_cast<double*>(sum.get()), n);
+  bce_sum_kernel<<<blocks, kThreads, 0, l.stream>>>(fdata(logits), fdata(target),
+                                                    static_cast<double*>(partials.get()), n);
   CUDA_CHECK_LAUNCH(l.stream, "bce_with_logits_forward");
+  sum_partials_kernel<1><<<1, kThreads, 0, l.stream>>>(static_cast<const double*>(partials.get()),
+                                                       blocks, static_cast<double*>(sum.get()));
+  CUDA_CHECK_LAUNCH(l.stream, "bce_with_logits_forward (sum)");
   mean_kernel<<<1, 1, 0, l.stream>>>(static_cast<double*>(sum.get()), fdata(loss), n);
   CUDA_CHECK_LAUNCH(l.stream, "bce_with_logits_forward (mean)");
 }
@@ -84,10 +105,14 @@ void bce_with_logits_backward(const TensorRef& logits, const TensorRef& target,
 void dice_sums(const TensorRef& logits, const TensorRef& target, const TensorRef& sums) {
   const int64_t n = logits.numel();
   Launch l(logits);
-  CUDA_CHECK(cudaMemsetAsync(sums.raw(), 0, 3 * sizeof(double), l.stream));
-  dice_sums_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(fdata(logits), fdata(target),
-                                                             sums.data<double>(), n);
+  const int blocks = blocks_for(n);
+  unetcu::cuda::DeviceBuffer partials(logits.device().index, 3 * size_t(blocks) * sizeof(double));
+  dice_sums_kernel<<<blocks, kThreads, 0, l.stream>>>(fdata(logits), fdata(target),
+                                                      static_cast<double*>(partials.get()), n);
   CUDA_CHECK_LAUNCH(l.stream, "dice_sums");
+  sum_partials_kernel<3><<<1, kThreads, 0, l.stream>>>(static_cast<const double*>(partials.get()),
+                                                       blocks, sums.data<double>());
+  CUDA_CHECK_LAUNCH(l.stream, "dice_sums (sum)");
 }
 
 void dice_loss_from_sums(const TensorRef& sums, double smooth, const TensorRef& loss) {

@@ -1,12 +1,16 @@
-// The CUDA runtime of the engine: device count, contexts and streams, the caching device
-// allocator, pinned host memory, copies, and the error reporting behind the check macros.
+// The CUDA runtime of the engine: device count, contexts and streams, cuDNN handles, the
+// caching device allocator, pinned host memory, copies, and the error reporting behind the
+// check macros.
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
-#include <unordered_map>
+#include <new>
+#include <utility>
 #include <vector>
 
+#include "runtime/block_pool.h"
 #include "runtime/cuda/runtime.cuh"
 #include "runtime/cuda_api.h"
 
@@ -83,6 +87,26 @@ void check_device_index(int device) {
   UNETCU_CHECK(device >= 0 && device < n && device < kMaxDevices, "cuda:", device,
                " does not exist (", n, " GPU(s) visible)");
 }
+
+// Switches to `device` for the scope without checking (for noexcept paths: destructors, the
+// allocator's free); a failure shows up in the CUDA call that follows.
+class QuietDeviceGuard {
+ public:
+  explicit QuietDeviceGuard(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ != device) cudaSetDevice(device);
+  }
+  ~QuietDeviceGuard() {
+    int now = -1;
+    if (previous_ >= 0 && cudaGetDevice(&now) == cudaSuccess && now != previous_)
+      cudaSetDevice(previous_);
+  }
+  QuietDeviceGuard(const QuietDeviceGuard&) = delete;
+  QuietDeviceGuard& operator=(const QuietDeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
 }  // namespace
 
 DeviceContext& context(int device) {
@@ -94,8 +118,6 @@ DeviceContext& context(int device) {
   DeviceGuard g(device);
   ctx->device = device;
   ctx->stream = Stream(device);
-  CUDNN_CHECK(cudnnCreate(&ctx->cudnn));
-  CUBLAS_CHECK(cublasCreate(&ctx->cublas));
   c.ctx[device] = std::move(ctx);
   return *c.ctx[device];
 }
@@ -106,93 +128,249 @@ cudaStream_t current_stream(int device) {
   return context(device).stream.get();
 }
 
-CudnnLock::CudnnLock(int device)
-    : lock_(context(device).handle_mutex), handle_(context(device).cudnn) {
-  CUDNN_CHECK(cudnnSetStream(handle_, current_stream(device)));
+const cudaDeviceProp& device_properties(int device) {
+  check_device_index(device);
+  static std::mutex mu;
+  static std::unique_ptr<cudaDeviceProp> props[kMaxDevices];
+  std::lock_guard<std::mutex> lock(mu);
+  if (!props[device]) {
+    auto p = std::make_unique<cudaDeviceProp>();
+    CUDA_CHECK(cudaGetDeviceProperties(p.get(), device));
+    props[device] = std::move(p);
+  }
+  return *props[device];
 }
 
-CublasLock::CublasLock(int device)
-    : lock_(context(device).handle_mutex), handle_(context(device).cublas) {
-  CUBLAS_CHECK(cublasSetStream(handle_, current_stream(device)));
-}
-
-// ---- caching device allocator --------------------------------------------------------
+// ---- cuDNN handles, one per (device, stream) --------------------------------------------
 
 namespace {
 
-struct Block {
-  void* ptr;
-  cudaStream_t stream;
+struct CudnnSlot {
+  cudnnHandle_t handle = nullptr;
+  std::mutex mu;  // one call sequence at a time (threads may share a stream)
+};
+
+struct CudnnHandles {
+  std::mutex mu;
+  std::map<std::pair<int, cudaStream_t>, CudnnSlot*> by_stream;
+  // Handles of destroyed streams, kept for the next stream of the device: cudnnDestroy
+  // synchronises the device, which with NCCL kernels in flight can hang.
+  std::vector<CudnnSlot*> spare[kMaxDevices];
+};
+CudnnHandles& cudnn_handles() {
+  static CudnnHandles* h = new CudnnHandles();  // never destroyed, like the contexts
+  return *h;
+}
+
+CudnnSlot& cudnn_slot(int device, cudaStream_t stream) {
+  CudnnHandles& t = cudnn_handles();
+  std::lock_guard<std::mutex> lock(t.mu);
+  auto it = t.by_stream.find({device, stream});
+  if (it != t.by_stream.end()) return *it->second;
+  CudnnSlot* slot = nullptr;
+  if (!t.spare[device].empty()) {
+    slot = t.spare[device].back();
+    t.spare[device].pop_back();
+  } else {
+    auto fresh = std::make_unique<CudnnSlot>();
+    DeviceGuard g(device);
+    CUDNN_CHECK(cudnnCreate(&fresh->handle));
+    slot = fresh.release();
+  }
+  // Bound once: every call through this handle goes to this stream.
+  const cudnnStatus_t st = cudnnSetStream(slot->handle, stream);
+  if (st != CUDNN_STATUS_SUCCESS) {
+    t.spare[device].push_back(slot);
+    CUDNN_CHECK(st);
+  }
+  t.by_stream[{device, stream}] = slot;
+  return *slot;
+}
+
+// A stream is going away: its handle becomes a spare of the device.
+void release_cudnn_handle(int device, cudaStream_t stream) noexcept {
+  if (device < 0 || device >= kMaxDevices) return;
+  CudnnHandles& t = cudnn_handles();
+  std::lock_guard<std::mutex> lock(t.mu);
+  auto it = t.by_stream.find({device, stream});
+  if (it == t.by_stream.end()) return;
+  CudnnSlot* slot = it->second;
+  { std::lock_guard<std::mutex> wait_for_user(slot->mu); }
+  t.by_stream.erase(it);
+  t.spare[device].push_back(slot);
+}
+
+}  // namespace
+
+CudnnLock::CudnnLock(int device) {
+  CudnnSlot& slot = cudnn_slot(device, current_stream(device));
+  lock_ = std::unique_lock<std::mutex>(slot.mu);
+  handle_ = slot.handle;
+}
+
+// ---- caching allocators: device memory and pinned host memory ------------------------
+//
+// Both are a BlockPool (runtime/block_pool.h: the bookkeeping and the reuse rule, tested on
+// the CPU) over a backend of CUDA calls. Events come from a per-device free list, so a free
+// costs one cudaEventRecord, not an event creation.
+
+namespace {
+
+struct EventSlot {
+  int device;
+  cudaEvent_t event;
+};
+
+struct EventFreeLists {
+  std::mutex mu;
+  std::vector<EventSlot*> free[kMaxDevices];
+};
+EventFreeLists& event_free_lists() {
+  static EventFreeLists* e = new EventFreeLists();
+  return *e;
+}
+
+EventSlot* take_event(int device) noexcept {
+  if (device < 0 || device >= kMaxDevices) return nullptr;
+  EventFreeLists& l = event_free_lists();
+  {
+    std::lock_guard<std::mutex> lock(l.mu);
+    if (!l.free[device].empty()) {
+      EventSlot* e = l.free[device].back();
+      l.free[device].pop_back();
+      return e;
+    }
+  }
+  QuietDeviceGuard g(device);
+  cudaEvent_t e = nullptr;
+  if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return new (std::nothrow) EventSlot{device, e};
+}
+
+void return_event(EventSlot* e) noexcept {
+  EventFreeLists& l = event_free_lists();
+  std::lock_guard<std::mutex> lock(l.mu);
+  l.free[e->device].push_back(e);
+}
+
+thread_local std::string t_alloc_error;  // CUDA's message for the last failed allocation
+
+class CudaEvents : public BlockBackend {
+ public:
+  void* record(StreamRef stream) noexcept override {
+    EventSlot* e = take_event(stream.device);
+    if (!e) return nullptr;
+    QuietDeviceGuard g(stream.device);
+    if (cudaEventRecord(e->event, static_cast<cudaStream_t>(const_cast<void*>(stream.handle))) !=
+        cudaSuccess) {
+      cudaGetLastError();
+      return_event(e);
+      return nullptr;
+    }
+    return e;
+  }
+  bool completed(void* event) override {
+    auto* e = static_cast<EventSlot*>(event);
+    DeviceGuard g(e->device);
+    const cudaError_t err = cudaEventQuery(e->event);
+    if (err == cudaErrorNotReady) {
+      cudaGetLastError();  // not an error: clear it so later checks start clean
+      return false;
+    }
+    CUDA_CHECK(err);
+    return true;
+  }
+  void wait(void* event) override {
+    auto* e = static_cast<EventSlot*>(event);
+    DeviceGuard g(e->device);
+    CUDA_CHECK(cudaEventSynchronize(e->event));
+  }
+  void release(void* event) noexcept override { return_event(static_cast<EventSlot*>(event)); }
+};
+
+class DeviceMemory : public CudaEvents {
+ public:
+  explicit DeviceMemory(int device) : device_(device) {}
+  void* allocate(size_t bytes) override {
+    DeviceGuard g(device_);
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, bytes);
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      t_alloc_error = cudaGetErrorString(err);
+      return nullptr;
+    }
+    CUDA_CHECK(err);  // anything else is a fault to report, not a full device
+    return p;
+  }
+  // cudaFree synchronises the whole device: the pool calls it only when memory is short
+  // (BlockPool::allocate) or when asked to empty its cache.
+  void deallocate(void* ptr, size_t) noexcept override {
+    QuietDeviceGuard g(device_);
+    if (cudaFree(ptr) != cudaSuccess) cudaGetLastError();
+  }
+
+ private:
+  int device_;
+};
+
+class PinnedMemory : public CudaEvents {
+ public:
+  void* allocate(size_t bytes) override {
+    void* p = nullptr;
+    const cudaError_t err = cudaMallocHost(&p, bytes);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      t_alloc_error = cudaGetErrorString(err);
+      return nullptr;
+    }
+    return p;
+  }
+  void deallocate(void* ptr, size_t) noexcept override {
+    if (cudaFreeHost(ptr) != cudaSuccess) cudaGetLastError();
+  }
 };
 
 struct DeviceHeap {
-  std::mutex mu;
-  std::multimap<size_t, Block> free_blocks;                  // capacity -> block
-  std::unordered_map<void*, cudaStream_t> live;              // pointer -> stream it serves
-  AllocatorStats stats;
+  DeviceMemory memory;
+  BlockPool pool;
+  explicit DeviceHeap(int device) : memory(device), pool(memory) {}
 };
 
 DeviceHeap& heap(int device) {
-  static DeviceHeap* heaps = new DeviceHeap[kMaxDevices];
-  return heaps[device];
+  static std::vector<std::unique_ptr<DeviceHeap>>* heaps = [] {
+    auto* v = new std::vector<std::unique_ptr<DeviceHeap>>();  // never destroyed
+    for (int d = 0; d < kMaxDevices; ++d) v->push_back(std::make_unique<DeviceHeap>(d));
+    return v;
+  }();
+  return *(*heaps)[size_t(device)];
 }
 
-bool g_poison = false;
-
-size_t round_device_size(size_t bytes) {
-  if (bytes <= (size_t(1) << 20)) return (bytes + 511) / 512 * 512;
-  size_t p = size_t(1) << 20;
-  while (p * 2 <= bytes) p *= 2;
-  const size_t step = p / 16;
-  return (bytes + step - 1) / step * step;
+struct PinnedHeap {
+  PinnedMemory memory;
+  BlockPool pool{memory};
+};
+PinnedHeap& pinned_heap() {
+  static PinnedHeap* h = new PinnedHeap();  // never destroyed: batches may be freed during exit
+  return *h;
 }
 
-void release_cache_locked(DeviceHeap& h, int device) {
-  DeviceGuard g(device);
-  for (auto& [size, b] : h.free_blocks) cudaFree(b.ptr);
-  h.free_blocks.clear();
-  h.stats.cached_bytes = 0;
-}
+std::atomic<bool> g_poison{false};
 
 }  // namespace
 
 void* device_alloc(int device, size_t bytes, size_t* capacity) {
   check_device_index(device);
-  const size_t want = round_device_size(bytes ? bytes : 1);
-  // A freed block is reused only by work on the stream it served: work queued on that
-  // stream before the free finishes before anything queued after the reuse.
   const cudaStream_t stream = current_stream(device);
   DeviceHeap& h = heap(device);
-  std::lock_guard<std::mutex> lock(h.mu);
-  void* p = nullptr;
-  for (auto it = h.free_blocks.lower_bound(want);
-       it != h.free_blocks.end() && it->first <= want + want / 8; ++it) {
-    if (it->second.stream != stream) continue;
-    p = it->second.ptr;
-    *capacity = it->first;
-    h.stats.cached_bytes -= it->first;
-    h.free_blocks.erase(it);
-    break;
-  }
-  if (!p) {
-    DeviceGuard g(device);
-    cudaError_t err = cudaMalloc(&p, want);
-    if (err == cudaErrorMemoryAllocation) {
-      cudaGetLastError();
-      release_cache_locked(h, device);
-      err = cudaMalloc(&p, want);
-    }
-    if (err != cudaSuccess) {
-      cudaGetLastError();
-      throw Error(str_cat("out of device memory on cuda:", device, ": allocating ", want,
-                          " bytes with ", h.stats.current_bytes, " bytes in tensors (",
-                          cudaGetErrorString(err), ")"));
-    }
-    *capacity = want;
-  }
-  h.live[p] = stream;
-  h.stats.current_bytes += *capacity;
-  if (h.stats.current_bytes > h.stats.peak_bytes) h.stats.peak_bytes = h.stats.current_bytes;
+  void* p = h.pool.allocate(bytes, StreamRef{device, stream}, capacity);
+  if (!p)
+    throw Error(str_cat("out of device memory on cuda:", device, ": allocating ",
+                        BlockPool::round_size(bytes), " bytes with ",
+                        h.pool.stats().current_bytes, " bytes in tensors (", t_alloc_error, ")"));
   if (g_poison) {
     DeviceGuard g(device);
     CUDA_CHECK(cudaMemsetAsync(p, 0xFF, *capacity, stream));
@@ -200,44 +378,48 @@ void* device_alloc(int device, size_t bytes, size_t* capacity) {
   return p;
 }
 
-void device_free(int device, void* ptr, size_t capacity) {
-  if (!ptr) return;
-  DeviceHeap& h = heap(device);
-  std::lock_guard<std::mutex> lock(h.mu);
-  auto it = h.live.find(ptr);
-  const cudaStream_t stream = it != h.live.end() ? it->second : nullptr;
-  if (it != h.live.end()) h.live.erase(it);
-  h.free_blocks.emplace(capacity, Block{ptr, stream});
-  h.stats.current_bytes -= capacity;
-  h.stats.cached_bytes += capacity;
+void device_free(int device, void* ptr, size_t) {
+  if (!ptr || device < 0 || device >= kMaxDevices) return;
+  heap(device).pool.free(ptr);
+}
+
+void record_stream(const void* ptr, Device memory, int stream_device, cudaStream_t stream) {
+  const StreamRef use{stream_device, stream};
+  if (memory.is_cuda()) {
+    if (memory.index >= 0 && memory.index < kMaxDevices) heap(memory.index).pool.record_use(ptr, use);
+  } else {
+    pinned_heap().pool.record_use(ptr, use);
+  }
 }
 
 AllocatorStats device_memory_stats(int device) {
   check_device_index(device);
-  DeviceHeap& h = heap(device);
-  std::lock_guard<std::mutex> lock(h.mu);
-  return h.stats;
+  return heap(device).pool.stats();
 }
 
 void reset_device_peak(int device) {
   check_device_index(device);
-  DeviceHeap& h = heap(device);
-  std::lock_guard<std::mutex> lock(h.mu);
-  h.stats.peak_bytes = h.stats.current_bytes;
+  heap(device).pool.reset_peak();
 }
 
+// Waits for the events of the cached blocks, then cudaFree's them (which synchronises the
+// device: not to be called while NCCL kernels of this process may wait for another rank).
 void release_device_cache(int device) {
   check_device_index(device);
-  DeviceHeap& h = heap(device);
-  std::lock_guard<std::mutex> lock(h.mu);
-  CUDA_CHECK(cudaDeviceSynchronize());
-  release_cache_locked(h, device);
+  heap(device).pool.release_cache();
 }
 
 void set_poison_allocations(bool on) { g_poison = on; }
 
-DeviceBuffer::DeviceBuffer(int device, size_t bytes) : device_(device) {
-  if (bytes) ptr_ = device_alloc(device, bytes, &capacity_);
+DeviceBuffer::DeviceBuffer(int device, size_t bytes, bool optional) : device_(device) {
+  if (!bytes) return;
+  if (!optional) {
+    ptr_ = device_alloc(device, bytes, &capacity_);
+    return;
+  }
+  check_device_index(device);
+  ptr_ = heap(device).pool.allocate(bytes, StreamRef{device, current_stream(device)}, &capacity_,
+                                    /*release_on_oom=*/false, /*counted=*/false);
 }
 DeviceBuffer::~DeviceBuffer() {
   if (ptr_) device_free(device_, ptr_, capacity_);
@@ -245,50 +427,15 @@ DeviceBuffer::~DeviceBuffer() {
 
 // ---- host side -----------------------------------------------------------------------
 
-// Pinned blocks are cached by size: cudaFreeHost synchronises the device, and a training
-// loop asks for the same batch sizes every step.
-namespace {
-struct PinnedPool {
-  std::mutex mu;
-  std::multimap<size_t, void*> free_blocks;
-  std::unordered_map<void*, size_t> sizes;
-};
-PinnedPool& pinned_pool() {
-  static PinnedPool* p = new PinnedPool();
-  return *p;
-}
-}  // namespace
-
 void* pinned_alloc(size_t bytes) {
-  const size_t want = round_device_size(bytes ? bytes : 1);
-  PinnedPool& pool = pinned_pool();
-  {
-    std::lock_guard<std::mutex> lock(pool.mu);
-    auto it = pool.free_blocks.find(want);
-    if (it != pool.free_blocks.end()) {
-      void* p = it->second;
-      pool.free_blocks.erase(it);
-      return p;
-    }
-  }
-  void* p = nullptr;
-  cudaError_t err = cudaMallocHost(&p, want);
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    throw Error(str_cat("cannot allocate ", bytes, " bytes of pinned host memory: ",
-                        cudaGetErrorString(err)));
-  }
-  std::lock_guard<std::mutex> lock(pool.mu);
-  pool.sizes[p] = want;
+  size_t capacity = 0;
+  void* p = pinned_heap().pool.allocate(bytes, StreamRef{}, &capacity);
+  if (!p)
+    throw Error(str_cat("cannot allocate ", bytes, " bytes of pinned host memory: ", t_alloc_error));
   return p;
 }
 
-void pinned_free(void* ptr) {
-  if (!ptr) return;
-  PinnedPool& pool = pinned_pool();
-  std::lock_guard<std::mutex> lock(pool.mu);
-  pool.free_blocks.emplace(pool.sizes.at(ptr), ptr);
-}
+void pinned_free(void* ptr) { pinned_heap().pool.free(ptr); }
 
 void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes,
           bool src_pinned) {
@@ -301,35 +448,45 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, size
     DeviceGuard g(dst_device.index);
     cudaStream_t s = current_stream(dst_device.index);
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
+    record_stream(dst, dst_device, dst_device.index, s);
     // A pageable source may be reused by the host allocator as soon as we return: wait. A
-    // pinned source stays untouched until the caller has synchronised (the trainer keeps its
-    // batch alive until the step's loss has been read).
-    if (!src_pinned) CUDA_CHECK(cudaStreamSynchronize(s));
+    // pinned source is read later, by the copy on s: its block is not handed out again (and
+    // overwritten by the host) until that copy has completed.
+    if (src_pinned)
+      record_stream(src, src_device, dst_device.index, s);
+    else
+      CUDA_CHECK(cudaStreamSynchronize(s));
     return;
   }
   if (dst_device.is_cpu() && src_device.is_cuda()) {
     DeviceGuard g(src_device.index);
     cudaStream_t s = current_stream(src_device.index);
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
-    CUDA_CHECK(cudaStreamSynchronize(s));
+    CUDA_CHECK(cudaStreamSynchronize(s));  // done before we return: nothing left to record
     return;
   }
-  // Device to device: the copy runs on the destination's stream after the source's stream
-  // has finished what it had queued (an event, not a host wait).
+  // Device to device: the copy runs on the destination's stream. Both blocks are recorded as
+  // used there, so neither is handed out again (to any stream) before the copy has completed.
   const int sd = src_device.index, dd = dst_device.index;
   cudaStream_t ds = current_stream(dd);
   if (sd == dd) {
     DeviceGuard g(dd);
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ds));
+    record_stream(src, src_device, dd, ds);
+    record_stream(dst, dst_device, dd, ds);
     return;
   }
+  // Across devices the copy also starts only after the source's stream has finished what it had
+  // queued (an event, not a host wait).
   Event ready(sd);
   ready.record(current_stream(sd));
   DeviceGuard g(dd);
   ready.wait_on(ds);
   CUDA_CHECK(cudaMemcpyPeerAsync(dst, dd, src, sd, bytes, ds));
-  // ...and the source's stream waits for the copy, so the source block cannot be handed out
-  // again (to work on that stream) while the copy still reads it.
+  record_stream(src, src_device, dd, ds);
+  record_stream(dst, dst_device, dd, ds);
+  // ...and the source's stream waits for the copy. (The recorded use above already keeps the
+  // source block from being reused too early; this wait also orders later writes to it.)
   Event copied(dd);
   copied.record(ds);
   copied.wait_on(current_stream(sd));
@@ -337,7 +494,9 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, size
 
 void memset_zero(void* ptr, int device, size_t bytes) {
   DeviceGuard g(device);
-  CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, current_stream(device)));
+  cudaStream_t s = current_stream(device);
+  CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, s));
+  record_stream(ptr, Device::cuda(device), device, s);
 }
 
 void synchronize(int device) {
@@ -345,12 +504,7 @@ void synchronize(int device) {
   CUDA_CHECK(cudaStreamSynchronize(current_stream(device)));
 }
 
-std::string device_name(int device) {
-  check_device_index(device);
-  cudaDeviceProp prop;
-  CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-  return prop.name;
-}
+std::string device_name(int device) { return device_properties(device).name; }
 
 // ---- streams and events (runtime/cuda_api.h) -------------------------------------------
 
@@ -362,12 +516,19 @@ Stream::Stream(int device) : device_(device) {
 }
 Stream::~Stream() {
   if (!stream_) return;
-  int prev = 0;
-  cudaGetDevice(&prev);
-  cudaSetDevice(device_);
+  QuietDeviceGuard g(device_);
   cudaStreamSynchronize(stream_);
+  release_cudnn_handle(device_, stream_);
+  // Blocks still alive that this stream used (on any device: a peer copy reads one device's
+  // block on another's stream) must not get an event recorded on the destroyed handle when they
+  // are freed; the stream's work on them is done.
+  const StreamRef self{device_, stream_};
+  try {
+    for (int d = 0; d < kMaxDevices; ++d) heap(d).pool.forget_stream(self);
+    pinned_heap().pool.forget_stream(self);
+  } catch (...) {  // a mutex failing to lock: nothing sensible left to do in a destructor
+  }
   cudaStreamDestroy(stream_);
-  cudaSetDevice(prev);
 }
 
 StreamScope::StreamScope(const Stream& stream) : device_(stream.device()) {
@@ -408,9 +569,15 @@ void Event::wait_on(cudaStream_t stream) const {
   CUDA_CHECK(cudaStreamWaitEvent(stream, event_.get(), 0));
 }
 
-static bool g_allow_tf32 = true;
+// Process-wide switches read by the convolution launcher on every call (and part of its plan
+// key), set by unet_train's flags or the tests.
+static std::atomic<bool> g_allow_tf32{true};
 void set_allow_tf32(bool on) { g_allow_tf32 = on; }
 bool allow_tf32() { return g_allow_tf32; }
+
+static std::atomic<bool> g_deterministic{false};
+void set_deterministic(bool on) { g_deterministic = on; }
+bool deterministic() { return g_deterministic; }
 
 }  // namespace cuda
 }  // namespace unetcu

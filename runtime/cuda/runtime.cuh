@@ -1,9 +1,8 @@
 // CUDA-side runtime for the .cu files of the runtime, the CUDA launchers and the NCCL
-// communicator: check macros (one per library), the per-device context (stream, cuDNN and
-// cuBLAS handles), and the launch check with its debug switch. Streams and events are the
-// plain C++ ones of runtime/cuda_api.h (get() gives the cudaStream_t / cudaEvent_t).
+// communicator: check macros (one per library in use), the per-device context (default stream),
+// a cuDNN handle per stream, and the launch check with its debug switch. Streams and events are
+// the plain C++ ones of runtime/cuda_api.h (get() gives the cudaStream_t / cudaEvent_t).
 #pragma once
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
@@ -37,14 +36,9 @@ int current_device();
     if (st_ != CUDNN_STATUS_SUCCESS)                                                       \
       ::unetcu::cuda::throw_error("cuDNN", #expr, __FILE__, __LINE__, cudnnGetErrorString(st_)); \
   } while (0)
-#define CUBLAS_CHECK(expr)                                                                 \
-  do {                                                                                     \
-    cublasStatus_t st_ = (expr);                                                           \
-    if (st_ != CUBLAS_STATUS_SUCCESS)                                                      \
-      ::unetcu::cuda::throw_error("cuBLAS", #expr, __FILE__, __LINE__,                     \
-                                  cublasGetStatusString(st_));                             \
-  } while (0)
-// NCCL_CHECK is in runtime/cuda/nccl.cuh (only the communicator needs nccl.h).
+// NCCL_CHECK is in runtime/cuda/nccl.cuh (only the communicator needs nccl.h). cuBLAS has no
+// check macro and no handle: nothing calls it (convolutions and batch norm are cuDNN's, the
+// rest are our kernels), and an unused handle costs device memory and start-up time.
 
 namespace unetcu::cuda {
 
@@ -66,15 +60,10 @@ class DeviceGuard {
   int previous_;
 };
 
-// One per device: its default compute stream and the library handles. The handles are
-// re-pointed at the stream in use on every call (cudnnSetStream / cublasSetStream) under the
-// context's mutex, so threads sharing a device may use different streams.
+// One per device: its default compute stream.
 struct DeviceContext {
   int device = 0;
   Stream stream;
-  cudnnHandle_t cudnn = nullptr;
-  cublasHandle_t cublas = nullptr;
-  std::mutex handle_mutex;
 };
 DeviceContext& context(int device);
 
@@ -82,34 +71,32 @@ DeviceContext& context(int device);
 // the device's default stream.
 cudaStream_t current_stream(int device);
 
-// A cuDNN handle bound to the calling thread's current stream on `device`, held under the
-// context's mutex for the lock's lifetime.
+// The device's properties, read once (cudaGetDeviceProperties is slow).
+const cudaDeviceProp& device_properties(int device);
+
+// The cuDNN handle of the calling thread's current stream on `device`, held (under its own
+// mutex) for the lock's lifetime. Each (device, stream) has its own handle, created on first
+// use and bound to the stream once: two pipeline stages on one GPU, each on its own stream, do
+// not wait for each other's cuDNN calls. When a Stream is destroyed its handle is kept for the
+// next new stream of the device instead of cudnnDestroy, which synchronises the whole device.
 class CudnnLock {
  public:
   explicit CudnnLock(int device);
   cudnnHandle_t handle() const { return handle_; }
 
  private:
-  std::lock_guard<std::mutex> lock_;
+  std::unique_lock<std::mutex> lock_;
   cudnnHandle_t handle_;
 };
 
-// The cuBLAS handle, likewise bound to the calling thread's current stream.
-class CublasLock {
- public:
-  explicit CublasLock(int device);
-  cublasHandle_t handle() const { return handle_; }
-
- private:
-  std::lock_guard<std::mutex> lock_;
-  cublasHandle_t handle_;
-};
-
 // Temporary device memory (cuDNN workspaces, launcher scratch) from the caching allocator, on
-// the calling thread's current stream.
+// the calling thread's current stream. `optional` (the algorithm search's large workspace):
+// when memory is short get() is nullptr instead of an error, no cached block is given back for
+// it (that synchronises the device), and it is left out of the allocator's current and peak
+// bytes (it is used once per shape, by the search only).
 class DeviceBuffer {
  public:
-  DeviceBuffer(int device, size_t bytes);
+  DeviceBuffer(int device, size_t bytes, bool optional = false);
   ~DeviceBuffer();
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;

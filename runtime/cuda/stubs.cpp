@@ -15,6 +15,7 @@ void release_device_cache(int) { no_cuda(); }
 void set_poison_allocations(bool) {}
 void* pinned_alloc(size_t) { no_cuda(); }
 void pinned_free(void*) { no_cuda(); }
+void record_stream(const void*, Device, int, CUstream_st*) {}  // no stream can exist here
 void copy(void*, Device, const void*, Device, size_t, bool) { no_cuda(); }
 void memset_zero(void*, int, size_t) { no_cuda(); }
 void synchronize(int) { no_cuda(); }
@@ -30,5 +31,7 @@ void Event::record(CUstream_st*) { no_cuda(); }
 void Event::wait_on(CUstream_st*) const { no_cuda(); }
 void set_allow_tf32(bool) {}
 bool allow_tf32() { return false; }
+void set_deterministic(bool) {}
+bool deterministic() { return false; }
 
 }  // namespace unetcu::cuda

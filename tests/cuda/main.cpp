@@ -1,11 +1,20 @@
 // Main of the CUDA test suite. Without a visible GPU every test case exits with code 77,
 // which ctest reports as skipped (SKIP_RETURN_CODE), printing the reason; listing the cases
 // (ctest's test discovery) works everywhere.
+//
+// The suite runs with deterministic convolution algorithms (the CUDA-vs-CPU checks hold
+// float32 to 1e-5 and the data/model-parallel checks compare runs), and keeps its algorithm
+// choices in a folder of its own unless UNETCU_CACHE_DIR names one, so a user's cache neither
+// changes the tests nor is changed by them.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include <stdlib.h>
+
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <string>
 
 #include "runtime/cuda_api.h"
 #include "runtime/device.h"
@@ -25,6 +34,20 @@ int main(int argc, char** argv) {
       return 77;
     }
   }
+  unetcu::cuda::set_deterministic(true);
+  std::string own_cache_dir;
+  if (!listing && !std::getenv("UNETCU_CACHE_DIR")) {
+    char dir[] = "/tmp/unetcu_cuda_tests_XXXXXX";
+    if (mkdtemp(dir)) {
+      own_cache_dir = dir;
+      setenv("UNETCU_CACHE_DIR", dir, 1);
+    }
+  }
   doctest::Context context(argc, argv);
-  return context.run();
+  const int rc = context.run();
+  if (!own_cache_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(own_cache_dir, ec);
+  }
+  return rc;
 }

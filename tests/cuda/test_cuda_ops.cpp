@@ -9,12 +9,17 @@
 // keeps 10 mantissa bits: ~5e-4 relative per product).
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <functional>
+#include <sstream>
+#include <thread>
 
 #include "apps/cli.h"
 #include "runtime/cuda/nccl.cuh"
+#include "runtime/algo_cache.h"
 #include "runtime/cuda_api.h"
 #include "engine/ops.h"
 #include "engine/optim.h"
@@ -72,6 +77,7 @@ struct Setup {
   Setup() {
     cuda::set_poison_allocations(true);
     cuda::set_allow_tf32(false);
+    cuda::set_deterministic(true);  // as main() sets it: no atomics, FFT or Winograd in conv
   }
 };
 
@@ -364,9 +370,9 @@ TEST_CASE("data parallelism through NCCL with one GPU rank equals the single-GPU
     }
     tape.backward(loss);
     opt->step();
-    // Same device, an average over one rank: equal up to the cuDNN algorithms' run-to-run
-    // differences (atomics in some backward-filter algorithms) and, with sync_bn, float32
-    // rounding of two batch-norm implementations through the network.
+    // Same device, an average over one rank, deterministic algorithms (no run-to-run
+    // differences): equal up to float32 rounding, which with sync_bn includes two batch-norm
+    // implementations through the network.
     const double tol = sync_bn ? 1e-4 : 1e-5;
     CHECK(std::fabs(dp_loss - loss.item()) <= tol * std::fabs(loss.item()));
     const auto pa = dp.replica(0).parameters(), pb = single.parameters();
@@ -414,11 +420,164 @@ TEST_CASE("two pipeline stages on one GPU (two streams) equal the single-GPU ste
         tape.backward(l);
       }
       opt->step();
-      // Same kernels on the same GPU; cuDNN's algorithm choice may differ between the two
-      // streams' calls only in float32 rounding.
+      // Same kernels and, with one plan per shape and deterministic algorithms, the same
+      // algorithms on the same GPU: what remains is float32 rounding where the pipeline adds
+      // gradients in another order (a cut tensor's readers' gradients are summed first).
       CHECK(std::fabs(mp_loss - loss) <= 1e-5 * std::fabs(loss));
       const auto pa = pipe.model().parameters(), pb = single.parameters();
       for (size_t i = 0; i < pa.size(); ++i) CHECK(rel(pa[i], pb[i]) < 1e-5);
     }
   }
+}
+
+TEST_CASE("deterministic convolutions give the same bits twice, and their choices are kept on disk") {
+  Setup setup;
+  FRESH_RNG(rng);
+  // A shape where cuDNN has atomic backward-filter algorithms to offer.
+  const Tensor x64 = random64({8, 32, 40, 40}, rng), w64 = random64({32, 32, 3, 3}, rng);
+  const Tensor dy64 = random64({8, 32, 40, 40}, rng);
+  std::vector<double> first[3];
+  for (int run = 0; run < 2; ++run) {
+    Tensor x = gpu(x64).set_requires_grad(true), w = gpu(w64).set_requires_grad(true);
+    Tape tape;
+    Tensor y;
+    {
+      TapeScope s(tape);
+      y = conv2d(x, w, Tensor(), 1, 1);
+    }
+    tape.backward({y}, {gpu(dy64)});
+    const std::vector<double> now[3] = {y.to_vector(), x.grad().to_vector(), w.grad().to_vector()};
+    for (int k = 0; k < 3; ++k) {
+      CAPTURE(k);
+      if (run == 0)
+        first[k] = now[k];
+      else
+        CHECK(now[k] == first[k]);  // bit for bit
+    }
+  }
+  const std::string path = default_conv_algo_cache_path();
+  if (path.empty()) return;  // turned off by the environment
+  std::ifstream in(path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  ConvAlgoEntries entries;
+  std::string error;
+  REQUIRE(parse_conv_algo_cache(text.str(), &entries, &error));
+  int found = 0;
+  for (const auto& [key, choice] : entries)
+    if (key.find("x=8x32x40x40 w=32x32x3x3") != std::string::npos &&
+        key.find("tf32=0 det=1") != std::string::npos) {
+      ++found;
+      CHECK(choice.deterministic);
+    }
+  CHECK(found == 3);  // forward, backward data, backward filter
+}
+
+namespace {
+
+// Holds a stream at a host function until released (or the scope ends), so the work queued
+// behind it, and the events recorded after it, stay pending for as long as the test wants.
+struct StreamGate {
+  std::atomic<bool> open{false};
+  void hold(cudaStream_t s) {
+    CUDA_CHECK(cudaLaunchHostFunc(
+        s,
+        [](void* flag) {
+          while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::yield();
+        },
+        &open));
+  }
+};
+struct OpenAtExit {
+  StreamGate& gate;
+  ~OpenAtExit() { gate.open = true; }
+};
+
+}  // namespace
+
+TEST_CASE("the caching allocator hands a block to another stream, or the host, only after its work") {
+  Setup setup;
+  StreamGate gate;  // outlives the streams: their destructors wait for the host function
+  cuda::Stream a(0), b(0);
+  OpenAtExit open_at_exit{gate};
+  cuda::release_device_cache(0);  // no earlier block of these sizes
+  const int64_t n = (int64_t(1) << 18) + 777;  // an unusual size: ~1 MiB
+  gate.hold(a.get());
+  void* freed = nullptr;
+  {
+    cuda::StreamScope on_a(a);
+    Tensor t = Tensor::zeros({n}, DType::F32, kGpu);  // zeroed on a, behind the gate
+    freed = t.raw();
+  }
+  Tensor kept;
+  {
+    cuda::StreamScope on_b(b);
+    kept = Tensor::empty({n}, DType::F32, kGpu);
+    CHECK(kept.raw() != freed);  // a has not reached the free yet
+  }
+  {
+    cuda::StreamScope on_a(a);
+    Tensor same_stream = Tensor::empty({n}, DType::F32, kGpu);
+    CHECK(same_stream.raw() == freed);  // stream order makes it safe on a itself
+  }
+  gate.open = true;
+  CUDA_CHECK(cudaStreamSynchronize(a.get()));
+  {
+    cuda::StreamScope on_b(b);
+    Tensor later = Tensor::empty({n}, DType::F32, kGpu);
+    CHECK(later.raw() == freed);  // a is past it now
+  }
+
+  // Pinned memory read by an asynchronous upload is not rewritten by the host before it ran.
+  gate.open = false;
+  gate.hold(a.get());
+  const int64_t m = (int64_t(1) << 16) + 333;
+  void* pinned = nullptr;
+  Tensor uploaded;
+  {
+    Tensor host = Tensor::empty_pinned({m});
+    for (int64_t i = 0; i < m; ++i) host.set(i, double(i % 97));
+    pinned = host.raw();
+    cuda::StreamScope on_a(a);
+    uploaded = host.to(kGpu);  // queued on a behind the gate; host is freed at the brace
+  }
+  {
+    Tensor next = Tensor::empty_pinned({m});
+    CHECK(next.raw() != pinned);
+    for (int64_t i = 0; i < m; ++i) next.set(i, -1.0);  // would corrupt the pending upload
+  }
+  gate.open = true;
+  CUDA_CHECK(cudaStreamSynchronize(a.get()));
+  const std::vector<double> got = uploaded.to_vector();
+  int wrong = 0;
+  for (int64_t i = 0; i < m; ++i) wrong += got[size_t(i)] != double(i % 97);
+  CHECK(wrong == 0);
+}
+
+TEST_CASE("convolutions on two streams of one GPU at once use their own cuDNN handles") {
+  Setup setup;
+  FRESH_RNG(rng);
+  const Tensor x64 = random64({4, 16, 24, 24}, rng), w64 = random64({16, 16, 3, 3}, rng);
+  const Tensor want = conv2d(gpu(x64), gpu(w64), Tensor(), 1, 1);
+  cuda::Stream s0(0), s1(0);
+  std::vector<double> got[2];
+  std::string errors[2];
+  std::thread threads[2];
+  for (int k = 0; k < 2; ++k)
+    threads[k] = std::thread([&, k] {
+      try {
+        cuda::StreamScope on(k ? s1 : s0);
+        for (int rep = 0; rep < 20; ++rep) {
+          Tensor y = conv2d(gpu(x64), gpu(w64), Tensor(), 1, 1);
+          if (rep == 19) got[k] = y.to_vector();
+        }
+      } catch (const std::exception& e) {
+        errors[k] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  CHECK(errors[0] == "");
+  CHECK(errors[1] == "");
+  CHECK(got[0] == want.to_vector());  // the same plan and algorithm: the same bits
+  CHECK(got[1] == want.to_vector());
 }

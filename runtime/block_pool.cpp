@@ -1,0 +1,190 @@
+#include "runtime/block_pool.h"
+
+#include <algorithm>
+
+#include "runtime/common.h"
+
+namespace unetcu {
+
+BlockPool::~BlockPool() {
+  std::lock_guard<std::mutex> lock(mu_);
+  release_all_locked();
+  for (auto& [ptr, live] : live_) backend_.deallocate(ptr, live.capacity);
+  live_.clear();
+}
+
+size_t BlockPool::round_size(size_t bytes) {
+  // No machine has this much memory; refusing here keeps the rounding below from wrapping.
+  UNETCU_CHECK(bytes <= (size_t(1) << 48), "out of memory: ", bytes, " bytes requested");
+  if (bytes == 0) bytes = 1;
+  if (bytes <= (size_t(1) << 20)) return (bytes + 511) / 512 * 512;
+  size_t p = size_t(1) << 20;
+  while (p * 2 <= bytes) p *= 2;
+  const size_t step = p / 16;
+  return (bytes + step - 1) / step * step;
+}
+
+bool BlockPool::ready_for(Cached& block, StreamRef stream) {
+  bool ready = true;
+  auto& pending = block.pending;
+  for (size_t i = 0; i < pending.size();) {
+    // An event on the asking stream itself needs no wait: the stream runs its work in order.
+    if (!stream.is_host() && pending[i].stream == stream) {
+      ++i;
+      continue;
+    }
+    if (!backend_.completed(pending[i].event)) {
+      ready = false;  // still in use there; keep looking at the rest only to prune them
+      ++i;
+      continue;
+    }
+    backend_.release(pending[i].event);
+    pending[i] = pending.back();
+    pending.pop_back();
+  }
+  return ready;
+}
+
+void BlockPool::take(CachedMap::iterator it, size_t* capacity) {
+  for (const Pending& p : it->second.pending) backend_.release(p.event);
+  *capacity = it->first;
+  stats_.cached_bytes -= it->first;
+  cached_.erase(it);
+}
+
+void BlockPool::give_back(CachedMap::iterator it) {
+  for (const Pending& p : it->second.pending) backend_.release(p.event);
+  backend_.deallocate(it->second.ptr, it->first);
+  stats_.cached_bytes -= it->first;
+  cached_.erase(it);
+}
+
+// Gives back the cached blocks no stream uses any more; true when there was one.
+bool BlockPool::release_ready_locked() {
+  bool any = false;
+  for (auto it = cached_.begin(); it != cached_.end();) {
+    auto next = std::next(it);
+    if (ready_for(it->second, StreamRef{})) {
+      give_back(it);
+      any = true;
+    }
+    it = next;
+  }
+  return any;
+}
+
+void BlockPool::release_all_locked() {
+  for (auto& [size, block] : cached_)
+    for (const Pending& p : block.pending) backend_.wait(p.event);
+  while (!cached_.empty()) give_back(cached_.begin());
+}
+
+void* BlockPool::allocate(size_t bytes, StreamRef stream, size_t* capacity, bool release_on_oom,
+                          bool counted) {
+  const size_t want = round_size(bytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  char* p = nullptr;
+  for (auto it = cached_.lower_bound(want); it != cached_.end() && it->first <= want + want / 8;
+       ++it) {
+    if (!ready_for(it->second, stream)) continue;
+    p = it->second.ptr;
+    take(it, capacity);
+    break;
+  }
+  if (!p) {
+    p = static_cast<char*>(backend_.allocate(want));
+    // Memory is short: give back what no stream uses any more, and only if that is not enough,
+    // wait for the rest. Giving memory back may synchronise the device (cudaFree does), so it
+    // happens here only, never in the steady state.
+    if (!p && release_on_oom && release_ready_locked()) p = static_cast<char*>(backend_.allocate(want));
+    if (!p && release_on_oom && !cached_.empty()) {
+      release_all_locked();
+      p = static_cast<char*>(backend_.allocate(want));
+    }
+    if (!p) return nullptr;
+    *capacity = want;
+  }
+  Live& live = live_[p];
+  live.capacity = *capacity;
+  live.counted = counted;
+  live.uses.clear();
+  if (!stream.is_host()) live.uses.push_back(stream);
+  if (counted) {
+    stats_.current_bytes += *capacity;
+    stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.current_bytes);
+  }
+  return p;
+}
+
+void BlockPool::record_use(const void* ptr, StreamRef stream) {
+  if (!ptr || stream.is_host()) return;  // the host's own use is over when its call returns
+  const char* c = static_cast<const char*>(ptr);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.upper_bound(const_cast<char*>(c));
+  if (it == live_.begin()) return;
+  --it;
+  if (c >= it->first + it->second.capacity) return;
+  auto& uses = it->second.uses;
+  if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
+}
+
+void BlockPool::free(void* ptr) noexcept {
+  if (!ptr) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find(static_cast<char*>(ptr));
+  if (it == live_.end()) return;
+  const Live live = std::move(it->second);
+  live_.erase(it);
+  if (live.counted) stats_.current_bytes -= live.capacity;
+  Cached block{static_cast<char*>(ptr), {}};
+  for (StreamRef s : live.uses) {
+    void* e = backend_.record(s);
+    if (!e) {
+      // No event, so no way to know when the stream is done with the block: it is not cached.
+      // (Giving it back is safe: cudaFree waits for the device.)
+      for (const Pending& p : block.pending) backend_.release(p.event);
+      backend_.deallocate(ptr, live.capacity);
+      return;
+    }
+    block.pending.push_back({s, e});
+  }
+  cached_.emplace(live.capacity, std::move(block));
+  stats_.cached_bytes += live.capacity;
+}
+
+void BlockPool::forget_stream(StreamRef stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [ptr, live] : live_) {
+    auto& uses = live.uses;
+    uses.erase(std::remove(uses.begin(), uses.end(), stream), uses.end());
+  }
+}
+
+AllocatorStats BlockPool::stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void BlockPool::reset_peak() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.peak_bytes = stats_.current_bytes;
+}
+
+void BlockPool::release_cache() {
+  std::lock_guard<std::mutex> lock(mu_);
+  release_all_locked();
+}
+
+size_t BlockPool::cached_blocks() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cached_.size();
+}
+
+size_t BlockPool::pending_events() {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (auto& [size, block] : cached_) n += block.pending.size();
+  return n;
+}
+
+}  // namespace unetcu

@@ -1,0 +1,116 @@
+// The bookkeeping of a caching allocator whose blocks are read and written by asynchronous
+// streams: the device allocator and the pinned host allocator of the CUDA runtime are each a
+// BlockPool over a BlockBackend that talks to CUDA (runtime/cuda/runtime.cu). Plain C++ with
+// no CUDA types, so the reuse rule is tested on the CPU with a fake backend
+// (tests/test_allocator.cpp).
+//
+// The reuse rule. A live block remembers the streams that use it: the one it was allocated
+// for and those added by record_use() (a copy or a collective on another stream). free()
+// records an event on each of them. A cached block is handed out for work on stream S only
+// when every one of its events has completed (queried, never waited for), except an event
+// recorded on S itself: work queued on S after the reuse runs after it anyway. The host is no
+// stream: a block for the host (pinned memory the CPU writes at once) waits for every event.
+// Only when the backend is out of memory does the pool give cached blocks back (first those
+// whose events have completed, then, waiting for the others, the rest) and try again.
+#pragma once
+#include <cstddef>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "runtime/allocator.h"
+
+namespace unetcu {
+
+// A stream as the pool sees it: the device it belongs to and an opaque handle (a cudaStream_t).
+// StreamRef{} is the host.
+struct StreamRef {
+  int device = -1;
+  const void* handle = nullptr;
+  bool is_host() const { return handle == nullptr; }
+  bool operator==(const StreamRef& o) const { return device == o.device && handle == o.handle; }
+  bool operator!=(const StreamRef& o) const { return !(*this == o); }
+};
+
+// What a BlockPool needs from the memory it manages and from the streams that use it.
+class BlockBackend {
+ public:
+  virtual ~BlockBackend() = default;
+  virtual void* allocate(size_t bytes) = 0;                     // nullptr when out of memory
+  virtual void deallocate(void* ptr, size_t bytes) noexcept = 0;
+  // A new event marking the work queued on `stream` so far; nullptr when none can be recorded
+  // (the pool then gives the block back instead of caching it).
+  virtual void* record(StreamRef stream) noexcept = 0;
+  virtual bool completed(void* event) = 0;                      // never blocks
+  virtual void wait(void* event) = 0;                           // blocks the host until done
+  virtual void release(void* event) noexcept = 0;               // the event is no longer needed
+};
+
+class BlockPool {
+ public:
+  explicit BlockPool(BlockBackend& backend) : backend_(backend) {}
+  ~BlockPool();  // gives every block back (tests; the runtime's pools are never destroyed)
+  BlockPool(const BlockPool&) = delete;
+  BlockPool& operator=(const BlockPool&) = delete;
+
+  // Sizes blocks are made in: 512-byte steps up to 1 MiB, then 1/16 of the power of two, so
+  // that nearly equal sizes share blocks with at most ~6% waste.
+  static size_t round_size(size_t bytes);
+
+  // A block of at least `bytes` for work on `stream` (StreamRef{}: the host). *capacity
+  // receives its size. A cached block up to 1/8 larger may be handed out. Out of memory: with
+  // `release_on_oom` cached blocks are given back and the allocation is tried again; returns
+  // nullptr when it still fails (the caller reports it, naming the device). A block that is not
+  // `counted` stays out of current_bytes and peak_bytes while in use (a one-off scratch buffer
+  // that would otherwise make the peak say more about the first step than about training).
+  void* allocate(size_t bytes, StreamRef stream, size_t* capacity, bool release_on_oom = true,
+                 bool counted = true);
+  // The live block containing `ptr` (anywhere inside it: tensor views have offsets) is also used
+  // by work queued on `stream`. Pointers the pool does not hold are ignored.
+  void record_use(const void* ptr, StreamRef stream);
+  // Caches a live block, with an event on every stream that used it. Pointers the pool does not
+  // hold are ignored.
+  void free(void* ptr) noexcept;
+  // `stream` is about to be destroyed, its work all done: live blocks stop listing it, so no
+  // event is ever recorded on a destroyed stream's handle.
+  void forget_stream(StreamRef stream);
+
+  AllocatorStats stats();
+  void reset_peak();
+  // Gives every cached block back to the backend, waiting for its events first.
+  void release_cache();
+
+  // For tests: cached blocks and the events they still wait for.
+  size_t cached_blocks();
+  size_t pending_events();
+
+ private:
+  struct Pending {
+    StreamRef stream;
+    void* event;
+  };
+  struct Live {
+    size_t capacity;
+    bool counted;
+    std::vector<StreamRef> uses;  // the allocating stream first (none for the host), no repeats
+  };
+  struct Cached {
+    char* ptr;
+    std::vector<Pending> pending;
+  };
+  using CachedMap = std::multimap<size_t, Cached>;  // capacity -> block
+
+  bool ready_for(Cached& block, StreamRef stream);  // drops the events that have completed
+  void take(CachedMap::iterator it, size_t* capacity);
+  void give_back(CachedMap::iterator it);
+  bool release_ready_locked();
+  void release_all_locked();
+
+  BlockBackend& backend_;
+  std::mutex mu_;
+  std::map<char*, Live> live_;  // by address, so an interior pointer finds its block
+  CachedMap cached_;
+  AllocatorStats stats_;
+};
+
+}  // namespace unetcu

@@ -1,0 +1,257 @@
+// The caching allocator's reuse rule across streams (runtime/block_pool.h), on the CPU: a fake
+// backend hands out host memory and events whose completion the test decides, so every case
+// of the rule is shown without a GPU. The CUDA runtime's device and pinned pools are the same
+// BlockPool over a backend of CUDA events.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <set>
+#include <vector>
+
+#include "runtime/block_pool.h"
+#include "runtime/common.h"
+
+using namespace unetcu;
+
+namespace {
+
+struct FakeEvent {
+  StreamRef stream;
+  bool done = false;
+  bool released = false;
+};
+
+// Memory from malloc (up to `limit` bytes at once), events the test completes by hand.
+struct FakeBackend : BlockBackend {
+  size_t limit = size_t(1) << 40;
+  size_t in_use = 0;
+  int allocations = 0, deallocations = 0, waits = 0;
+  bool fail_records = false;
+  std::vector<FakeEvent*> events;
+
+  ~FakeBackend() override {
+    for (FakeEvent* e : events) delete e;
+  }
+  void* allocate(size_t bytes) override {
+    if (in_use + bytes > limit) return nullptr;
+    in_use += bytes;
+    ++allocations;
+    return std::malloc(bytes);
+  }
+  void deallocate(void* p, size_t bytes) noexcept override {
+    in_use -= bytes;
+    ++deallocations;
+    std::free(p);
+  }
+  void* record(StreamRef s) noexcept override {
+    if (fail_records) return nullptr;
+    events.push_back(new FakeEvent{s});
+    return events.back();
+  }
+  bool completed(void* e) override {
+    REQUIRE_FALSE(static_cast<FakeEvent*>(e)->released);
+    return static_cast<FakeEvent*>(e)->done;
+  }
+  void wait(void* e) override {
+    ++waits;
+    static_cast<FakeEvent*>(e)->done = true;  // the host waited until the stream got there
+  }
+  void release(void* e) noexcept override { static_cast<FakeEvent*>(e)->released = true; }
+
+  // Completes every event recorded on `s` so far (the stream has reached them).
+  void reach(StreamRef s) {
+    for (FakeEvent* e : events)
+      if (e->stream == s) e->done = true;
+  }
+  int pending_on(StreamRef s) const {
+    int n = 0;
+    for (FakeEvent* e : events) n += e->stream == s && !e->done && !e->released;
+    return n;
+  }
+};
+
+int g_stream_tags[3];
+const StreamRef kA{0, &g_stream_tags[0]}, kB{0, &g_stream_tags[1]}, kPeer{1, &g_stream_tags[2]};
+const StreamRef kHost{};
+
+}  // namespace
+
+TEST_CASE("a block freed on its own stream is reused at once by that stream (stream order)") {
+  FakeBackend be;
+  BlockPool pool(be);
+  size_t cap = 0;
+  void* p = pool.allocate(1000, kA, &cap);
+  REQUIRE(p);
+  CHECK(cap == BlockPool::round_size(1000));
+  pool.free(p);
+  CHECK(pool.pending_events() == 1);  // an event on A, not completed
+  size_t cap2 = 0;
+  CHECK(pool.allocate(1000, kA, &cap2) == p);
+  CHECK(be.allocations == 1);
+}
+
+TEST_CASE("a block is not handed to another stream or the host while its event is pending") {
+  FakeBackend be;
+  BlockPool pool(be);
+  size_t cap = 0;
+  void* p = pool.allocate(4096, kA, &cap);
+  pool.free(p);
+  size_t c2 = 0, c3 = 0;
+  void* on_b = pool.allocate(4096, kB, &c2);
+  CHECK(on_b != p);  // A may still be using p
+  void* on_host = pool.allocate(4096, kHost, &c3);
+  CHECK(on_host != p);
+  CHECK(be.allocations == 3);
+  CHECK(be.waits == 0);  // queried, never waited for
+  // Once A has got past the free, the block serves anyone.
+  be.reach(kA);
+  size_t c4 = 0;
+  CHECK(pool.allocate(4096, kB, &c4) == p);
+  CHECK(pool.pending_events() == 0);
+}
+
+TEST_CASE("record_use: a block used on a second stream waits for that stream too") {
+  FakeBackend be;
+  BlockPool pool(be);
+  size_t cap = 0;
+  char* p = static_cast<char*>(pool.allocate(size_t(3) << 20, kA, &cap));
+  pool.record_use(p + 12345, kB);  // a view inside the block, read by a copy on B
+  pool.record_use(p + 12345, kB);  // recorded once
+  pool.record_use(p, kPeer);       // and by a stream of another device
+  pool.free(p);
+  CHECK(pool.pending_events() == 3);
+  size_t c = 0;
+  // A's own event does not hold A back, but B's and the peer's do.
+  void* q = pool.allocate(size_t(3) << 20, kA, &c);
+  CHECK(q != p);
+  pool.free(q);
+  be.reach(kB);
+  void* r = pool.allocate(size_t(3) << 20, kA, &c);
+  CHECK(r != p);
+  pool.free(r);
+  be.reach(kPeer);
+  CHECK(pool.allocate(size_t(3) << 20, kA, &c) == p);
+  // A pointer the pool does not hold is ignored.
+  int elsewhere = 0;
+  pool.record_use(&elsewhere, kB);
+  pool.free(&elsewhere);
+}
+
+TEST_CASE("a destroyed stream is forgotten: no event is recorded on it later") {
+  FakeBackend be;
+  BlockPool pool(be);
+  size_t c = 0;
+  void* on_b = pool.allocate(2048, kB, &c);
+  void* on_a = pool.allocate(2048, kA, &c);
+  pool.record_use(on_a, kB);
+  pool.forget_stream(kB);  // B synchronised and destroyed
+  pool.free(on_a);
+  pool.free(on_b);
+  CHECK(pool.pending_events() == 1);  // only A's, for on_a
+  for (FakeEvent* e : be.events) CHECK(e->stream != kB);
+  void* host = pool.allocate(2048, kHost, &c);
+  CHECK(host == on_b);  // nothing of B's is pending
+}
+
+TEST_CASE("pinned-style host blocks: reused only after the asynchronous copy's event") {
+  FakeBackend be;
+  BlockPool pool(be);
+  size_t cap = 0;
+  void* batch = pool.allocate(1 << 16, kHost, &cap);
+  pool.free(batch);  // no stream used it: reusable at once
+  CHECK(pool.pending_events() == 0);
+  size_t c = 0;
+  batch = pool.allocate(1 << 16, kHost, &c);
+  CHECK(be.allocations == 1);
+  pool.record_use(batch, kA);  // an upload from it on A
+  pool.free(batch);
+  void* next = pool.allocate(1 << 16, kHost, &c);
+  CHECK(next != batch);  // the host would overwrite bytes the copy still reads
+  be.reach(kA);
+  pool.free(next);
+  CHECK(pool.allocate(1 << 16, kHost, &c) == batch);
+}
+
+TEST_CASE("out of memory: completed blocks are given back first, pending ones only when needed") {
+  FakeBackend be;
+  be.limit = size_t(3) << 20;
+  BlockPool pool(be);
+  size_t c = 0;
+  void* a = pool.allocate(size_t(1) << 20, kA, &c);
+  void* b = pool.allocate(size_t(1) << 20, kB, &c);
+  pool.free(a);
+  pool.free(b);
+  be.reach(kA);  // a is idle, b is still in use on B
+  // 2 MiB do not fit beside the two cached MiB: a is given back, b stays, no wait.
+  void* big = pool.allocate(size_t(2) << 20, kA, &c);
+  CHECK(big);
+  CHECK(be.deallocations == 1);
+  CHECK(be.waits == 0);
+  CHECK(pool.cached_blocks() == 1);
+  // Nothing idle is left: the pool waits for B and gives b back.
+  void* more = pool.allocate(size_t(1) << 20, kA, &c, /*release_on_oom=*/false);
+  CHECK(more == nullptr);  // the caller asked for no release
+  CHECK(be.waits == 0);
+  more = pool.allocate(size_t(1) << 20, kA, &c);
+  CHECK(more);
+  CHECK(be.waits == 1);
+  CHECK(be.pending_on(kB) == 0);
+  // Nothing cached and the backend full: nullptr, for the caller to report.
+  CHECK(pool.allocate(size_t(1) << 20, kA, &c) == nullptr);
+  pool.free(big);
+  pool.free(more);
+}
+
+TEST_CASE("a block whose event cannot be recorded is given back, not cached") {
+  FakeBackend be;
+  BlockPool pool(be);
+  size_t c = 0;
+  void* p = pool.allocate(1000, kA, &c);
+  be.fail_records = true;
+  pool.free(p);
+  CHECK(pool.cached_blocks() == 0);
+  CHECK(be.deallocations == 1);
+  CHECK(pool.stats().current_bytes == 0);
+  CHECK(pool.stats().cached_bytes == 0);
+}
+
+TEST_CASE("allocator statistics (bytes in use, peak, cached), sizes rounded and matched within 1/8") {
+  FakeBackend be;
+  BlockPool pool(be);
+  CHECK(BlockPool::round_size(0) == 512);
+  CHECK(BlockPool::round_size(513) == 1024);
+  CHECK(BlockPool::round_size((size_t(1) << 20) + 1) == (size_t(1) << 20) + (size_t(1) << 16));
+  CHECK_THROWS_AS(BlockPool::round_size(size_t(1) << 50), Error);
+  size_t c1 = 0, c2 = 0;
+  void* p = pool.allocate(size_t(8) << 20, kA, &c1);
+  void* q = pool.allocate(100, kA, &c2);
+  CHECK(pool.stats().current_bytes == c1 + c2);
+  pool.free(p);
+  CHECK(pool.stats().current_bytes == c2);
+  CHECK(pool.stats().cached_bytes == c1);
+  CHECK(pool.stats().peak_bytes == c1 + c2);
+  size_t c3 = 0;
+  // A request up to 1/8 below a cached block takes it (7.5 MiB + 1/8 > 8 MiB); half does not.
+  void* r = pool.allocate((size_t(15) << 20) / 2, kA, &c3);
+  CHECK(r == p);
+  CHECK(c3 == c1);
+  void* s = pool.allocate(size_t(4) << 20, kA, &c3);
+  CHECK(s != p);
+  pool.free(r);
+  pool.free(s);
+  pool.free(q);
+  pool.reset_peak();
+  CHECK(pool.stats().peak_bytes == 0);
+  // An uncounted block (the algorithm search's workspace) stays out of current and peak bytes,
+  // but is cached like any other once freed.
+  size_t c5 = 0;
+  void* scratch = pool.allocate(size_t(64) << 20, kA, &c5, true, /*counted=*/false);
+  CHECK(pool.stats().current_bytes == 0);
+  CHECK(pool.stats().peak_bytes == 0);
+  pool.free(scratch);
+  CHECK(pool.stats().current_bytes == 0);
+  CHECK(pool.stats().cached_bytes == c1 + c2 + c3 + c5);
+  pool.release_cache();
+  CHECK(pool.stats().cached_bytes == 0);
+  CHECK(be.in_use == 0);
+}
