@@ -220,6 +220,9 @@ class NcclCommunicator : public Communicator {
     cuda::Event ready(device_);
     ready.record(cuda::current_stream(device_));  // the gradients in t are final there
     ready.wait_on(comm_stream_.get());
+    // The tensor is used on the communication stream: the allocator must not hand its block
+    // out again (after a free on the compute stream) before the all-reduce has finished.
+    cuda::record_stream(t.raw(), t.device(), device_, comm_stream_.get());
     cuda::Event done = enqueue_all_reduce(t, op, comm_stream_.get());
     return std::make_unique<NcclWork>(std::move(done), device_);
   }
