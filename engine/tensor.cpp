@@ -172,6 +172,13 @@ Tensor Tensor::to(Device d) const {
   return t;
 }
 
+Tensor Tensor::to_after(Device d, const cuda::Event& src_ready) const {
+  if (!device().is_cuda() || !d.is_cuda() || !src_ready.valid()) return to(d);
+  Tensor t = empty(shape(), dtype(), d);
+  cuda::copy_after(t.raw(), d.index, raw(), device().index, nbytes(), src_ready);
+  return t;
+}
+
 void Tensor::fill_(double value) {
   UNETCU_LAUNCH(device(), fill, *this, value);
 }

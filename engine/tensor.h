@@ -11,6 +11,7 @@
 #include "engine/named.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
+#include "runtime/cuda_api.h"
 #include "runtime/tensor_ref.h"
 
 namespace unetcu {
@@ -108,6 +109,9 @@ class Tensor {
   Tensor to(DType dtype) const;
   // A copy on another device (no autograd; the op to_device in engine/ops.h records one).
   Tensor to(Device device) const;
+  // GPU to GPU (or between streams of one GPU): the copy waits for `src_ready`, an event the
+  // producer of this tensor recorded on its own stream; otherwise as to(device).
+  Tensor to_after(Device device, const cuda::Event& src_ready) const;
   bool is_pinned() const { return impl().storage->pinned; }
 
   // Element access works on every device; on CUDA each call copies through the host and waits.

@@ -46,6 +46,13 @@ Pipeline::Pipeline(const UNetConfig& model_cfg, const PipelineOptions& options,
   for (const Device& d : options.devices)
     UNETCU_CHECK(d.kind == options.devices[0].kind,
                  "model parallelism: the stages must be all on CPU devices or all on GPUs");
+  // Activations and gradients cross between the stages' GPUs (the UNet's skips from any stage
+  // to any later one): straight over the interconnect where the GPUs allow peer access, else
+  // the driver stages the copies through host memory.
+  for (size_t a = 0; a < options.devices.size(); ++a)
+    for (size_t b = a + 1; b < options.devices.size(); ++b)
+      if (options.devices[a].is_cuda() && options.devices[b].is_cuda())
+        cuda::enable_peer_access(options.devices[a].index, options.devices[b].index);
   UNETCU_CHECK(options.split_size >= 1, "model parallelism: the split size must be at least 1, got ",
                options.split_size);
   UNetConfig cfg = model_cfg;
@@ -228,7 +235,9 @@ class Pipeline::Run {
     }
     const int p = p_.stage_of_block_[block];
     after(st, fwd_event_, p, m);
-    Tensor copy = mb_[p][m].outputs.at(block).detach().to(st.dev);
+    // Ordered after the producer's event, recorded on the producer's stream (not on whatever
+    // stream this thread has on the producer's device).
+    Tensor copy = mb_[p][m].outputs.at(block).detach().to_after(st.dev, fwd_event_[p][m]);
     copy.set_requires_grad(true);
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -303,7 +312,7 @@ class Pipeline::Run {
           }
           if (!copy.grad().defined()) continue;
           if (st.dev.is_cuda()) st.keep_alive.push_back(copy);
-          Tensor g = copy.grad().to(st.dev);
+          Tensor g = copy.grad().to_after(st.dev, bwd_event_[c][m]);
           sum = sum.defined() ? add(sum, g) : g;
         }
         if (sum.defined()) {

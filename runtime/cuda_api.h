@@ -129,6 +129,17 @@ class Event {
 // wait (a training step's loss is read this way one step later). host_wait blocks the calling
 // thread until the event has completed.
 Event copy_to_host_async(void* pinned_dst, const void* src, int device, size_t bytes);
+
+// A device-to-device copy ordered after `src_ready`, an event the producer recorded on its own
+// stream (copy() can only record one on the calling thread's stream of the source device, which
+// is not the producer's when another thread made the data). Runs on the calling thread's stream
+// of the destination; peer-to-peer when enable_peer_access() allowed it, else staged by the
+// driver. Both blocks are recorded as used there (record_stream), so neither is reused early.
+void copy_after(void* dst, int dst_device, const void* src, int src_device, size_t bytes,
+                const Event& src_ready);
+// Lets each of two GPUs read the other's memory directly (cudaDeviceEnablePeerAccess both ways)
+// where the hardware allows; returns whether it does. Idempotent.
+bool enable_peer_access(int a, int b);
 void host_wait(const Event& e);
 
 // cuDNN convolutions may use TF32 tensor cores (PyTorch's default). Tests comparing with the

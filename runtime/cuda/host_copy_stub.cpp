@@ -1,4 +1,4 @@
-// copy_to_host_async / host_wait for builds without CUDA: there is no device to copy from.
+// copy_to_host_async, host_wait, copy_after, enable_peer_access for builds without CUDA: there is no device to copy from.
 #include "runtime/common.h"
 #include "runtime/cuda_api.h"
 
@@ -9,5 +9,11 @@ Event copy_to_host_async(void*, const void*, int device, size_t) {
 }
 
 void host_wait(const Event&) {}
+
+void copy_after(void*, int dst_device, const void*, int, size_t, const Event&) {
+  throw Error(str_cat("cuda:", dst_device, " requested, but this build has no CUDA"));
+}
+
+bool enable_peer_access(int, int) { return false; }
 
 }  // namespace unetcu::cuda
