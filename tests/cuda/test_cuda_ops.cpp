@@ -28,6 +28,7 @@
 #include "models/unet.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline.h"
+#include "train/strategy.h"
 
 using namespace unetcu;
 
@@ -580,4 +581,40 @@ TEST_CASE("convolutions on two streams of one GPU at once use their own cuDNN ha
   CHECK(errors[1] == "");
   CHECK(got[0] == want.to_vector());  // the same plan and algorithm: the same bits
   CHECK(got[1] == want.to_vector());
+}
+
+TEST_CASE("the step loss read a step late equals the loss read at once; a copy waits for its producer's event") {
+  Setup setup;
+  FRESH_RNG(rng);
+  UNetConfig c;
+  c.width_divisor = 8;
+  c.seed = 6;
+  c.device = kGpu;
+  SingleDevice now(c, optimizer_factory({}), LossKind::BCEDice);
+  SingleDevice late(c, optimizer_factory({}), LossKind::BCEDice);
+  Batch b{random64({2, 3, 64, 64}, rng, -2, 2).to(DType::F32), Tensor::empty({2, 1, 64, 64})};
+  for (int64_t i = 0; i < b.masks.numel(); ++i) b.masks.set(i, rng.uniform() < 0.4);
+  const PlacedBatch pn = now.place(b), pl = late.place(b);
+  // Two steps queued before the first loss is read, as the epoch loop does; deterministic
+  // kernels on the same device: the same bits.
+  StepLoss first = late.step_async(pl);
+  StepLoss second = late.step_async(pl);
+  CHECK(first.get() == now.step(pn));
+  CHECK(second.get() == now.step(pn));
+
+  // A producer on its own stream, the copy on this thread's stream ordered only by the
+  // producer's event: it sees the finished values.
+  cuda::Stream producer(0);
+  Tensor src, copy;
+  cuda::Event made;
+  {
+    cuda::StreamScope scope(producer);
+    src = Tensor::full({1 << 20}, 3.0, DType::F32, kGpu);
+    for (int k = 0; k < 20; ++k) src = add(src, src);  // long enough to still run when copied
+    made = cuda::Event::record(0);
+  }
+  copy = src.to_after(kGpu, made);
+  const std::vector<double> v = copy.to(Device::cpu()).to_vector();
+  CHECK(v.front() == 3.0 * (1 << 20));
+  CHECK(v.back() == 3.0 * (1 << 20));
 }
