@@ -11,6 +11,13 @@ module names, to check unetcu against PyTorch.
   pytorch_reference.py check CHECKPOINT.safetensors [--width-divisor 1] [--image-size 64]
       Loads an engine checkpoint into the PyTorch model (strict: every name and shape must
       match) and prints the logits' statistics on a fixed input.
+  pytorch_reference.py export-encoder OUT.safetensors [--random] [--seed 0] [--dtype float32]
+                       [--golden GOLDEN.safetensors --image-size 64]
+      Writes torchvision's ResNet-34 weights (ImageNet, when torchvision has them cached or can
+      download them; --random: a randomly initialised ResNet-34, no download) under SMP's
+      encoder.* names (the fc layer dropped), ready for unet_train --init-encoder. --golden also
+      writes a fixed input and torchvision's five encoder feature maps for it (eval mode), the
+      reference tests/encoder_check compares the engine's encoder with.
   pytorch_reference.py bench --batch 4 --size 128 [--threads 2] [--warmup 2] [--steps 7]
       Times the float32 training step the engine's bench_cpu_step times (forward, BCE+Dice,
       backward, Adam 1e-3) on the synthetic-like random batch and prints one JSON line:
@@ -189,6 +196,43 @@ def check(args):
     print(f"loaded {args.path} strictly; logits mean {y.mean().item():.6f} std {y.std().item():.6f}")
 
 
+def export_encoder(args):
+    import torchvision
+    torch.manual_seed(args.seed)
+    if args.random:
+        net = torchvision.models.resnet34(weights=None)
+        for m in net.modules():  # non-trivial batch-norm statistics, as trained ones are
+            if isinstance(m, nn.BatchNorm2d):
+                nn.init.uniform_(m.weight, 0.5, 1.5)
+                nn.init.uniform_(m.bias, -0.2, 0.2)
+                m.running_mean.uniform_(-0.1, 0.1)
+                m.running_var.uniform_(0.8, 1.2)
+    else:
+        try:
+            net = torchvision.models.resnet34(weights=torchvision.models.ResNet34_Weights.IMAGENET1K_V1)
+        except Exception as e:  # no cache and no network
+            raise SystemExit(f"export-encoder: torchvision could not provide the ImageNet weights ({e}); "
+                             "--random exports a randomly initialised ResNet-34")
+    dtype = {"float32": torch.float32, "float64": torch.float64}[args.dtype]
+    net = net.to(dtype).eval()
+    state = {"encoder." + k: v for k, v in net.state_dict().items() if not k.startswith("fc.")}
+    write_safetensors(args.path, state)
+    print(f"wrote {args.path}: {len(state)} encoder entries ({args.dtype})")
+    if args.golden:
+        x = torch.randn(1, 3, args.image_size, args.image_size, dtype=dtype)
+        with torch.no_grad():
+            f1 = net.relu(net.bn1(net.conv1(x)))
+            f2 = net.layer1(net.maxpool(f1))
+            f3 = net.layer2(f2)
+            f4 = net.layer3(f3)
+            f5 = net.layer4(f4)
+        out = {"golden.input": x}
+        for i, f in enumerate([f1, f2, f3, f4, f5]):
+            out[f"golden.feature.{i}"] = f
+        write_safetensors(args.golden, out)
+        print(f"wrote {args.golden}: the input and torchvision's 5 feature maps")
+
+
 def bench(args):
     import time
     torch.set_num_threads(args.threads)
@@ -222,6 +266,13 @@ if __name__ == "__main__":
     c.add_argument("path")
     c.add_argument("--width-divisor", type=int, default=1)
     c.add_argument("--image-size", type=int, default=64)
+    e = sub.add_parser("export-encoder")
+    e.add_argument("path")
+    e.add_argument("--random", action="store_true")
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    e.add_argument("--golden")
+    e.add_argument("--image-size", type=int, default=64)
     b = sub.add_parser("bench")
     b.add_argument("--batch", type=int, default=4)
     b.add_argument("--size", type=int, default=128)
@@ -229,4 +280,4 @@ if __name__ == "__main__":
     b.add_argument("--warmup", type=int, default=2)
     b.add_argument("--steps", type=int, default=7)
     a = ap.parse_args()
-    {"golden": golden, "check": check, "bench": bench}[a.cmd](a)
+    {"golden": golden, "check": check, "bench": bench, "export-encoder": export_encoder}[a.cmd](a)

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the build needs, only those missing. Safe to run again.
-# --plots also installs matplotlib for tools/plot.py (and unet_bench --plot).
+# --plots also installs matplotlib for tools/plot.py (and unet_bench --plot); --pytorch installs
+# PyTorch and torchvision for tools/pytorch_reference.py (export-encoder, bench, golden) and
+# bench/cpu_vs_pytorch.py.
 set -euo pipefail
 pkgs=(cmake g++ make libopenblas-openmp-dev libdnnl-dev doctest-dev libstb-dev nlohmann-json3-dev libcli11-dev)
 for arg in "$@"; do
   case "$arg" in
     --plots) pkgs+=(python3-matplotlib) ;;
-    *) echo "setup: unknown option '$arg' (only --plots)" >&2; exit 2 ;;
+    --pytorch) pkgs+=(python3-torch python3-torchvision) ;;
+    *) echo "setup: unknown option '$arg' (--plots, --pytorch)" >&2; exit 2 ;;
   esac
 done
 missing=()

@@ -3,7 +3,9 @@
 # build short; override with CUDA_ARCHS) and runs the whole test suite through ctest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/setup.sh --plots  # matplotlib too: tests/plot_test.sh renders every plot
+# matplotlib and torchvision too: tests/plot_test.sh renders every plot, and
+# tests/encoder_export_test.sh checks the engine's encoder against torchvision's.
+tools/setup.sh --plots --pytorch
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90}" >/dev/null
 cmake --build build -j"$(nproc)"
 # Serial: every test already uses all cores through OpenMP, and two spinning OpenMP teams on
