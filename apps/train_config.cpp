@@ -80,6 +80,10 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
       "one per stage, may repeat (CPU devices share the cores: --threads each, default cores/N)");
   add_enum(app, "--allreduce", cfg.allreduce, kAllReduceNames,
            "--mode dp: ring (reduce-scatter + all-gather) or ps (reduce to rank 0, broadcast back)");
+  add_enum(app, "--dist", cfg.dist, kDistNames,
+           "Process group: auto (from mpirun's, SLURM's or torchrun's environment when present), "
+           "mpi, env (SLURM/torchrun variables), none (one process). Several processes: --mode dp "
+           "on one CPU device each, gradients averaged over MPI (launch with mpirun or srun)");
   app.add_option("--collective-timeout", cfg.collective_timeout,
                  "--mode dp: seconds a collective may take before every rank stops with an "
                  "error naming the rank and the collective (instead of hanging)")
@@ -231,7 +235,8 @@ void validate(const TrainConfig& c) {
                    " stages but --devices lists ", c.devices.size());
   }
   if (c.mode == Mode::DataParallel) {
-    UNETCU_CHECK(!c.devices.empty(), "--mode dp needs --devices (e.g. cpu:0,cpu:1)");
+    UNETCU_CHECK(!c.devices.empty() || detect_dist(c.dist).multi(),
+                 "--mode dp needs --devices (e.g. cpu:0,cpu:1), or a launcher (mpirun -np N)");
     for (size_t i = 0; i < c.devices.size(); ++i)
       for (size_t j = 0; j < i; ++j)
         UNETCU_CHECK(c.devices[i] != c.devices[j], "--devices lists ", c.devices[i].str(), " twice");
@@ -248,6 +253,21 @@ void validate(const TrainConfig& c) {
 TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
                        const std::function<void(const EpochStats&)>& on_epoch) {
   validate(cfg);
+  const DistEnv dist = detect_dist(cfg.dist);
+  if (dist.multi()) {
+    UNETCU_CHECK(cfg.mode == Mode::DataParallel,
+                 "started as rank ", dist.rank, " of ", dist.world, " by ", dist.launcher,
+                 ": several processes train with --mode dp (one replica each); use --dist none "
+                 "to ignore the launcher");
+    for (const Device& d : cfg.devices)
+      UNETCU_CHECK(d.is_cpu(), "--dist: each process trains on one CPU device (GPU ranks across "
+                               "processes are not supported yet), got ", d.str());
+    init_process_group(dist);
+    // One line per rank: who it is (the rest of the log is rank 0's).
+    std::cerr << "dist: " << dist.launcher << ", world " << dist.world << ", rank " << dist.rank
+              << " (local " << dist.local_rank << " of " << dist.local_size << ") on " << hostname()
+              << ", cpu:0\n";
+  }
   out << kernels::cpu::cpu_gemm_line() << "\n";
   std::vector<Device> devices;
   if (cfg.mode == Mode::Single) {
@@ -256,6 +276,8 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
     std::string note;
     devices = {resolve_device(spec, &note)};
     out << "device: " << devices[0].str() << " (" << note << ")\n";
+  } else if (dist.multi()) {
+    devices = {Device::cpu(0)};  // this process's replica
   } else {
     for (const Device& d : cfg.devices) resolve_device(d.str(), nullptr);  // exists?
     devices = cfg.devices;
@@ -307,6 +329,7 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
   sc.allreduce = cfg.allreduce;
   sc.sync_bn = cfg.sync_bn;
   sc.collective_timeout = cfg.collective_timeout;
+  sc.across_processes = dist.multi();
   sc.cuts = cfg.cuts;
   sc.search_split = cfg.split_auto;
   sc.split_size = cfg.split_size || cfg.split_auto ? cfg.split_size : cfg.batch_size;
@@ -328,6 +351,7 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
       << (cfg.augment == Augment::None ? "" : std::string(", augment ") + name_of(kAugmentNames, cfg.augment))
       << (cached ? " (kept in memory after the first epoch)" : "") << ", batch " << cfg.batch_size;
   if (N > 1) out << " per replica (global " << cfg.batch_size * N << ")";
+  if (dist.multi()) out << ", each process reading only its shard";
   out << ", loss " << loss_kind_name(cfg.loss) << ", " << name_of(kOptimizerNames, cfg.optimizer)
       << " lr " << cfg.lr << "\n";
   out.flush();

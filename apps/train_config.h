@@ -9,6 +9,7 @@
 
 #include "data/dataset.h"
 #include "data/image_io.h"
+#include "parallel/dist.h"
 #include "train/strategy.h"
 #include "train/trainer.h"
 
@@ -50,6 +51,7 @@ struct TrainConfig {
   AllReduceAlgo allreduce = AllReduceAlgo::Ring;
   bool sync_bn = false;
   double collective_timeout = kDefaultCollectiveTimeout;  // seconds
+  DistMode dist = DistMode::Auto;  // process group from the launcher's environment
   std::vector<int> cuts = {4};     // mp: first block of each later stage (4: after layer3)
   bool split_auto = false;         // mp: search the cut and split size
   int split_size = 0;              // mp: 0 = the whole batch

@@ -6,6 +6,7 @@
 
 #include "apps/train_config.h"
 #include "kernels/cpu/cpu_select.h"
+#include "parallel/dist.h"
 #include "train/interrupt.h"
 
 int main(int argc, char** argv) {
@@ -29,6 +30,8 @@ int main(int argc, char** argv) {
     return 130;
   } catch (const std::exception& e) {
     std::cerr << "unet_train: error: " << e.what() << "\n";
+    std::cerr.flush();
+    abort_process_group(1);  // one rank's failure ends every rank of the job
     return 1;
   }
   return 0;

@@ -1,4 +1,5 @@
 #include "parallel/data_parallel.h"
+#include "parallel/mpi_communicator.h"
 
 #include <omp.h>
 
@@ -96,7 +97,13 @@ DataParallel::DataParallel(const UNetConfig& model_cfg, const DataParallelOption
   if (options_.threads_per_replica <= 0)
     options_.threads_per_replica = std::max(1, omp_get_num_procs() / N);
   std::vector<std::unique_ptr<Communicator>> grad_comms, ctrl_comms;
-  if (options.devices[0].is_cuda()) {
+  if (options.across_processes) {
+    UNETCU_CHECK(N == 1 && options.devices[0].is_cpu(),
+                 "data parallelism across processes: one CPU device per process (GPU ranks across "
+                 "processes are not supported yet)");
+    grad_comms.push_back(make_mpi_communicator(options.algo));
+    ctrl_comms.push_back(make_mpi_communicator(AllReduceAlgo::Ring));
+  } else if (options.devices[0].is_cuda()) {
     std::vector<int> ids;
     for (const Device& d : options.devices) ids.push_back(d.index);
     grad_comms = make_nccl_communicators(ids, options.algo, options.collective_timeout);
@@ -170,6 +177,15 @@ Optimizer& DataParallel::optimizer(int rank) { return *replicas_.at(rank)->opt; 
 DataParallel::~DataParallel() = default;
 
 int DataParallel::size() const { return int(replicas_.size()); }
+int DataParallel::global_rank() const { return replicas_[0]->ctrl_comm->rank(); }
+int DataParallel::global_size() const { return replicas_[0]->ctrl_comm->size(); }
+
+double DataParallel::average_across_processes(double value) {
+  if (!options_.across_processes) return value;
+  Tensor t = Tensor::full({1}, value, DType::F64);
+  replicas_[0]->ctrl_comm->all_reduce(t, ReduceOp::Average);
+  return t.item();
+}
 UNet& DataParallel::replica(int rank) { return *replicas_.at(rank)->model; }
 size_t DataParallel::bucket_count() const { return replicas_[0]->buckets.size(); }
 std::vector<Tensor> DataParallel::buckets(int rank) const { return replicas_.at(rank)->flat; }

@@ -38,6 +38,9 @@ struct DataParallelOptions {
   int threads_per_replica = 0;  // CPU devices; 0: the cores shared out, at least 1 each
   bool record_events = false;   // keep an ordered log of backward nodes and bucket launches
   double collective_timeout = kDefaultCollectiveTimeout;  // seconds; then every rank fails
+  // One replica in this process (devices: its one CPU device), one rank of an MPI job: the
+  // communicators span the processes (parallel/mpi_communicator.h).
+  bool across_processes = false;
 };
 
 class DataParallel {
@@ -48,7 +51,13 @@ class DataParallel {
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
-  int size() const;
+  int size() const;  // replicas in this process
+  // This process's first replica's rank among all replicas, and their number (across
+  // processes when options().across_processes).
+  int global_rank() const;
+  int global_size() const;
+  // The mean of `value` over every process's replicas (each process passes its own mean).
+  double average_across_processes(double value);
   UNet& replica(int rank);
   const DataParallelOptions& options() const { return options_; }
 

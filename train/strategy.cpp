@@ -81,6 +81,11 @@ DataParallelStrategy::DataParallelStrategy(const UNetConfig& model, const DataPa
 
 std::string DataParallelStrategy::describe() const {
   const auto& o = dp_.options();
+  if (o.across_processes)
+    return "data parallel across processes, " + std::to_string(dp_.global_size()) +
+           " ranks (this one: rank " + std::to_string(dp_.global_rank()) + " on " + o.devices[0].str() +
+           "), " + name_of(kAllReduceNames, o.algo) + " all-reduce over MPI" +
+           (o.sync_bn ? ", synchronized BN" : "");
   return "data parallel, " + std::to_string(dp_.size()) + " replicas on " + device_list_str(o.devices) +
          ", " + name_of(kAllReduceNames, o.algo) + " all-reduce" + (o.sync_bn ? ", synchronized BN" : "");
 }
@@ -103,7 +108,7 @@ double DataParallelStrategy::step(const PlacedBatch& batch) {
   const std::vector<double> losses = dp_.step(batch.parts, loss_);
   double mean = 0;
   for (double l : losses) mean += l / double(losses.size());
-  return mean;
+  return dp_.average_across_processes(mean);
 }
 
 Tensor DataParallelStrategy::infer(const Tensor& images) {
@@ -226,6 +231,7 @@ std::unique_ptr<TrainingStrategy> make_strategy(const StrategyConfig& c, const B
       o.algo = c.allreduce;
       o.sync_bn = c.sync_bn;
       o.collective_timeout = c.collective_timeout;
+      o.across_processes = c.across_processes;
       o.threads_per_replica = c.threads;
       return std::make_unique<DataParallelStrategy>(c.model, o, make_optimizer, c.loss);
     }

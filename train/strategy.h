@@ -64,6 +64,11 @@ class TrainingStrategy {
   virtual std::vector<Device> devices() const = 0;
   // Into how many equal shards the sampler cuts each global batch (DP: one per replica).
   virtual int replicas() const { return 1; }
+  // One process of several (data parallel across processes): this process's shard of each
+  // global batch is shard process_rank() of replicas(); only process 0 prints, writes
+  // checkpoints and metrics.
+  virtual int process_rank() const { return 0; }
+  virtual int process_count() const { return 1; }
 
   // Uploads a host batch to where step() reads it.
   virtual PlacedBatch place(Batch host) = 0;
@@ -124,7 +129,9 @@ class DataParallelStrategy : public TrainingStrategy {
                        const OptimizerFactory& make_optimizer, LossKind loss);
   std::string describe() const override;
   std::vector<Device> devices() const override { return dp_.options().devices; }
-  int replicas() const override { return dp_.size(); }
+  int replicas() const override { return dp_.global_size(); }
+  int process_rank() const override { return dp_.options().across_processes ? dp_.global_rank() : 0; }
+  int process_count() const override { return dp_.options().across_processes ? dp_.global_size() : 1; }
   PlacedBatch place(Batch host) override;
   double step(const PlacedBatch& batch) override;
   Tensor infer(const Tensor& images) override;
@@ -178,6 +185,7 @@ struct StrategyConfig {
   AllReduceAlgo allreduce = AllReduceAlgo::Ring;
   bool sync_bn = false;
   double collective_timeout = kDefaultCollectiveTimeout;  // seconds, data parallel
+  bool across_processes = false;  // data parallel: one replica per process of an MPI job
   // MP
   std::vector<int> cuts;        // empty with search_split
   bool search_split = false;    // two stages: profile, predict every cut x split, run the best

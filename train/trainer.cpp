@@ -103,14 +103,19 @@ std::vector<int64_t> global_batch_indices(const std::vector<int64_t>& perm, int 
 }
 
 TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Dataset& val_ds,
-                const FitOptions& o, std::ostream& out,
+                const FitOptions& o, std::ostream& lead_out,
                 const std::function<void(const EpochStats&)>& on_epoch) {
+  // Several processes: process 0 prints, writes checkpoints and the metrics file; the others
+  // train and validate alike, silently.
+  const bool lead = strategy.process_rank() == 0;
+  std::ostream null_out(nullptr);
+  std::ostream& out = lead ? lead_out : null_out;
   UNETCU_CHECK(o.epochs >= 1 && o.batch_size >= 1, "training needs at least one epoch and one sample a step");
   std::vector<Device> gpus;
   for (const Device& d : strategy.devices())
     if (d.is_cuda()) gpus.push_back(d);
   const bool on_gpu = !gpus.empty();
-  check_writable(o.checkpoint, "checkpoint");
+  if (lead) check_writable(o.checkpoint, "checkpoint");
   check_writable(o.profile, "profile trace");
   int first_epoch = 1;
   int64_t first_step = 0;  // > 0: a run stopped mid-epoch resumes at this step
@@ -144,7 +149,7 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
   // Loader threads: one on the CPU (the cores train), a few for GPUs.
   const int workers = o.workers > 0 ? o.workers : (on_gpu ? 4 : 1);
 
-  MetricsLog metrics(o.log, !o.resume.empty());
+  MetricsLog metrics(lead ? o.log : "", !o.resume.empty());
   if (!o.profile.empty()) {
     Profiler::reset();
     Profiler::enable(true);
@@ -164,11 +169,15 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
     BatchLoader loader(
         steps - start,
         [&](int64_t k) {
-          return make_batch(train_ds, global_batch_indices(perm, N, o.batch_size, start + k), o.dtype,
-                            on_gpu, o.augment, o.seed, epoch);
+          std::vector<int64_t> idx = global_batch_indices(perm, N, o.batch_size, start + k);
+          if (strategy.process_count() > 1) {  // this process's shard only
+            const int64_t b = int64_t(idx.size()) / N, r = strategy.process_rank();
+            idx = std::vector<int64_t>(idx.begin() + r * b, idx.begin() + (r + 1) * b);
+          }
+          return make_batch(train_ds, idx, o.dtype, on_gpu, o.augment, o.seed, epoch);
         },
         workers, workers + 1);
-    Progress bar(o.progress, epoch, steps);
+    Progress bar(o.progress && lead, epoch, steps);
     for (const Device& d : gpus) cuda::reset_device_peak(d.index);
     const auto t0 = Clock::now();
     double loss_sum = 0;
@@ -211,7 +220,7 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
         settle();
         bar.finish();
         std::string saved = "no checkpoint was configured";
-        if (!o.checkpoint.empty()) {
+        if (!o.checkpoint.empty() && lead) {
           UNETCU_CHECK(parameters_finite(strategy.model()), "a parameter is not finite at epoch ", epoch,
                        " step ", s + 1, kept);
           // Steps done into this epoch: a resume continues right after them.
@@ -229,7 +238,7 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
     st.wait_seconds = loader.wait_seconds();
     bar.finish();
     st.train_loss = seen ? loss_sum / double(seen) : 0.0;
-    st.images_per_second = double(seen) / st.seconds;
+    st.images_per_second = double(seen) * strategy.process_count() / st.seconds;  // every process's
 
     // Validation: eval-mode BN, no tape, batches of batch_size.
     strategy.set_training(false);
@@ -277,7 +286,7 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
     const std::vector<Optimizer*> opts = strategy.optimizers();
     metrics.epoch(st, opts.empty() ? NAN : opts[0]->lr());
     result.epochs.push_back(st);
-    if (!o.checkpoint.empty()) {
+    if (!o.checkpoint.empty() && lead) {
       UNETCU_CHECK(parameters_finite(strategy.model()), "a parameter is not finite after epoch ",
                    epoch, kept);
       save_checkpoint(o.checkpoint, strategy.model(), strategy.optimizers(), epoch);

@@ -1,0 +1,149 @@
+#include "parallel/dist.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "runtime/common.h"
+
+#ifdef UNETCU_HAVE_MPI
+#include <mpi.h>
+#endif
+
+namespace unetcu {
+
+namespace {
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : nullptr;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = env(name);
+  if (!v) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const long x = std::strtol(v, &end, 10);
+  UNETCU_CHECK(errno == 0 && end && *end == '\0' && x >= 0 && x <= 1000000, "environment variable ",
+               name, "='", v, "' is not a count");
+  return int(x);
+}
+
+bool from_mpi(DistEnv* d) {
+  if (!env("OMPI_COMM_WORLD_RANK") || !env("OMPI_COMM_WORLD_SIZE")) return false;
+  d->launcher = "mpi";
+  d->rank = env_int("OMPI_COMM_WORLD_RANK", 0);
+  d->world = env_int("OMPI_COMM_WORLD_SIZE", 1);
+  d->local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", d->rank);
+  d->local_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", d->world);
+  return true;
+}
+
+bool from_slurm(DistEnv* d) {
+  if (!env("SLURM_PROCID") || !env("SLURM_NTASKS")) return false;
+  d->launcher = "slurm";
+  d->rank = env_int("SLURM_PROCID", 0);
+  d->world = env_int("SLURM_NTASKS", 1);
+  d->local_rank = env_int("SLURM_LOCALID", 0);
+  // SLURM_NTASKS_PER_NODE may read "2(x3)"; its leading count is the tasks on this node.
+  const char* per = env("SLURM_NTASKS_PER_NODE");
+  d->local_size = per ? std::max(1, std::atoi(per)) : 1;
+  return true;
+}
+
+bool from_torchrun(DistEnv* d) {
+  if (!env("RANK") || !env("WORLD_SIZE")) return false;
+  d->launcher = "torchrun";
+  d->rank = env_int("RANK", 0);
+  d->world = env_int("WORLD_SIZE", 1);
+  d->local_rank = env_int("LOCAL_RANK", d->rank);
+  d->local_size = env_int("LOCAL_WORLD_SIZE", d->world);
+  if (const char* a = env("MASTER_ADDR")) d->master_addr = a;
+  d->master_port = env_int("MASTER_PORT", 0);
+  return true;
+}
+
+bool g_mpi_initialised = false;
+
+}  // namespace
+
+DistEnv detect_dist(DistMode mode) {
+  DistEnv d;
+  bool found = false;
+  switch (mode) {
+    case DistMode::None: return d;
+    case DistMode::Mpi:
+      found = from_mpi(&d);
+      UNETCU_CHECK(found, "an MPI process group was asked for, but this process was not started by "
+                          "mpirun (no OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE)");
+      break;
+    case DistMode::Env:
+      found = from_slurm(&d) || from_torchrun(&d);
+      UNETCU_CHECK(found, "a process group from the environment was asked for, but neither SLURM's "
+                          "(SLURM_PROCID, SLURM_NTASKS) nor torchrun's (RANK, WORLD_SIZE) variables are set");
+      break;
+    case DistMode::Auto:
+      found = from_mpi(&d) || from_slurm(&d) || from_torchrun(&d);
+      break;
+  }
+  if (!found) return DistEnv{};
+  UNETCU_CHECK(d.world >= 1 && d.rank < d.world, "launcher ", d.launcher, ": rank ", d.rank,
+               " is outside a world of ", d.world);
+  UNETCU_CHECK(d.local_size >= 1 && d.local_rank < d.local_size, "launcher ", d.launcher,
+               ": local rank ", d.local_rank, " is outside a node of ", d.local_size);
+  return d;
+}
+
+bool mpi_built() {
+#ifdef UNETCU_HAVE_MPI
+  return true;
+#else
+  return false;
+#endif
+}
+
+void init_process_group(const DistEnv& d) {
+  if (!d.multi()) return;
+#ifdef UNETCU_HAVE_MPI
+  if (g_mpi_initialised) return;
+  int provided = 0;
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+  g_mpi_initialised = true;
+  std::atexit([] {
+    int done = 0;
+    MPI_Finalized(&done);
+    if (!done) MPI_Finalize();
+  });
+  UNETCU_CHECK(provided >= MPI_THREAD_MULTIPLE,
+               "this MPI library does not support MPI_THREAD_MULTIPLE (a rank's gradient "
+               "all-reduces run on their own thread)");
+  int rank = -1, size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  UNETCU_CHECK(rank == d.rank && size == d.world, "MPI says rank ", rank, " of ", size,
+               ", the launcher's environment rank ", d.rank, " of ", d.world,
+               " (a torchrun/SLURM launch without MPI needs an MPI launcher here: mpirun or srun --mpi)");
+#else
+  throw Error(str_cat("a process group of ", d.world, " (", d.launcher,
+                      ") needs the MPI build: install libopenmpi-dev (tools/setup.sh) and rebuild"));
+#endif
+}
+
+void abort_process_group(int code) {
+#ifdef UNETCU_HAVE_MPI
+  if (g_mpi_initialised) MPI_Abort(MPI_COMM_WORLD, code);
+#else
+  (void)code;
+#endif
+}
+
+std::string hostname() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "?";
+  return buf;
+}
+
+}  // namespace unetcu

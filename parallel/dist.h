@@ -1,0 +1,42 @@
+// One process per device, started by a launcher: who this process is, from the launcher's
+// environment, in this order:
+//   Open MPI  OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK / _LOCAL_SIZE
+//   SLURM     SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE
+//   torchrun  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+// DistMode::Auto takes the first that is present; Mpi and Env insist on MPI's or on the
+// torchrun/SLURM variables; None ignores them all (one process).
+#pragma once
+#include <string>
+
+#include "engine/named.h"
+
+namespace unetcu {
+
+enum class DistMode { Auto, Mpi, Env, None };
+inline constexpr NamedValue<DistMode> kDistNames[] = {
+    {"auto", DistMode::Auto}, {"mpi", DistMode::Mpi}, {"env", DistMode::Env}, {"none", DistMode::None}};
+
+struct DistEnv {
+  std::string launcher = "none";  // "mpi", "slurm", "torchrun" or "none"
+  int rank = 0, world = 1, local_rank = 0, local_size = 1;
+  std::string master_addr;
+  int master_port = 0;
+  bool multi() const { return world > 1; }
+};
+
+// From the environment; Error when the variables are inconsistent (rank outside the world,
+// non-numbers) or when `mode` asks for a launcher whose variables are absent.
+DistEnv detect_dist(DistMode mode);
+
+// The process group's transport. CPU ranks talk over MPI (collectives and point-to-point);
+// the build needs Open MPI (libopenmpi-dev) and the processes an MPI launcher (mpirun, srun
+// with PMI). Initialises MPI once (thread level MULTIPLE: a rank's gradient all-reduces run on
+// a communication thread beside its compute thread); finalised at exit.
+bool mpi_built();
+void init_process_group(const DistEnv& env);
+// Ends every process of the job (MPI_Abort) after a rank's error was printed; returns when
+// there is no process group.
+void abort_process_group(int code);
+std::string hostname();
+
+}  // namespace unetcu

@@ -1,0 +1,199 @@
+#include "parallel/mpi_communicator.h"
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "engine/profiler.h"
+#include "runtime/device.h"
+
+#ifdef UNETCU_HAVE_MPI
+#include <mpi.h>
+#endif
+
+namespace unetcu {
+
+#ifndef UNETCU_HAVE_MPI
+
+std::unique_ptr<Communicator> make_mpi_communicator(AllReduceAlgo) {
+  throw Error("data parallelism across processes needs the MPI build (libopenmpi-dev)");
+}
+
+#else
+
+namespace {
+
+// Chunk c of a length-L buffer split in N, as the in-process ring cuts it.
+inline int64_t chunk_begin(int64_t L, int N, int c) { return L * c / N; }
+
+class MpiCommunicator : public Communicator {
+ public:
+  explicit MpiCommunicator(AllReduceAlgo algo) : algo_(algo) {
+    MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+  ~MpiCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void all_reduce(Tensor& t, ReduceOp op) override {
+    check(t, "all_reduce");
+    UNETCU_DISPATCH_FLOAT(t.dtype(), T, {
+      if (algo_ == AllReduceAlgo::Ring)
+        ring<T>(t.data<T>(), t.numel(), op);
+      else
+        ps<T>(t.data<T>(), t.numel(), op);
+    });
+  }
+  void broadcast(Tensor& t, int root) override {
+    check(t, "broadcast");
+    MPI_Bcast(t.raw(), int(t.nbytes()), MPI_BYTE, root, comm_);
+  }
+  void reduce(Tensor& t, int root, ReduceOp op) override {
+    check(t, "reduce");
+    UNETCU_DISPATCH_FLOAT(t.dtype(), T, sum_at<T>(t.data<T>(), t.numel(), root, op));
+  }
+  void barrier() override { MPI_Barrier(comm_); }
+  void abort() override { MPI_Abort(MPI_COMM_WORLD, 1); }
+
+  std::unique_ptr<Work> all_reduce_async(Tensor& t, ReduceOp op) override {
+    auto done = std::make_shared<std::promise<void>>();
+    auto work = std::make_unique<MpiWork>(done->get_future());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+      queue_.push_back([this, t, op, done]() mutable {
+        try {
+          ProfileRange range(algo_ == AllReduceAlgo::Ring ? "all_reduce ring (mpi)" : "all_reduce ps (mpi)",
+                             "comm", 0, double(t.nbytes()));
+          all_reduce(t, op);
+          done->set_value();
+        } catch (...) {
+          done->set_exception(std::current_exception());
+        }
+      });
+    }
+    cv_.notify_one();
+    return work;
+  }
+
+ private:
+  struct MpiWork : Work {
+    explicit MpiWork(std::future<void> f) : f_(std::move(f)) {}
+    void wait() override { f_.get(); }
+    std::future<void> f_;
+  };
+
+  void loop() {
+    set_cpu_threads(1);
+    Profiler::set_thread_track("rank " + std::to_string(rank_) + " comm");
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        job = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      job();
+    }
+  }
+
+  void check(const Tensor& t, const char* what) const {
+    UNETCU_CHECK(t.device().is_cpu(), what, ": the MPI communicator needs CPU tensors, got ",
+                 t.device().str());
+  }
+
+  // Reduce-scatter then all-gather, as parallel/cpu_ring.cpp: in reduce-scatter step s rank r
+  // receives chunk (r - s - 1) from its left neighbour and adds it to its own (mine += left's),
+  // sending chunk (r - s) to the right; then it owns the sum of chunk (r + 1), averages it,
+  // and in all-gather step s receives chunk (r - s) from the left, sending chunk (r + 1 - s).
+  template <class T>
+  void ring(T* mine, int64_t L, ReduceOp op) {
+    const int N = size_;
+    if (N == 1) return;
+    const int left = (rank_ + N - 1) % N, right = (rank_ + 1) % N;
+    auto mod = [N](int c) { return ((c % N) + N) % N; };
+    std::vector<T> recv(size_t(L / N + 1));
+    for (int s = 0; s < N - 1; ++s) {
+      const int cs = mod(rank_ - s), cr = mod(rank_ - s - 1);
+      const int64_t sb = chunk_begin(L, N, cs), se = chunk_begin(L, N, cs + 1);
+      const int64_t rb = chunk_begin(L, N, cr), re = chunk_begin(L, N, cr + 1);
+      MPI_Sendrecv(mine + sb, int((se - sb) * sizeof(T)), MPI_BYTE, right, s, recv.data(),
+                   int((re - rb) * sizeof(T)), MPI_BYTE, left, s, comm_, MPI_STATUS_IGNORE);
+      for (int64_t i = 0; i < re - rb; ++i) mine[rb + i] += recv[size_t(i)];
+    }
+    if (op == ReduceOp::Average) {
+      const int owned = mod(rank_ + 1);
+      for (int64_t i = chunk_begin(L, N, owned); i < chunk_begin(L, N, owned + 1); ++i) mine[i] /= T(N);
+    }
+    for (int s = 0; s < N - 1; ++s) {
+      const int cs = mod(rank_ + 1 - s), cr = mod(rank_ - s);
+      const int64_t sb = chunk_begin(L, N, cs), se = chunk_begin(L, N, cs + 1);
+      const int64_t rb = chunk_begin(L, N, cr), re = chunk_begin(L, N, cr + 1);
+      MPI_Sendrecv(mine + sb, int((se - sb) * sizeof(T)), MPI_BYTE, right, N + s, mine + rb,
+                   int((re - rb) * sizeof(T)), MPI_BYTE, left, N + s, comm_, MPI_STATUS_IGNORE);
+    }
+  }
+
+  // Parameter-server pattern: root adds every other rank's buffer in rank order, then (ps
+  // all-reduce) broadcasts the result.
+  template <class T>
+  void sum_at(T* mine, int64_t L, int root, ReduceOp op) {
+    if (rank_ == root) {
+      std::vector<T> recv(size_t(L));
+      for (int r = 0; r < size_; ++r) {
+        if (r == root) continue;
+        MPI_Recv(recv.data(), int(L * sizeof(T)), MPI_BYTE, r, 7, comm_, MPI_STATUS_IGNORE);
+        for (int64_t i = 0; i < L; ++i) mine[i] += recv[size_t(i)];
+      }
+      if (op == ReduceOp::Average)
+        for (int64_t i = 0; i < L; ++i) mine[i] /= T(size_);
+    } else {
+      MPI_Send(mine, int(L * sizeof(T)), MPI_BYTE, root, 7, comm_);
+    }
+  }
+  template <class T>
+  void ps(T* mine, int64_t L, ReduceOp op) {
+    sum_at<T>(mine, L, 0, op);
+    MPI_Bcast(mine, int(L * sizeof(T)), MPI_BYTE, 0, comm_);
+  }
+
+  AllReduceAlgo algo_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  std::thread thread_;
+  bool stop_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_communicator(AllReduceAlgo algo) {
+  int initialised = 0;
+  MPI_Initialized(&initialised);
+  UNETCU_CHECK(initialised, "the MPI communicator needs the process group (init_process_group)");
+  return std::make_unique<MpiCommunicator>(algo);
+}
+
+#endif  // UNETCU_HAVE_MPI
+
+}  // namespace unetcu

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Data parallelism across processes (mpirun): 2 and 3 processes, ring and ps, write the same
+# checkpoint bytes (model and optimizer state) as the same run with the replicas as threads of
+# one process; a rank that fails ends every rank, with its message, in bounded time.
+set -u
+train="$1"
+if ! command -v mpirun >/dev/null; then echo "SKIPPED: no mpirun (tools/setup.sh installs Open MPI)"; exit 77; fi
+if ! ldd "$train" | grep -q libmpi; then echo "SKIPPED: built without MPI (libopenmpi-dev)"; exit 77; fi
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+mpi=(mpirun --oversubscribe --bind-to none)
+d=$(mktemp -d)
+trap 'rm -rf "$d"' EXIT
+fail=0
+common=(--width-divisor 16 --image-size 64 --train-size 12 --val-size 4 --batch-size 2 --epochs 2
+        --threads 1 --seed 3 --no-progress)
+for n in 2 3; do
+  devs=$(seq -s, -f "cpu:%g" 0 $((n - 1)))
+  for algo in ring ps; do
+    "$train" --mode dp --devices "$devs" --allreduce $algo "${common[@]}" --dist none \
+      --checkpoint "$d/threads.safetensors" > "$d/threads.log" 2>&1 || { echo "FAIL: in-process $n $algo"; cat "$d/threads.log"; exit 1; }
+    timeout 300 "${mpi[@]}" -np $n "$train" --mode dp --allreduce $algo "${common[@]}" \
+      --checkpoint "$d/procs.safetensors" > "$d/procs.log" 2>&1 || { echo "FAIL: mpirun -np $n $algo"; cat "$d/procs.log"; fail=1; continue; }
+    cmp -s "$d/threads.safetensors" "$d/procs.safetensors" || { echo "FAIL: -np $n $algo: model differs"; fail=1; }
+    cmp -s "$d/threads.safetensors.train" "$d/procs.safetensors.train" || { echo "FAIL: -np $n $algo: optimizer state differs"; fail=1; }
+    [ "$(grep -c '^epoch ' "$d/procs.log")" -eq 2 ] || { echo "FAIL: -np $n: rank 0 alone prints the 2 epoch lines"; cat "$d/procs.log"; fail=1; }
+    [ "$(grep -c '^dist: mpi, world '$n', rank' "$d/procs.log")" -eq $n ] || { echo "FAIL: -np $n: one dist line per rank"; fail=1; }
+    echo "ok: -np $n $algo equals $n replicas in one process"
+  done
+done
+# Rank 1 alone resumes from a file that does not exist: its error ends both ranks.
+timeout 120 "${mpi[@]}" -np 2 bash -c 'extra=(); [ "$OMPI_COMM_WORLD_RANK" = 1 ] && extra=(--resume '"$d"'/nope.safetensors);
+  exec "$0" --mode dp "$@" "${extra[@]}"' "$train" "${common[@]}" > "$d/fail.log" 2>&1
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] || { echo "FAIL: a failing rank gave rc $rc"; cat "$d/fail.log"; fail=1; }
+grep -q "nope.safetensors" "$d/fail.log" || { echo "FAIL: the failing rank's message is missing"; cat "$d/fail.log"; fail=1; }
+exit $fail
