@@ -583,7 +583,7 @@ TEST_CASE("convolutions on two streams of one GPU at once use their own cuDNN ha
   CHECK(got[1] == want.to_vector());
 }
 
-TEST_CASE("the step loss read a step late equals the loss read at once; a copy waits for its producer's event") {
+TEST_CASE("the step loss read a step late equals the loss read at once, and a copy waits for its producer's event") {
   Setup setup;
   FRESH_RNG(rng);
   UNetConfig c;
