@@ -1,5 +1,7 @@
 #include "apps/train_config.h"
 
+#include <cstdio>
+
 #include <CLI/CLI.hpp>
 
 #include <cmath>
@@ -154,14 +156,17 @@ void check_train_count(const TrainConfig& c, int64_t train_n, const std::string&
                                           : str_cat("the ", train_n, " training images of ", folder);
   UNETCU_CHECK(c.batch_size <= train_n, "--batch-size ", c.batch_size, " is larger than the ",
                train_n, " training images", folder.empty() ? "" : " of " + folder);
+  // Data parallel: one replica per device, or per process of a launched job.
+  const DistEnv dist = detect_dist(c.dist);
+  const int64_t dp_replicas = dist.multi() ? dist.world : std::max<int64_t>(1, int64_t(c.devices.size()));
   if (c.mode == Mode::DataParallel) {
-    const int64_t n = int64_t(c.devices.size());
+    const int64_t n = dp_replicas;
     UNETCU_CHECK(train_n / n >= c.batch_size, "the ", train_n, " training images give each of the ", n,
                  " replicas ", train_n / n, " samples, fewer than --batch-size ", c.batch_size);
   }
   // BN in training needs more than one value per channel: at layer4 a sample is (S/32)² values.
   const int64_t last = int64_t(c.image_size / 32) * (c.image_size / 32);
-  const int64_t replicas = c.mode == Mode::DataParallel ? int64_t(c.devices.size()) : 1;
+  const int64_t replicas = c.mode == Mode::DataParallel ? dp_replicas : 1;
   UNETCU_CHECK(last > 1 || (train_n / replicas) % c.batch_size != 1, what,
                " leaves a last batch of one ", c.image_size, "x", c.image_size,
                " image: one value per channel for batch norm; change the sizes or --batch-size");
@@ -250,10 +255,12 @@ void validate(const TrainConfig& c) {
   if (sized) check_train_count(c, c.train_size, "");
 }
 
-TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
+TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
                        const std::function<void(const EpochStats&)>& on_epoch) {
   validate(cfg);
   const DistEnv dist = detect_dist(cfg.dist);
+  std::ostream null_out(nullptr);
+  std::ostream& out = dist.rank == 0 ? rank0_out : null_out;  // the log is rank 0's
   if (dist.multi()) {
     UNETCU_CHECK(cfg.mode == Mode::DataParallel,
                  "started as rank ", dist.rank, " of ", dist.world, " by ", dist.launcher,
@@ -264,9 +271,10 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
                                "processes are not supported yet), got ", d.str());
     init_process_group(dist);
     // One line per rank: who it is (the rest of the log is rank 0's).
-    std::cerr << "dist: " << dist.launcher << ", world " << dist.world << ", rank " << dist.rank
-              << " (local " << dist.local_rank << " of " << dist.local_size << ") on " << hostname()
-              << ", cpu:0\n";
+    const std::string line = str_cat("dist: ", dist.launcher, ", world ", dist.world, ", rank ",
+                                     dist.rank, " (local ", dist.local_rank, " of ",
+                                     dist.local_size, ") on ", hostname(), ", cpu:0\n");
+    std::fwrite(line.data(), 1, line.size(), stderr);  // one write: ranks' lines do not mix
   }
   out << kernels::cpu::cpu_gemm_line() << "\n";
   std::vector<Device> devices;

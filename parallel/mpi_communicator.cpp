@@ -157,7 +157,7 @@ class MpiCommunicator : public Communicator {
   template <class T>
   void sum_at(T* mine, int64_t L, int root, ReduceOp op) {
     if (rank_ == root) {
-      std::vector<T> recv(size_t(L));
+      std::vector<T> recv(static_cast<size_t>(L));
       for (int r = 0; r < size_; ++r) {
         if (r == root) continue;
         MPI_Recv(recv.data(), int(L * sizeof(T)), MPI_BYTE, r, 7, comm_, MPI_STATUS_IGNORE);
