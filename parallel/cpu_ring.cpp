@@ -14,6 +14,7 @@
 
 #include "runtime/device.h"
 #include "engine/profiler.h"
+#include "parallel/comm_thread.h"
 #include "parallel/communicator.h"
 
 namespace unetcu {
@@ -119,65 +120,11 @@ class CpuRingCommunicator : public Communicator {
   void abort() override { g_->barrier.abort("collective aborted: another rank failed"); }
 
   std::unique_ptr<Work> all_reduce_async(Tensor& t, ReduceOp op) override {
-    auto done = std::make_shared<std::promise<void>>();
-    auto work = std::make_unique<CpuWork>(done->get_future());
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!comm_thread_.joinable()) comm_thread_ = std::thread([this] { comm_loop(); });
-      queue_.push_back([this, t, op, done]() mutable {
-        try {
-          ProfileRange range(g_->algo == AllReduceAlgo::Ring ? "all_reduce ring" : "all_reduce ps",
-                             "comm", 0, double(t.nbytes()));
-          all_reduce(t, op);
-          done->set_value();
-        } catch (...) {
-          done->set_exception(std::current_exception());
-        }
-      });
-    }
-    cv_.notify_one();
-    return work;
-  }
-
-  ~CpuRingCommunicator() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_one();
-    if (comm_thread_.joinable()) comm_thread_.join();
+    return comm_.submit(g_->algo == AllReduceAlgo::Ring ? "all_reduce ring" : "all_reduce ps",
+                        double(t.nbytes()), [this, t, op]() mutable { all_reduce(t, op); });
   }
 
  private:
-  struct CpuWork : Work {
-    explicit CpuWork(std::future<void> f) : f_(std::move(f)) {}
-    void wait() override { f_.get(); }
-    std::future<void> f_;
-  };
-
-  // The rank's communication thread: runs queued collectives in order, one thread budget.
-  void comm_loop() {
-    set_cpu_threads(1);
-    Profiler::set_thread_track("rank " + std::to_string(rank_) + " comm");
-    for (;;) {
-      std::function<void()> job;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        job = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      job();
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  std::thread comm_thread_;
-  bool stop_ = false;
-
   // Every rank registers its buffer; after the barrier all ranks see all buffers.
   void publish(Tensor& t, const char* what) {
     op_ = what;
@@ -261,6 +208,8 @@ class CpuRingCommunicator : public Communicator {
   std::shared_ptr<Group> g_;
   int rank_;
   const char* op_ = "collective";  // the collective in progress, for the watchdog's message
+  // Last: made after and destroyed before what its queued collectives use.
+  CommThread comm_{"rank " + std::to_string(rank_) + " comm"};
 };
 
 }  // namespace

@@ -1,15 +1,8 @@
 #include "parallel/mpi_communicator.h"
 
-#include <condition_variable>
-#include <deque>
-#include <functional>
-#include <future>
-#include <mutex>
-#include <thread>
 #include <vector>
 
-#include "engine/profiler.h"
-#include "runtime/device.h"
+#include "parallel/comm_thread.h"
 
 #ifdef UNETCU_HAVE_MPI
 #include <mpi.h>
@@ -36,14 +29,10 @@ class MpiCommunicator : public Communicator {
     MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    comm_thread_ = std::make_unique<CommThread>("rank " + std::to_string(rank_) + " comm");
   }
   ~MpiCommunicator() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_one();
-    if (thread_.joinable()) thread_.join();
+    comm_thread_.reset();  // its queued collectives first
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Comm_free(&comm_);
@@ -72,49 +61,12 @@ class MpiCommunicator : public Communicator {
   void abort() override { MPI_Abort(MPI_COMM_WORLD, 1); }
 
   std::unique_ptr<Work> all_reduce_async(Tensor& t, ReduceOp op) override {
-    auto done = std::make_shared<std::promise<void>>();
-    auto work = std::make_unique<MpiWork>(done->get_future());
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
-      queue_.push_back([this, t, op, done]() mutable {
-        try {
-          ProfileRange range(algo_ == AllReduceAlgo::Ring ? "all_reduce ring (mpi)" : "all_reduce ps (mpi)",
-                             "comm", 0, double(t.nbytes()));
-          all_reduce(t, op);
-          done->set_value();
-        } catch (...) {
-          done->set_exception(std::current_exception());
-        }
-      });
-    }
-    cv_.notify_one();
-    return work;
+    return comm_thread_->submit(
+        algo_ == AllReduceAlgo::Ring ? "all_reduce ring (mpi)" : "all_reduce ps (mpi)",
+        double(t.nbytes()), [this, t, op]() mutable { all_reduce(t, op); });
   }
 
  private:
-  struct MpiWork : Work {
-    explicit MpiWork(std::future<void> f) : f_(std::move(f)) {}
-    void wait() override { f_.get(); }
-    std::future<void> f_;
-  };
-
-  void loop() {
-    set_cpu_threads(1);
-    Profiler::set_thread_track("rank " + std::to_string(rank_) + " comm");
-    for (;;) {
-      std::function<void()> job;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        job = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      job();
-    }
-  }
-
   void check(const Tensor& t, const char* what) const {
     UNETCU_CHECK(t.device().is_cpu(), what, ": the MPI communicator needs CPU tensors, got ",
                  t.device().str());
@@ -178,11 +130,7 @@ class MpiCommunicator : public Communicator {
   AllReduceAlgo algo_;
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  std::thread thread_;
-  bool stop_ = false;
+  std::unique_ptr<CommThread> comm_thread_;
 };
 
 }  // namespace
