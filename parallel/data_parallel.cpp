@@ -101,8 +101,8 @@ DataParallel::DataParallel(const UNetConfig& model_cfg, const DataParallelOption
     UNETCU_CHECK(N == 1 && options.devices[0].is_cpu(),
                  "data parallelism across processes: one CPU device per process (GPU ranks across "
                  "processes are not supported yet)");
-    grad_comms.push_back(make_mpi_communicator(options.algo));
-    ctrl_comms.push_back(make_mpi_communicator(AllReduceAlgo::Ring));
+    grad_comms.push_back(make_mpi_communicator(options.algo, options.collective_timeout));
+    ctrl_comms.push_back(make_mpi_communicator(AllReduceAlgo::Ring, options.collective_timeout));
   } else if (options.devices[0].is_cuda()) {
     std::vector<int> ids;
     for (const Device& d : options.devices) ids.push_back(d.index);

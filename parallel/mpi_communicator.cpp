@@ -1,5 +1,10 @@
 #include "parallel/mpi_communicator.h"
 
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "parallel/comm_thread.h"
@@ -12,7 +17,7 @@ namespace unetcu {
 
 #ifndef UNETCU_HAVE_MPI
 
-std::unique_ptr<Communicator> make_mpi_communicator(AllReduceAlgo) {
+std::unique_ptr<Communicator> make_mpi_communicator(AllReduceAlgo, double) {
   throw Error("data parallelism across processes needs the MPI build (libopenmpi-dev)");
 }
 
@@ -23,16 +28,76 @@ namespace {
 // Chunk c of a length-L buffer split in N, as the in-process ring cuts it.
 inline int64_t chunk_begin(int64_t L, int N, int c) { return L * c / N; }
 
+// The collective timeout for MPI ranks: a blocking MPI call cannot be interrupted, so a thread
+// watches the collective in progress and, when it has waited longer than the timeout (a rank
+// stopped, stuck or gone), prints which rank waited in which collective and ends the job
+// (MPI_Abort) instead of letting every rank hang.
+class Watchdog {
+ public:
+  Watchdog(int rank, double timeout) : rank_(rank), timeout_(timeout), thread_([this] { loop(); }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  // Marks one collective in progress for its lifetime.
+  class Scope {
+   public:
+    Scope(Watchdog& w, const char* op) : w_(w) {
+      std::lock_guard<std::mutex> lock(w_.mu_);
+      w_.op_ = op;
+      w_.since_ = Clock::now();
+      w_.busy_ = true;
+    }
+    ~Scope() {
+      std::lock_guard<std::mutex> lock(w_.mu_);
+      w_.busy_ = false;
+    }
+
+   private:
+    Watchdog& w_;
+  };
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  void loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      cv_.wait_for(lock, std::chrono::milliseconds(100));
+      if (!busy_ || stop_) continue;
+      const double waited = std::chrono::duration<double>(Clock::now() - since_).count();
+      if (waited <= timeout_) continue;
+      std::fprintf(stderr, "unet_train: error: collective timed out: rank %d waited %g s in %s "
+                   "for the other ranks (collective timeout); ending every rank\n", rank_, timeout_, op_);
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+  }
+  int rank_;
+  double timeout_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false, busy_ = false;
+  const char* op_ = "";
+  Clock::time_point since_;
+  std::thread thread_;
+};
+
 class MpiCommunicator : public Communicator {
  public:
-  explicit MpiCommunicator(AllReduceAlgo algo) : algo_(algo) {
+  MpiCommunicator(AllReduceAlgo algo, double timeout) : algo_(algo) {
     MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    watchdog_ = std::make_unique<Watchdog>(rank_, timeout);
     comm_thread_ = std::make_unique<CommThread>("rank " + std::to_string(rank_) + " comm");
   }
   ~MpiCommunicator() override {
     comm_thread_.reset();  // its queued collectives first
+    watchdog_.reset();
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Comm_free(&comm_);
@@ -42,6 +107,7 @@ class MpiCommunicator : public Communicator {
 
   void all_reduce(Tensor& t, ReduceOp op) override {
     check(t, "all_reduce");
+    Watchdog::Scope watched(*watchdog_, "all_reduce");
     UNETCU_DISPATCH_FLOAT(t.dtype(), T, {
       if (algo_ == AllReduceAlgo::Ring)
         ring<T>(t.data<T>(), t.numel(), op);
@@ -51,13 +117,18 @@ class MpiCommunicator : public Communicator {
   }
   void broadcast(Tensor& t, int root) override {
     check(t, "broadcast");
+    Watchdog::Scope watched(*watchdog_, "broadcast");
     MPI_Bcast(t.raw(), int(t.nbytes()), MPI_BYTE, root, comm_);
   }
   void reduce(Tensor& t, int root, ReduceOp op) override {
     check(t, "reduce");
+    Watchdog::Scope watched(*watchdog_, "reduce");
     UNETCU_DISPATCH_FLOAT(t.dtype(), T, sum_at<T>(t.data<T>(), t.numel(), root, op));
   }
-  void barrier() override { MPI_Barrier(comm_); }
+  void barrier() override {
+    Watchdog::Scope watched(*watchdog_, "barrier");
+    MPI_Barrier(comm_);
+  }
   void abort() override { MPI_Abort(MPI_COMM_WORLD, 1); }
 
   std::unique_ptr<Work> all_reduce_async(Tensor& t, ReduceOp op) override {
@@ -130,16 +201,18 @@ class MpiCommunicator : public Communicator {
   AllReduceAlgo algo_;
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
+  std::unique_ptr<Watchdog> watchdog_;
   std::unique_ptr<CommThread> comm_thread_;
 };
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_mpi_communicator(AllReduceAlgo algo) {
+std::unique_ptr<Communicator> make_mpi_communicator(AllReduceAlgo algo, double timeout_s) {
   int initialised = 0;
   MPI_Initialized(&initialised);
   UNETCU_CHECK(initialised, "the MPI communicator needs the process group (init_process_group)");
-  return std::make_unique<MpiCommunicator>(algo);
+  UNETCU_CHECK(timeout_s > 0, "the collective timeout must be positive, got ", timeout_s, " s");
+  return std::make_unique<MpiCommunicator>(algo, timeout_s);
 }
 
 #endif  // UNETCU_HAVE_MPI

@@ -4,7 +4,8 @@
 // step over point-to-point messages: the same additions in the same order, so a run across
 // processes gives the same bits as one in one process. all_reduce_async runs on a
 // communication thread per communicator (MPI_THREAD_MULTIPLE). abort() ends the job
-// (MPI_Abort): a rank's failure ends every rank.
+// (MPI_Abort): a rank's failure ends every rank; so does a collective that waits longer than
+// timeout_s (a watchdog thread; the message names the rank and the collective).
 #pragma once
 #include <memory>
 
@@ -12,6 +13,7 @@
 
 namespace unetcu {
 
-std::unique_ptr<Communicator> make_mpi_communicator(AllReduceAlgo algo);
+std::unique_ptr<Communicator> make_mpi_communicator(AllReduceAlgo algo,
+                                                   double timeout_s = kDefaultCollectiveTimeout);
 
 }  // namespace unetcu

@@ -37,4 +37,34 @@ timeout 120 "${mpi[@]}" -np 2 bash -c 'extra=(); [ "$OMPI_COMM_WORLD_RANK" = 1 ]
 rc=$?
 [ $rc -ne 0 ] && [ $rc -ne 124 ] || { echo "FAIL: a failing rank gave rc $rc"; cat "$d/fail.log"; fail=1; }
 grep -q "nope.safetensors" "$d/fail.log" || { echo "FAIL: the failing rank's message is missing"; cat "$d/fail.log"; fail=1; }
+# Rank 1 stops (SIGSTOP) in the middle of training: rank 0's collective times out after 2 s and
+# ends the job with a message naming rank 0 and the collective, instead of hanging.
+long=(--width-divisor 16 --image-size 64 --train-size 12 --val-size 4 --batch-size 2 --epochs 500
+      --threads 1 --no-progress)
+"${mpi[@]}" -np 2 "$train" --mode dp "${long[@]}" --collective-timeout 2 --seed 77 \
+  > "$d/stop.log" 2>&1 &
+job=$!
+for _ in $(seq 300); do grep -q '^epoch 1/' "$d/stop.log" && break; sleep 0.1; done
+victim=""
+for p in $(pgrep -f -- "--seed 77"); do
+  tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1' && victim=$p
+done
+if [ -z "$victim" ]; then
+  echo "FAIL: rank 1 not found"; cat "$d/stop.log"; kill $job; fail=1
+else
+  kill -STOP "$victim"
+  for _ in $(seq 600); do kill -0 $job 2>/dev/null || break; sleep 0.1; done
+  if kill -0 $job 2>/dev/null; then
+    echo "FAIL: the job still runs 60 s after rank 1 stopped"; kill -KILL "$victim" $job; fail=1
+  else
+    wait $job; rc=$?
+    [ $rc -ne 0 ] || { echo "FAIL: a timed-out job exited 0"; fail=1; }
+    if grep -q "collective timed out: rank 0 waited 2 s in" "$d/stop.log"; then
+      echo "ok: a stopped rank ends the job: $(grep -m1 'timed out' "$d/stop.log")"
+    else
+      echo "FAIL: no timeout message"; cat "$d/stop.log"; fail=1
+    fi
+  fi
+  kill -KILL "$victim" 2>/dev/null
+fi
 exit $fail
