@@ -28,6 +28,12 @@ int main(int argc, char** argv) {
   app.add_option("--mp-batch", mp_batch, "MP batch (the article: 30)")->capture_default_str();
   app.add_option("--mp-split", mp_split, "The article's MP split_size (6)")->capture_default_str();
   app.add_option("--loader-rate", loader, "Images/s the host can deliver (0: unlimited)")->capture_default_str();
+  std::vector<int> dp_ranks = {8, 64};
+  app.add_option("--dp-ranks", dp_ranks,
+                 "Also DP (ring, buckets overlapping backward) at these rank counts, e.g. many "
+                 "machines over InfiniBand: --link 25,2 --dp-ranks 8,64")
+      ->delimiter(',')
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     UNETCU_CHECK(tflops > 0 && efficiency > 0 && efficiency <= 1, "bad --gpu-tflops or --efficiency");
@@ -39,6 +45,14 @@ int main(int argc, char** argv) {
                 image, image, tflops, efficiency, link_name.c_str(), link.bandwidth / 1e9,
                 link.latency * 1e6, loader > 0 ? (std::to_string(int(loader)) + " img/s").c_str() : "unlimited");
     std::cout << perf_model_report(blocks, param_bytes, dp_batch, mp_batch, link, loader) << "\n";
+    std::printf("| DP ranks | step (s) | all-reduce alone (s) | speedup | efficiency |\n|---|---|---|---|---|\n");
+    for (int n : dp_ranks) {
+      UNETCU_CHECK(n >= 1 && n <= 100000, "--dp-ranks wants counts from 1 to 100000, got ", n);
+      const auto p = predict_dp(blocks, param_bytes, n, dp_batch, AllReduceAlgo::Ring, link, 25e6, loader);
+      std::printf("| %d | %.4f | %.4f | %.2f | %.1f %% |\n", n, p.step_s, p.allreduce_s, p.speedup,
+                  100.0 * p.speedup / n);
+    }
+    std::printf("\n");
     const auto dp = predict_dp(blocks, param_bytes, 2, dp_batch, AllReduceAlgo::Ring, link, 25e6, loader);
     const double mp_t = std::max(predict_step(blocks, {4}, mp_batch, mp_split, Schedule::GPipe, link),
                                  loader > 0 ? mp_batch / loader : 0.0);
