@@ -81,7 +81,8 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
       "--mode dp: the replicas' devices, e.g. cpu:0,cpu:1,cpu:2 or cuda:0,cuda:1; --mode mp: "
       "one per stage, may repeat (CPU devices share the cores: --threads each, default cores/N)");
   add_enum(app, "--allreduce", cfg.allreduce, kAllReduceNames,
-           "--mode dp: ring (reduce-scatter + all-gather) or ps (reduce to rank 0, broadcast back)");
+           "--mode dp: ring (reduce-scatter + all-gather), ps (reduce to rank 0, broadcast back), or "
+           "mpi (the MPI library's MPI_Allreduce; ranks in several processes)");
   add_enum(app, "--dist", cfg.dist, kDistNames,
            "Process group: auto (from mpirun's, SLURM's or torchrun's environment when present), "
            "mpi, env (SLURM/torchrun variables), none (one process). Several processes: --mode dp "
@@ -217,6 +218,9 @@ void validate(const TrainConfig& c) {
   UNETCU_CHECK(c.mode == Mode::Single || !c.device,
                "--device belongs to --mode single; --mode dp and mp take --devices");
   UNETCU_CHECK(c.mode == Mode::DataParallel || !c.sync_bn, "--sync-bn belongs to --mode dp");
+  UNETCU_CHECK(c.allreduce != AllReduceAlgo::Mpi || detect_dist(c.dist).multi(),
+               "--allreduce mpi is MPI's own all-reduce, for ranks in several processes: start "
+               "them with mpirun or srun (in one process use ring or ps)");
   UNETCU_CHECK(c.log_every >= 0 && c.log_every <= kMaxSamples, "--log-every must be between 0 and ",
                kMaxSamples, ", got ", c.log_every);
   UNETCU_CHECK(c.log_every == 0 || !c.log.empty(), "--log-every needs --log FILE");

@@ -26,9 +26,11 @@
 namespace unetcu {
 
 enum class ReduceOp { Sum, Average };
-enum class AllReduceAlgo { Ring, ParameterServer };
+// Ring and ParameterServer are ours (on every transport); Mpi is the MPI library's own
+// MPI_Allreduce, for ranks in several processes only.
+enum class AllReduceAlgo { Ring, ParameterServer, Mpi };
 inline constexpr NamedValue<AllReduceAlgo> kAllReduceNames[] = {
-    {"ring", AllReduceAlgo::Ring}, {"ps", AllReduceAlgo::ParameterServer}};
+    {"ring", AllReduceAlgo::Ring}, {"ps", AllReduceAlgo::ParameterServer}, {"mpi", AllReduceAlgo::Mpi}};
 
 // An all-reduce in flight. wait(): on CPU ranks, blocks until it is done; on a GPU, makes the
 // calling thread's current stream wait for it (no host wait).

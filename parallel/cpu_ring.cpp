@@ -218,6 +218,8 @@ std::vector<std::unique_ptr<Communicator>> make_cpu_communicators(int size, AllR
                                                                  double timeout_s) {
   UNETCU_CHECK(size >= 1, "a communicator group needs at least one rank");
   UNETCU_CHECK(timeout_s > 0, "the collective timeout must be positive, got ", timeout_s, " s");
+  UNETCU_CHECK(algo != AllReduceAlgo::Mpi, "the MPI library's all-reduce is for ranks in several "
+                                           "processes (mpirun); replicas in one process use ring or ps");
   auto g = std::make_shared<Group>(size, algo, timeout_s);
   std::vector<std::unique_ptr<Communicator>> out;
   for (int r = 0; r < size; ++r) out.push_back(std::make_unique<CpuRingCommunicator>(g, r));

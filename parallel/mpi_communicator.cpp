@@ -111,8 +111,10 @@ class MpiCommunicator : public Communicator {
     UNETCU_DISPATCH_FLOAT(t.dtype(), T, {
       if (algo_ == AllReduceAlgo::Ring)
         ring<T>(t.data<T>(), t.numel(), op);
-      else
+      else if (algo_ == AllReduceAlgo::ParameterServer)
         ps<T>(t.data<T>(), t.numel(), op);
+      else
+        native<T>(t.data<T>(), t.numel(), op);
     });
   }
   void broadcast(Tensor& t, int root) override {
@@ -133,7 +135,8 @@ class MpiCommunicator : public Communicator {
 
   std::unique_ptr<Work> all_reduce_async(Tensor& t, ReduceOp op) override {
     return comm_thread_->submit(
-        algo_ == AllReduceAlgo::Ring ? "all_reduce ring (mpi)" : "all_reduce ps (mpi)",
+        algo_ == AllReduceAlgo::Ring ? "all_reduce ring (mpi)"
+        : algo_ == AllReduceAlgo::ParameterServer ? "all_reduce ps (mpi)" : "MPI_Allreduce",
         double(t.nbytes()), [this, t, op]() mutable { all_reduce(t, op); });
   }
 
@@ -191,6 +194,13 @@ class MpiCommunicator : public Communicator {
     } else {
       MPI_Send(mine, int(L * sizeof(T)), MPI_BYTE, root, 7, comm_);
     }
+  }
+  // The MPI library's own all-reduce (its algorithm, its order of additions), then the mean.
+  template <class T>
+  void native(T* mine, int64_t L, ReduceOp op) {
+    MPI_Allreduce(MPI_IN_PLACE, mine, int(L), sizeof(T) == 4 ? MPI_FLOAT : MPI_DOUBLE, MPI_SUM, comm_);
+    if (op == ReduceOp::Average)
+      for (int64_t i = 0; i < L; ++i) mine[i] /= T(size_);
   }
   template <class T>
   void ps(T* mine, int64_t L, ReduceOp op) {

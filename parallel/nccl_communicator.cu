@@ -283,6 +283,8 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::ve
                                                                   AllReduceAlgo algo,
                                                                   double timeout_s) {
   UNETCU_CHECK(timeout_s > 0, "the collective timeout must be positive, got ", timeout_s, " s");
+  UNETCU_CHECK(algo != AllReduceAlgo::Mpi, "the MPI library's all-reduce is for CPU ranks in several "
+                                           "processes; GPUs use NCCL's (ring) or ps");
   const int n = int(devices.size());
   auto group = std::make_shared<NcclGroup>();
   group->devices = devices;

@@ -29,7 +29,9 @@ LinkModel link_by_name(const std::string& name) {
 
 double allreduce_seconds(double bytes, int n, AllReduceAlgo algo, const LinkModel& link) {
   if (n <= 1) return 0;
-  if (algo == AllReduceAlgo::Ring)  // reduce-scatter + all-gather: 2(N-1) steps of S/N
+  // Ring (and MPI's own all-reduce, a ring or better at these sizes): reduce-scatter +
+  // all-gather, 2(N-1) steps of S/N.
+  if (algo != AllReduceAlgo::ParameterServer)
     return 2.0 * (n - 1) / n * bytes / link.bandwidth + 2.0 * (n - 1) * link.latency;
   // PS: rank 0 receives N-1 buffers, then sends N-1 back, over its one link
   return 2.0 * (n - 1) * bytes / link.bandwidth + 2.0 * link.latency;

@@ -31,6 +31,21 @@ for n in 2 3; do
     echo "ok: -np $n $algo equals $n replicas in one process"
   done
 done
+# --allreduce mpi: the MPI library's MPI_Allreduce; its additions need not be ours in order,
+# so the run is held to the ring's printed losses and validation scores (4 decimals).
+"$train" --mode dp --devices cpu:0,cpu:1 --allreduce ring "${common[@]}" --dist none > "$d/ring.log" 2>&1 \
+  || { echo "FAIL: ring run"; fail=1; }
+timeout 300 "${mpi[@]}" -np 2 "$train" --mode dp --allreduce mpi "${common[@]}" > "$d/native.log" 2>&1 \
+  || { echo "FAIL: mpirun --allreduce mpi"; cat "$d/native.log"; fail=1; }
+epochs() { grep '^epoch' "$1" | sed -E 's/time [0-9.]+s//; s/[0-9.]+ img\/s.*//'; }
+if [ -n "$(epochs "$d/native.log")" ] && [ "$(epochs "$d/ring.log")" = "$(epochs "$d/native.log")" ]; then
+  echo "ok: --allreduce mpi gives the ring's losses and scores"
+else
+  echo "FAIL: --allreduce mpi differs from the ring:"; epochs "$d/ring.log"; epochs "$d/native.log"; fail=1
+fi
+msg=$("$train" --mode dp --devices cpu:0,cpu:1 --allreduce mpi "${common[@]}" --dist none 2>&1) \
+  && { echo "FAIL: --allreduce mpi in one process accepted"; fail=1; }
+grep -q "several processes" <<<"$msg" || { echo "FAIL: --allreduce mpi message: $msg"; fail=1; }
 # Rank 1 alone resumes from a file that does not exist: its error ends both ranks.
 timeout 120 "${mpi[@]}" -np 2 bash -c 'extra=(); [ "$OMPI_COMM_WORLD_RANK" = 1 ] && extra=(--resume '"$d"'/nope.safetensors);
   exec "$0" --mode dp "$@" "${extra[@]}"' "$train" "${common[@]}" > "$d/fail.log" 2>&1
