@@ -60,6 +60,11 @@ class Communicator {
   virtual void abort() = 0;
 };
 
+// Chunk c of a length-L buffer split in N for the ring: [c*L/N, (c+1)*L/N), possibly empty
+// when L < N. The in-process ring and the MPI ring both cut here, so they add the same
+// elements in the same order (byte-identical results across the two).
+inline int64_t ring_chunk_begin(int64_t L, int N, int c) { return L * c / N; }
+
 // A collective that has not completed after this long aborts its group (every rank then ends
 // with a message naming the rank and the collective that waited), instead of hanging.
 inline constexpr double kDefaultCollectiveTimeout = 600;

@@ -76,9 +76,6 @@ struct Group {
   std::vector<DType> dtypes;
 };
 
-// Chunk c of a length-L buffer split in N: [c*L/N, (c+1)*L/N) (possibly empty when L < N).
-inline int64_t chunk_begin(int64_t L, int N, int c) { return L * c / N; }
-
 template <class T>
 void add_into(T* dst, const T* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
@@ -164,20 +161,20 @@ class CpuRingCommunicator : public Communicator {
     // read is not being written. After N - 1 steps we own the full sum of chunk (r + 1).
     for (int s = 0; s < N - 1; ++s) {
       const int c = ((rank_ - s - 1) % N + N) % N;
-      const int64_t b = chunk_begin(L, N, c), e = chunk_begin(L, N, c + 1);
+      const int64_t b = ring_chunk_begin(L, N, c), e = ring_chunk_begin(L, N, c + 1);
       add_into(mine + b, from_left + b, e - b);
       sync();
     }
     const int owned = (rank_ + 1) % N;
     if (op == ReduceOp::Average) {
-      const int64_t b = chunk_begin(L, N, owned), e = chunk_begin(L, N, owned + 1);
+      const int64_t b = ring_chunk_begin(L, N, owned), e = ring_chunk_begin(L, N, owned + 1);
       for (int64_t i = b; i < e; ++i) mine[i] /= T(N);
       sync();
     }
     // All-gather: in step s, copy the finished chunk (r - s) from the left.
     for (int s = 0; s < N - 1; ++s) {
       const int c = ((rank_ - s) % N + N) % N;
-      const int64_t b = chunk_begin(L, N, c), e = chunk_begin(L, N, c + 1);
+      const int64_t b = ring_chunk_begin(L, N, c), e = ring_chunk_begin(L, N, c + 1);
       std::copy(from_left + b, from_left + e, mine + b);
       sync();
     }

@@ -25,9 +25,6 @@ std::unique_ptr<Communicator> make_mpi_communicator(AllReduceAlgo, double) {
 
 namespace {
 
-// Chunk c of a length-L buffer split in N, as the in-process ring cuts it.
-inline int64_t chunk_begin(int64_t L, int N, int c) { return L * c / N; }
-
 // The collective timeout for MPI ranks: a blocking MPI call cannot be interrupted, so a thread
 // watches the collective in progress and, when it has waited longer than the timeout (a rank
 // stopped, stuck or gone), prints which rank waited in which collective and ends the job
@@ -70,7 +67,7 @@ class Watchdog {
       if (!busy_ || stop_) continue;
       const double waited = std::chrono::duration<double>(Clock::now() - since_).count();
       if (waited <= timeout_) continue;
-      std::fprintf(stderr, "unet_train: error: collective timed out: rank %d waited %g s in %s "
+      std::fprintf(stderr, "error: collective timed out: rank %d waited %g s in %s "
                    "for the other ranks (collective timeout); ending every rank\n", rank_, timeout_, op_);
       std::fflush(stderr);
       MPI_Abort(MPI_COMM_WORLD, 1);
@@ -159,20 +156,20 @@ class MpiCommunicator : public Communicator {
     std::vector<T> recv(size_t(L / N + 1));
     for (int s = 0; s < N - 1; ++s) {
       const int cs = mod(rank_ - s), cr = mod(rank_ - s - 1);
-      const int64_t sb = chunk_begin(L, N, cs), se = chunk_begin(L, N, cs + 1);
-      const int64_t rb = chunk_begin(L, N, cr), re = chunk_begin(L, N, cr + 1);
+      const int64_t sb = ring_chunk_begin(L, N, cs), se = ring_chunk_begin(L, N, cs + 1);
+      const int64_t rb = ring_chunk_begin(L, N, cr), re = ring_chunk_begin(L, N, cr + 1);
       MPI_Sendrecv(mine + sb, int((se - sb) * sizeof(T)), MPI_BYTE, right, s, recv.data(),
                    int((re - rb) * sizeof(T)), MPI_BYTE, left, s, comm_, MPI_STATUS_IGNORE);
       for (int64_t i = 0; i < re - rb; ++i) mine[rb + i] += recv[size_t(i)];
     }
     if (op == ReduceOp::Average) {
       const int owned = mod(rank_ + 1);
-      for (int64_t i = chunk_begin(L, N, owned); i < chunk_begin(L, N, owned + 1); ++i) mine[i] /= T(N);
+      for (int64_t i = ring_chunk_begin(L, N, owned); i < ring_chunk_begin(L, N, owned + 1); ++i) mine[i] /= T(N);
     }
     for (int s = 0; s < N - 1; ++s) {
       const int cs = mod(rank_ + 1 - s), cr = mod(rank_ - s);
-      const int64_t sb = chunk_begin(L, N, cs), se = chunk_begin(L, N, cs + 1);
-      const int64_t rb = chunk_begin(L, N, cr), re = chunk_begin(L, N, cr + 1);
+      const int64_t sb = ring_chunk_begin(L, N, cs), se = ring_chunk_begin(L, N, cs + 1);
+      const int64_t rb = ring_chunk_begin(L, N, cr), re = ring_chunk_begin(L, N, cr + 1);
       MPI_Sendrecv(mine + sb, int((se - sb) * sizeof(T)), MPI_BYTE, right, N + s, mine + rb,
                    int((re - rb) * sizeof(T)), MPI_BYTE, left, N + s, comm_, MPI_STATUS_IGNORE);
     }
