@@ -1,5 +1,5 @@
 #include "parallel/data_parallel.h"
-#include "parallel/mpi_communicator.h"
+#include "parallel/process_communicator.h"
 
 #include <omp.h>
 
@@ -101,8 +101,11 @@ DataParallel::DataParallel(const UNetConfig& model_cfg, const DataParallelOption
     UNETCU_CHECK(N == 1 && options.devices[0].is_cpu(),
                  "data parallelism across processes: one CPU device per process (GPU ranks across "
                  "processes are not supported yet)");
-    grad_comms.push_back(make_mpi_communicator(options.algo, options.collective_timeout));
-    ctrl_comms.push_back(make_mpi_communicator(AllReduceAlgo::Ring, options.collective_timeout));
+    // Two groups of their own, so gradients and control never pair up.
+    std::shared_ptr<ProcessGroup> base =
+        options.process_group ? options.process_group : world_process_group(options.collective_timeout);
+    grad_comms.push_back(make_process_communicator(base->duplicate(), options.algo));
+    ctrl_comms.push_back(make_process_communicator(base->duplicate(), AllReduceAlgo::Ring));
   } else if (options.devices[0].is_cuda()) {
     std::vector<int> ids;
     for (const Device& d : options.devices) ids.push_back(d.index);

@@ -25,6 +25,7 @@
 #include "engine/optim.h"
 #include "models/unet.h"
 #include "parallel/communicator.h"
+#include "parallel/process_group.h"
 #include "parallel/worker_pool.h"
 
 namespace unetcu {
@@ -38,9 +39,11 @@ struct DataParallelOptions {
   int threads_per_replica = 0;  // CPU devices; 0: the cores shared out, at least 1 each
   bool record_events = false;   // keep an ordered log of backward nodes and bucket launches
   double collective_timeout = kDefaultCollectiveTimeout;  // seconds; then every rank fails
-  // One replica in this process (devices: its one CPU device), one rank of an MPI job: the
-  // communicators span the processes (parallel/mpi_communicator.h).
+  // One replica in this process (devices: its one CPU device), one rank of a job of several
+  // processes: the communicators span the processes (parallel/process_communicator.h) of
+  // `process_group` (null: every process of the job).
   bool across_processes = false;
+  std::shared_ptr<ProcessGroup> process_group;
 };
 
 class DataParallel {

@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "parallel/mpi_group.h"
+#include "parallel/process_group.h"
 #include "runtime/common.h"
 
 #ifdef UNETCU_HAVE_MPI
@@ -138,6 +140,12 @@ void abort_process_group(int code) {
 #else
   (void)code;
 #endif
+}
+
+std::shared_ptr<ProcessGroup> world_process_group(double timeout_s) {
+  UNETCU_CHECK(g_mpi_initialised, "no process group: this process was not started as one rank of several "
+                                  "(mpirun, srun) or init_process_group was not called");
+  return make_mpi_world_group(timeout_s);
 }
 
 std::string hostname() {
