@@ -1,5 +1,7 @@
 #include "apps/train_config.h"
 
+#include <omp.h>
+
 #include <cstdio>
 
 #include <CLI/CLI.hpp>
@@ -57,8 +59,13 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
                         "Do not draw the progress bar on stderr");
   add_enum(app, "--mode", cfg.mode, kModeNames,
            "single (one device, --device), dp (data parallel: one replica per device of "
-           "--devices, gradients averaged by all-reduce) or mp (model parallel: the model cut "
-           "by --split into stages on --devices, micro-batches of --split-size)");
+           "--devices, gradients averaged by all-reduce), mp (model parallel: the model cut "
+           "by --split into stages on --devices, micro-batches of --split-size; under a launcher "
+           "one stage per process) or dp+mp (under a launcher: replicas of a pipeline of "
+           "--pipeline-stages stages, one stage per process)");
+  app.add_option("--pipeline-stages", cfg.pipeline_stages,
+                 "--mode dp+mp: stages per pipeline; the launcher's process count must be a "
+                 "multiple (stages x replicas; process r*S+s holds stage s of replica r)");
   app.add_option_function<std::string>(
       "--split",
       checked("--split", [&cfg](const std::string& s) {
@@ -159,22 +166,23 @@ void check_train_count(const TrainConfig& c, int64_t train_n, const std::string&
                train_n, " training images", folder.empty() ? "" : " of " + folder);
   // Data parallel: one replica per device, or per process of a launched job.
   const DistEnv dist = detect_dist(c.dist);
-  const int64_t dp_replicas = dist.multi() ? dist.world : std::max<int64_t>(1, int64_t(c.devices.size()));
-  if (c.mode == Mode::DataParallel) {
+  int64_t dp_replicas = dist.multi() ? dist.world : std::max<int64_t>(1, int64_t(c.devices.size()));
+  if (c.mode == Mode::DataPipeline) dp_replicas = dist.world / std::max(1, c.pipeline_stages);
+  if (c.mode == Mode::DataParallel || c.mode == Mode::DataPipeline) {
     const int64_t n = dp_replicas;
     UNETCU_CHECK(train_n / n >= c.batch_size, "the ", train_n, " training images give each of the ", n,
                  " replicas ", train_n / n, " samples, fewer than --batch-size ", c.batch_size);
   }
   // BN in training needs more than one value per channel: at layer4 a sample is (S/32)² values.
   const int64_t last = int64_t(c.image_size / 32) * (c.image_size / 32);
-  const int64_t replicas = c.mode == Mode::DataParallel ? dp_replicas : 1;
+  const int64_t replicas = c.mode == Mode::DataParallel || c.mode == Mode::DataPipeline ? dp_replicas : 1;
   UNETCU_CHECK(last > 1 || (train_n / replicas) % c.batch_size != 1, what,
                " leaves a last batch of one ", c.image_size, "x", c.image_size,
                " image: one value per channel for batch norm; change the sizes or --batch-size");
-  if (c.mode == Mode::Pipeline && last == 1 && !c.split_auto) {
+  if ((c.mode == Mode::Pipeline || c.mode == Mode::DataPipeline) && last == 1 && !c.split_auto) {
     // Every micro-batch, the epoch's last batch's included, needs two samples.
     const int64_t split = c.split_size ? c.split_size : c.batch_size;
-    const int64_t tail = train_n % c.batch_size;
+    const int64_t tail = (train_n / replicas) % c.batch_size;
     UNETCU_CHECK(split >= 2 && c.batch_size % split != 1 && (tail == 0 || tail % split != 1),
                  "--split-size ", split, " with --batch-size ", c.batch_size, " and ", train_n,
                  " training images makes a micro-batch of one ", c.image_size, "x", c.image_size,
@@ -230,7 +238,26 @@ void validate(const TrainConfig& c) {
   for (const Device& d : c.devices)
     UNETCU_CHECK(d.kind == c.devices[0].kind, "--devices must be all CPU devices or all GPUs, got ",
                  device_list_str(c.devices));
-  if (c.mode == Mode::Pipeline) {
+  const DistEnv dist = detect_dist(c.dist);
+  UNETCU_CHECK(c.mode == Mode::DataPipeline || c.pipeline_stages == 0, "--pipeline-stages belongs to --mode dp+mp");
+  if (c.mode == Mode::DataPipeline) {
+    UNETCU_CHECK(dist.multi(), "--mode dp+mp runs one stage per process: start stages x replicas "
+                 "processes with a launcher (mpirun, srun, torchrun)");
+    UNETCU_CHECK(c.pipeline_stages >= 2, "--mode dp+mp needs --pipeline-stages (at least 2), got ",
+                 c.pipeline_stages);
+    UNETCU_CHECK(dist.world % c.pipeline_stages == 0, "--pipeline-stages ", c.pipeline_stages, " does not divide the ",
+                 dist.world, " processes into replicas");
+  }
+  if ((c.mode == Mode::Pipeline || c.mode == Mode::DataPipeline) && dist.multi()) {
+    const int stages = c.mode == Mode::Pipeline ? dist.world : c.pipeline_stages;
+    UNETCU_CHECK(!c.split_auto, "--split auto searches in one process; across processes give the cuts "
+                 "(e.g. --split layer3)");
+    UNETCU_CHECK(int(c.cuts.size()) + 1 == stages, "--split makes ", c.cuts.size() + 1, " stages but there are ",
+                 stages, c.mode == Mode::Pipeline ? " processes (one stage each)" : " --pipeline-stages");
+    UNETCU_CHECK(c.devices.empty(), "--devices: across processes each stage is this process's CPU device");
+    UNETCU_CHECK(c.split_size >= 0 && c.split_size <= c.batch_size, "--split-size must be in 0..--batch-size ",
+                 c.batch_size, ", got ", c.split_size);
+  } else if (c.mode == Mode::Pipeline) {
     UNETCU_CHECK(!c.devices.empty(), "--mode mp needs --devices (one per stage, e.g. cpu:0,cpu:1)");
     UNETCU_CHECK(c.devices.size() >= 2, "--mode mp needs at least two stage devices, got ",
                  device_list_str(c.devices));
@@ -266,10 +293,10 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
   std::ostream null_out(nullptr);
   std::ostream& out = dist.rank == 0 ? rank0_out : null_out;  // the log is rank 0's
   if (dist.multi()) {
-    UNETCU_CHECK(cfg.mode == Mode::DataParallel,
+    UNETCU_CHECK(cfg.mode != Mode::Single,
                  "started as rank ", dist.rank, " of ", dist.world, " by ", dist.launcher,
-                 ": several processes train with --mode dp (one replica each); use --dist none "
-                 "to ignore the launcher");
+                 ": several processes train with --mode dp (one replica each), mp (one stage each) "
+                 "or dp+mp; use --dist none to ignore the launcher");
     for (const Device& d : cfg.devices)
       UNETCU_CHECK(d.is_cpu(), "--dist: each process trains on one CPU device (GPU ranks across "
                                "processes are not supported yet), got ", d.str());
@@ -342,6 +369,9 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
   sc.sync_bn = cfg.sync_bn;
   sc.collective_timeout = cfg.collective_timeout;
   sc.across_processes = dist.multi();
+  sc.pipeline_stages = cfg.pipeline_stages;
+  // Processes on one machine share its cores: by default each takes its share.
+  if (dist.multi() && sc.threads == 0) sc.threads = std::max(1, omp_get_num_procs() / std::max(1, dist.local_size));
   sc.cuts = cfg.cuts;
   sc.search_split = cfg.split_auto;
   sc.split_size = cfg.split_size || cfg.split_auto ? cfg.split_size : cfg.batch_size;
@@ -363,7 +393,7 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
       << (cfg.augment == Augment::None ? "" : std::string(", augment ") + name_of(kAugmentNames, cfg.augment))
       << (cached ? " (kept in memory after the first epoch)" : "") << ", batch " << cfg.batch_size;
   if (N > 1) out << " per replica (global " << cfg.batch_size * N << ")";
-  if (dist.multi()) out << ", each process reading only its shard";
+  if (dist.multi() && strategy->shard_count() > 1) out << ", each replica's processes reading only its shard";
   out << ", loss " << loss_kind_name(cfg.loss) << ", " << name_of(kOptimizerNames, cfg.optimizer)
       << " lr " << cfg.lr << "\n";
   out.flush();

@@ -53,6 +53,7 @@ struct TrainConfig {
   double collective_timeout = kDefaultCollectiveTimeout;  // seconds
   DistMode dist = DistMode::Auto;  // process group from the launcher's environment
   std::vector<int> cuts = {4};     // mp: first block of each later stage (4: after layer3)
+  int pipeline_stages = 0;         // dp+mp: stages per pipeline (processes = stages x replicas)
   bool split_auto = false;         // mp: search the cut and split size
   int split_size = 0;              // mp: 0 = the whole batch
   Schedule schedule = Schedule::GPipe;

@@ -40,8 +40,10 @@ expect_error "--sync-bn belongs to --mode dp" --mode mp --devices cpu:0,cpu:1 --
 expect_error "two --devices" --mode mp --devices cpu:0,cpu:1,cpu:0 --split auto
 expect_error "--device belongs to --mode single" --mode dp --devices cpu:0,cpu:1 --device cpu:1
 expect_error "--schedule: unknown schedule 'foo' (expected gpipe or 1f1b)" --schedule foo
-expect_error "--mode: unknown mode 'pp' (expected single, dp or mp)" --mode pp
+expect_error "--mode: unknown mode 'pp' (expected single, dp, mp or dp+mp)" --mode pp
 expect_error "bad device 'gpu:1'" --mode dp --devices cpu:0,gpu:1
+expect_error "--mode dp+mp runs one stage per process" --mode dp+mp --pipeline-stages 2
+expect_error "--pipeline-stages belongs to --mode dp+mp" --mode mp --devices cpu:0,cpu:1 --pipeline-stages 2
 # Sizes past their documented bounds, and values that used to wrap around.
 expect_error "--image-size must be a multiple of 32 in 32..8192" --image-size 536870912
 expect_error "--image-size must be a multiple of 32 in 32..8192" --image-size 2147483616

@@ -147,6 +147,42 @@ std::vector<Optimizer*> PipelineStrategy::optimizers() {
   return out;
 }
 
+// ---- pipeline across processes -------------------------------------------------------------
+
+ProcessPipelineStrategy::ProcessPipelineStrategy(const UNetConfig& model, const ProcessPipelineOptions& options,
+                                                 const OptimizerFactory& make_optimizer, LossKind loss)
+    : TrainingStrategy(loss), pipe_(model, options, make_optimizer) {}
+
+std::string ProcessPipelineStrategy::describe() const {
+  const auto& o = pipe_.options();
+  std::string cuts;
+  for (int c : o.cuts) cuts += (cuts.empty() ? "" : ", ") + pipe_.model().blocks()[c - 1].name;
+  std::string s = "model parallel across processes, " + std::to_string(pipe_.stages()) + " stages";
+  if (pipe_.replicas() > 1) s += " x " + std::to_string(pipe_.replicas()) + " data-parallel replicas";
+  s += " over " + o.world->transport() + " (this one: stage " + std::to_string(pipe_.stage()) +
+       (pipe_.replicas() > 1 ? " of replica " + std::to_string(pipe_.replica()) : "") + " on " +
+       o.device.str() + "), cut after " + cuts + ", micro-batches of " + std::to_string(o.split_size) +
+       ", " + name_of(kScheduleNames, o.schedule) + " schedule; BN statistics per micro-batch";
+  if (pipe_.replicas() > 1)
+    s += std::string("; each stage's gradients averaged over its replicas by ") + name_of(kAllReduceNames, o.algo) + " all-reduce";
+  return s;
+}
+
+PlacedBatch ProcessPipelineStrategy::place(Batch host) {
+  PlacedBatch p{host, pipe_.place(host)};
+  return p;
+}
+
+Tensor ProcessPipelineStrategy::infer(const Tensor& images) {
+  return pipe_.model().forward(on(images, output_device()));
+}
+
+std::vector<Optimizer*> ProcessPipelineStrategy::optimizers() {
+  std::vector<Optimizer*> out;
+  for (const auto& o : pipe_.optimizers()) out.push_back(o.get());
+  return out;
+}
+
 // ---- choosing one ---------------------------------------------------------------------------
 
 namespace {
@@ -235,7 +271,25 @@ std::unique_ptr<TrainingStrategy> make_strategy(const StrategyConfig& c, const B
       o.threads_per_replica = c.threads;
       return std::make_unique<DataParallelStrategy>(c.model, o, make_optimizer, c.loss);
     }
+    case Mode::DataPipeline:
     case Mode::Pipeline: {
+      if (c.across_processes) {
+        UNETCU_CHECK(!c.search_split, "the split search runs in one process (two stage devices); across "
+                     "processes give the cuts");
+        UNETCU_CHECK(c.devices.size() == 1, "a pipeline across processes takes one device per process");
+        ProcessPipelineOptions o;
+        o.device = c.devices[0];
+        o.cuts = c.cuts;
+        o.split_size = c.split_size;
+        o.schedule = c.schedule;
+        o.threads = c.threads;
+        o.world = world_process_group(c.collective_timeout);
+        o.stages = c.pipeline_stages > 0 ? c.pipeline_stages : o.world->size();
+        o.algo = c.allreduce;
+        return std::make_unique<ProcessPipelineStrategy>(c.model, o, make_optimizer, c.loss);
+      }
+      UNETCU_CHECK(c.mode == Mode::Pipeline, "data x pipeline parallelism runs one stage per process: "
+                   "start S x R processes (mpirun, srun, torchrun)");
       PipelineOptions o;
       o.devices = c.devices;
       o.schedule = c.schedule;

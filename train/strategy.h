@@ -24,6 +24,7 @@
 #include "models/unet.h"
 #include "parallel/communicator.h"
 #include "parallel/pipeline.h"
+#include "parallel/process_pipeline.h"
 
 namespace unetcu {
 
@@ -69,6 +70,17 @@ class TrainingStrategy {
   // checkpoints and metrics.
   virtual int process_rank() const { return 0; }
   virtual int process_count() const { return 1; }
+  // Which shard of each global batch this process reads, of how many (data parallel across
+  // processes: its rank of all; data × pipeline: its replica of all replicas).
+  virtual int shard_rank() const { return process_rank(); }
+  virtual int shard_count() const { return process_count(); }
+  // Several processes each holding part of the model (a pipeline across processes): afterwards
+  // model() and optimizers() hold every part's current state in this process. Collective:
+  // every process calls it at the same point (before validation and checkpoints).
+  virtual void collect_state() {}
+  // True on every process when `mine` is true on any (a decision every process must take at
+  // the same step, such as stopping on an interrupt).
+  virtual bool any_process(bool mine) { return mine; }
 
   // Uploads a host batch to where step() reads it.
   virtual PlacedBatch place(Batch host) = 0;
@@ -140,6 +152,7 @@ class DataParallelStrategy : public TrainingStrategy {
   Module& model() override { return dp_.replica(0); }
   std::vector<Optimizer*> optimizers() override { return {&dp_.optimizer(0)}; }
   void state_loaded() override { dp_.replicate_rank0(); }
+  bool any_process(bool mine) override { return dp_.average_across_processes(mine ? 1.0 : 0.0) > 0; }
   DataParallel& data_parallel() { return dp_; }
 
  private:
@@ -168,11 +181,44 @@ class PipelineStrategy : public TrainingStrategy {
   Pipeline pipe_;
 };
 
+// One stage of a pipeline per process; R replicas of an S-stage pipeline on S·R processes
+// (parallel/process_pipeline.h).
+class ProcessPipelineStrategy : public TrainingStrategy {
+ public:
+  ProcessPipelineStrategy(const UNetConfig& model, const ProcessPipelineOptions& options,
+                          const OptimizerFactory& make_optimizer, LossKind loss);
+  std::string describe() const override;
+  std::vector<Device> devices() const override { return {pipe_.options().device}; }
+  int replicas() const override { return pipe_.replicas(); }
+  int process_rank() const override { return pipe_.options().world->rank(); }
+  int process_count() const override { return pipe_.options().world->size(); }
+  int shard_rank() const override { return pipe_.replica(); }
+  int shard_count() const override { return pipe_.replicas(); }
+  PlacedBatch place(Batch host) override;
+  double step(const PlacedBatch& batch) override { return pipe_.step(batch.parts, loss_); }
+  // The whole model in this process, after collect_state().
+  Tensor infer(const Tensor& images) override;
+  Device output_device() const override { return pipe_.options().device; }
+  void set_training(bool on) override { pipe_.model().train(on); }
+  Module& model() override { return pipe_.model(); }
+  std::vector<Optimizer*> optimizers() override;
+  void collect_state() override { pipe_.collect(); }
+  bool any_process(bool mine) override { return pipe_.any(mine); }
+  std::vector<int> live_micro_batches() const override { return {pipe_.peak_live_micro_batches()}; }
+  ProcessPipeline& pipeline() { return pipe_; }
+
+ private:
+  ProcessPipeline pipe_;
+};
+
 // --- choosing a strategy ---------------------------------------------------------------------
 
-enum class Mode { Single, DataParallel, Pipeline };
-inline constexpr NamedValue<Mode> kModeNames[] = {
-    {"single", Mode::Single}, {"dp", Mode::DataParallel}, {"mp", Mode::Pipeline}};
+// DataPipeline: R data-parallel replicas of an S-stage pipeline, one stage per process.
+enum class Mode { Single, DataParallel, Pipeline, DataPipeline };
+inline constexpr NamedValue<Mode> kModeNames[] = {{"single", Mode::Single},
+                                                  {"dp", Mode::DataParallel},
+                                                  {"mp", Mode::Pipeline},
+                                                  {"dp+mp", Mode::DataPipeline}};
 
 struct StrategyConfig {
   Mode mode = Mode::Single;
@@ -185,7 +231,9 @@ struct StrategyConfig {
   AllReduceAlgo allreduce = AllReduceAlgo::Ring;
   bool sync_bn = false;
   double collective_timeout = kDefaultCollectiveTimeout;  // seconds, data parallel
-  bool across_processes = false;  // data parallel: one replica per process of an MPI job
+  // One replica (DP) or one stage (MP, DP+MP) per process of a job of several processes.
+  bool across_processes = false;
+  int pipeline_stages = 0;        // across processes, MP and DP+MP: stages per pipeline
   // MP
   std::vector<int> cuts;        // empty with search_split
   bool search_split = false;    // two stages: profile, predict every cut x split, run the best

@@ -170,8 +170,8 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
         steps - start,
         [&](int64_t k) {
           std::vector<int64_t> idx = global_batch_indices(perm, N, o.batch_size, start + k);
-          if (strategy.process_count() > 1) {  // this process's shard only
-            const int64_t b = int64_t(idx.size()) / N, r = strategy.process_rank();
+          if (strategy.shard_count() > 1) {  // this process's shard only
+            const int64_t b = int64_t(idx.size()) / N, r = strategy.shard_rank();
             idx = std::vector<int64_t>(idx.begin() + r * b, idx.begin() + (r + 1) * b);
           }
           return make_batch(train_ds, idx, o.dtype, on_gpu, o.augment, o.seed, epoch);
@@ -216,8 +216,10 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
       if (peak_live.empty()) peak_live = live;
       for (size_t i = 0; i < live.size(); ++i) peak_live[i] = std::max(peak_live[i], live[i]);
       if (o.on_step) o.on_step(epoch, s + 1);
-      if (interrupt_requested()) {
+      // Every process stops at the same step (a pipeline's stages, the replicas' collectives).
+      if (strategy.any_process(interrupt_requested())) {
         settle();
+        strategy.collect_state();
         bar.finish();
         std::string saved = "no checkpoint was configured";
         if (!o.checkpoint.empty() && lead) {
@@ -238,9 +240,10 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
     st.wait_seconds = loader.wait_seconds();
     bar.finish();
     st.train_loss = seen ? loss_sum / double(seen) : 0.0;
-    st.images_per_second = double(seen) * strategy.process_count() / st.seconds;  // every process's
+    st.images_per_second = double(seen) * strategy.shard_count() / st.seconds;  // every replica's
 
-    // Validation: eval-mode BN, no tape, batches of batch_size.
+    // Validation: eval-mode BN, no tape, batches of batch_size; the whole model in every process.
+    strategy.collect_state();
     strategy.set_training(false);
     SegmentationCounts counts;
     double val_loss = 0;
@@ -293,7 +296,7 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
       kept = "; the checkpoint of epoch " + std::to_string(epoch) + " is kept";
     }
     if (on_epoch) on_epoch(st);
-    if (interrupt_requested() && epoch < o.epochs)
+    if (strategy.any_process(interrupt_requested()) && epoch < o.epochs)
       throw Interrupted(str_cat("interrupted after epoch ", epoch, "; ",
                                 o.checkpoint.empty() ? "no checkpoint was configured"
                                                      : "checkpoint written to " + o.checkpoint));

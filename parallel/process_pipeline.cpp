@@ -1,0 +1,330 @@
+#include "parallel/process_pipeline.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "engine/profiler.h"
+#include "engine/tape.h"
+#include "parallel/process_communicator.h"
+
+namespace unetcu {
+
+namespace {
+
+// Tags stay below 32768, the smallest MPI_TAG_UB the MPI standard allows.
+constexpr int64_t kMaxTag = 32767;
+
+}  // namespace
+
+ProcessPipeline::ProcessPipeline(const UNetConfig& model_cfg, const ProcessPipelineOptions& options,
+                                 const OptimizerFactory& make_optimizer)
+    : options_(options) {
+  UNETCU_CHECK(options.world, "pipeline across processes: no process group");
+  const int W = options.world->size(), S = options.stages;
+  UNETCU_CHECK(S >= 2, "pipeline across processes: at least two stages, got ", S);
+  UNETCU_CHECK(W % S == 0, "pipeline across processes: ", W, " processes do not make replicas of ", S,
+               " stages (the process count must be a multiple of the stage count)");
+  UNETCU_CHECK(int(options.cuts.size()) == S - 1, "pipeline across processes: ", S, " stages need ",
+               S - 1, " cuts, got ", options.cuts.size());
+  UNETCU_CHECK(options.device.is_cpu(), "pipeline across processes: stages on CPU devices, got ",
+               options.device.str());
+  UNETCU_CHECK(options.split_size >= 1, "pipeline across processes: the split size must be at least 1, got ",
+               options.split_size);
+  replicas_ = W / S;
+  stage_ = options.world->rank() % S;
+  replica_ = options.world->rank() / S;
+  if (options_.threads > 0) set_cpu_threads(options_.threads);
+
+  UNetConfig cfg = model_cfg;
+  cfg.device = options.device;
+  model_ = std::make_unique<UNet>(cfg);
+  const auto& blocks = model_->blocks();
+  for (size_t i = 0; i < options.cuts.size(); ++i)
+    UNETCU_CHECK(options.cuts[i] > 0 && options.cuts[i] < int(blocks.size()) &&
+                     (i == 0 || options.cuts[i] > options.cuts[i - 1]),
+                 "pipeline across processes: cuts must be increasing block indices in 1..", blocks.size() - 1);
+  stage_of_block_.assign(blocks.size(), 0);
+  for (size_t b = 0; b < blocks.size(); ++b)
+    for (int c : options.cuts)
+      if (int(b) >= c) ++stage_of_block_[b];
+  consumers_.assign(blocks.size(), {});
+  for (size_t j = 0; j < blocks.size(); ++j)
+    for (int i : blocks[j].inputs)
+      if (i >= 0 && stage_of_block_[i] != stage_of_block_[j]) consumers_[i].push_back(stage_of_block_[j]);
+  for (auto& c : consumers_) {
+    std::sort(c.begin(), c.end());
+    c.erase(std::unique(c.begin(), c.end()), c.end());
+  }
+  // Every stage's optimizer, as in one process, so the checkpoint has the same layout.
+  std::vector<std::vector<Tensor>> stage_params(S);
+  for (size_t b = 0; b < blocks.size(); ++b)
+    for (Module* m : blocks[b].modules)
+      for (const Tensor& p : m->parameters()) stage_params[stage_of_block_[b]].push_back(p);
+  for (int s = 0; s < S; ++s) {
+    UNETCU_CHECK(!stage_params[s].empty(), "pipeline across processes: stage ", s, " has no blocks");
+    optimizers_.push_back(make_optimizer(stage_params[s]));
+  }
+  stage_params_ = stage_params[stage_];
+
+  // Groups of their own, created in the same order on every process.
+  ctrl_ = options.world->duplicate();
+  pipe_ = options.world->split(replica_);  // ordered by world rank: rank s is stage s
+  std::shared_ptr<ProcessGroup> same_stage = options.world->split(stage_);  // rank r is replica r
+  if (replicas_ > 1) grads_ = make_process_communicator(same_stage, options.algo);
+}
+
+ProcessPipeline::~ProcessPipeline() = default;
+
+std::vector<Batch> ProcessPipeline::place(const Batch& batch) const {
+  const int64_t B = batch.size();
+  UNETCU_CHECK(B >= 1, "pipeline across processes: an empty batch");
+  const int64_t split = std::min<int64_t>(options_.split_size, B);
+  std::vector<Batch> out;
+  for (int64_t lo = 0; lo < B; lo += split) {
+    const int64_t hi = std::min<int64_t>(lo + split, B);
+    out.push_back({batch.images.rows(lo, hi), batch.masks.rows(lo, hi)});
+  }
+  return out;
+}
+
+// One step's execution on this process's stage.
+class ProcessPipeline::Run {
+ public:
+  Run(ProcessPipeline& p, const std::vector<Batch>& micro_batches, LossKind loss)
+      : p_(p), loss_kind_(loss), S_(p.stages()), M_(int(micro_batches.size())), inputs_(micro_batches),
+        mb_(size_t(M_)) {
+    int64_t total = 0;
+    for (const Batch& b : micro_batches) total += b.size();
+    for (const Batch& b : micro_batches) weight_.push_back(double(b.size()) / double(total));
+    const int64_t blocks = int64_t(p.model_->blocks().size());
+    UNETCU_CHECK(2 * int64_t(M_) * blocks <= kMaxTag, "pipeline across processes: ", M_,
+                 " micro-batches are more than the message tags can tell apart (at most ",
+                 kMaxTag / (2 * blocks), "); use a larger --split-size");
+  }
+
+  void run() {
+    const int s = p_.stage_;
+    for (const PipelineAction& a : stage_schedule(p_.options_.schedule, s, S_, M_)) {
+      if (a.kind == PipelineAction::Forward)
+        forward(a.micro_batch);
+      else
+        backward(a.micro_batch);
+    }
+    for (auto& x : sends_) x->wait();  // the buffers are ours until the receivers have them
+    sends_.clear();
+  }
+
+  double loss() const {
+    double l = 0;
+    for (int m = 0; m < M_; ++m) l += mb_[size_t(m)].loss.item();
+    return l;
+  }
+  int peak_live() const { return peak_live_; }
+
+ private:
+  struct MicroBatch {
+    Tape tape;
+    std::map<int, Tensor> outputs;   // block -> output, made on this stage
+    std::map<int, Tensor> received;  // block -> this stage's copy of another stage's output
+    Tensor loss;
+  };
+  // A tensor on its way: the header (defined, ndim, dims) and the data, kept alive until sent.
+  struct Sending {
+    int64_t header[6] = {0, 0, 0, 0, 0, 0};
+    Tensor data;
+    std::unique_ptr<ProcessGroup::Request> header_sent, data_sent;
+    void wait() {
+      header_sent->wait();
+      data_sent->wait();
+    }
+  };
+
+  int tag(int direction, int m, int block) const {
+    return int(block + int64_t(p_.model_->blocks().size()) * (2 * int64_t(m) + direction));
+  }
+
+  // Sends `t` (possibly undefined: no gradient) to stage `to` of this replica.
+  void send(const Tensor& t, int to, int tag) {
+    auto x = std::make_unique<Sending>();
+    if (t.defined()) {
+      x->header[0] = 1;
+      x->header[1] = int64_t(t.shape().size());
+      for (size_t i = 0; i < t.shape().size(); ++i) x->header[2 + i] = t.shape()[i];
+      x->data = t;
+    }
+    x->header_sent = p_.pipe_->isend(x->header, sizeof x->header, to, tag);
+    x->data_sent = p_.pipe_->isend(t.defined() ? t.raw() : nullptr, t.defined() ? t.nbytes() : 0, to, tag);
+    sends_.push_back(std::move(x));
+  }
+  Tensor receive_from(int from, int tag) {
+    int64_t header[6] = {0, 0, 0, 0, 0, 0};
+    p_.pipe_->recv(header, sizeof header, from, tag);
+    if (!header[0]) return Tensor();
+    UNETCU_CHECK(header[1] >= 1 && header[1] <= 4, "pipeline across processes: a message from stage ", from,
+                 " has ", header[1], " dimensions");
+    Shape shape(header + 2, header + 2 + header[1]);
+    Tensor t = Tensor::empty(shape, p_.model_->config().dtype, p_.options_.device);
+    p_.pipe_->recv(t.raw(), t.nbytes(), from, tag);
+    return t;
+  }
+
+  // This stage's copy of `block`'s output for micro-batch m, received once from its producer.
+  Tensor receive(int m, int block) {
+    MicroBatch& me = mb_[size_t(m)];
+    auto it = me.received.find(block);
+    if (it != me.received.end()) return it->second;
+    Tensor copy = receive_from(p_.stage_of_block_[block], tag(0, m, block));
+    UNETCU_CHECK(copy.defined(), "pipeline across processes: block ", block, " came without data");
+    copy.set_requires_grad(true);
+    me.received.emplace(block, copy);
+    return copy;
+  }
+
+  void forward(int m) {
+    const int s = p_.stage_;
+    const auto& blocks = p_.model_->blocks();
+    MicroBatch& me = mb_[size_t(m)];
+    {
+      TapeScope scope(me.tape);
+      for (size_t b = 0; b < blocks.size(); ++b) {
+        if (p_.stage_of_block_[b] != s) continue;
+        std::vector<Tensor> in;
+        for (int i : blocks[b].inputs) {
+          if (i < 0)
+            in.push_back(inputs_[size_t(m)].images);
+          else if (p_.stage_of_block_[i] == s)
+            in.push_back(me.outputs.at(i));
+          else  // straight from the stage that made it
+            in.push_back(receive(m, i));
+        }
+        BlockScope block_scope(blocks[b].name);
+        ProfileRange range(blocks[b].name, "block");
+        me.outputs[int(b)] = blocks[b].forward(in);
+      }
+      if (s == S_ - 1)
+        me.loss = scale(segmentation_loss(loss_kind_, me.outputs.at(int(blocks.size()) - 1),
+                                          inputs_[size_t(m)].masks),
+                        weight_[size_t(m)]);
+    }
+    peak_live_ = std::max(peak_live_, ++live_);
+    // Each output a later stage reads goes to that stage now.
+    for (const auto& [b, out] : me.outputs)
+      for (int c : p_.consumers_[size_t(b)]) send(out.detach(), c, tag(0, m, b));
+  }
+
+  void backward(int m) {
+    const int s = p_.stage_;
+    MicroBatch& me = mb_[size_t(m)];
+    if (s == S_ - 1) {
+      me.tape.backward(me.loss);
+    } else {
+      // Seeds: each output later stages read, with the sum of their gradients in stage order.
+      std::vector<Tensor> outs, grads;
+      for (const auto& [b, out] : me.outputs) {
+        Tensor sum;
+        for (int c : p_.consumers_[size_t(b)]) {
+          const Tensor g = receive_from(c, tag(1, m, b));
+          if (!g.defined()) continue;
+          sum = sum.defined() ? add(sum, g) : g;
+        }
+        if (sum.defined()) {
+          outs.push_back(out);
+          grads.push_back(sum);
+        }
+      }
+      if (outs.empty())
+        me.tape.clear();
+      else
+        me.tape.backward(outs, grads);
+    }
+    // The gradients of what this stage received go home.
+    for (const auto& [b, copy] : me.received) send(copy.grad(), p_.stage_of_block_[size_t(b)], tag(1, m, b));
+    me.outputs.clear();
+    --live_;
+  }
+
+  ProcessPipeline& p_;
+  LossKind loss_kind_;
+  const int S_, M_;
+  const std::vector<Batch>& inputs_;
+  std::vector<double> weight_;
+  std::vector<MicroBatch> mb_;
+  std::vector<std::unique_ptr<Sending>> sends_;
+  int live_ = 0, peak_live_ = 0;
+};
+
+double ProcessPipeline::step(const std::vector<Batch>& micro_batches, LossKind loss_kind) {
+  UNETCU_CHECK(!micro_batches.empty(), "pipeline across processes: a step needs at least one micro-batch");
+  if (options_.threads > 0) set_cpu_threads(options_.threads);
+  Optimizer& opt = *optimizers_[size_t(stage_)];
+  opt.zero_grad();
+  Run run(*this, micro_batches, loss_kind);
+  run.run();
+  peak_live_ = run.peak_live();
+  if (grads_) {  // the same gradients on every replica of this stage: their mean
+    int64_t n = 0;
+    for (const Tensor& p : stage_params_) n += p.numel();
+    const DType dt = model_->config().dtype;
+    Tensor flat = Tensor::zeros({n}, dt, options_.device);
+    int64_t at = 0;
+    for (const Tensor& p : stage_params_) {
+      if (p.grad().defined())
+        std::copy_n(static_cast<const char*>(p.grad().raw()), p.grad().nbytes(),
+                    static_cast<char*>(flat.raw()) + at * int64_t(dtype_size(dt)));
+      at += p.numel();
+    }
+    grads_->all_reduce(flat, ReduceOp::Average);
+    at = 0;
+    for (const Tensor& p : stage_params_) {
+      if (!p.grad().defined()) p.impl().grad = Tensor::zeros(p.shape(), dt, options_.device).impl_ptr();
+      std::copy_n(static_cast<const char*>(flat.raw()) + at * int64_t(dtype_size(dt)), p.grad().nbytes(),
+                  static_cast<char*>(p.grad().raw()));
+      at += p.numel();
+    }
+  }
+  opt.step();
+  // The loss is the last stage's; every process of this replica gets it, then the replicas' mean.
+  double loss = stage_ == stages() - 1 ? run.loss() : 0.0;
+  pipe_->broadcast(&loss, sizeof loss, stages() - 1);
+  if (replicas_ > 1) {
+    ctrl_->all_reduce_sum(&loss, 1, DType::F64);
+    loss /= double(ctrl_->size());
+  }
+  return loss;
+}
+
+void ProcessPipeline::collect() {
+  const auto& blocks = model_->blocks();
+  const int S = stages();
+  for (int s = 0; s < S; ++s) {
+    const int root = s;  // replica 0's process of stage s
+    std::set<Module*> seen;
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      if (stage_of_block_[b] != s) continue;
+      for (Module* m : blocks[b].modules) {
+        if (!seen.insert(m).second) continue;
+        for (const StateEntry& e : m->state()) {
+          if (e.tensor.defined())
+            ctrl_->broadcast(e.tensor.raw(), e.tensor.nbytes(), root);
+          else if (e.counter)
+            ctrl_->broadcast(e.counter, sizeof *e.counter, root);
+        }
+      }
+    }
+    Optimizer& opt = *optimizers_[size_t(s)];
+    for (size_t i = 0; i < opt.params().size(); ++i) {
+      const Optimizer::ParamState st = opt.param_state(i);
+      for (const auto& [name, t] : st.tensors) ctrl_->broadcast(t.raw(), t.nbytes(), root);
+      for (const auto& [name, c] : st.counters) ctrl_->broadcast(c, sizeof *c, root);
+    }
+  }
+}
+
+bool ProcessPipeline::any(bool mine) {
+  double v = mine ? 1 : 0;
+  ctrl_->all_reduce_sum(&v, 1, DType::F64);
+  return v > 0;
+}
+
+}  // namespace unetcu
