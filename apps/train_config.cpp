@@ -11,6 +11,7 @@
 
 #include "apps/cli.h"
 #include "kernels/cpu/cpu_select.h"
+#include "parallel/nccl_communicator.h"
 #include "runtime/cuda_api.h"
 
 namespace unetcu {
@@ -157,6 +158,13 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
 
 namespace {
 
+// Processes started by a launcher train as a group: several of them, or one when --dist names
+// its launcher (a group of one runs the across-processes path, e.g. one NCCL rank).
+bool as_group(DistMode mode) {
+  const DistEnv d = detect_dist(mode);
+  return d.multi() || ((mode == DistMode::Mpi || mode == DistMode::Env) && d.launcher != "none");
+}
+
 // The sizes the training set decides: the synthetic set's --train-size, or the count a folder
 // gave (`folder` non-empty), named as the user knows them.
 void check_train_count(const TrainConfig& c, int64_t train_n, const std::string& folder) {
@@ -166,7 +174,7 @@ void check_train_count(const TrainConfig& c, int64_t train_n, const std::string&
                train_n, " training images", folder.empty() ? "" : " of " + folder);
   // Data parallel: one replica per device, or per process of a launched job.
   const DistEnv dist = detect_dist(c.dist);
-  int64_t dp_replicas = dist.multi() ? dist.world : std::max<int64_t>(1, int64_t(c.devices.size()));
+  int64_t dp_replicas = as_group(c.dist) ? dist.world : std::max<int64_t>(1, int64_t(c.devices.size()));
   if (c.mode == Mode::DataPipeline) dp_replicas = dist.world / std::max(1, c.pipeline_stages);
   if (c.mode == Mode::DataParallel || c.mode == Mode::DataPipeline) {
     const int64_t n = dp_replicas;
@@ -223,10 +231,11 @@ void validate(const TrainConfig& c) {
   UNETCU_CHECK(!c.data.empty() || (c.val_data.empty() && c.data_list.empty()),
                "--val-data and --data-list need --data");
   UNETCU_CHECK(c.mode != Mode::Single || c.devices.empty(), "--devices belongs to --mode dp or mp");
-  UNETCU_CHECK(c.mode == Mode::Single || !c.device,
-               "--device belongs to --mode single; --mode dp and mp take --devices");
+  UNETCU_CHECK(c.mode == Mode::Single || !c.device || as_group(c.dist),
+               "--device belongs to --mode single (or, under a launcher, names each process's "
+               "device kind); --mode dp and mp take --devices");
   UNETCU_CHECK(c.mode == Mode::DataParallel || !c.sync_bn, "--sync-bn belongs to --mode dp");
-  UNETCU_CHECK(c.allreduce != AllReduceAlgo::Mpi || detect_dist(c.dist).multi(),
+  UNETCU_CHECK(c.allreduce != AllReduceAlgo::Mpi || as_group(c.dist),
                "--allreduce mpi is MPI's own all-reduce, for ranks in several processes: start "
                "them with mpirun or srun (in one process use ring or ps)");
   UNETCU_CHECK(c.log_every >= 0 && c.log_every <= kMaxSamples, "--log-every must be between 0 and ",
@@ -241,14 +250,14 @@ void validate(const TrainConfig& c) {
   const DistEnv dist = detect_dist(c.dist);
   UNETCU_CHECK(c.mode == Mode::DataPipeline || c.pipeline_stages == 0, "--pipeline-stages belongs to --mode dp+mp");
   if (c.mode == Mode::DataPipeline) {
-    UNETCU_CHECK(dist.multi(), "--mode dp+mp runs one stage per process: start stages x replicas "
+    UNETCU_CHECK(as_group(c.dist), "--mode dp+mp runs one stage per process: start stages x replicas "
                  "processes with a launcher (mpirun, srun, torchrun)");
     UNETCU_CHECK(c.pipeline_stages >= 2, "--mode dp+mp needs --pipeline-stages (at least 2), got ",
                  c.pipeline_stages);
     UNETCU_CHECK(dist.world % c.pipeline_stages == 0, "--pipeline-stages ", c.pipeline_stages, " does not divide the ",
                  dist.world, " processes into replicas");
   }
-  if ((c.mode == Mode::Pipeline || c.mode == Mode::DataPipeline) && dist.multi()) {
+  if ((c.mode == Mode::Pipeline || c.mode == Mode::DataPipeline) && as_group(c.dist)) {
     const int stages = c.mode == Mode::Pipeline ? dist.world : c.pipeline_stages;
     UNETCU_CHECK(!c.split_auto, "--split auto searches in one process; across processes give the cuts "
                  "(e.g. --split layer3)");
@@ -271,7 +280,7 @@ void validate(const TrainConfig& c) {
                    " stages but --devices lists ", c.devices.size());
   }
   if (c.mode == Mode::DataParallel) {
-    UNETCU_CHECK(!c.devices.empty() || detect_dist(c.dist).multi(),
+    UNETCU_CHECK(!c.devices.empty() || as_group(c.dist),
                  "--mode dp needs --devices (e.g. cpu:0,cpu:1), or a launcher (mpirun -np N)");
     for (size_t i = 0; i < c.devices.size(); ++i)
       for (size_t j = 0; j < i; ++j)
@@ -292,19 +301,28 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
   const DistEnv dist = detect_dist(cfg.dist);
   std::ostream null_out(nullptr);
   std::ostream& out = dist.rank == 0 ? rank0_out : null_out;  // the log is rank 0's
-  if (dist.multi()) {
+  const bool group = as_group(cfg.dist);
+  if (group) {
     UNETCU_CHECK(cfg.mode != Mode::Single,
                  "started as rank ", dist.rank, " of ", dist.world, " by ", dist.launcher,
                  ": several processes train with --mode dp (one replica each), mp (one stage each) "
                  "or dp+mp; use --dist none to ignore the launcher");
-    for (const Device& d : cfg.devices)
-      UNETCU_CHECK(d.is_cpu(), "--dist: each process trains on one CPU device (GPU ranks across "
-                               "processes are not supported yet), got ", d.str());
-    init_process_group(dist);
+    UNETCU_CHECK(cfg.devices.empty(), "--devices: under a launcher each process trains on one device: "
+                 "GPU local_rank when GPUs are visible, else the CPU (--device cpu or cuda chooses)");
+  }
+  // Under a launcher: this process's device, GPU local_rank (or the CPU).
+  std::optional<Device> process_device;
+  if (group) {
+    const std::string spec = cfg.device ? cfg.device->str() : cfg.dtype != DType::F32 ? "cpu" : "auto";
+    const Device kind = resolve_device(spec, nullptr);
+    process_device = kind.is_cuda() ? resolve_device(Device::cuda(dist.local_rank).str(), nullptr) : Device::cpu(0);
+    // GPU data parallelism with NCCL_COMM_ID: NCCL bootstraps itself, no CPU group is needed.
+    if (!(process_device->is_cuda() && cfg.mode == Mode::DataParallel && nccl_rendezvous_from_environment()))
+      init_process_group(dist);
     // One line per rank: who it is (the rest of the log is rank 0's).
     const std::string line = str_cat("dist: ", dist.launcher, ", world ", dist.world, ", rank ",
                                      dist.rank, " (local ", dist.local_rank, " of ",
-                                     dist.local_size, ") on ", hostname(), ", cpu:0\n");
+                                     dist.local_size, ") on ", hostname(), ", ", process_device->str(), "\n");
     std::fwrite(line.data(), 1, line.size(), stderr);  // one write: ranks' lines do not mix
   }
   out << kernels::cpu::cpu_gemm_line() << "\n";
@@ -315,8 +333,8 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
     std::string note;
     devices = {resolve_device(spec, &note)};
     out << "device: " << devices[0].str() << " (" << note << ")\n";
-  } else if (dist.multi()) {
-    devices = {Device::cpu(0)};  // this process's replica
+  } else if (group) {
+    devices = {*process_device};  // this process's replica or stage
   } else {
     for (const Device& d : cfg.devices) resolve_device(d.str(), nullptr);  // exists?
     devices = cfg.devices;
@@ -368,10 +386,12 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
   sc.allreduce = cfg.allreduce;
   sc.sync_bn = cfg.sync_bn;
   sc.collective_timeout = cfg.collective_timeout;
-  sc.across_processes = dist.multi();
+  sc.across_processes = group;
   sc.pipeline_stages = cfg.pipeline_stages;
+  sc.process_rank = dist.rank;
+  sc.process_count = dist.world;
   // Processes on one machine share its cores: by default each takes its share.
-  if (dist.multi() && sc.threads == 0) sc.threads = std::max(1, omp_get_num_procs() / std::max(1, dist.local_size));
+  if (group && sc.threads == 0) sc.threads = std::max(1, omp_get_num_procs() / std::max(1, dist.local_size));
   sc.cuts = cfg.cuts;
   sc.search_split = cfg.split_auto;
   sc.split_size = cfg.split_size || cfg.split_auto ? cfg.split_size : cfg.batch_size;
@@ -393,7 +413,7 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
       << (cfg.augment == Augment::None ? "" : std::string(", augment ") + name_of(kAugmentNames, cfg.augment))
       << (cached ? " (kept in memory after the first epoch)" : "") << ", batch " << cfg.batch_size;
   if (N > 1) out << " per replica (global " << cfg.batch_size * N << ")";
-  if (dist.multi() && strategy->shard_count() > 1) out << ", each replica's processes reading only its shard";
+  if (group && strategy->shard_count() > 1) out << ", each replica's processes reading only its shard";
   out << ", loss " << loss_kind_name(cfg.loss) << ", " << name_of(kOptimizerNames, cfg.optimizer)
       << " lr " << cfg.lr << "\n";
   out.flush();

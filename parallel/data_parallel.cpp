@@ -1,4 +1,5 @@
 #include "parallel/data_parallel.h"
+#include "parallel/nccl_communicator.h"
 #include "parallel/process_communicator.h"
 
 #include <omp.h>
@@ -98,14 +99,25 @@ DataParallel::DataParallel(const UNetConfig& model_cfg, const DataParallelOption
     options_.threads_per_replica = std::max(1, omp_get_num_procs() / N);
   std::vector<std::unique_ptr<Communicator>> grad_comms, ctrl_comms;
   if (options.across_processes) {
-    UNETCU_CHECK(N == 1 && options.devices[0].is_cpu(),
-                 "data parallelism across processes: one CPU device per process (GPU ranks across "
-                 "processes are not supported yet)");
-    // Two groups of their own, so gradients and control never pair up.
-    std::shared_ptr<ProcessGroup> base =
-        options.process_group ? options.process_group : world_process_group(options.collective_timeout);
-    grad_comms.push_back(make_process_communicator(base->duplicate(), options.algo));
-    ctrl_comms.push_back(make_process_communicator(base->duplicate(), AllReduceAlgo::Ring));
+    UNETCU_CHECK(N == 1, "data parallelism across processes: one device per process, got ",
+                 device_list_str(options.devices));
+    std::shared_ptr<ProcessGroup> base = options.process_group;
+    if (options.devices[0].is_cuda()) {
+      // NCCL between the processes' GPUs; the CPU group, if any, only carries the unique ids.
+      if (!base && !nccl_rendezvous_from_environment()) base = world_process_group(options.collective_timeout);
+      const int rank = base ? base->rank() : options.process_rank;
+      const int world = base ? base->size() : options.process_count;
+      const int dev = options.devices[0].index;
+      auto comms = make_nccl_process_communicators(dev, rank, world, base.get(),
+                                                   {options.algo, AllReduceAlgo::Ring}, options.collective_timeout);
+      grad_comms.push_back(std::move(comms[0]));
+      ctrl_comms.push_back(std::move(comms[1]));
+    } else {
+      // Two groups of their own, so gradients and control never pair up.
+      if (!base) base = world_process_group(options.collective_timeout);
+      grad_comms.push_back(make_process_communicator(base->duplicate(), options.algo));
+      ctrl_comms.push_back(make_process_communicator(base->duplicate(), AllReduceAlgo::Ring));
+    }
   } else if (options.devices[0].is_cuda()) {
     std::vector<int> ids;
     for (const Device& d : options.devices) ids.push_back(d.index);
@@ -185,9 +197,11 @@ int DataParallel::global_size() const { return replicas_[0]->ctrl_comm->size(); 
 
 double DataParallel::average_across_processes(double value) {
   if (!options_.across_processes) return value;
-  Tensor t = Tensor::full({1}, value, DType::F64);
+  // On the replica's device (NCCL reduces GPU memory); float32 there, float64 on the CPU.
+  const Device dev = options_.devices[0];
+  Tensor t = Tensor::full({1}, value, dev.is_cuda() ? DType::F32 : DType::F64, dev);
   replicas_[0]->ctrl_comm->all_reduce(t, ReduceOp::Average);
-  return t.item();
+  return dev.is_cuda() ? t.to(Device::cpu()).item() : t.item();
 }
 UNet& DataParallel::replica(int rank) { return *replicas_.at(rank)->model; }
 size_t DataParallel::bucket_count() const { return replicas_[0]->buckets.size(); }

@@ -42,8 +42,11 @@ struct DataParallelOptions {
   // One replica in this process (devices: its one CPU device), one rank of a job of several
   // processes: the communicators span the processes (parallel/process_communicator.h) of
   // `process_group` (null: every process of the job).
+  // GPU ranks: NCCL communicators whose unique id comes over this group, or from NCCL's own
+  // rendezvous (NCCL_COMM_ID, parallel/nccl_communicator.h) without any.
   bool across_processes = false;
   std::shared_ptr<ProcessGroup> process_group;
+  int process_rank = 0, process_count = 1;  // this process of the job (GPU ranks without a group)
 };
 
 class DataParallel {

@@ -3,6 +3,7 @@
 #include "parallel/nccl_communicator.h"
 
 #include <atomic>
+#include <cstdlib>
 #include <chrono>
 #include <condition_variable>
 #include <map>
@@ -67,8 +68,10 @@ DeviceOrder& device_order(int device) {
 // aborts the group with a message naming the rank and the operation; every later call on any
 // rank throws that message, and ncclCommAbort ends the kernels the ranks' streams wait on.
 struct NcclGroup {
-  std::vector<ncclComm_t> comms;
+  std::vector<ncclComm_t> comms;  // this process's ranks
   std::vector<int> devices;
+  int first_rank = 0;             // comms[i] is rank first_rank + i of world
+  int world = 0;
   double timeout = kDefaultCollectiveTimeout;
 
   std::shared_mutex calls;
@@ -180,9 +183,10 @@ ncclResult_t settle(ncclComm_t comm, ncclResult_t res, double timeout) {
 
 class NcclCommunicator : public Communicator {
  public:
-  NcclCommunicator(std::shared_ptr<NcclGroup> group, int rank, AllReduceAlgo algo)
-      : group_(std::move(group)), comm_(group_->comms[rank]), algo_(algo), rank_(rank),
-        size_(int(group_->comms.size())), device_(group_->devices[rank]),
+  // The process's `local`-th rank of the group.
+  NcclCommunicator(std::shared_ptr<NcclGroup> group, int local, AllReduceAlgo algo)
+      : group_(std::move(group)), comm_(group_->comms[local]), algo_(algo),
+        rank_(group_->first_rank + local), size_(group_->world), device_(group_->devices[local]),
         comm_stream_(device_) {}
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -288,6 +292,7 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::ve
   const int n = int(devices.size());
   auto group = std::make_shared<NcclGroup>();
   group->devices = devices;
+  group->world = n;
   group->timeout = timeout_s;
   group->comms.assign(n, nullptr);
   ncclUniqueId id;
@@ -322,6 +327,77 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::ve
   group->start_watchdog();
   std::vector<std::unique_ptr<Communicator>> out;
   for (int r = 0; r < n; ++r) out.push_back(std::make_unique<NcclCommunicator>(group, r, algo));
+  return out;
+}
+
+bool nccl_rendezvous_from_environment() {
+  const char* v = std::getenv("NCCL_COMM_ID");
+  return v && *v;
+}
+
+std::vector<std::unique_ptr<Communicator>> make_nccl_process_communicators(
+    int device, int rank, int world, ProcessGroup* ids, const std::vector<AllReduceAlgo>& algos,
+    double timeout_s) {
+  UNETCU_CHECK(timeout_s > 0, "the collective timeout must be positive, got ", timeout_s, " s");
+  for (AllReduceAlgo a : algos)
+    UNETCU_CHECK(a != AllReduceAlgo::Mpi, "the transport's own all-reduce is for CPU ranks; GPUs use "
+                                          "NCCL's (ring) or ps");
+  UNETCU_CHECK(world >= 1 && rank >= 0 && rank < world, "NCCL rank ", rank, " of ", world);
+  ncclUniqueId id;
+  if (nccl_rendezvous_from_environment()) {
+    NCCL_CHECK(ncclGetUniqueId(&id));  // the same id on every rank, from NCCL_COMM_ID
+  } else {
+    UNETCU_CHECK(ids, "GPU ranks in several processes need NCCL_COMM_ID=host:port, or a process group "
+                      "(mpirun, srun --mpi, or torchrun's variables with the Gloo build) to share "
+                      "NCCL's unique id");
+    UNETCU_CHECK(ids->rank() == rank && ids->size() == world, "NCCL rank ", rank, " of ", world,
+                 " but process group rank ", ids->rank(), " of ", ids->size());
+    if (rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+    ids->broadcast(&id, sizeof id, 0);
+  }
+  auto new_group = [&] {
+    auto g = std::make_shared<NcclGroup>();
+    g->devices = {device};
+    g->first_rank = rank;
+    g->world = world;
+    g->timeout = timeout_s;
+    g->comms.assign(1, nullptr);
+    return g;
+  };
+  // Settles a non-blocking init or split; on failure aborts the half-made communicator.
+  auto ready = [&](NcclGroup& g, ncclResult_t res, const char* what) {
+    if (res == ncclSuccess || res == ncclInProgress)
+      res = g.comms[0] ? settle(g.comms[0], ncclInProgress, timeout_s) : ncclInternalError;
+    if (res == ncclSuccess) return;
+    g.aborted = true;
+    if (g.comms[0]) ncclCommAbort(g.comms[0]);
+    if (res == ncclInProgress)
+      throw Error(str_cat("NCCL rank ", rank, " of ", world, ": ", what, " not done within ", timeout_s,
+                          " s (collective timeout; did every rank start?)"));
+    NCCL_CHECK(res);
+  };
+  std::vector<std::shared_ptr<NcclGroup>> groups;
+  {
+    cuda::DeviceGuard restore(device);
+    UNETCU_CHECK(cudaSetDevice(device) == cudaSuccess, "NCCL rank ", rank, ": cannot use cuda:", device);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // see NcclGroup
+    groups.push_back(new_group());
+    ready(*groups[0], ncclCommInitRankConfig(&groups[0]->comms[0], world, id, rank, &config),
+          "ncclCommInitRank");
+    for (size_t k = 1; k < algos.size(); ++k) {
+      groups.push_back(new_group());
+      ncclConfig_t split_config = NCCL_CONFIG_INITIALIZER;
+      split_config.blocking = 0;
+      ready(*groups[k], ncclCommSplit(groups[0]->comms[0], 0, rank, &groups[k]->comms[0], &split_config),
+            "ncclCommSplit");
+    }
+  }
+  std::vector<std::unique_ptr<Communicator>> out;
+  for (size_t k = 0; k < algos.size(); ++k) {
+    groups[k]->start_watchdog();
+    out.push_back(std::make_unique<NcclCommunicator>(groups[k], 0, algos[k]));
+  }
   return out;
 }
 

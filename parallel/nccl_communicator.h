@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "parallel/communicator.h"
+#include "parallel/process_group.h"
 
 namespace unetcu {
 
@@ -20,5 +21,18 @@ namespace unetcu {
 std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(
     const std::vector<int>& devices, AllReduceAlgo algo = AllReduceAlgo::Ring,
     double timeout_s = kDefaultCollectiveTimeout);
+
+// One process's rank of a job of several (one GPU per process): rank `rank` of `world` on
+// GPU `device`, as `algos.size()` communicators (groups of their own: DP's gradients and
+// control). The unique id: with NCCL_COMM_ID=host:port in the environment, NCCL's own
+// rendezvous (every rank derives the same id; rank 0 listens there); otherwise rank 0 makes it
+// and broadcasts it over `ids` (the CPU process group, MPI or Gloo), which may then not be
+// null. One bootstrap: the further communicators are ncclCommSplit of the first. Collective:
+// every process calls it in the same order.
+std::vector<std::unique_ptr<Communicator>> make_nccl_process_communicators(
+    int device, int rank, int world, ProcessGroup* ids, const std::vector<AllReduceAlgo>& algos,
+    double timeout_s);
+// NCCL_COMM_ID is set: NCCL bootstraps the processes itself.
+bool nccl_rendezvous_from_environment();
 
 }  // namespace unetcu

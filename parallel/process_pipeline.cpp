@@ -15,6 +15,18 @@ namespace {
 // Tags stay below 32768, the smallest MPI_TAG_UB the MPI standard allows.
 constexpr int64_t kMaxTag = 32767;
 
+// Broadcasts a tensor on any device: GPU memory goes through a host copy (the process group
+// carries host memory).
+void broadcast_tensor(ProcessGroup& g, const Tensor& t, int root) {
+  if (t.device().is_cpu()) {
+    g.broadcast(t.raw(), t.nbytes(), root);
+    return;
+  }
+  Tensor host = t.to(Device::cpu());
+  g.broadcast(host.raw(), host.nbytes(), root);
+  Tensor(t).copy_(host);
+}
+
 }  // namespace
 
 ProcessPipeline::ProcessPipeline(const UNetConfig& model_cfg, const ProcessPipelineOptions& options,
@@ -27,8 +39,6 @@ ProcessPipeline::ProcessPipeline(const UNetConfig& model_cfg, const ProcessPipel
                " stages (the process count must be a multiple of the stage count)");
   UNETCU_CHECK(int(options.cuts.size()) == S - 1, "pipeline across processes: ", S, " stages need ",
                S - 1, " cuts, got ", options.cuts.size());
-  UNETCU_CHECK(options.device.is_cpu(), "pipeline across processes: stages on CPU devices, got ",
-               options.device.str());
   UNETCU_CHECK(options.split_size >= 1, "pipeline across processes: the split size must be at least 1, got ",
                options.split_size);
   replicas_ = W / S;
@@ -151,10 +161,11 @@ class ProcessPipeline::Run {
       x->header[0] = 1;
       x->header[1] = int64_t(t.shape().size());
       for (size_t i = 0; i < t.shape().size(); ++i) x->header[2 + i] = t.shape()[i];
-      x->data = t;
+      // A GPU tensor goes through host memory (what the process group carries).
+      x->data = t.device().is_cpu() ? t : t.to(Device::cpu());
     }
     x->header_sent = p_.pipe_->isend(x->header, sizeof x->header, to, tag);
-    x->data_sent = p_.pipe_->isend(t.defined() ? t.raw() : nullptr, t.defined() ? t.nbytes() : 0, to, tag);
+    x->data_sent = p_.pipe_->isend(t.defined() ? x->data.raw() : nullptr, t.defined() ? x->data.nbytes() : 0, to, tag);
     sends_.push_back(std::move(x));
   }
   Tensor receive_from(int from, int tag) {
@@ -164,9 +175,9 @@ class ProcessPipeline::Run {
     UNETCU_CHECK(header[1] >= 1 && header[1] <= 4, "pipeline across processes: a message from stage ", from,
                  " has ", header[1], " dimensions");
     Shape shape(header + 2, header + 2 + header[1]);
-    Tensor t = Tensor::empty(shape, p_.model_->config().dtype, p_.options_.device);
+    Tensor t = Tensor::empty(shape, p_.model_->config().dtype, Device::cpu());
     p_.pipe_->recv(t.raw(), t.nbytes(), from, tag);
-    return t;
+    return p_.options_.device.is_cpu() ? t : t.to(p_.options_.device);
   }
 
   // This stage's copy of `block`'s output for micro-batch m, received once from its producer.
@@ -266,20 +277,23 @@ double ProcessPipeline::step(const std::vector<Batch>& micro_batches, LossKind l
     int64_t n = 0;
     for (const Tensor& p : stage_params_) n += p.numel();
     const DType dt = model_->config().dtype;
-    Tensor flat = Tensor::zeros({n}, dt, options_.device);
+    // One flat host buffer (the process group carries host memory).
+    Tensor flat = Tensor::zeros({n}, dt, Device::cpu());
+    const Device dev = options_.device;
+    const size_t esize = dtype_size(dt);
     int64_t at = 0;
     for (const Tensor& p : stage_params_) {
       if (p.grad().defined())
-        std::copy_n(static_cast<const char*>(p.grad().raw()), p.grad().nbytes(),
-                    static_cast<char*>(flat.raw()) + at * int64_t(dtype_size(dt)));
+        copy_bytes(static_cast<char*>(flat.raw()) + at * int64_t(esize), Device::cpu(), p.grad().raw(), dev,
+                   p.grad().nbytes());
       at += p.numel();
     }
     grads_->all_reduce(flat, ReduceOp::Average);
     at = 0;
     for (const Tensor& p : stage_params_) {
-      if (!p.grad().defined()) p.impl().grad = Tensor::zeros(p.shape(), dt, options_.device).impl_ptr();
-      std::copy_n(static_cast<const char*>(flat.raw()) + at * int64_t(dtype_size(dt)), p.grad().nbytes(),
-                  static_cast<char*>(p.grad().raw()));
+      if (!p.grad().defined()) p.impl().grad = Tensor::zeros(p.shape(), dt, dev).impl_ptr();
+      copy_bytes(p.grad().raw(), dev, static_cast<const char*>(flat.raw()) + at * int64_t(esize), Device::cpu(),
+                 p.grad().nbytes());
       at += p.numel();
     }
   }
@@ -306,7 +320,7 @@ void ProcessPipeline::collect() {
         if (!seen.insert(m).second) continue;
         for (const StateEntry& e : m->state()) {
           if (e.tensor.defined())
-            ctrl_->broadcast(e.tensor.raw(), e.tensor.nbytes(), root);
+            broadcast_tensor(*ctrl_, e.tensor, root);
           else if (e.counter)
             ctrl_->broadcast(e.counter, sizeof *e.counter, root);
         }
@@ -315,7 +329,7 @@ void ProcessPipeline::collect() {
     Optimizer& opt = *optimizers_[size_t(s)];
     for (size_t i = 0; i < opt.params().size(); ++i) {
       const Optimizer::ParamState st = opt.param_state(i);
-      for (const auto& [name, t] : st.tensors) ctrl_->broadcast(t.raw(), t.nbytes(), root);
+      for (const auto& [name, t] : st.tensors) broadcast_tensor(*ctrl_, t, root);
       for (const auto& [name, c] : st.counters) ctrl_->broadcast(c, sizeof *c, root);
     }
   }

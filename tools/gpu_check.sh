@@ -14,7 +14,8 @@
 #    5. the CUDA tests, once (every op against the CPU, the UNet step, NCCL with one rank, two
 #       pipeline stages on one GPU);
 #    6. training at 512x512, 3 short epochs: single GPU with batch 14 (the article's) and 64,
-#       data parallel through NCCL with one rank (batch 14), the article's MP run as two stages
+#       data parallel through NCCL with one rank (batch 14), the same as one process of a
+#       launched job (torchrun's variables, NCCL_COMM_ID), the article's MP run as two stages
 #       on the one GPU (cut after layer3, batch 30, micro-batches of 6): images/s (median of
 #       the epochs after the first, which runs cuDNN's algorithm search) and peak memory;
 #    7. unet_bench on cuda:0 at 256x256 (two split sizes: 20 pipelines).
@@ -334,6 +335,13 @@ train_result() {  # unet_train's exit status
   [ "$rc" = 0 ] && [ -n "$ips" ]
 }
 
+# One process of a launched job (torchrun's variables, world 1) on cuda:0: the NCCL rank made
+# across processes (NCCL_COMM_ID: NCCL's own rendezvous; no MPI or Gloo on this machine).
+step_train_launched() {
+  RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29561 \
+    NCCL_COMM_ID=127.0.0.1:29562 step_train "$1" --mode dp --dist env
+}
+
 step_bench() {
   "$B/unet_bench" --devices cuda:0 --image-size 256 --batch-size 8 --mp-batch 16 \
     --split-sizes 2,8 --epochs 2 --out "$LOGS/bench" || { say "$(tail -1 "$LOG")"; return 1; }
@@ -378,6 +386,7 @@ else
   if [ "$QUICK" = 0 ]; then
     step "train single 512² batch 64" 45 180 gpu step_train 64 --device cuda:0
     step "train DP NCCL 1 rank 512² batch 14" 40 150 gpu step_train 14 --mode dp --devices cuda:0
+    step "train DP as 1 launched process (NCCL_COMM_ID) 512² batch 14" 40 150 gpu step_train_launched 14
     step "train MP 2 stages 1 GPU 512² batch 30 split 6" 40 150 gpu \
       step_train 30 --mode mp --devices cuda:0,cuda:0 --split layer3 --split-size 6
     step "unet_bench cuda:0 256² (20 pipelines)" 60 600 gpu step_bench

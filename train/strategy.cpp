@@ -268,6 +268,8 @@ std::unique_ptr<TrainingStrategy> make_strategy(const StrategyConfig& c, const B
       o.sync_bn = c.sync_bn;
       o.collective_timeout = c.collective_timeout;
       o.across_processes = c.across_processes;
+      o.process_rank = c.process_rank;
+      o.process_count = c.process_count;
       o.threads_per_replica = c.threads;
       return std::make_unique<DataParallelStrategy>(c.model, o, make_optimizer, c.loss);
     }

@@ -234,6 +234,7 @@ struct StrategyConfig {
   // One replica (DP) or one stage (MP, DP+MP) per process of a job of several processes.
   bool across_processes = false;
   int pipeline_stages = 0;        // across processes, MP and DP+MP: stages per pipeline
+  int process_rank = 0, process_count = 1;  // across processes: this process of the job
   // MP
   std::vector<int> cuts;        // empty with search_split
   bool search_split = false;    // two stages: profile, predict every cut x split, run the best
