@@ -70,8 +70,8 @@ std::vector<PlanCandidate> rank_plans(const std::vector<BlockProfile>& blocks, i
 // (one device, training mode); the median per block, per sample.
 std::vector<BlockProfile> profile_blocks(UNet& model, const Batch& batch, LossKind loss, int repeats);
 
-// profile_blocks at each batch's size (e.g. 1, 2, 4, 8 samples): by_batch holds every size;
-// forward_s/backward_s are the largest's.
+// profile_blocks at each batch's size (e.g. 1, 2, 4, 8 samples), twice, each block's faster
+// round: by_batch holds every size; forward_s/backward_s are the largest's.
 std::vector<BlockProfile> profile_blocks_by_batch(UNet& model, const std::vector<Batch>& batches,
                                                   LossKind loss, int repeats);
 
