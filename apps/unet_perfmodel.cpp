@@ -1,6 +1,7 @@
 // unet_perfmodel: the performance model of data and model parallelism for UNet-ResNet34
 // (planning/perf_model.h) on N = 2, 4, 8 devices, and the article's setting held against the
-// article's measured speedups.
+// article's measured speedups, and DP over many machines next to PyTorch DDP's published
+// scaling.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -11,13 +12,23 @@
 using namespace unetcu;
 
 int main(int argc, char** argv) {
-  std::string link_name = "pcie3";
-  double tflops = 9.06, efficiency = 0.5, loader = 0;
+  std::string link_name = "pcie3", dp_link_name = "ib-ndr", gpu = "rtx2070s";
+  double tflops = 0, efficiency = 0.5, loader = 0;
+  int sms = -1;
   int image = 512, dp_batch = 14, mp_batch = 30, mp_split = 6;
   CLI::App app{"unet_perfmodel: predicted DP and MP step times and speedups of UNet-ResNet34"};
-  app.add_option("--link", link_name, "pcie3, pcie4, pcie5, nvlink4, or \"<GB/s>,<latency us>\"")->capture_default_str();
-  app.add_option("--gpu-tflops", tflops,
-                 "Peak float32 TFLOP/s of one device (9.06: RTX 2070 SUPER, the article's GPU)")
+  std::string presets;
+  for (const auto& p : link_presets()) presets += std::string(p.name) + ", ";
+  app.add_option("--link", link_name, "Link between the devices: " + presets + "or \"<GB/s>,<latency us>\"")
+      ->capture_default_str();
+  app.add_option("--dp-link", dp_link_name, "Link of the --dp-ranks table (many machines): as --link")
+      ->capture_default_str();
+  app.add_option("--gpu", gpu, "rtx2070s (the article's: 9.06 TFLOP/s float32, 40 SMs) or h200 (67, 132)")
+      ->capture_default_str();
+  app.add_option("--gpu-tflops", tflops, "Peak float32 TFLOP/s of one device (0: the --gpu's)")->capture_default_str();
+  app.add_option("--gpu-sms", sms,
+                 "SMs of one device for the under-fill curve (planning/perf_model.h GpuFill; -1: the "
+                 "--gpu's; 0: no under-fill, every micro-batch at the full rate)")
       ->capture_default_str();
   app.add_option("--efficiency", efficiency,
                  "Fraction of that peak the layers reach (an assumption: cuDNN float32 convs "
@@ -31,26 +42,46 @@ int main(int argc, char** argv) {
   std::vector<int> dp_ranks = {8, 64};
   app.add_option("--dp-ranks", dp_ranks,
                  "Also DP (ring, buckets overlapping backward) at these rank counts, e.g. many "
-                 "machines over InfiniBand: --link 25,2 --dp-ranks 8,64")
+                 "machines over --dp-link: --dp-ranks 8,64")
       ->delimiter(',')
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
+    double preset_tflops = 0;
+    int preset_sms = 0;
+    if (gpu == "rtx2070s") preset_tflops = 9.06, preset_sms = 40;
+    else if (gpu == "h200") preset_tflops = 67, preset_sms = 132;
+    else throw Error("--gpu: rtx2070s or h200, not '" + gpu + "'");
+    if (tflops == 0) tflops = preset_tflops;
+    if (sms < 0) sms = preset_sms;
     UNETCU_CHECK(tflops > 0 && efficiency > 0 && efficiency <= 1, "bad --gpu-tflops or --efficiency");
     const LinkModel link = link_by_name(link_name);
-    const auto blocks = flop_derived_profile(image, tflops * 1e12 * efficiency);
+    const LinkModel dp_link = link_by_name(dp_link_name);
+    GpuFill fill;
+    fill.sms = sms;
+    const auto blocks = flop_derived_profile(image, tflops * 1e12 * efficiency, fill);
     const double param_bytes = 24436369.0 * 4;
     std::printf("UNet-ResNet34 at %dx%d, per-block times from FLOPs at %.2f TFLOP/s x %.2f, link %s "
-                "(%.1f GB/s, %.0f us), loader %s\n\n",
+                "(%.1f GB/s, %.0f us), loader %s\n",
                 image, image, tflops, efficiency, link_name.c_str(), link.bandwidth / 1e9,
                 link.latency * 1e6, loader > 0 ? (std::to_string(int(loader)) + " img/s").c_str() : "unlimited");
+    if (sms > 0)
+      std::printf("under-fill: %d SMs x %.0f output elements in flight each: a launch with fewer than %.2f M "
+                  "output elements runs at that fraction of the rate (planning/perf_model.h GpuFill)\n\n",
+                  sms, fill.elements_per_sm, fill.saturating_elements() / 1e6);
+    else
+      std::printf("no under-fill: every micro-batch at the full rate\n\n");
     std::cout << perf_model_report(blocks, param_bytes, dp_batch, mp_batch, link, loader) << "\n";
-    std::printf("| DP ranks | step (s) | all-reduce alone (s) | speedup | efficiency |\n|---|---|---|---|---|\n");
+    std::printf("DP across machines over %s (%.1f GB/s, %.1f us), ring all-reduce in 25 MB buckets "
+                "overlapping backward, batch %d per rank:\n\n",
+                dp_link_name.c_str(), dp_link.bandwidth / 1e9, dp_link.latency * 1e6, dp_batch);
+    std::printf("| DP ranks | step (s) | all-reduce alone (s) | speedup | efficiency | PyTorch DDP, published |\n"
+                "|---|---|---|---|---|---|\n");
     for (int n : dp_ranks) {
       UNETCU_CHECK(n >= 1 && n <= 100000, "--dp-ranks wants counts from 1 to 100000, got ", n);
-      const auto p = predict_dp(blocks, param_bytes, n, dp_batch, AllReduceAlgo::Ring, link, 25e6, loader);
-      std::printf("| %d | %.4f | %.4f | %.2f | %.1f %% |\n", n, p.step_s, p.allreduce_s, p.speedup,
-                  100.0 * p.speedup / n);
+      const auto p = predict_dp(blocks, param_bytes, n, dp_batch, AllReduceAlgo::Ring, dp_link, 25e6, loader);
+      std::printf("| %d | %.4f | %.4f | %.2f | %.1f %% | %s |\n", n, p.step_s, p.allreduce_s, p.speedup,
+                  100.0 * p.speedup / n, n == 8 ? "~93 %" : "-");
     }
     std::printf("\n");
     const auto dp = predict_dp(blocks, param_bytes, 2, dp_batch, AllReduceAlgo::Ring, link, 25e6, loader);

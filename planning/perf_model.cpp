@@ -1,9 +1,19 @@
 #include "planning/perf_model.h"
 
 #include <algorithm>
+#include <chrono>
+#include <functional>
+#include <memory>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
+#include <thread>
+#include <unistd.h>
+
+#include "engine/tape.h"
+#include "parallel/communicator.h"
+#include "parallel/worker_pool.h"
+#include "runtime/cuda_api.h"
 
 namespace unetcu {
 
@@ -11,7 +21,11 @@ const std::vector<LinkPreset>& link_presets() {
   static const std::vector<LinkPreset> p = {{"pcie3", 12.6e9, 10e-6},
                                             {"pcie4", 25.2e9, 8e-6},
                                             {"pcie5", 50.4e9, 6e-6},
-                                            {"nvlink4", 360e9, 3e-6}};
+                                            {"nvlink4", 360e9, 3e-6},
+                                            {"ib-ndr", 40e9, 2e-6},     // 400 Gb/s = 50 GB/s
+                                            {"ib-hdr", 20e9, 2e-6},     // 200 Gb/s = 25 GB/s
+                                            {"eth-100g", 10e9, 5e-6},   // 12.5 GB/s, RoCE
+                                            {"eth-25g", 2.5e9, 25e-6}};  // 3.125 GB/s, TCP
   return p;
 }
 
@@ -24,7 +38,9 @@ LinkModel link_by_name(const std::string& name) {
       return {std::stod(name.substr(0, comma)) * 1e9, std::stod(name.substr(comma + 1)) * 1e-6};
   } catch (const std::exception&) {
   }
-  throw Error("unknown link '" + name + "' (pcie3, pcie4, pcie5, nvlink4, or \"<GB/s>,<us>\")");
+  std::string names;
+  for (const auto& p : link_presets()) names += std::string(p.name) + ", ";
+  throw Error("unknown link '" + name + "' (" + names + "or \"<GB/s>,<us>\")");
 }
 
 double allreduce_seconds(double bytes, int n, AllReduceAlgo algo, const LinkModel& link) {
@@ -37,30 +53,89 @@ double allreduce_seconds(double bytes, int n, AllReduceAlgo algo, const LinkMode
   return 2.0 * (n - 1) * bytes / link.bandwidth + 2.0 * link.latency;
 }
 
-double single_step_seconds(const std::vector<BlockProfile>& blocks, int batch) {
-  double t = 0;
-  for (const auto& b : blocks) t += b.forward_s + b.backward_s;
-  return t * batch;
+LinkModel link_from_allreduce(double small_s, double large_s, double bytes, int n, AllReduceAlgo algo) {
+  UNETCU_CHECK(n >= 2 && large_s > small_s && bytes > 0, "link_from_allreduce: need two ranks and a "
+               "large all-reduce slower than the small one");
+  LinkModel l;
+  const bool ps = algo == AllReduceAlgo::ParameterServer;
+  // ring: t = 2(N-1)/N S/B + 2(N-1) L; ps: t = 2(N-1) S/B + 2 L (the small one: S ~ 0)
+  l.latency = small_s / (ps ? 2.0 : 2.0 * (n - 1));
+  const double per_byte = (large_s - small_s) / bytes;
+  l.bandwidth = (ps ? 2.0 * (n - 1) : 2.0 * (n - 1) / n) / per_byte;
+  return l;
+}
+
+namespace {
+
+// Forward and backward of every block on b samples, each at its per-sample time at b.
+void block_seconds(const std::vector<BlockProfile>& blocks, int b, bool shared, double& f, double& bw) {
+  f = bw = 0;
+  for (const auto& bl : blocks) {
+    const double s = shared ? bl.shared_slowdown : 1.0;
+    f += b * forward_per_sample(bl, b) * s;
+    bw += b * backward_per_sample(bl, b) * s;
+  }
+}
+
+}  // namespace
+
+double single_step_seconds(const std::vector<BlockProfile>& blocks, int batch, const StepCosts& costs) {
+  double f, b;
+  block_seconds(blocks, batch, false, f, b);
+  return f + b + costs.optimizer_s;
+}
+
+double concurrent_seconds(std::vector<double> work, double slowdown) {
+  // The shortest finish first; until then all still running share the slowdown.
+  std::sort(work.begin(), work.end());
+  const int N = int(work.size());
+  double t = 0, done = 0;
+  for (int i = 0; i < N; ++i) {
+    const int k = N - i;  // running
+    const double rate = 1.0 / (N > 1 ? 1 + (slowdown - 1) * (k - 1) / (N - 1) : 1.0);
+    t += (work[i] - done) / rate;
+    done = work[i];
+  }
+  return t;
 }
 
 DpPrediction predict_dp(const std::vector<BlockProfile>& blocks, double param_bytes, int n,
                         int batch, AllReduceAlgo algo, const LinkModel& link, double bucket_bytes,
-                        double loader) {
-  double f = 0, b = 0;
-  for (const auto& bl : blocks) f += bl.forward_s, b += bl.backward_s;
-  const double tf = f * batch, tb = b * batch;
+                        double loader, const StepCosts& costs) {
+  double tf, tb;
+  block_seconds(blocks, batch, n > 1, tf, tb);
   const int k = std::max(1, int(std::ceil(param_bytes / bucket_bytes)));
   const double per_bucket = allreduce_seconds(param_bytes / k, n, algo, link);
   // The buckets become ready through backward; the communication runs one bucket after the
-  // other and cannot finish before the last bucket (ready at the end) is reduced.
-  const double comm_end = std::max(tb + per_bucket, tb / k + k * per_bucket);
-  double step = tf + (n > 1 ? comm_end : tb);
-  double single = single_step_seconds(blocks, batch);
+  // other and cannot finish before the last bucket (ready at the end) is reduced. On cores
+  // that compute it cannot overlap: it adds.
+  const double comm_end = costs.comm_overlaps_compute ? std::max(tb + per_bucket, tb / k + k * per_bucket)
+                                                      : tb + k * per_bucket;
+  const double extra = n > 1 ? costs.grad_zero_s + costs.bn_broadcast_s + costs.optimizer_s * costs.optimizer_slowdown
+                             : costs.optimizer_s;
+  double step = tf + (n > 1 ? comm_end : tb) + extra;
+  double single = single_step_seconds(blocks, batch, costs);
   if (loader > 0) {
     step = std::max(step, double(n) * batch / loader);
     single = std::max(single, double(batch) / loader);
   }
   return {tf + tb, k * per_bucket, step, n * single / step};
+}
+
+double predict_pipeline_step(const std::vector<BlockProfile>& blocks, const std::vector<int>& cuts,
+                             int batch, int split, Schedule schedule, const LinkModel& link,
+                             const StepCosts& costs) {
+  std::vector<double> share(cuts.size() + 1, 0);
+  double total = 0;
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    size_t s = 0;
+    while (s < cuts.size() && int(b) >= cuts[s]) ++s;
+    share[s] += blocks[b].param_bytes;
+    total += blocks[b].param_bytes;
+  }
+  for (double& w : share) w = total > 0 ? costs.optimizer_s * w / total : 0;
+  return predict_step(blocks, cuts, batch, split, schedule, link) +
+         concurrent_seconds(share, costs.optimizer_slowdown);
 }
 
 MpPrediction predict_mp(const std::vector<BlockProfile>& blocks, int stages, int batch,
@@ -97,7 +172,9 @@ MpPrediction predict_mp(const std::vector<BlockProfile>& blocks, int stages, int
   return best;
 }
 
-std::vector<BlockProfile> flop_derived_profile(int S, double rate) {
+std::vector<BlockProfile> flop_derived_profile(int S, double rate) { return flop_derived_profile(S, rate, GpuFill{}); }
+
+std::vector<BlockProfile> flop_derived_profile(int S, double rate, const GpuFill& fill) {
   auto conv = [](double cin, double cout, double k, double out) { return 2 * cin * cout * k * k * out * out; };
   std::vector<BlockProfile> p(11);
   const char* names[11] = {"encoder.stem", "encoder.layer1", "encoder.layer2", "encoder.layer3",
@@ -131,6 +208,19 @@ std::vector<BlockProfile> flop_derived_profile(int S, double rate) {
   const double out_hw[11] = {S / 2.0, S / 4.0, S / 8.0, S / 16.0, S / 32.0, S / 16.0, S / 8.0, S / 4.0, S / 2.0, double(S), double(S)};
   for (int k = 0; k < 11; ++k)
     p[k] = {names[k], inputs[k], flops[k] / rate, 2 * flops[k] / rate, 4.0 * out_ch[k] * out_hw[k] * out_hw[k]};
+  if (fill.sms <= 0) return p;
+  // Powers of two until every block's launches fill the GPU; flat beyond.
+  const double sat = fill.saturating_elements();
+  for (int m = 1;; m *= 2) {
+    bool all_full = true;
+    for (int k = 0; k < 11; ++k) {
+      const double e = m * out_ch[k] * out_hw[k] * out_hw[k];
+      const double eff = std::min(1.0, e / sat);
+      all_full = all_full && eff >= 1;
+      p[k].by_batch.push_back({m, flops[k] / rate / eff, 2 * flops[k] / rate / eff});
+    }
+    if (all_full || m >= (1 << 24)) break;
+  }
   return p;
 }
 
@@ -159,6 +249,135 @@ std::string perf_model_report(const std::vector<BlockProfile>& blocks, double pa
     os << line;
   }
   return os.str();
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+void wait_for(const Device& d) {
+  if (d.is_cuda()) cuda::synchronize(d.index);
+}
+
+}  // namespace
+
+StepCosts measure_step_costs(const UNetConfig& model, const std::vector<Device>& devices, int threads,
+                             const OptimizerFactory& make_optimizer, LossKind loss, const Batch& batch,
+                             int repeats) {
+  UNETCU_CHECK(!devices.empty() && repeats >= 1, "measure_step_costs: no device or no repeat");
+  const int N = int(devices.size());
+  const bool cpu = devices[0].is_cpu();
+  std::vector<std::unique_ptr<UNet>> models(N);
+  std::vector<std::unique_ptr<Optimizer>> opts(N);
+  std::vector<Tensor> buckets(N);
+  WorkerPool pool(devices, std::max(1, threads), "step costs");
+  // Each device's model with gradients (one backward on `batch`), its optimizer, and a
+  // buffer the size of its gradients (the DP buckets).
+  pool.run([&](int r) {
+    UNetConfig c = model;
+    c.device = devices[r];
+    models[r] = std::make_unique<UNet>(c);
+    models[r]->train();
+    Tape tape;
+    Tensor l;
+    {
+      TapeScope scope(tape);
+      l = segmentation_loss(loss, models[r]->forward(batch.images.to(devices[r])),
+                            batch.masks.to(devices[r]));
+    }
+    tape.backward(l);
+    opts[r] = make_optimizer(models[r]->parameters());
+    buckets[r] = Tensor::zeros({int64_t(models[r]->parameter_count())}, DType::F32, devices[r]);
+  });
+  // Each rank's median time of f over the repeats (after one untimed), with `active` ranks.
+  auto timed = [&](int active, const std::function<void(int)>& f) {
+    std::vector<double> med(N, 0);
+    pool.run([&](int r) {
+      if (r >= active) return;
+      std::vector<double> t;
+      for (int i = 0; i <= repeats; ++i) {
+        const auto t0 = Clock::now();
+        f(r);
+        wait_for(devices[r]);
+        if (i) t.push_back(seconds_since(t0));
+      }
+      med[r] = median_of(t);
+    });
+    double mean = 0;
+    for (int r = 0; r < active; ++r) mean += med[r] / active;
+    return mean;
+  };
+  StepCosts c;
+  auto step = [&](int r) { opts[r]->step(); };
+  c.optimizer_s = timed(1, step);
+  if (N > 1 && cpu) c.optimizer_slowdown = timed(N, step) / c.optimizer_s;
+  if (N > 1) c.grad_zero_s = timed(N, [&](int r) { buckets[r].fill_(0.0); });
+  if (N > 1 && cpu) {
+    auto comms = make_cpu_communicators(N, AllReduceAlgo::Ring);
+    c.bn_broadcast_s = timed(N, [&](int r) {
+      for (const StateEntry& e : models[r]->state())
+        if (!e.is_parameter && e.tensor.defined()) {
+          Tensor t = e.tensor;
+          comms[r]->broadcast(t, 0);
+        }
+    });
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    c.comm_overlaps_compute = long(std::max(1, threads)) * N < cores;
+  }
+  return c;
+}
+
+LinkModel measure_allreduce_link(const std::vector<Device>& devices, AllReduceAlgo algo, double bytes,
+                                 int repeats) {
+  const int N = int(devices.size());
+  UNETCU_CHECK(N >= 2 && devices[0].is_cpu(), "measure_allreduce_link: two or more CPU devices");
+  auto comms = make_cpu_communicators(N, algo);
+  WorkerPool pool(devices, 1, "link");
+  std::vector<double> small(N), large(N);
+  pool.run([&](int r) {
+    Tensor a = Tensor::zeros({16}, DType::F32, devices[r]);
+    Tensor b = Tensor::zeros({int64_t(bytes / 4)}, DType::F32, devices[r]);
+    std::vector<double> ts, tl;
+    for (int i = 0; i <= repeats; ++i) {
+      comms[r]->barrier();
+      auto t0 = Clock::now();
+      comms[r]->all_reduce(a, ReduceOp::Average);
+      if (i) ts.push_back(seconds_since(t0));
+      comms[r]->barrier();
+      t0 = Clock::now();
+      comms[r]->all_reduce(b, ReduceOp::Average);
+      if (i) tl.push_back(seconds_since(t0));
+    }
+    small[r] = median_of(ts);
+    large[r] = median_of(tl);
+  });
+  double s = 0, l = 0;
+  for (int r = 0; r < N; ++r) s = std::max(s, small[r]), l = std::max(l, large[r]);
+  return link_from_allreduce(s, l, bytes, N, algo);
+}
+
+LinkModel measure_transfer_link(const Device& from, const Device& to, double bytes, int repeats) {
+  const Tensor a = Tensor::zeros({1}, DType::F32, from);
+  const Tensor b = Tensor::zeros({int64_t(bytes / 4)}, DType::F32, from);
+  std::vector<double> ts, tl;
+  for (int i = 0; i <= repeats; ++i) {
+    auto t0 = Clock::now();
+    Tensor x = a.to(to);
+    wait_for(to);
+    if (i) ts.push_back(seconds_since(t0));
+    t0 = Clock::now();
+    Tensor y = b.to(to);
+    wait_for(to);
+    if (i) tl.push_back(seconds_since(t0));
+  }
+  LinkModel l;
+  l.latency = median_of(ts);
+  l.bandwidth = bytes / std::max(1e-12, median_of(tl) - l.latency);
+  return l;
 }
 
 }  // namespace unetcu

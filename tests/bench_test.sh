@@ -17,15 +17,24 @@ rows=$(grep -c '^| encoder\|^| decoder' "$out/table1.md")
 [ "$rows" -eq 10 ] || { echo "FAIL: table1 has $rows cut rows"; fail=1; }
 if grep -E '^\| (encoder|decoder)' "$out/table1.md" | grep -qE '\|\s*\|'; then echo "FAIL: empty cell in table1"; fail=1; fi
 [ "$(grep -o '\*\*' "$out/table1.md" | wc -l)" -eq 2 ] || { echo "FAIL: table1 needs exactly one bold cell"; fail=1; }
-[ "$(tail -n +2 "$out/table1.csv" | grep -cE '^[a-z.0-9]+,[0-9]+,[0-9.e-]+$')" -eq 30 ] || { echo "FAIL: table1.csv rows"; fail=1; }
-# Table 2: single, DP ring, DP ps, MP best, each with mean, std, speedup.
+# Each cell measured and predicted (model_step_s).
+[ "$(tail -n +2 "$out/table1.csv" | grep -cE '^[a-z.0-9]+,[0-9]+,[0-9.e-]+,[0-9.e-]+$')" -eq 30 ] || { echo "FAIL: table1.csv rows"; fail=1; }
+# Table 2: single, DP ring, DP ps, MP best, each with mean, std, speedup, the model's epoch and
+# speedup, and either "within 15 %" or how far off the model is and what it does not see.
 for m in "single" "DP ring" "DP ps" "MP best"; do
-  grep -qE "^\| $m.*\| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|$" "$out/table2.md" || { echo "FAIL: table2 row '$m'"; fail=1; }
+  grep -qE "^\| $m.*\| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| (within 15 %|model [+-][0-9]+ %: [a-z].*) \|$" "$out/table2.md" ||
+    { echo "FAIL: table2 row '$m'"; fail=1; }
 done
+# The model's inputs are printed, each measured: the profile's micro-batch sizes, the shared
+# slowdown, the optimizer, the DP per-step costs and the links.
+for w in "blocks at micro-batch 1, 2" "shared slowdown with 2 devices" "optimizer step" "BN buffers broadcast" "ring all-reduce" "loader:"; do
+  grep -q "$w" "$out/stdout.txt" || { echo "FAIL: model input '$w' not printed"; fail=1; }
+done
+grep -q "The model's best plan: after" "$out/stdout.txt" || { echo "FAIL: the model's best plan not printed"; fail=1; }
 [ "$(tail -n +2 "$out/table2.csv" | wc -l)" -eq 4 ] || { echo "FAIL: table2.csv rows"; fail=1; }
 grep -q '"machine"' "$out/bench.json" && grep -q '"image_size": 64' "$out/bench.json" || { echo "FAIL: bench.json header"; fail=1; }
 if command -v python3 >/dev/null; then
-  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert len(d['table1'])==30 and len(d['table2'])==4" \
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert len(d['table1'])==30 and len(d['table2'])==4; assert all(r['model_epoch_s']>0 and 'model_note' in r for r in d['table2']); assert all(c['model_step_s']>0 for c in d['table1'])" \
     "$out/bench.json" || { echo "FAIL: bench.json"; fail=1; }
 fi
 # --plot: the PNGs when matplotlib is there, else a line saying why not (the run succeeds).
