@@ -202,12 +202,6 @@ PipelineOptions search_split(const StrategyConfig& c, PipelineOptions o, const B
   const int saved_threads = cpu_threads();
   const int stage_threads = o.threads_per_stage > 0 ? o.threads_per_stage
                                                     : std::max(1, saved_threads / int(o.devices.size()));
-  if (o.devices[0].is_cpu()) set_cpu_threads(stage_threads);
-  const auto blocks = profile_blocks(probe, batch.images.device() == one.device
-                                                ? batch
-                                                : Batch{batch.images.to(one.device), batch.masks.to(one.device)},
-                                     c.loss, 2);
-  set_cpu_threads(saved_threads);
   std::vector<int> candidates, splits;
   for (int s = 1; s < B; s *= 2) candidates.push_back(s);
   candidates.push_back(B);
@@ -219,6 +213,16 @@ PipelineOptions search_split(const StrategyConfig& c, PipelineOptions o, const B
     if (int64_t(s) * deepest > 1 && (B % s == 0 || int64_t(B % s) * deepest > 1)) splits.push_back(s);
   UNETCU_CHECK(!splits.empty(), "the split search has no split size whose micro-batches batch norm "
                "can train at this image size");
+  // Each block's time per sample at every candidate micro-batch size (small micro-batches
+  // under-fill a device: the per-sample time depends on the size).
+  const Batch on_dev = batch.images.device() == one.device
+                           ? batch
+                           : Batch{batch.images.to(one.device), batch.masks.to(one.device)};
+  std::vector<Batch> sizes;
+  for (int s : splits) sizes.push_back({on_dev.images.rows(0, s), on_dev.masks.rows(0, s)});
+  if (o.devices[0].is_cpu()) set_cpu_threads(stage_threads);
+  const auto blocks = profile_blocks_by_batch(probe, sizes, c.loss, 2);
+  set_cpu_threads(saved_threads);
   auto plans = rank_plans(blocks, B, splits, o.schedule, LinkModel{});
   const size_t run = std::min<size_t>(3, plans.size());
   for (size_t k = 0; k < run; ++k) {
