@@ -2,7 +2,9 @@
 // parallelism over all devices (ring and PS all-reduce), model parallelism over two stages for
 // every cut x split_size; prints Table 1 (MP cut x split_size, best in bold) and Table 2 (mean
 // epoch time, std, speedup over one device) as Markdown, and writes them as Markdown, CSV and
-// JSON beside the machine, devices, batch sizes and image size.
+// JSON beside the machine, devices, batch sizes and image size. Under a launcher (mpirun -np W,
+// srun, torchrun's variables) it measures the same across W processes, one CPU device each
+// (bench_across_processes).
 #include <CLI/CLI.hpp>
 
 #include <sys/stat.h>
@@ -15,6 +17,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <iostream>
 #include <sstream>
 
@@ -24,6 +28,9 @@
 #include "runtime/cuda_api.h"
 #include "planning/perf_model.h"
 #include "planning/split_search.h"
+#include "parallel/dist.h"
+#include "parallel/process_communicator.h"
+#include "parallel/process_pipeline.h"
 
 using namespace unetcu;
 using Clock = std::chrono::steady_clock;
@@ -96,6 +103,224 @@ std::string json_str(const std::string& s) {
   return o + "\"";
 }
 
+// Under a launcher (mpirun, srun, torchrun's variables): one process per CPU device. Process 0
+// times one device alone, then every process trains together: DP across processes (ring, ps,
+// the transport's own all-reduce) and the pipeline with one stage per process at each split
+// size; the model predicts each row from inputs measured first (per-block times on process 0
+// alone; the slowdown of W devices sharing the machine and the step costs measured with W
+// in-process CPU devices, the same cores and memory; the links between the processes timed
+// over the process group). Only process 0 prints and writes.
+struct ProcessBenchOptions {
+  int image, batch, mp_batch, epoch_images, epochs, warmup, width_divisor, threads;
+  std::vector<int> splits;
+  std::string out_dir;
+};
+
+int bench_across_processes(const DistEnv& env, ProcessBenchOptions o) {
+  // Processes waiting for process 0's solo runs yield their core instead of spinning in MPI.
+  setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
+  init_process_group(env);
+  std::shared_ptr<ProcessGroup> world = world_process_group(kDefaultCollectiveTimeout);
+  const int W = world->size(), rank = world->rank();
+  if (rank != 0 && !std::freopen("/dev/null", "w", stdout)) throw Error("cannot silence process output");
+  if (o.threads <= 0) o.threads = std::max(1, int(sysconf(_SC_NPROCESSORS_ONLN)) / std::max(1, env.local_size));
+  set_cpu_threads(o.threads);
+  if (o.mp_batch == 0) o.mp_batch = o.batch * W;
+  if (o.epoch_images == 0) o.epoch_images = 4 * o.batch * W;
+  UNetConfig mc;
+  mc.width_divisor = o.width_divisor;
+  mc.device = Device::cpu(0);
+  SyntheticSegmentation data(o.image, 1);
+  const int max_batch = std::max(o.batch * W, o.mp_batch);
+  data.enable_cache(max_batch);
+  auto batch_of = [&](int lo, int n) {
+    std::vector<int64_t> idx;
+    for (int i = lo; i < lo + n; ++i) idx.push_back(i);
+    return data.batch(idx);
+  };
+  const OptimizerFactory adam = optimizer_factory({});
+  const int64_t deepest = int64_t(o.image / 32) * (o.image / 32);
+  std::vector<Device> local;  // W CPU devices in process 0: the proxies for W processes
+  for (int d = 0; d < W; ++d) local.push_back(Device::cpu(d));
+  std::printf("%s\nprocesses: %d (%s, transport %s), %d threads each, on %s\n"
+              "image %dx%d, width/%d; single and DP batch %d per process, MP batch %d; epoch = %d images; "
+              "%d timed epochs after %d warm-up steps\n\n",
+              kernels::cpu::cpu_gemm_line().c_str(), W, env.launcher.c_str(), world->transport().c_str(),
+              o.threads, machine_description({Device::cpu(0)}).c_str(), o.image, o.image, o.width_divisor,
+              o.batch, o.mp_batch, o.epoch_images, o.epochs, o.warmup);
+  std::fflush(stdout);
+
+  // Process 0 alone: the model's inputs and the one-device baseline; the others wait.
+  std::vector<BlockProfile> profile;
+  StepCosts costs;
+  double param_bytes = 0;
+  std::vector<Row> rows;
+  if (rank == 0) {
+    std::vector<int> sizes = {o.batch, o.mp_batch};
+    for (int s : o.splits) sizes.push_back(s);
+    std::sort(sizes.begin(), sizes.end());
+    sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+    sizes.erase(std::remove_if(sizes.begin(), sizes.end(), [&](int s) { return s * deepest < 2; }), sizes.end());
+    UNet m(mc);
+    m.train();
+    param_bytes = double(m.parameter_count()) * 4;
+    std::vector<Batch> sized;
+    for (int s : sizes) sized.push_back(batch_of(0, s));
+    profile = profile_blocks_by_batch(m, sized, LossKind::BCEDice, 2);
+    measure_shared_slowdown(profile, mc, local, o.threads, batch_of(0, o.batch), LossKind::BCEDice, 2);
+    costs = measure_step_costs(mc, local, o.threads, adam, LossKind::BCEDice, batch_of(0, o.batch), 3);
+    set_cpu_threads(o.threads);
+    SingleDevice single(mc, adam, LossKind::BCEDice);
+    const int steps = std::max(1, o.epoch_images / o.batch);
+    rows.push_back({"single (process 0 alone)", time_epochs(single, batch_of(0, o.batch), o.warmup, o.epochs, steps),
+                    steps * single_step_seconds(profile, o.batch, costs), 1.0});
+  }
+  world->barrier();
+  set_cpu_threads(o.threads);
+
+  // The links between the processes: all-reduces of 64 bytes and of the gradients' size, and a
+  // ping-pong of 4 bytes and of the largest activation between processes 0 and 1.
+  auto best_of = [](int n, const std::function<double()>& f) {
+    double best = 1e30;
+    for (int i = 0; i < n; ++i) best = std::min(best, f());
+    return best;
+  };
+  double grads = param_bytes;
+  world->broadcast(&grads, sizeof grads, 0);
+  std::map<AllReduceAlgo, LinkModel> links;
+  for (AllReduceAlgo algo : {AllReduceAlgo::Ring, AllReduceAlgo::ParameterServer, AllReduceAlgo::Mpi}) {
+    auto comm = make_process_communicator(world->duplicate(), algo);
+    Tensor small = Tensor::zeros({16}), large = Tensor::zeros({int64_t(grads / 4)});
+    auto timed = [&](Tensor& t) {
+      comm->barrier();
+      const auto t0 = Clock::now();
+      comm->all_reduce(t, ReduceOp::Average);
+      double dt = since(t0);
+      world->broadcast(&dt, sizeof dt, 0);  // process 0's time, everywhere
+      return dt;
+    };
+    const double ts = best_of(5, [&] { return timed(small); });
+    const double tl = best_of(3, [&] { return timed(large); });
+    // The transport's own all-reduce is modelled as a ring with the link it shows.
+    links[algo] = link_from_allreduce(ts, tl, grads, W,
+                                      algo == AllReduceAlgo::ParameterServer ? algo : AllReduceAlgo::Ring);
+  }
+  double largest = 0;
+  if (rank == 0)
+    for (const auto& bl : profile) largest = std::max(largest, bl.output_bytes * o.mp_batch);
+  world->broadcast(&largest, sizeof largest, 0);
+  LinkModel mp_link;
+  {
+    std::vector<char> buf(size_t(std::max(4.0, largest)));
+    auto ping = [&](size_t bytes) {
+      world->barrier();
+      const auto t0 = Clock::now();
+      if (rank == 0) {
+        world->send(buf.data(), bytes, 1, 5);
+        world->recv(buf.data(), 4, 1, 6);
+      } else if (rank == 1) {
+        world->recv(buf.data(), bytes, 0, 5);
+        world->send(buf.data(), 4, 0, 6);
+      }
+      double dt = since(t0);
+      world->broadcast(&dt, sizeof dt, 0);
+      return dt;
+    };
+    const double rtt_small = best_of(5, [&] { return ping(4); });
+    const double rtt_large = best_of(3, [&] { return ping(buf.size()); });
+    mp_link.latency = rtt_small / 2;
+    mp_link.bandwidth = double(buf.size()) / std::max(1e-9, rtt_large - rtt_small);
+  }
+  std::printf("model inputs (measured now, before the runs): %zu blocks profiled on process 0 alone; "
+              "shared slowdown and step costs with %d in-process CPU devices; links between the "
+              "processes: ring all-reduce %.2f GB/s, %.1f us; ps %.2f GB/s, %.1f us; %s's own %.2f GB/s, "
+              "%.1f us; stage transfers %.2f GB/s, %.1f us\n\n",
+              profile.size(), W, links[AllReduceAlgo::Ring].bandwidth / 1e9, links[AllReduceAlgo::Ring].latency * 1e6,
+              links[AllReduceAlgo::ParameterServer].bandwidth / 1e9,
+              links[AllReduceAlgo::ParameterServer].latency * 1e6, world->transport().c_str(),
+              links[AllReduceAlgo::Mpi].bandwidth / 1e9, links[AllReduceAlgo::Mpi].latency * 1e6,
+              mp_link.bandwidth / 1e9, mp_link.latency * 1e6);
+  std::fflush(stdout);
+
+  // Every process together: DP across processes.
+  for (AllReduceAlgo algo : {AllReduceAlgo::Ring, AllReduceAlgo::ParameterServer, AllReduceAlgo::Mpi}) {
+    DataParallelOptions dpo;
+    dpo.devices = {Device::cpu(0)};
+    dpo.algo = algo;
+    dpo.threads_per_replica = o.threads;
+    dpo.across_processes = true;
+    dpo.process_group = world->duplicate();
+    DataParallelStrategy dp(mc, dpo, adam, LossKind::BCEDice);
+    const int steps = std::max(1, o.epoch_images / (o.batch * W));
+    const auto times = time_epochs(dp, batch_of(rank * o.batch, o.batch), o.warmup, o.epochs, steps);
+    const std::string name = algo == AllReduceAlgo::Mpi ? world->transport() + "'s own" : name_of(kAllReduceNames, algo);
+    if (rank == 0)
+      rows.push_back({"DP " + name + " (" + std::to_string(W) + " processes x " + std::to_string(o.batch) + ")", times,
+                      steps * predict_dp(profile, param_bytes, W, o.batch, algo, links[algo], double(dpo.bucket_bytes), 0,
+                                         costs).step_s});
+  }
+  // The pipeline, one stage per process, at the model's best cut for W stages.
+  std::vector<int> cuts;
+  if (rank == 0) cuts = predict_mp(profile, W, o.mp_batch, o.splits, Schedule::GPipe, mp_link).cuts;
+  cuts.resize(size_t(W - 1));
+  world->broadcast(cuts.data(), cuts.size() * sizeof(int), 0);
+  std::string cut_names;
+  {
+    UNet names(mc);
+    for (int c : cuts) cut_names += (cut_names.empty() ? "" : ", ") + names.blocks()[size_t(c - 1)].name;
+  }
+  for (int split : o.splits) {
+    ProcessPipelineOptions po;
+    po.cuts = cuts;
+    po.split_size = split;
+    po.threads = o.threads;
+    po.world = world->duplicate();
+    po.stages = W;
+    ProcessPipelineStrategy pipe(mc, po, adam, LossKind::BCEDice);
+    const int steps = std::max(1, o.epoch_images / o.mp_batch);
+    const auto times = time_epochs(pipe, batch_of(0, o.mp_batch), o.warmup, o.epochs, steps);
+    if (rank == 0)
+      rows.push_back({"MP " + std::to_string(W) + " processes (after " + cut_names + ", split " +
+                          std::to_string(split) + ", batch " + std::to_string(o.mp_batch) + ")",
+                      times,
+                      steps * predict_pipeline_step(profile, cuts, o.mp_batch, split, Schedule::GPipe, mp_link, costs)});
+  }
+  if (rank != 0) return 0;
+  std::ostringstream md, csv;
+  md << "| method | mean epoch (s) | std (s) | speedup | model epoch (s) | model speedup | model vs measured |\n"
+        "|---|---|---|---|---|---|---|\n";
+  csv << "method,mean_epoch_s,std_s,speedup,model_epoch_s,model_speedup,note\n";
+  const double base = rows[0].mean();
+  for (auto& r : rows) {
+    r.model_speedup = rows[0].model_epoch / r.model_epoch;
+    const double off = r.model_epoch / r.mean() - 1;
+    if (std::fabs(off) > 0.15) {
+      char why[64];
+      std::snprintf(why, sizeof why, "model %+.0f %%: ", 100 * off);
+      r.note = std::string(why) + (&r == &rows[0] ? "the step beside the blocks is not profiled"
+                                   : r.method.rfind("DP", 0) == 0
+                                       ? "the processes' copies and waits beside the all-reduce's link"
+                                       : "how the stage processes share the cores while they overlap");
+    }
+    char line[512];
+    std::snprintf(line, sizeof line, "| %s | %.3f | %.3f | %.2f | %.3f | %.2f | %s |\n", r.method.c_str(), r.mean(),
+                  r.stddev(), base / r.mean(), r.model_epoch, r.model_speedup,
+                  r.note.empty() ? "within 15 %" : r.note.c_str());
+    md << line;
+    csv << "\"" << r.method << "\"," << r.mean() << "," << r.stddev() << "," << base / r.mean() << ","
+        << r.model_epoch << "," << r.model_speedup << ",\"" << r.note << "\"\n";
+  }
+  std::printf("Table 2 across processes: epoch time (%d images) and speedup over one device; the model's "
+              "prediction from the inputs measured above beside it\n\n%s", o.epoch_images, md.str().c_str());
+  if (::mkdir(o.out_dir.c_str(), 0755) != 0 && errno != EEXIST)
+    throw Error("cannot create --out folder '" + o.out_dir + "'");
+  write_file(o.out_dir + "/processes.md", md.str());
+  write_file(o.out_dir + "/processes.csv", csv.str());
+  std::printf("\nwritten: %s/processes.{md,csv}\n", o.out_dir.c_str());
+  std::fflush(stdout);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -123,6 +348,28 @@ int main(int argc, char** argv) {
                "matplotlib is installed (tools/setup.sh --plots)");
   CLI11_PARSE(app, argc, argv);
   try {
+    // Started by a launcher: the benchmark across processes (one CPU device each).
+    const DistEnv env = detect_dist(DistMode::Auto);
+    if (env.multi()) {
+      ProcessBenchOptions po{image, batch, mp_batch, epoch_images, epochs, warmup, width_divisor, threads, {}, out_dir};
+      UNETCU_CHECK(batch >= 1 && epochs >= 1 && warmup >= 0 && mp_batch >= 0, "bad sizes");
+      UNETCU_CHECK(image >= 32 && image % 32 == 0, "--image-size must be a multiple of 32");
+      const int mpb = mp_batch ? mp_batch : batch * env.world;
+      const int64_t deepest = int64_t(image / 32) * (image / 32);
+      if (splits_s.empty()) {
+        for (int s = 1; s < mpb; s *= 2) po.splits.push_back(s);
+        po.splits.push_back(mpb);
+      } else {
+        po.splits = cli::parse_int_list(splits_s);
+      }
+      for (int s : po.splits) UNETCU_CHECK(s >= 1 && s <= mpb, "--split-sizes: ", s, " is outside 1..", mpb);
+      po.splits.erase(std::remove_if(po.splits.begin(), po.splits.end(), [&](int s) { return s * deepest < 2; }),
+                      po.splits.end());
+      UNETCU_CHECK(!po.splits.empty(), "no usable split size");
+      UNETCU_CHECK(batch * deepest >= 2, "--batch-size ", batch, " at ", image, "x", image,
+                   " gives batch norm one value per channel");
+      return bench_across_processes(env, po);
+    }
     std::vector<Device> devices;
     try {
       devices = cli::parse_device_list(devices_s);
@@ -415,6 +662,7 @@ int main(int argc, char** argv) {
     }
   } catch (const std::exception& e) {
     std::cerr << "unet_bench: error: " << e.what() << "\n";
+    abort_process_group(1);  // one process's failure ends every process of the job
     return 1;
   }
   return 0;

@@ -44,4 +44,20 @@ else
   grep -q "plots not drawn" "$out/stdout.txt" || { echo "FAIL: --plot without matplotlib said nothing"; fail=1; }
 fi
 [ $fail -eq 0 ] && echo "ok: both tables and the files, every cell filled"
+# Under mpirun: the same across 2 processes (DP ring, ps and the transport's own; MP one stage
+# per process), each row with the model's prediction, from process 0 alone.
+if command -v mpirun >/dev/null && ldd "$bin" | grep -q libmpi; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  env "ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" timeout 300 mpirun --oversubscribe --bind-to none -np 2 \
+    "$bin" --width-divisor 16 --image-size 64 --batch-size 2 --epochs 1 --warmup 1 --split-sizes 2 \
+    --out "$out/procs" > "$out/procs.txt" 2>&1 || { echo "FAIL: unet_bench under mpirun"; cat "$out/procs.txt"; fail=1; }
+  for m in "single \(process 0 alone\)" "DP ring \(2 processes" "DP ps \(2 processes" "DP MPI's own" "MP 2 processes \(after"; do
+    [ "$(grep -cE "^\| $m.*\| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| (within 15 %|model [+-][0-9]+ %: [a-z].*) \|$" "$out/procs.txt")" -eq 1 ] ||
+      { echo "FAIL: across processes, row '$m' (once, from process 0)"; cat "$out/procs.txt"; fail=1; }
+  done
+  [ "$(tail -n +2 "$out/procs/processes.csv" | wc -l)" -eq 5 ] || { echo "FAIL: processes.csv rows"; fail=1; }
+  [ $fail -eq 0 ] && echo "ok: unet_bench across 2 processes"
+else
+  echo "note: unet_bench across processes not checked (no mpirun or no MPI build)"
+fi
 exit $fail
