@@ -116,8 +116,13 @@ void init_gloo_from(const DistEnv& d) {
   UNETCU_CHECK(!d.master_addr.empty() && d.master_port > 0,
                "a process group of ", d.world, " started by ", how, " meets at MASTER_ADDR:MASTER_PORT: set "
                "both (e.g. MASTER_ADDR=<rank 0's host> MASTER_PORT=29500), the same on every rank");
-  UNETCU_CHECK(d.master_port < 65536, "MASTER_PORT=", d.master_port, " is not a TCP port");
-  init_gloo(d.rank, d.world, d.master_addr, d.master_port);
+  UNETCU_CHECK(d.master_port < 65535, "MASTER_PORT=", d.master_port, " is not a TCP port");
+  // torchrun's agent may serve its own store (PyTorch's) at MASTER_PORT, and then says so to
+  // its workers (TORCHELASTIC_USE_AGENT_STORE=True): the rendezvous takes the next port. Every
+  // rank sees the same variables, so every rank picks the same port.
+  const char* agent_store = env("TORCHELASTIC_USE_AGENT_STORE");
+  const bool next_port = agent_store && std::strcmp(agent_store, "True") == 0;
+  init_gloo(d.rank, d.world, d.master_addr, d.master_port + (next_port ? 1 : 0));
 }
 
 }  // namespace

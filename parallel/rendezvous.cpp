@@ -365,8 +365,8 @@ std::shared_ptr<RendezvousServer> serve_rendezvous(int port) {
   if (rc != 0) {
     const int err = errno;
     ::close(fd);
-    throw Error(str_cat("rendezvous: rank 0 cannot serve on MASTER_PORT ", port, ": ", std::strerror(err),
-                        err == EADDRINUSE ? " (another program, or an earlier job, holds the port: pick a free one)" : ""));
+    throw Error(str_cat("rendezvous: rank 0 cannot serve on port ", port, ": ", std::strerror(err),
+                        err == EADDRINUSE ? " (another program, or an earlier job, holds it: pick a free MASTER_PORT)" : ""));
   }
   return std::make_shared<RendezvousServer>(fd);
 }

@@ -21,6 +21,9 @@
 
 namespace unetcu {
 
+// The port is MASTER_PORT, or the one after it when torchrun's agent serves its own store at
+// MASTER_PORT (parallel/dist.cpp).
+//
 // Rank 0's side: listens on `port` on every interface and answers until the process ends.
 // Error when the port cannot be bound (in use, not allowed).
 class RendezvousServer;

@@ -87,6 +87,28 @@ else
   echo "FAIL: --allreduce mpi differs from the ring:"; epochs "$d/threads.ring.log"; epochs "$d/native.0.log"; fail=1
 fi
 
+# Under torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE=True) MASTER_PORT is torchrun's
+# own: a listener holds it here, and the ranks meet at the next port.
+if command -v python3 >/dev/null; then
+  port=$(free_port)
+  python3 -c 'import socket, sys, time
+s = socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(); time.sleep(300)' "$port" &
+  holder=$!
+  sleep 0.5
+  for r in 0 1; do
+    TORCHELASTIC_USE_AGENT_STORE=True start_rank $r 2 "$port" "$d/agent.$r.log" "${common[@]}"
+    pids[$r]=$!
+  done
+  wait ${pids[0]}; rc0=$?
+  wait ${pids[1]}; rc1=$?
+  kill $holder 2>/dev/null; wait $holder 2>/dev/null
+  if [ $rc0 -ne 0 ] || [ $rc1 -ne 0 ]; then
+    echo "FAIL: with torchrun's agent store: rank 0 rc $rc0, rank 1 rc $rc1"; cat "$d/agent.0.log" "$d/agent.1.log"; fail=1
+  else
+    echo "ok: with torchrun's agent store at MASTER_PORT the ranks meet at the next port"
+  fi
+fi
+
 # Rank 1 alone resumes from a file that does not exist: its error ends both ranks, non-zero and
 # before the timeout (124).
 run_pair resume "${common[@]}" --rank1 --resume "$d/nonexistent.safetensors"
