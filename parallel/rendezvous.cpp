@@ -1,6 +1,6 @@
-#include "parallel/rendezvous.h"
-
+// Only in the Gloo build: the store implements Gloo's Store interface.
 #ifdef UNETCU_HAVE_GLOO
+#include "parallel/rendezvous.h"
 
 #include <netdb.h>
 #include <netinet/in.h>
