@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "parallel/gloo_group.h"
 #include "parallel/mpi_group.h"
 #include "parallel/process_group.h"
 #include "runtime/common.h"
@@ -53,6 +54,8 @@ bool from_slurm(DistEnv* d) {
   // SLURM_NTASKS_PER_NODE may read "2(x3)"; its leading count is the tasks on this node.
   const char* per = env("SLURM_NTASKS_PER_NODE");
   d->local_size = per ? std::max(1, std::atoi(per)) : 1;
+  if (const char* a = env("MASTER_ADDR")) d->master_addr = a;  // for Gloo, without PMI
+  d->master_port = env_int("MASTER_PORT", 0);
   return true;
 }
 
@@ -68,7 +71,59 @@ bool from_torchrun(DistEnv* d) {
   return true;
 }
 
+#ifdef UNETCU_HAVE_MPI
 bool g_mpi_initialised = false;
+#endif
+std::string g_transport;  // "MPI" or "Gloo" once init_process_group chose
+
+// MPI for processes an MPI launcher started (mpirun; srun with PMI, in the MPI build), else Gloo.
+std::string choose_transport(const DistEnv& d) {
+  if (d.launcher == "mpi") return "MPI";
+  if (d.launcher == "slurm" && mpi_built() && (env("PMI_RANK") || env("PMIX_RANK"))) return "MPI";
+  return "Gloo";
+}
+
+void init_mpi(const DistEnv& d) {
+#ifdef UNETCU_HAVE_MPI
+  int provided = 0;
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+  g_mpi_initialised = true;
+  std::atexit([] {
+    int done = 0;
+    MPI_Finalized(&done);
+    if (!done) MPI_Finalize();
+  });
+  UNETCU_CHECK(provided >= MPI_THREAD_MULTIPLE,
+               "this MPI library does not support MPI_THREAD_MULTIPLE (a rank's gradient "
+               "all-reduces run on their own thread)");
+  int rank = -1, size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  UNETCU_CHECK(rank == d.rank && size == d.world, "MPI says rank ", rank, " of ", size,
+               ", the launcher's environment rank ", d.rank, " of ", d.world);
+#else
+  throw Error(str_cat("a process group of ", d.world, " (", d.launcher,
+                      ") needs the MPI build: install libopenmpi-dev (tools/setup.sh) and rebuild"));
+#endif
+}
+
+void init_gloo_from(const DistEnv& d) {
+  const char* how = d.launcher == "slurm" ? "SLURM without an MPI launch (srun --mpi=pmix would use MPI)"
+                                          : d.launcher.c_str();
+  UNETCU_CHECK(gloo_built(), "a process group of ", d.world, " started by ", how,
+               " needs the Gloo build: install libgloo-dev (tools/setup.sh) and rebuild, or start the "
+               "ranks with mpirun");
+  UNETCU_CHECK(!d.master_addr.empty() && d.master_port > 0,
+               "a process group of ", d.world, " started by ", how, " meets at MASTER_ADDR:MASTER_PORT: set "
+               "both (e.g. MASTER_ADDR=<rank 0's host> MASTER_PORT=29500), the same on every rank");
+  UNETCU_CHECK(d.master_port < 65535, "MASTER_PORT=", d.master_port, " is not a TCP port");
+  // torchrun's agent may serve its own store (PyTorch's) at MASTER_PORT, and then says so to
+  // its workers (TORCHELASTIC_USE_AGENT_STORE=True): the rendezvous takes the next port. Every
+  // rank sees the same variables, so every rank picks the same port.
+  const char* agent_store = env("TORCHELASTIC_USE_AGENT_STORE");
+  const bool next_port = agent_store && std::strcmp(agent_store, "True") == 0;
+  init_gloo(d.rank, d.world, d.master_addr, d.master_port + (next_port ? 1 : 0));
+}
 
 }  // namespace
 
@@ -108,44 +163,28 @@ bool mpi_built() {
 }
 
 void init_process_group(const DistEnv& d) {
-  if (!d.multi()) return;
-#ifdef UNETCU_HAVE_MPI
-  if (g_mpi_initialised) return;
-  int provided = 0;
-  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
-  g_mpi_initialised = true;
-  std::atexit([] {
-    int done = 0;
-    MPI_Finalized(&done);
-    if (!done) MPI_Finalize();
-  });
-  UNETCU_CHECK(provided >= MPI_THREAD_MULTIPLE,
-               "this MPI library does not support MPI_THREAD_MULTIPLE (a rank's gradient "
-               "all-reduces run on their own thread)");
-  int rank = -1, size = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  UNETCU_CHECK(rank == d.rank && size == d.world, "MPI says rank ", rank, " of ", size,
-               ", the launcher's environment rank ", d.rank, " of ", d.world,
-               " (a torchrun/SLURM launch without MPI needs an MPI launcher here: mpirun or srun --mpi)");
-#else
-  throw Error(str_cat("a process group of ", d.world, " (", d.launcher,
-                      ") needs the MPI build: install libopenmpi-dev (tools/setup.sh) and rebuild"));
-#endif
+  if (!d.multi() || !g_transport.empty()) return;
+  const std::string transport = choose_transport(d);
+  if (transport == "MPI")
+    init_mpi(d);
+  else
+    init_gloo_from(d);
+  g_transport = transport;
 }
+
+std::string process_group_transport() { return g_transport; }
 
 void abort_process_group(int code) {
 #ifdef UNETCU_HAVE_MPI
   if (g_mpi_initialised) MPI_Abort(MPI_COMM_WORLD, code);
-#else
-  (void)code;
 #endif
+  if (g_transport == "Gloo") abort_gloo(code);
 }
 
 std::shared_ptr<ProcessGroup> world_process_group(double timeout_s) {
-  UNETCU_CHECK(g_mpi_initialised, "no process group: this process was not started as one rank of several "
-                                  "(mpirun, srun) or init_process_group was not called");
-  return make_mpi_world_group(timeout_s);
+  UNETCU_CHECK(!g_transport.empty(), "no process group: this process was not started as one rank of several "
+                                     "(mpirun, srun, torchrun) or init_process_group was not called");
+  return g_transport == "MPI" ? make_mpi_world_group(timeout_s) : make_gloo_world_group(timeout_s);
 }
 
 std::string hostname() {
