@@ -90,11 +90,11 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
       "one per stage, may repeat (CPU devices share the cores: --threads each, default cores/N)");
   add_enum(app, "--allreduce", cfg.allreduce, kAllReduceNames,
            "--mode dp: ring (reduce-scatter + all-gather), ps (reduce to rank 0, broadcast back), or "
-           "mpi (the MPI library's MPI_Allreduce; ranks in several processes)");
+           "mpi (the transport library's own all-reduce, MPI_Allreduce or Gloo's; ranks in several processes)");
   add_enum(app, "--dist", cfg.dist, kDistNames,
            "Process group: auto (from mpirun's, SLURM's or torchrun's environment when present), "
            "mpi, env (SLURM/torchrun variables), none (one process). Several processes: --mode dp "
-           "on one CPU device each, gradients averaged over MPI (launch with mpirun or srun)");
+           "one replica per process, mp/dp+mp one stage per process, over MPI (mpirun, srun --mpi) or Gloo (torchrun's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); GPUs: NCCL");
   app.add_option("--collective-timeout", cfg.collective_timeout,
                  "--mode dp: seconds a collective may take before every rank stops with an "
                  "error naming the rank and the collective (instead of hanging)")
@@ -236,8 +236,8 @@ void validate(const TrainConfig& c) {
                "device kind); --mode dp and mp take --devices");
   UNETCU_CHECK(c.mode == Mode::DataParallel || !c.sync_bn, "--sync-bn belongs to --mode dp");
   UNETCU_CHECK(c.allreduce != AllReduceAlgo::Mpi || as_group(c.dist),
-               "--allreduce mpi is MPI's own all-reduce, for ranks in several processes: start "
-               "them with mpirun or srun (in one process use ring or ps)");
+               "--allreduce mpi is the transport library's own all-reduce, for ranks in several processes: "
+               "start them with mpirun, srun or torchrun (in one process use ring or ps)");
   UNETCU_CHECK(c.log_every >= 0 && c.log_every <= kMaxSamples, "--log-every must be between 0 and ",
                kMaxSamples, ", got ", c.log_every);
   UNETCU_CHECK(c.log_every == 0 || !c.log.empty(), "--log-every needs --log FILE");
@@ -281,7 +281,7 @@ void validate(const TrainConfig& c) {
   }
   if (c.mode == Mode::DataParallel) {
     UNETCU_CHECK(!c.devices.empty() || as_group(c.dist),
-                 "--mode dp needs --devices (e.g. cpu:0,cpu:1), or a launcher (mpirun -np N)");
+                 "--mode dp needs --devices (e.g. cpu:0,cpu:1), or a launcher (mpirun -np N, torchrun)");
     for (size_t i = 0; i < c.devices.size(); ++i)
       for (size_t j = 0; j < i; ++j)
         UNETCU_CHECK(c.devices[i] != c.devices[j], "--devices lists ", c.devices[i].str(), " twice");
@@ -322,7 +322,8 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
     // One line per rank: who it is (the rest of the log is rank 0's).
     const std::string line = str_cat("dist: ", dist.launcher, ", world ", dist.world, ", rank ",
                                      dist.rank, " (local ", dist.local_rank, " of ",
-                                     dist.local_size, ") on ", hostname(), ", ", process_device->str(), "\n");
+                                     dist.local_size, ") on ", hostname(), ", ", process_device->str(),
+                                     process_group_transport().empty() ? "" : ", " + process_group_transport(), "\n");
     std::fwrite(line.data(), 1, line.size(), stderr);  // one write: ranks' lines do not mix
   }
   out << kernels::cpu::cpu_gemm_line() << "\n";

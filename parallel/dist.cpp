@@ -163,7 +163,8 @@ bool mpi_built() {
 }
 
 void init_process_group(const DistEnv& d) {
-  if (!d.multi() || !g_transport.empty()) return;
+  // A launcher's group, of several processes or of one (--dist naming the launcher).
+  if (d.launcher == "none" || !g_transport.empty()) return;
   const std::string transport = choose_transport(d);
   if (transport == "MPI")
     init_mpi(d);

@@ -5,7 +5,8 @@
 # checkpoint bytes as the same run with the replicas as threads of one process; Gloo's own
 # all-reduce gives the ring's losses; a rank that fails ends both ranks, with its message; a
 # rank that never arrives ends the other at the rendezvous; a rank stopped mid-training ends the
-# other at the collective timeout. Every run is bounded (timeout).
+# other at the collective timeout. The pipeline with one stage per process over Gloo writes the
+# in-process pipeline's bytes too. Every run is bounded (timeout).
 set -u
 train="$1"
 if ! ldd "$train" | grep -q libgloo; then echo "SKIPPED: built without Gloo (libgloo-dev)"; exit 77; fi
@@ -33,7 +34,7 @@ start_rank() {
   env -u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE -u SLURM_PROCID -u SLURM_NTASKS \
     RANK="$rank" WORLD_SIZE="$world" LOCAL_RANK="$rank" LOCAL_WORLD_SIZE="$world" \
     MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" \
-    timeout 300 "$train" --mode dp "$@" > "$log" 2>&1 &
+    timeout 300 "$train" --mode "${MODE:-dp}" "$@" > "$log" 2>&1 &
 }
 # run_pair NAME ARGS... (rank 1's extra arguments after --rank1): both ranks; their exit codes
 # in rc0 and rc1, their output in $d/NAME.0.log and $d/NAME.1.log.
@@ -164,4 +165,17 @@ fi
 msg=$(env -u OMPI_COMM_WORLD_RANK -u SLURM_PROCID -u MASTER_ADDR -u MASTER_PORT RANK=0 WORLD_SIZE=2 \
       timeout 60 "$train" --mode dp "${common[@]}" 2>&1) && { echo "FAIL: a start without MASTER_ADDR/MASTER_PORT accepted"; fail=1; }
 grep -q "MASTER_ADDR:MASTER_PORT" <<<"$msg" || { echo "FAIL: missing MASTER_ADDR message: $msg"; fail=1; }
+# The pipeline, one stage per process, over Gloo: the in-process pipeline's bytes.
+mp=(--mode mp --split layer3 --batch-size 4 --split-size 2 --width-divisor 16 --image-size 64 --train-size 12
+    --val-size 4 --epochs 2 --threads 1 --seed 3 --no-progress)
+"$train" "${mp[@]}" --devices cpu:0,cpu:1 --dist none --checkpoint "$d/mp_threads.safetensors" > "$d/mp_threads.log" 2>&1 \
+  || { echo "FAIL: in-process pipeline"; cat "$d/mp_threads.log"; fail=1; }
+MODE=mp run_pair mp "${mp[@]:2}" --checkpoint "$d/mp_procs.safetensors"
+if [ $rc0 = 0 ] && [ $rc1 = 0 ] && cmp -s "$d/mp_threads.safetensors" "$d/mp_procs.safetensors" \
+   && cmp -s "$d/mp_threads.safetensors.train" "$d/mp_procs.safetensors.train" \
+   && grep -q "model parallel across processes, 2 stages over Gloo" "$d/mp.0.log"; then
+  echo "ok: the pipeline across 2 torchrun-style processes equals the in-process pipeline"
+else
+  echo "FAIL: pipeline over Gloo (rc $rc0/$rc1)"; cat "$d/mp.0.log" "$d/mp.1.log"; fail=1
+fi
 exit $fail

@@ -5,6 +5,7 @@
 #include <ostream>
 
 #include "engine/tape.h"
+#include "parallel/dist.h"
 #include "planning/split_search.h"
 
 namespace unetcu {
@@ -84,7 +85,8 @@ std::string DataParallelStrategy::describe() const {
   if (o.across_processes)
     return "data parallel across processes, " + std::to_string(dp_.global_size()) +
            " ranks (this one: rank " + std::to_string(dp_.global_rank()) + " on " + o.devices[0].str() +
-           "), " + name_of(kAllReduceNames, o.algo) + " all-reduce over MPI" +
+           "), " + name_of(kAllReduceNames, o.algo) + " all-reduce over " +
+           (o.devices[0].is_cuda() ? std::string("NCCL") : process_group_transport()) +
            (o.sync_bn ? ", synchronized BN" : "");
   return "data parallel, " + std::to_string(dp_.size()) + " replicas on " + device_list_str(o.devices) +
          ", " + name_of(kAllReduceNames, o.algo) + " all-reduce" + (o.sync_bn ? ", synchronized BN" : "");
