@@ -59,6 +59,7 @@ void* HostAllocator::allocate(size_t bytes, size_t* capacity) {
   if (!p) throw Error(str_cat("out of host memory allocating ", bytes, " bytes"));
   *capacity = want;
   std::lock_guard<std::mutex> lock(s.mu);
+  ++s.stats.system_allocations;
   s.stats.current_bytes += want;
   if (s.stats.current_bytes > s.stats.peak_bytes) s.stats.peak_bytes = s.stats.current_bytes;
   return p;

@@ -11,6 +11,10 @@ struct AllocatorStats {
   size_t current_bytes = 0;  // in tensors now
   size_t peak_bytes = 0;     // most ever in tensors at once
   size_t cached_bytes = 0;   // freed blocks kept for reuse
+  // Blocks taken from the system (the cache had none to give): after a training step's first
+  // run at a fixed shape, none (a step that still allocates from the system cannot be
+  // captured in a CUDA graph and pays the system's cost every step).
+  size_t system_allocations = 0;
 };
 
 class HostAllocator {

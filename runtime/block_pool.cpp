@@ -102,6 +102,7 @@ void* BlockPool::allocate(size_t bytes, StreamRef stream, size_t* capacity, bool
       p = static_cast<char*>(backend_.allocate(want));
     }
     if (!p) return nullptr;
+    ++stats_.system_allocations;
     *capacity = want;
   }
   Live& live = live_[p];
