@@ -27,7 +27,8 @@ module names, to check unetcu against PyTorch.
                        [--compile-timeout 240]
       The same step on the GPU (random batch resident there, cudnn.benchmark on), one mode after
       another in this process: fp32 (eager, TF32 off everywhere), tf32 (eager, TF32 on in cuDNN
-      and matmuls), bf16 (autocast bf16, channels_last, eager; the loss in float32), bf16-compile
+      and matmuls), bf16 (autocast bf16, channels_last, eager; the loss in float32; what stays
+      float32 has PyTorch's default TF32 settings: on in cuDNN, off in matmuls), bf16-compile
       (bf16 under torch.compile; a failure or a compile past --compile-timeout seconds is
       reported as "compile failed: <reason>", not raised). Per mode: one JSON line
       {"device", "mode", "batch", "size", "status", "steps": [seconds...], "median",
@@ -297,6 +298,22 @@ class CompileFailed(Exception):
     """torch.compile is missing, failed or took too long: a result to report, not an error."""
 
 
+def set_tf32(matmul, conv):
+    m, c = torch.backends.cuda.matmul, torch.backends.cudnn
+    try:  # an older PyTorch's matmul settings answer an unknown name with an AssertionError
+        new_api = isinstance(m.fp32_precision, str) and isinstance(c.conv.fp32_precision, str)
+    except (AttributeError, AssertionError):
+        new_api = False
+    if new_api:
+        # PyTorch 2.9 on: the allow_tf32 flags are deprecated, and mixing them with the new
+        # settings is an error where the compiler reads them.
+        m.fp32_precision = "tf32" if matmul else "ieee"
+        c.conv.fp32_precision = "tf32" if conv else "ieee"
+    else:
+        m.allow_tf32 = matmul
+        c.allow_tf32 = conv
+
+
 def first_line(e):
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
 
@@ -306,9 +323,9 @@ def gpu_mode(mode, args, gflop):
     import signal
     import time
     dev = torch.device(args.device)
-    tf32 = mode != "fp32"  # TF32 is what fp32 arithmetic left under autocast may use
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
+    # fp32: no TF32 anywhere; tf32: TF32 in matmuls and convolutions; under autocast, what stays
+    # float32 gets PyTorch's defaults (TF32 in cuDNN convolutions, not in matmuls).
+    set_tf32(matmul=mode == "tf32", conv=mode != "fp32")
     amp = mode.startswith("bf16")
     fmt = torch.channels_last if amp else torch.contiguous_format
     torch.manual_seed(0)
