@@ -7,6 +7,12 @@
 #   2. SIGTERM in the middle of a step: the rows done so far, the step marked interrupted, a last
 #      line saying so, the logs packed, the step's processes gone, the steps after it not run;
 #   3. SIGKILL (no trap runs): the rows and the logs of the steps finished before it are there;
+#   4. the comparison with PyTorch from figures the fake steps tell: a cell with both figures
+#      has their ratio, a missing figure says why (no figure, skipped, not run);
+#   5. the real step list with stand-ins on PATH (nvidia-smi shows a GPU, cmake fails, a fake
+#      Python answers as PyTorch's bench would): the PyTorch steps' figures reach the table
+#      under the right names, the compile's failure and the missing build are said; and with
+#      a Python whose torch has no CUDA, "skipped: no PyTorch with CUDA";
 #   and each time at most 8 files under $OUT (the device tool brings back no more).
 set -u
 script="$1"
@@ -111,8 +117,86 @@ fi
 in_archive "$d" 01-a.log 02-b.log
 few_files "$d"
 
+# ---- 4. the comparison table from faked figures ---------------------------------------------
+d="$tmp/compare"
+GPU_CHECK_RESERVE=0 GPU_CHECK_FAKE_STEPS="train14:0:0:-:IPS_unetcu_14=150 \
+pt14:0:0:-:IPS_fp32_14=100,FRAC_fp32_14=0.2,IPS_tf32_14=300,IPS_bf16_14=600,FRAC_bf16_14=0.05 \
+ptc14:0:0:-:WHY_bf16_compile_14=compile-failed train64:0:0:-:unetcu_64 pt64:99:0:-:IPS_fp32_64=50,tf32_64 \
+ptc64:0:0:gpu:bf16_compile_64" "$script" --deadline 30 --out "$d" > "$tmp/compare.out" 2>&1
+t="$d/table.md"
+if [ -f "$t" ]; then
+  has "$t" "## unetcu against PyTorch"
+  # 150 img/s x 188 GFLOP = 28.2 TFLOP/s: 5.7% of the TF32 peak (494); the ratios 150 / PyTorch.
+  has "$t" "| 14 | 150 (5.7%) | 100 (20.0%) | 300 | 600 (5.0%) | — (compile-failed) | 1.50 | 0.50 | 0.25 | — (no PyTorch figure) |"
+  has "$t" "| 64 | — (no figure in the step's output) | — (skipped: deadline ("
+  has "$t" "| — (not run) | — (skipped: no GPU) | — (neither figure) | — (neither figure) | — (neither figure) | — (neither figure) |"
+  lacks "$t" "| 64 | 50"
+  has "$t" "ended: finished"
+else
+  bad "no table.md after the comparison run"
+fi
+few_files "$d"
+
+# ---- 5. the real steps, with stand-ins for the GPU, CMake and PyTorch ------------------------
+bin="$tmp/bin"
+mkdir -p "$bin"
+printf '#!/bin/sh\necho "NVIDIA H200, 143771 MiB, 580.0, 9.0"\n' > "$bin/nvidia-smi"
+printf '#!/bin/sh\necho "fake cmake: no build here"\nexit 1\n' > "$bin/cmake"
+# As tools/pytorch_reference.py bench --device cuda prints: per mode a JSON line and one for people.
+cat > "$bin/torch-python" <<'EOF'
+#!/usr/bin/env bash
+if [ "$1" = -c ]; then
+  case "$2" in *cuda.is_available*) echo "fake torch, CUDA" >&2; exit 0 ;; esac
+  exec python3 "$@"
+fi
+batch=0 modes=""
+while [ $# -gt 0 ]; do
+  case "$1" in --batch) batch=$2; shift ;; --modes) modes=$2; shift ;; esac
+  shift
+done
+for m in ${modes//,/ }; do
+  case "$m" in
+    fp32) ips=70 ;; tf32) ips=140 ;; bf16) ips=280 ;;
+    *) echo "{\"device\": \"cuda\", \"mode\": \"$m\", \"batch\": $batch, \"torch\": \"fake\", \"status\": \"compile failed: fake compiler\"}"
+       continue ;;
+  esac
+  echo "{\"device\": \"cuda\", \"mode\": \"$m\", \"batch\": $batch, \"torch\": \"fake\", \"status\": \"ok\", \"images_per_s\": $ips, \"fraction_of_peak\": 0.25, \"peak_mem_mib\": 1000.4}"
+  echo "$m: $ips img/s"
+done
+EOF
+printf '#!/bin/sh\nexit 1\n' > "$bin/no-cuda-python"
+chmod +x "$bin"/*
+d="$tmp/real"
+PATH="$bin:$PATH" GPU_CHECK_PYTHON="$bin/torch-python" GPU_CHECK_RESERVE=0 \
+  "$script" --deadline 200 --out "$d" > "$tmp/real.out" 2>&1
+t="$d/table.md"
+if [ -f "$t" ]; then
+  has "$t" "| device facts | ok: NVIDIA H200"
+  has "$t" "| train single 512² batch 14 | skipped: no build |"
+  has "$t" "| PyTorch eager 512² batch 14 (fp32, TF32, bf16 AMP) | ok: fp32 70.0 img/s (25.0% of peak), peak 1000 MiB; tf32 140.0"
+  has "$t" "| PyTorch bf16 compiled 512² batch 64 | ok: bf16-compile compile failed: fake compiler |"
+  has "$t" "PyTorch fake: tools/pytorch_reference.py"
+  has "$t" "| 14 | — (skipped: no build) | 70.0 (25.0%) | 140.0 (25.0%) | 280.0 (25.0%) | — (compile failed: fake compiler) | — (no unetcu figure) |"
+  has "$t" "| 64 | — (skipped: no build) | 70.0 (25.0%) |"
+else
+  bad "no table.md after the run with stand-ins"
+fi
+few_files "$d"
+d="$tmp/nocuda"
+PATH="$bin:$PATH" GPU_CHECK_PYTHON="$bin/no-cuda-python" GPU_CHECK_RESERVE=0 \
+  "$script" --compare --deadline 200 --out "$d" > "$tmp/nocuda.out" 2>&1
+t="$d/table.md"
+if [ -f "$t" ]; then
+  has "$t" "| PyTorch eager 512² batch 14 (fp32, TF32, bf16 AMP) | skipped: no PyTorch with CUDA (tried: $bin/no-cuda-python) |"
+  has "$t" "| PyTorch bf16 compiled 512² batch 64 | skipped: no PyTorch with CUDA |"
+  has "$t" "| 64 | — (skipped: no build) | — (skipped: no PyTorch with CUDA) |"
+  lacks "$t" "CUDA tests"
+else
+  bad "no table.md after the run without PyTorch"
+fi
+
 if [ "$fail" -ne 0 ]; then
-  for f in deadline term kill; do echo "== $f"; cat "$tmp/$f.out"; done
+  for f in deadline term kill compare real nocuda; do echo "== $f"; cat "$tmp/$f.out"; done
   exit 1
 fi
-echo "gpu_check: deadline, SIGTERM and SIGKILL behave"
+echo "gpu_check: deadline, SIGTERM and SIGKILL behave; the comparison with PyTorch is tabled"

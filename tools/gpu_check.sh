@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks, for a lent GPU machine whose time is short and may be cut off at any moment.
 #
-#   tools/gpu_check.sh [--deadline SECONDS] [--quick] [--rehearse] [--out DIR]
+#   tools/gpu_check.sh [--deadline SECONDS] [--quick | --compare] [--rehearse] [--out DIR]
 #
 # Steps, most valuable first; each starts only if its minimum time is left before the deadline
 # (default 480 s from the start), else its row says "skipped: deadline", and each runs under a
@@ -19,14 +19,30 @@
 #       on the one GPU (cut after layer3, batch 30, micro-batches of 6): images/s (median of
 #       the epochs after the first, which runs cuDNN's algorithm search) and peak memory;
 #    7. unet_bench on cuda:0 at 256x256 (two split sizes: 20 pipelines).
+#    PyTorch beside them (tools/pytorch_reference.py bench --device cuda, its own rebuild of the
+#    same model, BCE+Dice, Adam 1e-3, one random batch resident on the GPU): after each
+#    single-GPU training (512x512, batch 14 and 64) a step timing PyTorch eager in fp32 (TF32
+#    off), TF32 and bf16 autocast + channels_last, one mode after another; after step 7, bf16 under torch.compile at batch 14
+#    and 64 (its own steps: the compilation takes minutes, and a failure or a compile past the
+#    step's limit less 40 s reads "compile failed: <reason>"). The Python is GPU_CHECK_PYTHON if
+#    set, else the first of python3, /opt/torch/.venv/bin/python3, /usr/bin/python3 whose torch
+#    sees a CUDA device; where none does, those rows read "skipped: no PyTorch with CUDA".
+#    At the end table.md gets the comparison: per batch, unetcu's images/s (the single-GPU
+#    training rows) and each PyTorch mode's, with the fraction of the H200's peak each reached
+#    and the ratios unetcu / PyTorch; a figure that is missing says why (the step's result:
+#    skipped, FAILED, interrupted, "compile failed: ...", or "not run").
 # --quick: steps 1-5 and the first training only (about 3 minutes; a second call after a fix;
-# on a machine still warm the build is incremental).
+# on a machine still warm the build is incremental). No PyTorch rows, no comparison.
+# --compare: steps 1-4, the two single-GPU trainings and the PyTorch steps only, then the
+# comparison (each compiled step needs 90 s left to start: under a 600 s command limit, give
+# it --deadline 540).
 # --rehearse: steps 1-4 only, for a machine without a GPU: the cost of everything before the
 # first GPU call, printed step by step.
 # A step that needs a GPU where none is visible is reported "skipped: no GPU", never passed.
 #
 # What comes back (at most 2 files under $OUT; the device tool sets OUT, else ./gpu_check_out):
-#   table.md              header, then one row per step appended the moment it ends, then a
+#   table.md              header, then one row per step appended the moment it ends, then
+#                         (full and --compare runs) the comparison with PyTorch, then a
 #                         last line saying how the run ended and after how long;
 #   gpu_check_logs.tar.gz every step's log (bench tables included), repacked after every step
 #                         and once more on exit, so a run killed even by SIGKILL returns the
@@ -36,25 +52,32 @@
 # There is no fallback to a build carried from another machine: that build was made with
 # -march=native for a different CPU and linked against OpenBLAS, and could not load there.
 #
-# Testing: GPU_CHECK_FAKE_STEPS="name:need:seconds[:gpu] ..." replaces the steps by sleeps
-# (tests/gpu_check_test.sh); GPU_CHECK_FAKE_GPU=1 pretends a GPU is visible for them;
-# GPU_CHECK_RESERVE (default 5) is the time kept after the last step for packing.
+# Testing: GPU_CHECK_FAKE_STEPS="name:need:seconds[:needs[:figures]] ..." replaces the steps by
+# sleeps (tests/gpu_check_test.sh); needs is -, gpu or pytorch; figures, comma-separated, are
+# what the step would tell the comparison: VAR=VALUE (IPS_<col>_<batch> images/s,
+# FRAC_<col>_<batch> fraction of peak, WHY_<col>_<batch> why missing; col is unetcu, fp32,
+# tf32, bf16 or bf16_compile; VALUE without spaces) or a bare <col>_<batch> the step is
+# expected to give. A spec with figures makes the run end with the comparison table.
+# GPU_CHECK_FAKE_GPU=1 pretends a GPU is visible for them; GPU_CHECK_RESERVE (default 5) is the
+# time kept after the last step for packing.
 set -uo pipefail
 set -m  # every step is its own process group: a limit or a kill stops the whole of it
 
 usage() { sed -n '4p' "$0" | sed 's/^# *//'; exit "${1:-2}"; }
-DEADLINE=480 QUICK=0 REHEARSE=0 OUTROOT="${OUT:-}"
+DEADLINE=480 QUICK=0 COMPARE_ONLY=0 REHEARSE=0 OUTROOT="${OUT:-}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --deadline) [[ "${2:-}" =~ ^[0-9]+$ ]] || { echo "--deadline needs whole seconds" >&2; usage; }
                 DEADLINE=$2; shift 2 ;;
     --quick) QUICK=1; shift ;;
+    --compare) COMPARE_ONLY=1; shift ;;
     --rehearse) REHEARSE=1; shift ;;
     --out) [ -n "${2:-}" ] || usage; OUTROOT=$2; shift 2 ;;
     -h|--help) usage 0 ;;
     *) echo "unknown argument: $1" >&2; usage ;;
   esac
 done
+[ "$QUICK$COMPARE_ONLY" = 11 ] && { echo "--quick and --compare: choose one" >&2; usage; }
 [ -n "$OUTROOT" ] || OUTROOT="$PWD/gpu_check_out"
 case "$OUTROOT" in /*) ;; *) OUTROOT="$PWD/$OUTROOT" ;; esac
 cd "$(dirname "$0")/.." || exit 1
@@ -78,7 +101,9 @@ elapsed_ms() { echo $(($(now_ms) - START_MS)); }
 secs() { printf '%d.%d' $(($1 / 1000)) $(($1 % 1000 / 100)); }  # milliseconds -> "12.3"
 
 HAVE_GPU=0 CONFIGURED=0 BUILD_OK=0
-STEP_N=0 STEP_PID="" WATCH_PID="" STEP_NAME="" STEP_T0=0
+STEP_N=0 STEP_PID="" WATCH_PID="" STEP_NAME="" STEP_T0=0 STEP_LIMIT_S=0
+STEP_FEEDS=""  # the comparison's figures the running step should give (<col>_<batch> ...)
+COMPARE=0      # 1: the run ends with the comparison table (unetcu against PyTorch)
 N_FAILED=0 N_DEADLINE=0 ENDED=""
 PRE_GPU_MS=""  # when the last step before the first GPU step ended (the rehearsal's figure)
 
@@ -87,6 +112,12 @@ row() {  # step, result, seconds: appended at once, '|' inside a cell made '/'
   line=$(printf '| %s | %s | %s |' "${1//|//}" "${2//|//}" "$3")
   echo "$line" >> "$TABLE"
   echo "$line"
+  local key text=$2
+  case "$text" in ok*) text="no figure in the step's output" ;; esac
+  for key in $STEP_FEEDS; do  # why the figures this step should give are missing, if they are
+    local why=WHY_$key
+    [ -n "${!why:-}" ] || printf -v "$why" '%s' "${text:0:80}"
+  done
 }
 pack() {
   tar czf "$ARCHIVE.tmp" -C "$WORK" logs 2>/dev/null && mv -f "$ARCHIVE.tmp" "$ARCHIVE"
@@ -106,10 +137,13 @@ on_exit() {
   trap - EXIT TERM INT HUP
   if [ -n "$STEP_NAME" ]; then
     stop_step
+    # shellcheck disable=SC1090
+    [ -f "$STATE" ] && . "$STATE"  # what the step told before it was stopped (its own trap)
     row "$STEP_NAME" "interrupted (${ENDED:-exit $rc}) after $(secs $(($(now_ms) - STEP_T0))) s" \
       "$(secs $(($(now_ms) - STEP_T0)))"
   fi
   [ -n "$ENDED" ] || ENDED="exit $rc"
+  [ "$COMPARE" = 1 ] && compare_table >> "$TABLE"
   local extra=""
   [ "$N_DEADLINE" -gt 0 ] && extra=", $N_DEADLINE step(s) skipped by the deadline"
   [ "$N_FAILED" -gt 0 ] && extra="$extra, $N_FAILED FAILED"
@@ -129,30 +163,39 @@ trap 'on_signal TERM 143' TERM
 trap 'on_signal INT 130' INT
 trap 'on_signal HUP 129' HUP
 
-# step NAME NEED CAP NEEDS FUNCTION [ARGS...]: runs FUNCTION (stdout and stderr into its log,
-# $LOG) if NEEDS holds (- nothing, configured, build, gpu) and NEED seconds are left, for at
-# most CAP seconds and never past the deadline. FUNCTION writes a one-line result to $RESULT
-# and returns 0 (ok), 77 (skipped: the result says why) or anything else (FAILED).
+# [FEEDS="<col>_<batch> ..."] step NAME NEED CAP NEEDS FUNCTION [ARGS...]: runs FUNCTION (stdout
+# and stderr into its log, $LOG) if NEEDS holds (- nothing, configured, build, gpu: a GPU and
+# the build, pytorch: a GPU and no sign yet that PyTorch lacks CUDA) and NEED seconds are
+# left, for at most CAP seconds ($STEP_LIMIT_S, the limit it got) and never past the deadline.
+# FUNCTION writes a one-line result to $RESULT and returns 0 (ok), 77 (skipped: the result
+# says why) or anything else (FAILED). FEEDS: the comparison's figures it should give; where
+# it gives none, the cell says why (the step's result).
 step() {
   local name=$1 need=$2 cap=$3 needs=$4 why=""
   shift 4
   STEP_N=$((STEP_N + 1))
+  STEP_FEEDS=${FEEDS:-}
   case "$needs" in
     gpu) if [ "$HAVE_GPU" != 1 ]; then why="skipped: no GPU"
          elif [ "$REHEARSE" = 1 ]; then why="skipped: rehearsal (no GPU call)"
          elif [ "$BUILD_OK" != 1 ]; then why="skipped: no build"; fi ;;
+    pytorch) if [ "$HAVE_GPU" != 1 ]; then why="skipped: no GPU"
+             elif [ "$REHEARSE" = 1 ]; then why="skipped: rehearsal (no GPU call)"
+             elif [ "${TORCH_PY:-}" = none ]; then why="skipped: no PyTorch with CUDA"; fi ;;
     build) [ "$BUILD_OK" = 1 ] || why="skipped: no build" ;;
     configured) [ "$CONFIGURED" = 1 ] || why="skipped: not configured" ;;
   esac
-  if [ "$needs" = gpu ] && [ -z "$PRE_GPU_MS" ]; then PRE_GPU_MS=$(elapsed_ms); fi
-  if [ -n "$why" ]; then row "$name" "$why" "-"; return; fi
+  case "$needs" in gpu|pytorch) [ -n "$PRE_GPU_MS" ] || PRE_GPU_MS=$(elapsed_ms) ;; esac
+  if [ -n "$why" ]; then row "$name" "$why" "-"; STEP_FEEDS=""; return; fi
   local left_ms=$((DEADLINE * 1000 - $(elapsed_ms) - RESERVE * 1000))
   if [ "$left_ms" -lt $((need * 1000)) ]; then
     row "$name" "skipped: deadline ($(secs $((left_ms > 0 ? left_ms : 0))) s left, needs $need s)" "-"
     N_DEADLINE=$((N_DEADLINE + 1))
+    STEP_FEEDS=""
     return
   fi
   local limit_ms=$((cap * 1000 < left_ms ? cap * 1000 : left_ms))
+  STEP_LIMIT_S=$((limit_ms / 1000))
   LOG="$LOGS/$(printf '%02d' "$STEP_N")-$(echo "$name" | tr -cs 'A-Za-z0-9' '-' | sed 's/-$//').log"
   : > "$RESULT"
   rm -f "$WORK/timed_out"
@@ -180,6 +223,8 @@ step() {
   local took result
   took=$(secs $(($(now_ms) - STEP_T0)))
   STEP_PID="" WATCH_PID="" STEP_NAME=""
+  # shellcheck disable=SC1090
+  [ -f "$STATE" ] && . "$STATE"  # before the row: the figures it told are known there
   result=$(head -c 600 "$RESULT" | tr '\n' ' ' | sed 's/ *$//')
   if [ -e "$WORK/timed_out" ]; then
     row "$name" "FAILED: stopped at its limit of $(secs "$limit_ms") s${result:+; $result}" "$took"
@@ -192,8 +237,7 @@ step() {
     row "$name" "FAILED (exit $rc)${result:+: $result}" "$took"
     N_FAILED=$((N_FAILED + 1))
   fi
-  # shellcheck disable=SC1090
-  [ -f "$STATE" ] && . "$STATE"
+  STEP_FEEDS=""
   pack
 }
 say() { echo "$*" > "$RESULT"; }       # a step's result
@@ -329,10 +373,17 @@ train_result() {  # unet_train's exit status
   peak=$(grep -E '^epoch ' "$LOG" | sed -nE 's/.* peak_mem ([0-9]+) MiB.*/\1/p' | sort -n | tail -1)
   if [ -n "$ips" ]; then
     say "$ips img/s, peak ${peak:-?} MiB$([ "$rc" = 0 ] || echo " (epochs finished: $(grep -c '^epoch ' "$LOG"))")"
+    [ -n "${TRAIN_FIGURE:-}" ] && tell "IPS_$TRAIN_FIGURE=$ips"
   else
     say "$(grep -vE '^(epoch|$)' "$LOG" | tail -1)"
   fi
   [ "$rc" = 0 ] && [ -n "$ips" ]
+}
+
+# The single-GPU rows: their images/s is unetcu's figure in the comparison with PyTorch.
+step_train_single() {
+  TRAIN_FIGURE=unetcu_$1  # the step runs in a subshell: this stays in it
+  step_train "$1" --device cuda:0
 }
 
 # One process of a launched job (torchrun's variables, world 1) on cuda:0: the NCCL rank made
@@ -350,17 +401,128 @@ step_bench() {
     awk -F'|' '{gsub(/^ +| +$/, "", $2); gsub(/ /, "", $3); gsub(/ /, "", $5); printf "%s%s %s s x%s", (NR > 1 ? "; " : ""), $2, $3, $5}')"
 }
 
-fake_step() {  # tests: a step that sleeps
+# PyTorch's own training step of the same model on cuda (tools/pytorch_reference.py bench):
+# batch, modes (fp32,tf32,bf16,bf16-compile). Each mode's JSON line gives its figures.
+step_torch() {
+  local bs=$1 modes=$2
+  if [ -z "${TORCH_PY:-}" ]; then
+    TORCH_PY=$(find_torch_python) || {
+      tell TORCH_PY=none
+      say "skipped: no PyTorch with CUDA (tried: ${GPU_CHECK_PYTHON:-$TORCH_CANDIDATES})"
+      return 77
+    }
+    tell "TORCH_PY='$TORCH_PY'"
+  fi
+  echo "== $TORCH_PY"
+  trap 'torch_result 143; exit 143' TERM  # stopped at its limit: the modes that finished
+  # The compile gets the step's limit less the time to start, warm up, time and report.
+  PYTHONUNBUFFERED=1 "$TORCH_PY" tools/pytorch_reference.py bench --device cuda --batch "$bs" --size 512 \
+    --modes "$modes" --warmup 5 --steps 15 --compile-timeout $((STEP_LIMIT_S > 70 ? STEP_LIMIT_S - 40 : 30))
+  torch_result $?
+}
+TORCH_CANDIDATES="python3 /opt/torch/.venv/bin/python3 /usr/bin/python3"
+find_torch_python() {  # the first Python whose torch sees a CUDA device
+  local py
+  for py in ${GPU_CHECK_PYTHON:-$TORCH_CANDIDATES}; do
+    command -v "$py" > /dev/null || continue
+    echo "== is there torch with CUDA in $py?" >&2
+    timeout 120 "$py" -c 'import sys, torch
+print(torch.__version__, "CUDA" if torch.cuda.is_available() else "no CUDA", file=sys.stderr)
+sys.exit(0 if torch.cuda.is_available() else 1)' && { command -v "$py"; return 0; }
+  done
+  return 1
+}
+# Each JSON line of the bench with a mode: shell assignments of its figures (or why it has
+# none) for $STATE, then one line "say <summary>".
+TORCH_FIGURES='import json, shlex, sys
+say = []
+for line in open(sys.argv[1], errors="replace"):
+    try:
+        r = json.loads(line) if line.startswith("{") else {}
+    except ValueError:
+        r = {}
+    if "mode" not in r or "batch" not in r:
+        continue
+    key = "%s_%s" % (r["mode"].replace("-", "_"), r["batch"])
+    print("TORCH_VERSION=" + shlex.quote(str(r.get("torch"))))
+    if r.get("status") == "ok":
+        print("IPS_%s=%.1f" % (key, r["images_per_s"]))
+        print("FRAC_%s=%.4f" % (key, r["fraction_of_peak"]))
+        say.append("%s %.1f img/s (%.1f%% of peak), peak %.0f MiB"
+                   % (r["mode"], r["images_per_s"], 100 * r["fraction_of_peak"], r["peak_mem_mib"]))
+    else:
+        print("WHY_%s=%s" % (key, shlex.quote(str(r.get("status"))[:80])))
+        say.append("%s %s" % (r["mode"], r.get("status")))
+print("say " + "; ".join(say))'
+torch_result() {  # the bench's exit status: tells each mode's figures, says a summary
+  local rc=$1 out summary
+  out=$("$TORCH_PY" -c "$TORCH_FIGURES" "$LOG")
+  grep -v '^say ' <<< "$out" >> "$STATE"
+  summary=$(sed -n 's/^say //p' <<< "$out")
+  [ "$rc" = 77 ] && tell TORCH_PY=none  # its torch sees no CUDA device after all
+  say "${summary:-$(tail -1 "$LOG")}"
+  return "$rc"
+}
+
+fake_step() {  # tests: a step that sleeps, then tells its figures (comma-separated VAR=VALUE)
   sleep "$1" &
   echo "sleep pid $!"
   wait $!
+  local a
+  for a in ${2//,/ }; do [[ "$a" == *=* ]] && tell "$a"; done
   say "slept $1 s"
+}
+
+# The comparison: unetcu's images/s against each PyTorch mode's, per batch, at 512x512.
+COMPARE_BATCHES="14 64"
+COMPARE_MODES="fp32 tf32 bf16 bf16_compile"
+GFLOP_PER_IMAGE=188  # one training step at 512x512 (tools/pytorch_reference.py says how)
+TF32_PEAK=494        # TFLOP/s, H200 dense (NVIDIA's datasheet): unetcu's convolutions may use TF32
+figure() { local v=$1; echo "${!v:-}"; }
+ips_cell() {  # <col>_<batch>: "images/s (percent of peak)", or why it is missing
+  local ips frac why
+  ips=$(figure "IPS_$1") frac=$(figure "FRAC_$1") why=$(figure "WHY_$1")
+  if [ -z "$ips" ]; then echo "— (${why:-not run})"; return; fi
+  if [ -z "$frac" ] && [ "${1%_*}" = unetcu ]; then
+    frac=$(awk -v i="$ips" -v g="$GFLOP_PER_IMAGE" -v p="$TF32_PEAK" 'BEGIN { printf "%.4f", i * g / 1e3 / p }')
+  fi
+  echo "$ips${frac:+ ($(awk -v f="$frac" 'BEGIN { printf "%.1f", 100 * f }')%)}"
+}
+ratio_cell() {  # batch, PyTorch mode
+  local u p
+  u=$(figure "IPS_unetcu_$1") p=$(figure "IPS_$2_$1")
+  if [ -n "$u" ] && [ -n "$p" ]; then awk -v u="$u" -v p="$p" 'BEGIN { printf "%.2f", u / p }'
+  elif [ -n "$p" ]; then echo "— (no unetcu figure)"
+  elif [ -n "$u" ]; then echo "— (no PyTorch figure)"
+  else echo "— (neither figure)"; fi
+}
+compare_table() {
+  local bs m c line
+  echo
+  echo "## unetcu against PyTorch: training step at 512x512"
+  echo
+  echo "images/s, and in brackets the fraction of the H200's dense peak reached, counting $GFLOP_PER_IMAGE GFLOP"
+  echo "per image per step (fp32 67, TF32 $TF32_PEAK, bf16 989 TFLOP/s: NVIDIA's H200 datasheet)."
+  echo "unetcu: the single-GPU training rows above (float32; cuDNN may use TF32: against the TF32 peak)."
+  echo "PyTorch ${TORCH_VERSION:-(version not known)}: tools/pytorch_reference.py bench --device cuda, median step, one resident batch."
+  echo "unetcu / PyTorch is the ratio of images/s: above 1, unetcu is faster."
+  echo
+  echo "| batch | unetcu fp32 | PyTorch fp32 | PyTorch TF32 | PyTorch bf16 AMP | PyTorch bf16 compiled | unetcu / fp32 | unetcu / TF32 | unetcu / bf16 AMP | unetcu / bf16 compiled |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
+  for bs in $COMPARE_BATCHES; do
+    c=$(ips_cell "unetcu_$bs")
+    line="| $bs | ${c//|//}"
+    for m in $COMPARE_MODES; do c=$(ips_cell "${m}_$bs"); line="$line | ${c//|//}"; done
+    for m in $COMPARE_MODES; do line="$line | $(ratio_cell "$bs" "$m")"; done
+    echo "$line |"
+  done
 }
 
 # ---- the run --------------------------------------------------------------------------------
 MODE=full
 [ "$QUICK" = 1 ] && MODE=quick
-[ "$REHEARSE" = 1 ] && MODE=rehearse
+[ "$COMPARE_ONLY" = 1 ] && MODE=compare
+[ "$REHEARSE" = 1 ] && MODE=rehearse$([ "$COMPARE_ONLY" = 1 ] && echo ", compare")
 {
   echo "# tools/gpu_check.sh: commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $MODE, deadline $DEADLINE s, $(date -u '+%Y-%m-%d %H:%M UTC')"
   echo
@@ -370,26 +532,44 @@ MODE=full
 cat "$TABLE"
 rm -f "$ARCHIVE"
 
+torch_eager() {  # batch: PyTorch's eager modes beside unetcu's single-GPU row
+  FEEDS="fp32_$1 tf32_$1 bf16_$1" step "PyTorch eager 512² batch $1 (fp32, TF32, bf16 AMP)" \
+    $(($1 > 14 ? 45 : 30)) $(($1 > 14 ? 180 : 150)) pytorch step_torch "$1" fp32,tf32,bf16
+}
+torch_compiled() {  # batch: PyTorch's bf16 under torch.compile (minutes of compilation)
+  FEEDS="bf16_compile_$1" step "PyTorch bf16 compiled 512² batch $1" 90 300 pytorch step_torch "$1" bf16-compile
+}
+
 if [ -n "${GPU_CHECK_FAKE_STEPS:-}" ]; then
   HAVE_GPU=${GPU_CHECK_FAKE_GPU:-0} BUILD_OK=1
   for spec in $GPU_CHECK_FAKE_STEPS; do
-    IFS=: read -r name need seconds needs <<< "$spec"
-    step "$name" "$need" 600 "${needs:--}" fake_step "$seconds"
+    IFS=: read -r name need seconds needs figures <<< "$spec"
+    feeds=""
+    for f in ${figures//,/ }; do f=${f%%=*}; f=${f#IPS_}; f=${f#FRAC_}; feeds="$feeds ${f#WHY_}"; done
+    [ -n "$figures" ] && COMPARE=1
+    FEEDS=$feeds step "$name" "$need" 600 "${needs:--}" fake_step "$seconds" "$figures"
   done
 else
+  [ "$QUICK" = 0 ] && [ "$REHEARSE" = 0 ] && COMPARE=1
   step "device facts" 0 30 - step_machine
   step "libraries" 0 60 - step_libraries
   step "configure (sm_90, no OpenBLAS/oneDNN)" 10 120 - step_configure
   step "build" 30 600 configured step_build
-  step "CUDA tests (doctest)" 20 180 gpu step_cuda_tests
-  step "train single 512² batch 14" 40 150 gpu step_train 14 --device cuda:0
+  [ "$COMPARE_ONLY" = 1 ] || step "CUDA tests (doctest)" 20 180 gpu step_cuda_tests
+  FEEDS=unetcu_14 step "train single 512² batch 14" 40 150 gpu step_train_single 14
   if [ "$QUICK" = 0 ]; then
-    step "train single 512² batch 64" 45 180 gpu step_train 64 --device cuda:0
-    step "train DP NCCL 1 rank 512² batch 14" 40 150 gpu step_train 14 --mode dp --devices cuda:0
-    step "train DP as 1 launched process (NCCL_COMM_ID) 512² batch 14" 40 150 gpu step_train_launched 14
-    step "train MP 2 stages 1 GPU 512² batch 30 split 6" 40 150 gpu \
-      step_train 30 --mode mp --devices cuda:0,cuda:0 --split layer3 --split-size 6
-    step "unet_bench cuda:0 256² (20 pipelines)" 60 600 gpu step_bench
+    torch_eager 14
+    FEEDS=unetcu_64 step "train single 512² batch 64" 45 180 gpu step_train_single 64
+    torch_eager 64
+    if [ "$COMPARE_ONLY" = 0 ]; then
+      step "train DP NCCL 1 rank 512² batch 14" 40 150 gpu step_train 14 --mode dp --devices cuda:0
+      step "train DP as 1 launched process (NCCL_COMM_ID) 512² batch 14" 40 150 gpu step_train_launched 14
+      step "train MP 2 stages 1 GPU 512² batch 30 split 6" 40 150 gpu \
+        step_train 30 --mode mp --devices cuda:0,cuda:0 --split layer3 --split-size 6
+      step "unet_bench cuda:0 256² (20 pipelines)" 60 600 gpu step_bench
+    fi
+    torch_compiled 14
+    torch_compiled 64
   fi
 fi
 ENDED=finished

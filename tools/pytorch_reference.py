@@ -22,6 +22,24 @@ module names, to check unetcu against PyTorch.
       Times the float32 training step the engine's bench_cpu_step times (forward, BCE+Dice,
       backward, Adam 1e-3) on the synthetic-like random batch and prints one JSON line:
       {"batch", "size", "threads", "steps": [seconds...], "median"}.
+  pytorch_reference.py bench --device cuda --batch 14 --size 512
+                       [--modes fp32,tf32,bf16,bf16-compile] [--warmup 5] [--steps 20]
+                       [--compile-timeout 240]
+      The same step on the GPU (random batch resident there, cudnn.benchmark on), one mode after
+      another in this process: fp32 (eager, TF32 off everywhere), tf32 (eager, TF32 on in cuDNN
+      and matmuls), bf16 (autocast bf16, channels_last, eager; the loss in float32; what stays
+      float32 has PyTorch's default TF32 settings: on in cuDNN, off in matmuls), bf16-compile
+      (bf16 under torch.compile; a failure or a compile past --compile-timeout seconds is
+      reported as "compile failed: <reason>", not raised). Per mode: one JSON line
+      {"device", "mode", "batch", "size", "status", "steps": [seconds...], "median",
+      "images_per_s", "peak_mem_mib", "tflops", "peak_tflops", "fraction_of_peak", ...} and one
+      line for people. Step times are CUDA events around each step after the warm-up; the
+      median gives images/s; peak memory is torch.cuda.max_memory_allocated over the mode; the
+      fraction of peak counts 188 GFLOP per image per step at 512x512 (scaled by (size/512)^2)
+      against the H200's dense peak of the mode's arithmetic (fp32 67, TF32 494, bf16 989
+      TFLOP/s). status is "ok", "skipped: no CUDA", "failed: <reason>" or "compile failed:
+      <reason>". Exit status: 0 when every mode ran or only the compile failed, 1 when a mode
+      failed, 77 when PyTorch sees no CUDA device (every mode then says "skipped: no CUDA").
 
 Needs PyTorch (Debian: python3-torch; run it with /usr/bin/python3) and nothing else: the
 safetensors format is read and written here directly."""
@@ -234,25 +252,203 @@ def export_encoder(args):
 
 
 def bench(args):
+    if args.device == "cuda":
+        raise SystemExit(bench_gpu(args))
     import time
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads or 2)
     torch.manual_seed(0)
     model = Unet(1).float().train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     x = torch.randn(args.batch, 3, args.size, args.size)
     target = (torch.rand(args.batch, 1, args.size, args.size) < 0.4).float()
+    warmup = 2 if args.warmup is None else args.warmup
+    steps = 7 if args.steps is None else args.steps
     times = []
-    for i in range(args.warmup + args.steps):
+    for i in range(warmup + steps):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model(x), target)
         loss.backward()
         opt.step()
-        if i >= args.warmup:
+        if i >= warmup:
             times.append(time.perf_counter() - t0)
     med = sorted(times)[len(times) // 2]
-    print(json.dumps({"batch": args.batch, "size": args.size, "threads": args.threads, "steps": times,
+    print(json.dumps({"batch": args.batch, "size": args.size, "threads": args.threads or 2, "steps": times,
                       "median": med, "torch": torch.__version__}))
+
+
+# One training step of Unet('resnet34') at 512x512 costs 188 GFLOP per image: its convolutions
+# take 62.5 GFLOP forward (counted from the layer shapes), and backward twice that (gradients of
+# the inputs and of the weights). Other layers are a few percent and are not counted.
+GFLOP_PER_IMAGE_512 = 188.0
+# Peak rates of the H200 (SXM), from NVIDIA's H200 datasheet, dense: the datasheet gives the
+# tensor-core rates with sparsity (TF32 989, BF16 1,979 TFLOP/s), twice the dense ones; plain
+# fp32 (no tensor cores) is 67.
+PEAK_TFLOPS = {"fp32": 67.0, "tf32": 494.0, "bf16": 989.0}
+# mode: (what it is, the arithmetic whose peak it is measured against)
+GPU_MODES = {
+    "fp32": ("fp32 eager, TF32 off", "fp32"),
+    "tf32": ("fp32 eager, TF32 on (cuDNN and matmuls)", "tf32"),
+    "bf16": ("bf16 autocast + channels_last, eager", "bf16"),
+    "bf16-compile": ("bf16 autocast + channels_last, torch.compile", "bf16"),
+}
+
+
+class CompileFailed(Exception):
+    """torch.compile is missing, failed or took too long: a result to report, not an error."""
+
+
+def set_tf32(matmul, conv):
+    m, c = torch.backends.cuda.matmul, torch.backends.cudnn
+    try:  # an older PyTorch's matmul settings answer an unknown name with an AssertionError
+        new_api = isinstance(m.fp32_precision, str) and isinstance(c.conv.fp32_precision, str)
+    except (AttributeError, AssertionError):
+        new_api = False
+    if new_api:
+        # PyTorch 2.9 on: the allow_tf32 flags are deprecated, and mixing them with the new
+        # settings is an error where the compiler reads them.
+        m.fp32_precision = "tf32" if matmul else "ieee"
+        c.conv.fp32_precision = "tf32" if conv else "ieee"
+    else:
+        m.allow_tf32 = matmul
+        c.allow_tf32 = conv
+
+
+def first_line(e):
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+
+
+def gpu_mode(mode, args, gflop):
+    """Trains a fresh model in one mode; returns the fields of its JSON line."""
+    import signal
+    import time
+    dev = torch.device(args.device)
+    # fp32: no TF32 anywhere; tf32: TF32 in matmuls and convolutions; under autocast, what stays
+    # float32 gets PyTorch's defaults (TF32 in cuDNN convolutions, not in matmuls).
+    set_tf32(matmul=mode == "tf32", conv=mode != "fp32")
+    amp = mode.startswith("bf16")
+    fmt = torch.channels_last if amp else torch.contiguous_format
+    torch.manual_seed(0)
+    model = Unet(1).float().train().to(dev, memory_format=fmt)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x = torch.randn(args.batch, 3, args.size, args.size, device=dev).contiguous(memory_format=fmt)
+    target = (torch.rand(args.batch, 1, args.size, args.size, device=dev) < 0.4).float()
+
+    def forward_loss(x, target):
+        if not amp:
+            return loss_fn(model(x), target)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(x)
+        return loss_fn(logits.float(), target)  # the loss and its reductions in float32
+
+    if mode == "bf16-compile":
+        if not hasattr(torch, "compile"):
+            raise CompileFailed(f"torch.compile is not in PyTorch {torch.__version__}")
+        forward_loss = torch.compile(forward_loss)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = forward_loss(x, target)
+        loss.backward()
+        opt.step()
+        return loss
+
+    # The first step runs cuDNN's algorithm search (and, compiled, the compilation): timed alone.
+    t0 = time.perf_counter()
+    if mode == "bf16-compile":
+        timed_out = []
+
+        def on_alarm(signum, frame):
+            timed_out.append(True)
+            raise CompileFailed(f"not finished within {args.compile_timeout} s")
+        old = signal.signal(signal.SIGALRM, on_alarm)
+        signal.alarm(args.compile_timeout)
+        try:
+            step()
+            torch.cuda.synchronize()
+        except Exception as e:  # the compiler may wrap the alarm's exception in its own
+            if timed_out:
+                raise CompileFailed(f"not finished within {args.compile_timeout} s") from e
+            raise CompileFailed(f"{type(e).__name__}: {first_line(e)}") from e
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, old)
+    else:
+        step()
+    torch.cuda.synchronize()
+    first = time.perf_counter() - t0
+    for _ in range(max(0, args.warmup - 1)):
+        step()
+    torch.cuda.synchronize()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(args.steps)]
+    t0 = time.perf_counter()
+    for start, end in events:
+        start.record()
+        loss = step()
+        end.record()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) / args.steps
+    if not torch.isfinite(loss).item():
+        raise RuntimeError(f"the loss is not finite ({loss.item()})")
+    times = [start.elapsed_time(end) / 1e3 for start, end in events]
+    med = sorted(times)[len(times) // 2]
+    ips = args.batch / med
+    tflops = ips * gflop / 1e3
+    peak = PEAK_TFLOPS[GPU_MODES[mode][1]]
+    return {"status": "ok", "steps": times, "median": med, "wall_per_step": wall, "first_step_s": first,
+            "images_per_s": ips, "peak_mem_mib": torch.cuda.max_memory_allocated() / 2**20,
+            "gflop_per_image": gflop, "tflops": tflops, "peak_tflops": peak, "fraction_of_peak": tflops / peak,
+            "loss": loss.item()}
+
+
+def bench_gpu(args):
+    """Every mode of --modes in turn; returns the exit status (see the file's top)."""
+    import gc
+    modes = args.modes.split(",")
+    bad = [m for m in modes if m not in GPU_MODES]
+    if bad:
+        return f"bench: unknown mode(s) {','.join(bad)}; known: {','.join(GPU_MODES)}"
+    gflop = GFLOP_PER_IMAGE_512 * (args.size / 512) ** 2
+    cuda = torch.cuda.is_available()
+    args.warmup = 5 if args.warmup is None else args.warmup
+    args.steps = 20 if args.steps is None else args.steps
+    if args.steps < 1:
+        return "bench: --steps must be at least 1"
+    if cuda:
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        torch.backends.cudnn.benchmark = True  # the engine searches cuDNN's algorithms too
+    rc = 0
+    for mode in modes:
+        what, arith = GPU_MODES[mode]
+        rec = {"device": "cuda", "gpu": torch.cuda.get_device_name() if cuda else None, "mode": mode,
+               "what": what, "batch": args.batch, "size": args.size, "torch": torch.__version__}
+        if not cuda:
+            rec["status"] = "skipped: no CUDA"
+            rc = 77
+        else:
+            torch.cuda.reset_peak_memory_stats()
+            try:
+                rec.update(gpu_mode(mode, args, gflop))
+            except CompileFailed as e:
+                rec["status"] = f"compile failed: {first_line(e)}"
+            except Exception as e:  # out of memory, say: reported, and the next mode runs
+                rec["status"] = f"failed: {type(e).__name__}: {first_line(e)}"
+                rc = rc or 1
+            if mode == "bf16-compile" and hasattr(torch, "_dynamo"):
+                torch._dynamo.reset()
+            gc.collect()
+            torch.cuda.empty_cache()
+        print(json.dumps(rec), flush=True)
+        head = f"{mode} ({what}), batch {args.batch}, {args.size}x{args.size}:"
+        if rec["status"] != "ok":
+            print(f"{head} {rec['status']}", flush=True)
+        else:
+            print(f"{head} median {rec['median'] * 1e3:.1f} ms/step (first {rec['first_step_s']:.1f} s), "
+                  f"{rec['images_per_s']:.1f} img/s, peak {rec['peak_mem_mib']:.0f} MiB, {rec['tflops']:.1f} "
+                  f"TFLOP/s = {100 * rec['fraction_of_peak']:.1f}% of the {arith} peak "
+                  f"({rec['peak_tflops']:.0f} TFLOP/s)", flush=True)
+    return rc
 
 
 if __name__ == "__main__":
@@ -274,10 +470,14 @@ if __name__ == "__main__":
     e.add_argument("--golden")
     e.add_argument("--image-size", type=int, default=64)
     b = sub.add_parser("bench")
+    b.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     b.add_argument("--batch", type=int, default=4)
     b.add_argument("--size", type=int, default=128)
-    b.add_argument("--threads", type=int, default=2)
-    b.add_argument("--warmup", type=int, default=2)
-    b.add_argument("--steps", type=int, default=7)
+    b.add_argument("--threads", type=int, help="CPU threads (default 2 on the CPU, PyTorch's own with --device cuda)")
+    b.add_argument("--warmup", type=int, help="untimed steps first (default 2 on the CPU, 5 on CUDA)")
+    b.add_argument("--steps", type=int, help="timed steps (default 7 on the CPU, 20 on CUDA)")
+    b.add_argument("--modes", default=",".join(GPU_MODES), help="--device cuda: the modes, in order (default: all)")
+    b.add_argument("--compile-timeout", type=int, default=240,
+                   help="--device cuda: seconds the bf16-compile mode's first step (the compilation) may take")
     a = ap.parse_args()
     {"golden": golden, "check": check, "bench": bench, "export-encoder": export_encoder}[a.cmd](a)
