@@ -1,5 +1,6 @@
 #include "engine/optim.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "engine/profiler.h"
@@ -43,6 +44,9 @@ void Adam::step() {
   double n = 0, bytes = 0;
   for (const Tensor& p : params_) n += double(p.numel()), bytes += 7.0 * double(p.nbytes());
   ProfileRange range("adam", "op", 12 * n, bytes);
+  // Every parameter in one pass per device and dtype (adam_update_many): on a GPU one launch
+  // instead of one per parameter.
+  std::vector<std::pair<std::pair<Device, DType>, std::vector<kernels::AdamTensor>>> groups;
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor g = params_[i].grad();
     if (!g.defined()) continue;
@@ -50,8 +54,12 @@ void Adam::step() {
     const int64_t t = ++steps_[i];
     kernels::AdamStep s{lr_, opt_.beta1, opt_.beta2, opt_.eps, opt_.weight_decay,
                         1 - std::pow(opt_.beta1, double(t)), 1 - std::pow(opt_.beta2, double(t))};
-    UNETCU_LAUNCH(params_[i].device(), adam_update, params_[i], g, m_[i], v_[i], s);
+    const std::pair<Device, DType> key{params_[i].device(), params_[i].dtype()};
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& gr) { return gr.first == key; });
+    if (it == groups.end()) it = groups.insert(groups.end(), {key, {}});
+    it->second.push_back({params_[i], g, m_[i], v_[i], s});
   }
+  for (const auto& [key, tensors] : groups) UNETCU_LAUNCH(key.first, adam_update_many, tensors);
 }
 
 SGD::SGD(std::vector<Tensor> params, const SgdOptions& opt)

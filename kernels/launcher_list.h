@@ -103,4 +103,8 @@
   /* Parameter, moments and momentum buffer updated in place. */                                   \
   X(adam_update, (const TensorRef& p, const TensorRef& g, const TensorRef& m, const TensorRef& v,  \
                   const AdamStep& s))                                                              \
+  /* adam_update over many parameters at once, each with its own scalars, in one pass: on a    \
+     GPU one launch per 256 tensors (every parameter of the UNet in one). The same per-element    \
+     arithmetic as adam_update, so the results are the same bits. */                              \
+  X(adam_update_many, (const std::vector<AdamTensor>& tensors))                                    \
   X(sgd_update, (const TensorRef& p, const TensorRef& g, const TensorRef& buf, const SgdStep& s))

@@ -9,6 +9,16 @@
 #include "kernels/bodies/conv.h"
 #include "kernels/bodies/optim.h"
 #include "kernels/bodies/pool.h"
+#include <vector>
+
+namespace unetcu::kernels {
+// One parameter of a multi-tensor Adam step (adam_update_many): its tensors and its scalars.
+struct AdamTensor {
+  TensorRef p, g, m, v;
+  AdamStep s;
+};
+}  // namespace unetcu::kernels
+
 #include "kernels/launcher_list.h"
 
 #define UNETCU_DECLARE_LAUNCHER(name, params) void name params;

@@ -12,6 +12,7 @@ struct AdamStep {
 // The per-step scalars of Adam in the parameter's type, computed once per tensor.
 template <class T> struct AdamCoeffs {
   T beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, inv_sqrt_bc2, eps, weight_decay;
+  AdamCoeffs() = default;  // arrays of them (the multi-tensor launch)
   explicit AdamCoeffs(const AdamStep& s)
       : beta1(T(s.beta1)), one_minus_beta1(T(1 - s.beta1)), beta2(T(s.beta2)),
         one_minus_beta2(T(1 - s.beta2)), step_size(T(s.lr / s.bias_correction1)),

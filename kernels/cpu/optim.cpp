@@ -3,6 +3,9 @@
 #include "kernels/cpu/parallel.h"
 #include "kernels/bodies/optim.h"
 
+#include <algorithm>
+#include <vector>
+
 namespace unetcu::kernels::cpu {
 
 void adam_update(const TensorRef& p, const TensorRef& g, const TensorRef& m, const TensorRef& v,
@@ -15,6 +18,35 @@ void adam_update(const TensorRef& p, const TensorRef& g, const TensorRef& m, con
     T* vp = v.data<T>();
     const AdamCoeffs<T> c(s);
     parallel_for(n, [=](int64_t i) { kernels::adam_update(pp + i, gp[i], mp + i, vp + i, c); });
+  });
+}
+
+void adam_update_many(const std::vector<AdamTensor>& tensors) {
+  if (tensors.empty()) return;
+  // Chunks of every tensor, one parallel loop over all of them: one thread team for the step
+  // instead of one per parameter (most of the UNet's are too small to be worth a team).
+  constexpr int64_t kChunk = 16384;
+  struct Chunk {
+    int tensor;
+    int64_t lo, hi;
+  };
+  std::vector<Chunk> chunks;
+  for (size_t t = 0; t < tensors.size(); ++t)
+    for (int64_t lo = 0, n = tensors[t].p.numel(); lo < n; lo += kChunk)
+      chunks.push_back({int(t), lo, std::min(lo + kChunk, n)});
+  UNETCU_DISPATCH_FLOAT(tensors[0].p.dtype(), T, {
+    std::vector<AdamCoeffs<T>> coeffs;
+    for (const AdamTensor& a : tensors) coeffs.emplace_back(a.s);
+    parallel_for(int64_t(chunks.size()), [&](int64_t k) {
+      const Chunk& c = chunks[size_t(k)];
+      const AdamTensor& a = tensors[size_t(c.tensor)];
+      T* pp = a.p.data<T>();
+      const T* gp = a.g.data<T>();
+      T* mp = a.m.data<T>();
+      T* vp = a.v.data<T>();
+      const AdamCoeffs<T>& co = coeffs[size_t(c.tensor)];
+      for (int64_t i = c.lo; i < c.hi; ++i) kernels::adam_update(pp + i, gp[i], mp + i, vp + i, co);
+    }, 2);
   });
 }
 

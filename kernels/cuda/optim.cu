@@ -15,7 +15,61 @@ __global__ void sgd_kernel(float* p, const float* g, float* buf, SgdStep s, int6
   GRID_STRIDE(i, n) sgd_update(p + i, g[i], buf + i, s);
 }
 
+// Up to kAdamBatch tensors in one launch, passed by value (about 21 KB of kernel parameters:
+// CUDA 12.1+ allows 32 KB on sm_70 and later). Block b works on chunk b - start[t] of the
+// tensor t whose range of blocks holds b.
+constexpr int kAdamBatch = 256;
+constexpr int64_t kAdamChunk = 4096;  // elements per block
+struct AdamBatch {
+  int count;
+  int64_t start[kAdamBatch + 1];  // first block of each tensor; start[count] = the grid
+  float* p[kAdamBatch];
+  const float* g[kAdamBatch];
+  float* m[kAdamBatch];
+  float* v[kAdamBatch];
+  int64_t n[kAdamBatch];
+  AdamCoeffs<float> c[kAdamBatch];
+};
+
+__global__ void adam_many_kernel(const __grid_constant__ AdamBatch b) {
+  const int64_t block = blockIdx.x;
+  int lo = 0, hi = b.count;  // the tensor t with start[t] <= block < start[t + 1]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (b.start[mid] <= block) lo = mid; else hi = mid;
+  }
+  const int t = lo;
+  const int64_t first = (block - b.start[t]) * kAdamChunk;
+  const int64_t end = min(first + kAdamChunk, b.n[t]);
+  for (int64_t i = first + threadIdx.x; i < end; i += blockDim.x)
+    adam_update(b.p[t] + i, b.g[t][i], b.m[t] + i, b.v[t] + i, b.c[t]);
+}
+
 }  // namespace
+
+void adam_update_many(const std::vector<AdamTensor>& tensors) {
+  if (tensors.empty()) return;
+  Launch l(tensors[0].p);
+  for (size_t at = 0; at < tensors.size(); at += kAdamBatch) {
+    AdamBatch b;
+    b.count = int(std::min<size_t>(kAdamBatch, tensors.size() - at));
+    int64_t blocks = 0;
+    for (int k = 0; k < b.count; ++k) {
+      const AdamTensor& a = tensors[at + size_t(k)];
+      b.start[k] = blocks;
+      b.p[k] = fdata(a.p);
+      b.g[k] = fdata(a.g);
+      b.m[k] = fdata(a.m);
+      b.v[k] = fdata(a.v);
+      b.n[k] = a.p.numel();
+      b.c[k] = AdamCoeffs<float>(a.s);
+      blocks += std::max<int64_t>(1, (b.n[k] + kAdamChunk - 1) / kAdamChunk);
+    }
+    b.start[b.count] = blocks;
+    adam_many_kernel<<<unsigned(blocks), kThreads, 0, l.stream>>>(b);
+    CUDA_CHECK_LAUNCH(l.stream, "adam_update_many");
+  }
+}
 
 void adam_update(const TensorRef& p, const TensorRef& g, const TensorRef& m, const TensorRef& v,
                  const AdamStep& s) {

@@ -1,9 +1,13 @@
-// On a GPU: after warm-up a training step on one GPU takes no device memory from cudaMalloc
+// On a GPU: Adam over many tensors in one launch; and after warm-up a training step on one GPU takes no device memory from cudaMalloc
 // (every block comes back from the device pool). Stages on several streams are not held to it:
 // a block freed on one stream is handed to another only once its event has completed, which
 // depends on timing. The CPU twin is tests/test_steady_alloc.cpp.
 #include <doctest/doctest.h>
 
+#include <cmath>
+
+#include "engine/optim.h"
+#include "engine/tape.h"
 #include "runtime/cuda_api.h"
 #include "../steady_alloc.h"
 
@@ -30,4 +34,43 @@ TEST_CASE("after warm-up a training step takes no GPU memory from the system") {
   const OptimizerFactory adam = optimizer_factory({});
   SingleDevice s(gpu_model(), adam, LossKind::BCEDice);
   CHECK(system_allocations_after_warmup(s, b, 2, 3, device_system_allocations) == 0);
+}
+
+TEST_CASE("Adam over more tensors than one launch holds (300) equals the CPU step") {
+  // adam_update_many: 256 tensors per launch, so 300 take two; sizes across the 4096-element
+  // chunks. float32 on both; the GPU may contract multiply-adds (FMA), so the parameters agree
+  // to float32 rounding (1e-6 relative) rather than in every bit.
+  std::vector<Tensor> cpu, gpu;
+  for (int k = 0; k < 300; ++k) {
+    const int64_t n = 1 + (k * 977) % 9000;
+    std::vector<double> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[size_t(i)] = std::sin(0.1 * double(i) + k);
+    cpu.push_back(Tensor::from_vector({n}, v).set_requires_grad(true));
+    gpu.push_back(Tensor::from_vector({n}, v).to(Device::cuda(0)).set_requires_grad(true));
+  }
+  AdamOptions o;
+  o.weight_decay = 0.01;
+  Adam oc(cpu, o), og(gpu, o);
+  for (int step = 0; step < 2; ++step)
+    for (auto [params, opt] : {std::pair{&cpu, &oc}, std::pair{&gpu, &og}}) {
+      opt->zero_grad();
+      for (size_t k = 0; k < params->size(); ++k) {
+        Tape t;
+        Tensor y;
+        {
+          TapeScope s(t);
+          y = scale((*params)[k], 1.0 + 0.01 * double(k + step));
+        }
+        t.backward({y}, {Tensor::full((*params)[k].shape(), 0.5 - 0.003 * double(k), DType::F32,
+                                      (*params)[k].device())});
+      }
+      opt->step();
+    }
+  double worst = 0;
+  for (size_t k = 0; k < cpu.size(); ++k) {
+    const Tensor back = gpu[k].to(Device::cpu());
+    for (int64_t i = 0; i < back.numel(); ++i)
+      worst = std::max(worst, std::fabs(back.at(i) - cpu[k].at(i)) / std::max(1e-3, std::fabs(cpu[k].at(i))));
+  }
+  CHECK(worst < 1e-6);
 }
