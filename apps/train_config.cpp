@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "apps/cli.h"
+#include "kernels/cpu/conv_dnnl.h"
 #include "kernels/cpu/cpu_select.h"
 #include "parallel/nccl_communicator.h"
 #include "runtime/cuda_api.h"
@@ -151,6 +152,10 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
   app.add_flag_callback("--no-tf32", [&cfg] { cfg.tf32 = false; },
                         "CUDA: keep cuDNN convolutions in full float32 (by default they may use "
                         "TF32 tensor cores, as PyTorch does)");
+  add_enum(app, "--precision", cfg.precision, kPrecisionNames,
+           "Convolution arithmetic: auto (tf32 on GPUs, fp32 on the CPU), fp32, tf32 (GPUs: "
+           "cuDNN may use TF32 tensor cores), bf16 (the CPU: inputs rounded to bfloat16, float32 "
+           "accumulation, on oneDNN; everything else float32)");
   app.add_flag("--deterministic", cfg.deterministic,
                "CUDA: only deterministic cuDNN convolution algorithms (no atomics, FFT or "
                "Winograd), so repeated runs give the same bits; usually slower");
@@ -238,6 +243,9 @@ void validate(const TrainConfig& c) {
   UNETCU_CHECK(c.allreduce != AllReduceAlgo::Mpi || as_group(c.dist),
                "--allreduce mpi is the transport library's own all-reduce, for ranks in several processes: "
                "start them with mpirun, srun or torchrun (in one process use ring or ps)");
+  UNETCU_CHECK(c.precision != Precision::TF32 || c.tf32, "--no-tf32 and --precision tf32 contradict each other");
+  UNETCU_CHECK(c.precision != Precision::BF16 || c.dtype == DType::F32, "--precision bf16 rounds float32 "
+               "convolution inputs; it does not go with --dtype ", dtype_name(c.dtype));
   UNETCU_CHECK(c.log_every >= 0 && c.log_every <= kMaxSamples, "--log-every must be between 0 and ",
                kMaxSamples, ", got ", c.log_every);
   UNETCU_CHECK(c.log_every == 0 || !c.log.empty(), "--log-every needs --log FILE");
@@ -344,9 +352,22 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
     UNETCU_CHECK(d.is_cpu() || cfg.dtype == DType::F32, "--dtype ", dtype_name(cfg.dtype),
                  " is CPU only; ", d.str(), " trains in float32");
     if (d.is_cuda()) {
-      cuda::set_allow_tf32(cfg.tf32);
+      UNETCU_CHECK(cfg.precision != Precision::BF16, "--precision bf16 runs on the CPU (oneDNN); on ",
+                   d.str(), " use tf32 (the default there) or fp32");
+      cuda::set_allow_tf32(cfg.tf32 && cfg.precision != Precision::FP32);
       cuda::set_deterministic(cfg.deterministic);
+    } else {
+      UNETCU_CHECK(cfg.precision != Precision::TF32, "--precision tf32 is the GPUs' tensor-core format; on ",
+                   d.str(), " use fp32 or bf16");
     }
+  }
+  if (cfg.precision == Precision::BF16) {
+    UNETCU_CHECK(kernels::cpu::cpu_conv_impl() == kernels::cpu::CpuConvImpl::OneDnn,
+                 "--precision bf16 runs the convolutions on oneDNN, which ",
+                 kernels::cpu::onednn_built() ? "UNETCU_CPU_CONV=im2col turned off" : "this build does not have");
+    kernels::cpu::set_cpu_conv_bf16(true);
+    out << "precision: bf16 convolutions (inputs rounded to bfloat16, float32 accumulation and "
+           "outputs); parameters, optimizer, batch norm and losses in float32\n";
   }
 
   // The data: the embedded synthetic set, or an image folder.

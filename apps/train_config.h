@@ -27,6 +27,13 @@ constexpr int64_t kMaxSamples = 100000000;
 constexpr int kMaxThreads = 1024;
 constexpr int kMaxWorkers = 256;
 
+// Arithmetic of the convolutions: fp32; tf32 (GPUs: cuDNN may use TF32 tensor cores); bf16
+// (the CPU: inputs rounded to bfloat16, float32 accumulation, kernels/cpu/conv_dnnl.h); auto:
+// tf32 on GPUs, fp32 on the CPU.
+enum class Precision { Auto, FP32, TF32, BF16 };
+inline constexpr NamedValue<Precision> kPrecisionNames[] = {
+    {"auto", Precision::Auto}, {"fp32", Precision::FP32}, {"tf32", Precision::TF32}, {"bf16", Precision::BF16}};
+
 struct TrainConfig {
   int epochs = 10;
   int batch_size = 8;              // per replica with dp
@@ -45,6 +52,7 @@ struct TrainConfig {
   DType dtype = DType::F32;
   bool progress = true;
   bool tf32 = true;                // CUDA: cuDNN convolutions may use TF32 tensor cores
+  Precision precision = Precision::Auto;
   bool deterministic = false;      // CUDA: only deterministic cuDNN convolution algorithms
   Mode mode = Mode::Single;
   std::vector<Device> devices;     // dp: one per replica; mp: one per stage

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/conv_dnnl.h"
 #include "kernels/cpu/cpu_select.h"
 #include "bench/bench_util.h"
 
@@ -35,8 +36,13 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "Timed steps")->capture_default_str();
   app.add_option("--size", sizes, "Batch x image size, e.g. 1x512 (repeatable; default 4x128 2x256)");
   app.add_flag("--json", json, "One JSON line per size: batch, size, threads, steps, median");
+  std::string precision = "fp32";
+  app.add_option("--precision", precision, "fp32, or bf16 (convolution inputs rounded to bfloat16, float32 "
+                 "accumulation; oneDNN)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
+    UNETCU_CHECK(precision == "fp32" || precision == "bf16", "--precision: fp32 or bf16, got '", precision, "'");
+    if (precision == "bf16") kernels::cpu::set_cpu_conv_bf16(true);
     set_cpu_threads(threads);
     UNETCU_CHECK(threads >= 1 && warmup >= 0 && steps >= 1,
                  "--threads and --steps must be at least 1, --warmup at least 0");

@@ -8,6 +8,7 @@
 #include <omp.h>
 
 #include <array>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -48,6 +49,17 @@ bool onednn_built() {
 
 CpuConvImpl cpu_conv_impl() { return impl_ref(); }
 
+namespace {
+std::atomic<bool> g_bf16{false};
+}  // namespace
+
+void set_cpu_conv_bf16(bool on) {
+  UNETCU_CHECK(!on || onednn_built(), "bfloat16 convolutions on the CPU need oneDNN (install libdnnl-dev "
+                                      "and rebuild)");
+  g_bf16 = on;
+}
+bool cpu_conv_bf16() { return g_bf16; }
+
 void set_cpu_conv_impl(CpuConvImpl impl) {
   UNETCU_CHECK(impl == CpuConvImpl::Im2col || onednn_built(),
                "this build has no oneDNN (install libdnnl-dev and rebuild)");
@@ -72,6 +84,7 @@ namespace {
 using dnnl::memory;
 using tag = dnnl::memory::format_tag;
 constexpr auto f32 = dnnl::memory::data_type::f32;
+constexpr auto bf16 = dnnl::memory::data_type::bf16;
 
 const dnnl::engine& cpu_engine() {
   static const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
@@ -156,6 +169,7 @@ struct Plan {
   dnnl::convolution_backward_weights bwd_w;
   Move bwd_w_dy, bwd_w_x, bwd_w_dw;
   bool share_dy = false;  // both backward primitives read dY in one layout
+  bool bf16 = false;      // inputs rounded to bfloat16 (set_cpu_conv_bf16)
 };
 
 struct Dims {
@@ -167,7 +181,7 @@ struct Dims {
         strides{g.sh, g.sw},
         pad_l{g.ph, g.pw},
         pad_r{g.ph, g.pw} {}
-  memory::desc any(const memory::dims& d) const { return memory::desc(d, f32, tag::any); }
+  memory::desc any(const memory::dims& d, memory::data_type t = f32) const { return memory::desc(d, t, tag::any); }
 };
 
 dnnl::primitive_attr user_scratchpad() {
@@ -182,21 +196,25 @@ bool geometry_fits(const ConvGeometry& g) {
 }
 
 Plan& plan_for(const ConvGeometry& g, bool bias) {
-  using Key = std::array<int64_t, 15>;
+  using Key = std::array<int64_t, 16>;
   static thread_local std::map<Key, std::unique_ptr<Plan>> plans;
+  const bool half = cpu_conv_bf16();
   const Key key{g.N, g.C, g.H, g.W, g.O, g.OH, g.OW, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw,
-                int64_t(bias), int64_t(omp_get_max_threads())};
+                int64_t(bias), int64_t(omp_get_max_threads()), int64_t(half)};
   auto it = plans.find(key);
   if (it != plans.end()) return *it->second;
   auto plan = std::make_unique<Plan>();
   plan->bias = bias;
+  plan->bf16 = half;
   if (geometry_fits(g)) {
     const Dims d(g);
+    // Mixed precision: inputs in bf16 (the Moves round the float32 tensors), output float32.
+    const auto in_t = half ? bf16 : f32;
     try {
       const memory::desc bias_md = bias ? memory::desc({g.O}, f32, tag::x) : memory::desc();
       dnnl::convolution_forward::desc desc(dnnl::prop_kind::forward_training,
-                                           dnnl::algorithm::convolution_direct, d.any(d.src),
-                                           d.any(d.wei), bias_md, d.any(d.dst), d.strides,
+                                           dnnl::algorithm::convolution_direct, d.any(d.src, in_t),
+                                           d.any(d.wei, in_t), bias_md, d.any(d.dst), d.strides,
                                            d.pad_l, d.pad_r);
       plan->fwd_pd = dnnl::convolution_forward::primitive_desc(desc, user_scratchpad(), cpu_engine());
       plan->fwd = dnnl::convolution_forward(plan->fwd_pd);
@@ -215,15 +233,16 @@ void make_backward(Plan& p, const ConvGeometry& g) {
   p.bwd_made = true;
   if (!p.ok) return;
   const Dims d(g);
+  const auto in_t = p.bf16 ? bf16 : f32;  // what the primitives read: weights, dY, X
   try {
     dnnl::convolution_backward_data::desc dd(dnnl::algorithm::convolution_direct, d.any(d.src),
-                                             d.any(d.wei), d.any(d.dst), d.strides, d.pad_l,
+                                             d.any(d.wei, in_t), d.any(d.dst, in_t), d.strides, d.pad_l,
                                              d.pad_r);
     p.bwd_d_pd = dnnl::convolution_backward_data::primitive_desc(dd, user_scratchpad(),
                                                                  cpu_engine(), p.fwd_pd);
     p.bwd_d = dnnl::convolution_backward_data(p.bwd_d_pd);
     dnnl::convolution_backward_weights::desc wd(dnnl::algorithm::convolution_direct,
-                                                d.any(d.src), d.any(d.wei), d.any(d.dst),
+                                                d.any(d.src, in_t), d.any(d.wei), d.any(d.dst, in_t),
                                                 d.strides, d.pad_l, d.pad_r);
     p.bwd_w_pd = dnnl::convolution_backward_weights::primitive_desc(wd, user_scratchpad(),
                                                                     cpu_engine(), p.fwd_pd);
@@ -268,7 +287,8 @@ std::string cpu_conv_line() {
     case dnnl::cpu_isa::avx512_core_amx: isa = "avx512_core_amx"; break;
     default: break;
   }
-  return str_cat("oneDNN ", v->major, ".", v->minor, ".", v->patch, " (", isa, ")");
+  return str_cat("oneDNN ", v->major, ".", v->minor, ".", v->patch, " (", isa, ")",
+                 cpu_conv_bf16() ? ", bfloat16 inputs, float32 accumulation" : "");
 }
 
 bool onednn_conv2d_forward(const float* x, const float* w, const float* b, float* y,

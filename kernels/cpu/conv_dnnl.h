@@ -20,6 +20,15 @@ CpuConvImpl cpu_conv_impl();          // what float32 convolutions run now
 void set_cpu_conv_impl(CpuConvImpl);  // OneDnn in a build without it is an Error
 std::string cpu_conv_line();          // "oneDNN 2.6.3 (avx512_core_bf16)" or "im2col + GEMM"
 
+// Mixed precision (--precision bf16 on the CPU): float32 convolutions on oneDNN read their
+// inputs — activations, weights, output gradients — rounded to bfloat16 (round to nearest even,
+// in oneDNN's reorders) and accumulate and write in float32; the tensors stay float32. PyTorch's
+// autocast gives convolutions the same inputs and accumulation (it also stores their outputs in
+// bfloat16). Needs oneDNN (Error otherwise); a geometry oneDNN has no kernel for runs im2col in
+// float32. Process-wide.
+void set_cpu_conv_bf16(bool on);
+bool cpu_conv_bf16();
+
 // y = conv(x, w) + b (b may be null); false when oneDNN has no kernel for this geometry (the
 // caller then runs im2col).
 bool onednn_conv2d_forward(const float* x, const float* w, const float* b, float* y,
