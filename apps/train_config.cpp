@@ -271,7 +271,7 @@ void validate(const TrainConfig& c) {
                  "(e.g. --split layer3)");
     UNETCU_CHECK(int(c.cuts.size()) + 1 == stages, "--split makes ", c.cuts.size() + 1, " stages but there are ",
                  stages, c.mode == Mode::Pipeline ? " processes (one stage each)" : " --pipeline-stages");
-    UNETCU_CHECK(c.devices.empty(), "--devices: across processes each stage is this process's CPU device");
+    UNETCU_CHECK(c.devices.empty(), "--devices: across processes each stage is this process's device (GPU local_rank, or the CPU)");
     UNETCU_CHECK(c.split_size >= 0 && c.split_size <= c.batch_size, "--split-size must be in 0..--batch-size ",
                  c.batch_size, ", got ", c.split_size);
   } else if (c.mode == Mode::Pipeline) {
@@ -323,7 +323,11 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
   if (group) {
     const std::string spec = cfg.device ? cfg.device->str() : cfg.dtype != DType::F32 ? "cpu" : "auto";
     const Device kind = resolve_device(spec, nullptr);
-    process_device = kind.is_cuda() ? resolve_device(Device::cuda(dist.local_rank).str(), nullptr) : Device::cpu(0);
+    // local_rank modulo the GPUs it sees: a launcher that gives each task its own GPU
+    // (srun --gpus-per-task, CUDA_VISIBLE_DEVICES per rank) leaves one visible.
+    process_device = kind.is_cuda()
+                         ? Device::cuda(dist.local_rank % std::max(1, cuda_device_count()))
+                         : Device::cpu(0);
     // GPU data parallelism with NCCL_COMM_ID: NCCL bootstraps itself, no CPU group is needed.
     if (!(process_device->is_cuda() && cfg.mode == Mode::DataParallel && nccl_rendezvous_from_environment()))
       init_process_group(dist);

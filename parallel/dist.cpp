@@ -45,15 +45,42 @@ bool from_mpi(DistEnv* d) {
   return true;
 }
 
+// The tasks on this node: SLURM_TASKS_PER_NODE lists them node by node, compressed
+// ("2(x3),1": three nodes of 2, then one of 1), always set in a step; SLURM_NODEID picks this
+// node's entry. Without it (an unusual step): SLURM_NTASKS_PER_NODE, else SLURM_LOCALID + 1.
+int slurm_tasks_on_this_node() {
+  const char* list = env("SLURM_TASKS_PER_NODE");
+  const char* node = env("SLURM_NODEID");
+  if (list && node) {
+    const int want = env_int("SLURM_NODEID", 0);
+    int at = 0;
+    for (const char* p = list; *p;) {
+      char* end = nullptr;
+      const long count = std::strtol(p, &end, 10);
+      if (end == p || count < 1) break;
+      long repeat = 1;
+      p = end;
+      if (std::strncmp(p, "(x", 2) == 0) {
+        repeat = std::strtol(p + 2, &end, 10);
+        if (end == p + 2 || *end != ')' || repeat < 1) break;
+        p = end + 1;
+      }
+      if (want < at + repeat) return int(count);
+      at += int(repeat);
+      if (*p == ',') ++p;
+    }
+  }
+  if (const char* per = env("SLURM_NTASKS_PER_NODE")) return std::max(1, std::atoi(per));
+  return env_int("SLURM_LOCALID", 0) + 1;
+}
+
 bool from_slurm(DistEnv* d) {
   if (!env("SLURM_PROCID") || !env("SLURM_NTASKS")) return false;
   d->launcher = "slurm";
   d->rank = env_int("SLURM_PROCID", 0);
   d->world = env_int("SLURM_NTASKS", 1);
   d->local_rank = env_int("SLURM_LOCALID", 0);
-  // SLURM_NTASKS_PER_NODE may read "2(x3)"; its leading count is the tasks on this node.
-  const char* per = env("SLURM_NTASKS_PER_NODE");
-  d->local_size = per ? std::max(1, std::atoi(per)) : 1;
+  d->local_size = slurm_tasks_on_this_node();
   if (const char* a = env("MASTER_ADDR")) d->master_addr = a;  // for Gloo, without PMI
   d->master_port = env_int("MASTER_PORT", 0);
   return true;
@@ -116,13 +143,13 @@ void init_gloo_from(const DistEnv& d) {
   UNETCU_CHECK(!d.master_addr.empty() && d.master_port > 0,
                "a process group of ", d.world, " started by ", how, " meets at MASTER_ADDR:MASTER_PORT: set "
                "both (e.g. MASTER_ADDR=<rank 0's host> MASTER_PORT=29500), the same on every rank");
-  UNETCU_CHECK(d.master_port < 65535, "MASTER_PORT=", d.master_port, " is not a TCP port");
+  UNETCU_CHECK(d.master_port <= 65535, "MASTER_PORT=", d.master_port, " is not a TCP port");
   // torchrun's agent may serve its own store (PyTorch's) at MASTER_PORT, and then says so to
   // its workers (TORCHELASTIC_USE_AGENT_STORE=True): the rendezvous takes the next port. Every
   // rank sees the same variables, so every rank picks the same port.
   const char* agent_store = env("TORCHELASTIC_USE_AGENT_STORE");
   const bool next_port = agent_store && std::strcmp(agent_store, "True") == 0;
-  init_gloo(d.rank, d.world, d.master_addr, d.master_port + (next_port ? 1 : 0));
+  init_gloo(d.rank, d.world, d.local_size, d.master_addr, d.master_port + (next_port ? 1 : 0));
 }
 
 }  // namespace
@@ -138,12 +165,14 @@ DistEnv detect_dist(DistMode mode) {
                           "mpirun (no OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE)");
       break;
     case DistMode::Env:
-      found = from_slurm(&d) || from_torchrun(&d);
+      // torchrun's variables first: under `srun torchrun` they name the workers, SLURM's the
+      // nodes' agents.
+      found = from_torchrun(&d) || from_slurm(&d);
       UNETCU_CHECK(found, "a process group from the environment was asked for, but neither SLURM's "
                           "(SLURM_PROCID, SLURM_NTASKS) nor torchrun's (RANK, WORLD_SIZE) variables are set");
       break;
     case DistMode::Auto:
-      found = from_mpi(&d) || from_slurm(&d) || from_torchrun(&d);
+      found = from_mpi(&d) || from_torchrun(&d) || from_slurm(&d);
       break;
   }
   if (!found) return DistEnv{};

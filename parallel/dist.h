@@ -1,9 +1,11 @@
 // One process per device, started by a launcher: who this process is, from the launcher's
 // environment, in this order:
 //   Open MPI  OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK / _LOCAL_SIZE
-//   SLURM     SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE (and, started
-//             without PMI, MASTER_ADDR and MASTER_PORT)
-//   torchrun  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+//   torchrun  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (before
+//             SLURM's: under `srun torchrun` they name the workers, SLURM's the agents)
+//   SLURM     SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, this node's entry of
+//             SLURM_TASKS_PER_NODE (SLURM_NODEID) (and, started without PMI, MASTER_ADDR and
+//             MASTER_PORT)
 // DistMode::Auto takes the first that is present; Mpi and Env insist on MPI's or on the
 // torchrun/SLURM variables; None ignores them all (one process).
 #pragma once

@@ -27,7 +27,7 @@ namespace unetcu {
 #ifndef UNETCU_HAVE_GLOO
 
 bool gloo_built() { return false; }
-void init_gloo(int, int world, const std::string&, int) {
+void init_gloo(int, int world, int, const std::string&, int) {
   throw Error(str_cat("a process group of ", world, " without an MPI launcher needs the Gloo build: install "
                       "libgloo-dev (tools/setup.sh) and rebuild"));
 }
@@ -46,7 +46,7 @@ using Clock = std::chrono::steady_clock;
 // process ends (a rank that ends later may still be answered), and the groups' connections
 // close with the process.
 struct GlooJob {
-  int rank = 0, world = 1;
+  int rank = 0, world = 1, local_size = 1;
   std::string addr;
   int port = 0;
   std::shared_ptr<RendezvousServer> server;  // rank 0
@@ -233,11 +233,12 @@ class GlooGroup : public ProcessGroup {
 
 bool gloo_built() { return true; }
 
-void init_gloo(int rank, int world, const std::string& addr, int port) {
+void init_gloo(int rank, int world, int local_size, const std::string& addr, int port) {
   UNETCU_CHECK(!g_job, "init_gloo: called twice");
   auto job = std::make_unique<GlooJob>();
   job->rank = rank;
   job->world = world;
+  job->local_size = local_size;
   job->addr = addr;
   job->port = port;
   if (rank == 0) job->server = serve_rendezvous(port);
@@ -252,8 +253,14 @@ std::shared_ptr<ProcessGroup> make_gloo_world_group(double timeout_s) {
     auto store = std::make_shared<RendezvousStore>(g_job->addr, g_job->port, g_job->rank, g_job->world, timeout_s);
     store->arrive();
     // Gloo's own connections listen on the address this host reaches rank 0 by.
+    const std::string& local = store->local_address();
+    const bool loopback = local.rfind("127.", 0) == 0 || local == "::1";
+    UNETCU_CHECK(!loopback || g_job->world <= g_job->local_size, "rank ", g_job->rank, " reaches MASTER_ADDR=",
+                 g_job->addr, " at the loopback address ", local, ", which the other hosts of this ",
+                 g_job->world, "-process job cannot reach: set MASTER_ADDR to rank 0's address on the "
+                 "network (a hostname mapped to 127.x in /etc/hosts does this)");
     gloo::transport::tcp::attr attr;
-    attr.hostname = store->local_address();
+    attr.hostname = local;
     g_job->device = gloo::transport::tcp::CreateDevice(attr);
     g_job->store = std::move(store);
   }

@@ -15,9 +15,12 @@
 namespace unetcu {
 
 bool gloo_built();
-// This process is rank `rank` of `world`, meeting at addr:port; rank 0 starts serving the
-// rendezvous there (Error when the port cannot be bound). Once per process.
-void init_gloo(int rank, int world, const std::string& addr, int port);
+// This process is rank `rank` of `world` (`local_size` of them on this host), meeting at
+// addr:port; rank 0 starts serving the rendezvous there (Error when the port cannot be bound).
+// Once per process. Gloo listens on the address this host reaches addr by; when that is a
+// loopback address and the job spans hosts, the error says to set MASTER_ADDR to one the other
+// hosts reach.
+void init_gloo(int rank, int world, int local_size, const std::string& addr, int port);
 // A new group of every rank; collective. The first call meets the other ranks at the
 // rendezvous and waits at most timeout_s for them (Error: "only K of N ranks arrived").
 std::shared_ptr<ProcessGroup> make_gloo_world_group(double timeout_s);

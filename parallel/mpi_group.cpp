@@ -169,7 +169,9 @@ class MpiGroup : public ProcessGroup {
   struct MpiRequest : Request {
     explicit MpiRequest(MpiGroup* g) : group(g) {}
     ~MpiRequest() override {
-      if (req != MPI_REQUEST_NULL) MPI_Wait(&req, MPI_STATUS_IGNORE);
+      if (req == MPI_REQUEST_NULL) return;
+      Watchdog::Scope w(*group->watchdog_, "send (wait)");
+      MPI_Wait(&req, MPI_STATUS_IGNORE);
     }
     void wait() override {
       if (req == MPI_REQUEST_NULL) return;

@@ -135,7 +135,7 @@ struct NcclGroup {
         ncclResult_t st = ncclSuccess;
         if (ncclCommGetAsyncError(comms[r], &st) == ncclSuccess && st != ncclSuccess &&
             st != ncclInProgress)
-          why = str_cat("NCCL error on rank ", r, ": ", ncclGetErrorString(st));
+          why = str_cat("NCCL error on rank ", first_rank + int(r), ": ", ncclGetErrorString(st));
       }
       if (!why.empty()) {
         lock.unlock();  // abort takes `calls`; a caller holding it may be waiting to track()
@@ -364,19 +364,22 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_process_communicators(
     g->comms.assign(1, nullptr);
     return g;
   };
-  // Settles a non-blocking init or split; on failure aborts the half-made communicator.
+  std::vector<std::shared_ptr<NcclGroup>> groups;
+  // Settles a non-blocking init or split; on failure aborts every communicator made so far (a
+  // finalize would wait for peers that are gone).
   auto ready = [&](NcclGroup& g, ncclResult_t res, const char* what) {
     if (res == ncclSuccess || res == ncclInProgress)
       res = g.comms[0] ? settle(g.comms[0], ncclInProgress, timeout_s) : ncclInternalError;
     if (res == ncclSuccess) return;
-    g.aborted = true;
-    if (g.comms[0]) ncclCommAbort(g.comms[0]);
+    for (auto& made : groups) {
+      made->aborted = true;
+      if (made->comms[0]) ncclCommAbort(made->comms[0]);
+    }
     if (res == ncclInProgress)
       throw Error(str_cat("NCCL rank ", rank, " of ", world, ": ", what, " not done within ", timeout_s,
                           " s (collective timeout; did every rank start?)"));
     NCCL_CHECK(res);
   };
-  std::vector<std::shared_ptr<NcclGroup>> groups;
   {
     cuda::DeviceGuard restore(device);
     UNETCU_CHECK(cudaSetDevice(device) == cudaSuccess, "NCCL rank ", rank, ": cannot use cuda:", device);

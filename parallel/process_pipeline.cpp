@@ -1,6 +1,7 @@
 #include "parallel/process_pipeline.h"
 
 #include <algorithm>
+#include <exception>
 #include <map>
 #include <set>
 
@@ -90,10 +91,16 @@ std::vector<Batch> ProcessPipeline::place(const Batch& batch) const {
   const int64_t B = batch.size();
   UNETCU_CHECK(B >= 1, "pipeline across processes: an empty batch");
   const int64_t split = std::min<int64_t>(options_.split_size, B);
+  // The first stage reads the images, the last the masks: each on this process's device.
+  const Device dev = options_.device;
+  auto on_device = [&](const Tensor& t, bool needed) {
+    return !needed || t.device() == dev ? t : t.to(dev);
+  };
   std::vector<Batch> out;
   for (int64_t lo = 0; lo < B; lo += split) {
     const int64_t hi = std::min<int64_t>(lo + split, B);
-    out.push_back({batch.images.rows(lo, hi), batch.masks.rows(lo, hi)});
+    out.push_back({on_device(batch.images.rows(lo, hi), stage_ == 0),
+                   on_device(batch.masks.rows(lo, hi), stage_ == stages() - 1)});
   }
   return out;
 }
@@ -103,7 +110,7 @@ class ProcessPipeline::Run {
  public:
   Run(ProcessPipeline& p, const std::vector<Batch>& micro_batches, LossKind loss)
       : p_(p), loss_kind_(loss), S_(p.stages()), M_(int(micro_batches.size())), inputs_(micro_batches),
-        mb_(size_t(M_)) {
+        mb_(size_t(M_)), forward_sends_(size_t(M_)) {
     int64_t total = 0;
     for (const Batch& b : micro_batches) total += b.size();
     for (const Batch& b : micro_batches) weight_.push_back(double(b.size()) / double(total));
@@ -123,6 +130,20 @@ class ProcessPipeline::Run {
     }
     for (auto& x : sends_) x->wait();  // the buffers are ours until the receivers have them
     sends_.clear();
+    for (auto& v : forward_sends_) {  // the last stage's (it sends none) and any left
+      for (auto& x : v) x->wait();
+      v.clear();
+    }
+  }
+
+  ~Run() {
+    // A stage that failed ends the job (its error is printed, then the process group is
+    // aborted): its sends in flight are not waited for, which could outlast the timeout.
+    if (std::uncaught_exceptions() > 0) {
+      for (auto& x : sends_) x->abandon();
+      for (auto& v : forward_sends_)
+        for (auto& x : v) x->abandon();
+    }
   }
 
   double loss() const {
@@ -148,14 +169,22 @@ class ProcessPipeline::Run {
       header_sent->wait();
       data_sent->wait();
     }
+    // The job is ending: the requests and the buffer are left as they are (never freed while
+    // the transport may still read them).
+    void abandon() {
+      (void)header_sent.release();
+      (void)data_sent.release();
+      new Tensor(std::move(data));
+    }
   };
 
   int tag(int direction, int m, int block) const {
     return int(block + int64_t(p_.model_->blocks().size()) * (2 * int64_t(m) + direction));
   }
 
-  // Sends `t` (possibly undefined: no gradient) to stage `to` of this replica.
-  void send(const Tensor& t, int to, int tag) {
+  // Sends `t` (possibly undefined: no gradient) to stage `to` of this replica; kept in `into`
+  // until waited for.
+  void send(const Tensor& t, int to, int tag, std::vector<std::unique_ptr<Sending>>& into) {
     auto x = std::make_unique<Sending>();
     if (t.defined()) {
       x->header[0] = 1;
@@ -166,7 +195,7 @@ class ProcessPipeline::Run {
     }
     x->header_sent = p_.pipe_->isend(x->header, sizeof x->header, to, tag);
     x->data_sent = p_.pipe_->isend(t.defined() ? x->data.raw() : nullptr, t.defined() ? x->data.nbytes() : 0, to, tag);
-    sends_.push_back(std::move(x));
+    into.push_back(std::move(x));
   }
   Tensor receive_from(int from, int tag) {
     int64_t header[6] = {0, 0, 0, 0, 0, 0};
@@ -221,7 +250,7 @@ class ProcessPipeline::Run {
     peak_live_ = std::max(peak_live_, ++live_);
     // Each output a later stage reads goes to that stage now.
     for (const auto& [b, out] : me.outputs)
-      for (int c : p_.consumers_[size_t(b)]) send(out.detach(), c, tag(0, m, b));
+      for (int c : p_.consumers_[size_t(b)]) send(out.detach(), c, tag(0, m, b), forward_sends_[size_t(m)]);
   }
 
   void backward(int m) {
@@ -248,9 +277,15 @@ class ProcessPipeline::Run {
         me.tape.clear();
       else
         me.tape.backward(outs, grads);
+      // Every consumer sent its gradients of m, so it has this stage's outputs of m: their
+      // sends are done and their buffers go.
+      for (auto& x : forward_sends_[size_t(m)]) x->wait();
+      forward_sends_[size_t(m)].clear();
     }
     // The gradients of what this stage received go home.
-    for (const auto& [b, copy] : me.received) send(copy.grad(), p_.stage_of_block_[size_t(b)], tag(1, m, b));
+    for (const auto& [b, copy] : me.received)
+      send(copy.grad(), p_.stage_of_block_[size_t(b)], tag(1, m, b), sends_);
+    me.received.clear();
     me.outputs.clear();
     --live_;
   }
@@ -261,7 +296,8 @@ class ProcessPipeline::Run {
   const std::vector<Batch>& inputs_;
   std::vector<double> weight_;
   std::vector<MicroBatch> mb_;
-  std::vector<std::unique_ptr<Sending>> sends_;
+  std::vector<std::unique_ptr<Sending>> sends_;                       // gradients, to the step's end
+  std::vector<std::vector<std::unique_ptr<Sending>>> forward_sends_;  // per micro-batch, to its backward
   int live_ = 0, peak_live_ = 0;
 };
 

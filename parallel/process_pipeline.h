@@ -37,7 +37,8 @@
 namespace unetcu {
 
 struct ProcessPipelineOptions {
-  Device device = Device::cpu(0);  // this process's stage device (a CPU device)
+  Device device = Device::cpu(0);  // this process's stage device (a GPU's tensors cross
+                                   // between the processes through host memory)
   std::vector<int> cuts;            // first block of stages 1..S-1, increasing
   int split_size = 1;
   Schedule schedule = Schedule::GPipe;
@@ -59,7 +60,8 @@ class ProcessPipeline {
   int replica() const { return replica_; }
   int replicas() const { return replicas_; }
 
-  // This replica's batch cut into micro-batches of split_size (views of it).
+  // This replica's batch cut into micro-batches of split_size: the images on this process's
+  // device when it is the first stage, the masks when it is the last (else views of the batch).
   std::vector<Batch> place(const Batch& batch) const;
   // One optimizer step of this process's stage; every process returns the global batch's loss
   // (each replica's weighted micro-batch losses, averaged over the replicas).

@@ -216,8 +216,11 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
       if (peak_live.empty()) peak_live = live;
       for (size_t i = 0; i < live.size(); ++i) peak_live[i] = std::max(peak_live[i], live[i]);
       if (o.on_step) o.on_step(epoch, s + 1);
-      // Every process stops at the same step (a pipeline's stages, the replicas' collectives).
-      if (strategy.any_process(interrupt_requested())) {
+      // Every process stops at the same step (a pipeline's stages, the replicas' collectives);
+      // several processes agree every 8 steps and at the epoch's end (the agreement is a
+      // collective: on GPUs a wait for the device).
+      const bool decide = strategy.process_count() == 1 || (s + 1) % 8 == 0 || s + 1 == steps;
+      if (decide && strategy.any_process(interrupt_requested())) {
         settle();
         strategy.collect_state();
         bar.finish();
@@ -231,6 +234,10 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
                           epoch_done ? epoch : epoch - 1, epoch_done ? 0 : s + 1);
           saved = "checkpoint written to " + o.checkpoint + " (resuming continues from there)";
         }
+        // The other processes wait for process 0's checkpoint before they end (a launcher ends
+        // the whole job when one process exits).
+        strategy.any_process(false);
+        if (!lead && !o.checkpoint.empty()) saved = "checkpoint written by process 0";
         throw Interrupted(str_cat("interrupted at epoch ", epoch, " after step ", s + 1, " of ", steps,
                                   "; ", saved));
       }
@@ -306,7 +313,10 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
     Profiler::enable(false);
     out << "\nprofile (" << Profiler::records().size() << " ranges; trace in " << o.profile
         << "):\n" << Profiler::summary() << "\n";
-    Profiler::write_trace(o.profile);
+    // One trace per process: process r > 0 writes FILE.rank<r>.
+    Profiler::write_trace(strategy.process_count() > 1 && !lead
+                              ? o.profile + ".rank" + std::to_string(strategy.process_rank())
+                              : o.profile);
   }
   double sum = 0, sq = 0;
   for (const auto& e : result.epochs) sum += e.seconds;
