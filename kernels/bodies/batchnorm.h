@@ -70,12 +70,18 @@ template <class T> HD T bn_relu_backward_dx(T dy, T y, T x, T mean, T invstd, T 
   return training ? bn_backward_train(g, (x - mean) * invstd, gamma_invstd, inv_m, sum_g, sum_g_xhat)
                   : g * gamma_invstd;
 }
+// g and xhat of one element, the terms of the sums (added in double).
+template <class T> HD void bn_relu_grad_terms(T dy, T y, T x, T mean, T invstd, T& g, T& xhat) {
+  g = relu_backward(dy, y);
+  xhat = (x - mean) * invstd;
+}
 template <class T>
 HD void bn_relu_grad_accumulate(T dy, T y, T x, T mean, T invstd, double& sum_g,
                                 double& sum_g_xhat) {
-  const T g = relu_backward(dy, y);
+  T g, xhat;
+  bn_relu_grad_terms(dy, y, x, mean, invstd, g, xhat);
   sum_g += g;
-  sum_g_xhat += double(g) * double((x - mean) * invstd);
+  sum_g_xhat += double(g) * double(xhat);
 }
 
 }  // namespace unetcu::kernels
