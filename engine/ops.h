@@ -31,6 +31,19 @@ Tensor batch_norm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                     Tensor& running_mean, Tensor& running_var, bool training,
                     double momentum = 0.1, double eps = 1e-5);
 
+// Batch norm fused with what follows it in ResNet and the U-Net decoder, each one op:
+//   batch_norm_relu(x, ...)               = relu(batch_norm2d(x, ...))
+//   batch_norm_add_relu(x, ..., residual) = relu(batch_norm2d(x, ...) + residual)
+// (residual of x's shape), with batch_norm2d's arguments and running-statistics semantics. One
+// pass over the data forward (after the statistics) and one elementwise pass backward (after
+// one reduction pass), instead of a pass per op each way.
+Tensor batch_norm_relu(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                       Tensor& running_mean, Tensor& running_var, bool training,
+                       double momentum = 0.1, double eps = 1e-5);
+Tensor batch_norm_add_relu(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                           const Tensor& residual, Tensor& running_mean, Tensor& running_var,
+                           bool training, double momentum = 0.1, double eps = 1e-5);
+
 // Synchronized batch norm: while a BatchNormSyncScope is active on a thread, training-mode
 // batch_norm2d sums its per-channel statistics (forward) and gradient sums (backward) over all
 // replicas through `all_reduce_sum`, so N replicas with b samples each normalise as one batch

@@ -50,6 +50,27 @@
                          double eps, const TensorRef& grad_x, double beta_x,                       \
                          const TensorRef& grad_gamma, double beta_gamma,                           \
                          const TensorRef& grad_beta, double beta_beta))                            \
+  /* Fused batch norm + residual add + ReLU (engine/ops/batchnorm.cpp). Training statistics in     \
+     one pass (shifted sums): mean, invstd written, running statistics updated in place as by      \
+     batchnorm_forward_train. */                                                                   \
+  X(batchnorm_stats, (const TensorRef& x, const TensorRef& mean, const TensorRef& invstd,          \
+                      const TensorRef& running_mean, const TensorRef& running_var,                 \
+                      double momentum, double eps))                                                \
+  /* y = relu((x - mean) * invstd * gamma + beta + residual), written; residual may be absent. */  \
+  X(batchnorm_add_relu_forward, (const TensorRef& x, const TensorRef& gamma,                       \
+                                 const TensorRef& beta, const TensorRef& mean,                     \
+                                 const TensorRef& invstd, const TensorRef& residual,               \
+                                 const TensorRef& y))                                              \
+  /* From y (the forward's output) and x: g = grad_y where y > 0; grad_residual = g; dgamma,       \
+     dbeta and dx of the batch norm for g (training: batch statistics, else constants). Any        \
+     gradient may be absent; each written or accumulated by its beta. */                           \
+  X(batchnorm_add_relu_backward, (const TensorRef& grad_y, const TensorRef& y,                     \
+                                  const TensorRef& x, const TensorRef& gamma,                      \
+                                  const TensorRef& mean, const TensorRef& invstd, bool training,   \
+                                  const TensorRef& grad_x, double beta_x,                          \
+                                  const TensorRef& grad_gamma, double beta_gamma,                  \
+                                  const TensorRef& grad_beta, double beta_beta,                    \
+                                  const TensorRef& grad_residual, double beta_residual))           \
   /* y written; grad_x written or accumulated by beta. */                                          \
   X(maxpool_forward, (const TensorRef& x, const TensorRef& y, const PoolGeometry& g))              \
   X(maxpool_backward, (const TensorRef& grad_y, const TensorRef& x, const TensorRef& grad_x,       \

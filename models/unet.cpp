@@ -9,6 +9,26 @@ namespace {
 
 int width(int channels, int divisor) { return std::max(1, channels / divisor); }
 
+// Every BatchNorm2d of the model has PyTorch's defaults; the fused ops below take them too.
+constexpr double kBnMomentum = 0.1, kBnEps = 1e-5;
+
+std::unique_ptr<BatchNorm2d> make_bn(int channels, DType dt, Device dev) {
+  return std::make_unique<BatchNorm2d>(channels, dt, dev, kBnMomentum, kBnEps);
+}
+
+// relu(bn(x)) and relu(bn(x) + residual) as one fused op each (engine/ops.h), with the layer's
+// parameters and running statistics, counting the batch as BatchNorm2d::forward does.
+Tensor bn_relu(BatchNorm2d* bn, const Tensor& x) {
+  if (bn->is_training()) ++bn->num_batches_tracked;
+  return batch_norm_relu(x, bn->weight, bn->bias, bn->running_mean, bn->running_var,
+                         bn->is_training(), kBnMomentum, kBnEps);
+}
+Tensor bn_add_relu(BatchNorm2d* bn, const Tensor& x, const Tensor& residual) {
+  if (bn->is_training()) ++bn->num_batches_tracked;
+  return batch_norm_add_relu(x, bn->weight, bn->bias, residual, bn->running_mean,
+                             bn->running_var, bn->is_training(), kBnMomentum, kBnEps);
+}
+
 // A container whose children are named "0", "1", ... like nn.Sequential.
 class Sequential : public Module {
  public:
@@ -28,23 +48,24 @@ class BasicBlock : public Module {
   BasicBlock(int in, int out, int stride, Rng& rng, DType dt, Device dev) {
     conv1 = add_child("conv1", std::make_unique<Conv2d>(in, out, 3, stride, 1, false,
                                                          Init::KaimingNormalFanOut, rng, dt, dev));
-    bn1 = add_child("bn1", std::make_unique<BatchNorm2d>(out, dt, dev));
+    bn1 = add_child("bn1", make_bn(out, dt, dev));
     conv2 = add_child("conv2", std::make_unique<Conv2d>(out, out, 3, 1, 1, false,
                                                          Init::KaimingNormalFanOut, rng, dt, dev));
-    bn2 = add_child("bn2", std::make_unique<BatchNorm2d>(out, dt, dev));
+    bn2 = add_child("bn2", make_bn(out, dt, dev));
     if (stride != 1 || in != out) {
       auto ds = std::make_unique<Sequential>();
       down_conv = ds->add(std::make_unique<Conv2d>(in, out, 1, stride, 0, false,
                                                    Init::KaimingNormalFanOut, rng, dt, dev));
-      down_bn = ds->add(std::make_unique<BatchNorm2d>(out, dt, dev));
+      down_bn = ds->add(make_bn(out, dt, dev));
       add_child("downsample", std::move(ds));
     }
   }
+  // The tail relu(bn2(conv2(h)) + identity) is one fused op; the downsample branch runs before
+  // it, after conv2 (as before fusion, so the backward accumulates x's gradient in one order).
   Tensor forward(const Tensor& x) {
-    Tensor h = relu(bn1->forward(conv1->forward(x)));
-    h = bn2->forward(conv2->forward(h));
+    Tensor h = conv2->forward(bn_relu(bn1, conv1->forward(x)));
     Tensor identity = down_conv ? down_bn->forward(down_conv->forward(x)) : x;
-    return relu(add(h, identity));
+    return bn_add_relu(bn2, h, identity);
   }
 
  private:
@@ -77,9 +98,9 @@ class ConvBnRelu : public Sequential {
  public:
   ConvBnRelu(int in, int out, Rng& rng, DType dt, Device dev) {
     conv = add(std::make_unique<Conv2d>(in, out, 3, 1, 1, false, Init::KaimingUniformFanIn, rng, dt, dev));
-    bn = add(std::make_unique<BatchNorm2d>(out, dt, dev));
+    bn = add(make_bn(out, dt, dev));
   }
-  Tensor forward(const Tensor& x) { return relu(bn->forward(conv->forward(x))); }
+  Tensor forward(const Tensor& x) { return bn_relu(bn, conv->forward(x)); }
 
  private:
   Conv2d* conv;
@@ -110,7 +131,7 @@ class Encoder : public Module {
     const int c64 = width(64, d), c128 = width(128, d), c256 = width(256, d), c512 = width(512, d);
     conv1 = add_child("conv1", std::make_unique<Conv2d>(in_channels, c64, 7, 2, 3, false,
                                                          Init::KaimingNormalFanOut, rng, dt, dev));
-    bn1 = add_child("bn1", std::make_unique<BatchNorm2d>(c64, dt, dev));
+    bn1 = add_child("bn1", make_bn(c64, dt, dev));
     layer1 = add_child("layer1", std::make_unique<ResLayer>(c64, c64, 3, 1, rng, dt, dev));
     layer2 = add_child("layer2", std::make_unique<ResLayer>(c64, c128, 4, 2, rng, dt, dev));
     layer3 = add_child("layer3", std::make_unique<ResLayer>(c128, c256, 6, 2, rng, dt, dev));
@@ -159,7 +180,7 @@ UNet::UNet(const UNetConfig& cfg) : cfg_(cfg) {
 
   blocks_.push_back({"encoder.stem", {-1}, {enc->conv1, enc->bn1},
                      [enc](const std::vector<Tensor>& in) {
-                       return relu(enc->bn1->forward(enc->conv1->forward(in[0])));
+                       return bn_relu(enc->bn1, enc->conv1->forward(in[0]));
                      }});
   blocks_.push_back({"encoder.layer1", {0}, {enc->layer1}, [enc](const std::vector<Tensor>& in) {
                        return enc->layer1->forward(max_pool2d(in[0], Pool2dOptions::square(3, 2, 1)));

@@ -1,5 +1,6 @@
-// batch_norm2d: autograd glue. The running statistics are buffers updated in place during a
-// training forward; they take no gradient.
+// batch_norm2d, and batch norm fused with ReLU (batch_norm_relu) and with the residual add and
+// ReLU (batch_norm_add_relu): autograd glue. The running statistics are buffers updated in
+// place during a training forward; they take no gradient.
 #include "engine/ops.h"
 #include "engine/ops/op_util.h"
 #include "kernels/launchers.h"
@@ -116,6 +117,100 @@ Tensor batch_norm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                  }, OpCost{9 * n, 2 * bytes});
   }
   return y;
+}
+
+// relu(batch_norm2d(x) + residual) (no add without a residual) in one elementwise pass each way.
+// Forward: the statistics (training: one pass of shifted sums; eval: the running statistics),
+// then y in one pass over x (and the residual). Backward: one reduction pass over (dy, y, x)
+// for sum(g) and sum(g * xhat), g = dy where y > 0 (dgamma, dbeta and the sums dx needs), then
+// one pass writing dx and the residual's gradient g. Saved: x and y (not the unfused ops'
+// normalised and summed intermediates). Under synchronized batch norm in training the statistics
+// cross replicas: the unfused ops run.
+static Tensor batch_norm_add_relu_impl(const char* op, const Tensor& x, const Tensor& gamma,
+                                       const Tensor& beta, const Tensor* residual,
+                                       Tensor& running_mean, Tensor& running_var, bool training,
+                                       double momentum, double eps) {
+  using namespace ops_detail;
+  check_backend(op, x);
+  check_ndim(op, x, 4, "input");
+  const int64_t C = x.dim(1);
+  for (const Tensor* t : {&gamma, &beta, const_cast<const Tensor*>(&running_mean),
+                          const_cast<const Tensor*>(&running_var)}) {
+    check_same_dtype_device(op, x, *t);
+    UNETCU_CHECK(t->ndim() == 1 && t->dim(0) == C, op, ": per-channel tensor ",
+                 shape_str(t->shape()), " does not match ", C, " channels");
+  }
+  if (residual) {
+    check_same_dtype_device(op, x, *residual);
+    check_same_shape(op, x, *residual);
+  }
+  if (training && BatchNormSyncScope::current()) {
+    Tensor h = batch_norm2d(x, gamma, beta, running_mean, running_var, true, momentum, eps);
+    return relu(residual ? add(h, *residual) : h);
+  }
+  const Device dev = x.device();
+  Tensor mean = Tensor::empty({C}, x.dtype(), dev);
+  Tensor invstd = Tensor::empty({C}, x.dtype(), dev);
+  Tensor y = empty_like(x);
+  const double n = double(x.numel()), bytes = bytes_of({&x, &y, residual});
+  {
+    ProfileRange range(op, "op", (residual ? 9 : 8) * n, bytes + (training ? bytes_of({&x}) : 0.0));
+    if (training) {
+      UNETCU_CHECK(x.dim(0) * x.dim(2) * x.dim(3) > 1, op,
+                   ": training needs more than one value per channel, got input ",
+                   shape_str(x.shape()));
+      UNETCU_LAUNCH(dev, batchnorm_stats, x, mean, invstd, running_mean, running_var, momentum,
+                    eps);
+    } else {  // the running statistics, also the backward's constants
+      UNETCU_LAUNCH(dev, batchnorm_eval_stats, running_mean, running_var, eps, mean, invstd);
+    }
+    UNETCU_LAUNCH(dev, batchnorm_add_relu_forward, x, gamma, beta, mean, invstd,
+                  residual ? *residual : Tensor(), y);
+  }
+  std::vector<Tensor> inputs = {x, gamma, beta};
+  if (residual) inputs.push_back(*residual);
+  if (Tape::should_record(inputs)) {
+    // One kernel call fills the gradients of x, gamma, beta (and the residual): distinct buffers.
+    UNETCU_CHECK(!gamma.same_storage(beta) && !x.same_storage(gamma) && !x.same_storage(beta),
+                 op, ": input, weight and bias must be distinct tensors");
+    // A residual that is x itself (or shares a parameter's storage) gets its gradient in a pass
+    // of its own after the others are complete, as the tape asks of a tensor given twice.
+    const bool residual_apart = residual && (residual->same_storage(x) ||
+                                             residual->same_storage(gamma) ||
+                                             residual->same_storage(beta));
+    Tape::record(op, inputs, {y},
+                 [x, gamma, mean, invstd, y = y.detach(), training, has_residual = bool(residual),
+                  residual_apart](BackwardContext& ctx) {
+                   Tensor gx, gg, gb, gr;
+                   double bx = 0, bg = 0, bb = 0, br = 0;
+                   if (ctx.needs_grad(0)) gx = ctx.grad_input(0, &bx);
+                   if (ctx.needs_grad(1)) gg = ctx.grad_input(1, &bg);
+                   if (ctx.needs_grad(2)) gb = ctx.grad_input(2, &bb);
+                   const bool want_r = has_residual && ctx.needs_grad(3);
+                   if (want_r && !residual_apart) gr = ctx.grad_input(3, &br);
+                   UNETCU_LAUNCH(x.device(), batchnorm_add_relu_backward, ctx.grad_output(0), y, x,
+                                 gamma, mean, invstd, training, gx, bx, gg, bg, gb, bb, gr, br);
+                   if (want_r && residual_apart) {
+                     gr = ctx.grad_input(3, &br);
+                     UNETCU_LAUNCH(x.device(), relu_backward, ctx.grad_output(0), y, gr, br);
+                   }
+                 }, OpCost{(residual ? 12 : 11) * n, (residual ? 8 : 7) * bytes_of({&x})});
+  }
+  return y;
+}
+
+Tensor batch_norm_relu(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                       Tensor& running_mean, Tensor& running_var, bool training, double momentum,
+                       double eps) {
+  return batch_norm_add_relu_impl("batch_norm_relu", x, gamma, beta, nullptr, running_mean,
+                                  running_var, training, momentum, eps);
+}
+
+Tensor batch_norm_add_relu(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                           const Tensor& residual, Tensor& running_mean, Tensor& running_var,
+                           bool training, double momentum, double eps) {
+  return batch_norm_add_relu_impl("batch_norm_add_relu", x, gamma, beta, &residual, running_mean,
+                                  running_var, training, momentum, eps);
 }
 
 }  // namespace unetcu

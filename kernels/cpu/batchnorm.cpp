@@ -1,7 +1,11 @@
-// CPU batch normalisation over kernels/bodies/batchnorm.h. One OpenMP task per channel; sums are
-// accumulated in double whatever the tensor dtype, two passes (mean, then variance).
+// CPU batch normalisation over kernels/bodies/batchnorm.h, plain and fused with the residual
+// add and ReLU. Sums are accumulated in double whatever the tensor dtype. The training
+// statistics take one pass of shifted sums (bodies/batchnorm.h) over each (n, c) plane in
+// parallel, the plane sums then combined per channel in n order, so the result does not depend
+// on the thread count. Loops run per (n, c) plane: no index division inside them.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "kernels/bodies/batchnorm.h"
 #include "kernels/launchers.h"
@@ -16,39 +20,60 @@ struct Dims {
 };
 Dims dims_of(const TensorRef& x) { return {x.dim(0), x.dim(1), x.dim(2) * x.dim(3)}; }
 
+// parallel_for's grain for a loop over the N*C planes: a thread team only when the tensor is
+// large enough to pay for it.
+int64_t plane_grain(Dims d) { return d.N * d.C * d.HW >= kParallelGrain ? 1 : d.N * d.C + 1; }
+
+// Shifted sums of one plane of HW values. Four accumulator lanes keep the adds pipelined (and
+// let the compiler use vector registers); they are combined in a fixed order.
+template <class T>
+void plane_stats(const T* p, int64_t HW, double shift, double* s1, double* s2) {
+  double a[4] = {0, 0, 0, 0}, b[4] = {0, 0, 0, 0};
+  int64_t q = 0;
+  for (; q + 4 <= HW; q += 4)
+    for (int l = 0; l < 4; ++l) bn_stats_accumulate(p[q + l], shift, a[l], b[l]);
+  for (; q < HW; ++q) bn_stats_accumulate(p[q], shift, a[0], b[0]);
+  *s1 = (a[0] + a[1]) + (a[2] + a[3]);
+  *s2 = (b[0] + b[1]) + (b[2] + b[3]);
+}
+
+// Training statistics: mean and invstd [C] written, running statistics updated (PyTorch:
+// momentum, unbiased variance for running_var).
+template <class T>
+void stats(const T* x, Dims d, double momentum, double eps, T* mean, T* invstd, T* run_mean,
+           T* run_var) {
+  std::vector<double> part(size_t(2 * d.N * d.C));  // [N*C][s1, s2]
+  parallel_for(d.N * d.C, [&](int64_t nc) {
+    const int64_t c = nc % d.C;
+    plane_stats(x + nc * d.HW, d.HW, double(x[c * d.HW]), &part[2 * nc], &part[2 * nc + 1]);
+  }, plane_grain(d));
+  const double M = double(d.N * d.HW);
+  for (int64_t c = 0; c < d.C; ++c) {
+    double s1 = 0, s2 = 0;
+    for (int64_t n = 0; n < d.N; ++n) {
+      s1 += part[2 * (n * d.C + c)];
+      s2 += part[2 * (n * d.C + c) + 1];
+    }
+    double mu, var;  // var biased: used to normalise
+    bn_stats_finish(s1, s2, M, double(x[c * d.HW]), mu, var);
+    mean[c] = T(mu);
+    invstd[c] = T(1.0 / std::sqrt(var + eps));
+    run_mean[c] = bn_running_update(run_mean[c], T(mu), T(momentum));
+    run_var[c] = bn_running_update(run_var[c], T(var * M / (M - 1)), T(momentum));
+  }
+}
+
 template <class T>
 void forward_train(const T* x, const T* gamma, const T* beta, T* y, T* save_mean, T* save_invstd,
                    T* run_mean, T* run_var, double momentum, double eps, Dims d) {
-  const double M = double(d.N * d.HW);
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < d.C; ++c) {
-    double sum = 0;
-    for (int64_t n = 0; n < d.N; ++n) {
-      const T* p = x + (n * d.C + c) * d.HW;
-      for (int64_t q = 0; q < d.HW; ++q) sum += p[q];
-    }
-    const double mean = sum / M;
-    double sq = 0;
-    for (int64_t n = 0; n < d.N; ++n) {
-      const T* p = x + (n * d.C + c) * d.HW;
-      for (int64_t q = 0; q < d.HW; ++q) {
-        const double t = p[q] - mean;
-        sq += t * t;
-      }
-    }
-    const double var = sq / M;  // biased: used to normalise
-    const double invstd = 1.0 / std::sqrt(var + eps);
-    save_mean[c] = T(mean);
-    save_invstd[c] = T(invstd);
-    run_mean[c] = bn_running_update(run_mean[c], T(mean), T(momentum));
-    run_var[c] = bn_running_update(run_var[c], T(var * M / (M - 1)), T(momentum));
-    const T m = T(mean), is = T(invstd), gm = gamma[c], bt = beta[c];
-    for (int64_t n = 0; n < d.N; ++n) {
-      const T* p = x + (n * d.C + c) * d.HW;
-      T* o = y + (n * d.C + c) * d.HW;
-      for (int64_t q = 0; q < d.HW; ++q) o[q] = bn_normalize(p[q], m, is, gm, bt);
-    }
-  }
+  stats(x, d, momentum, eps, save_mean, save_invstd, run_mean, run_var);
+  parallel_for(d.N * d.C, [&](int64_t nc) {
+    const int64_t c = nc % d.C;
+    const T m = save_mean[c], is = save_invstd[c], gm = gamma[c], bt = beta[c];
+    const T* p = x + nc * d.HW;
+    T* o = y + nc * d.HW;
+    for (int64_t q = 0; q < d.HW; ++q) o[q] = bn_normalize(p[q], m, is, gm, bt);
+  }, plane_grain(d));
 }
 
 template <class T>
@@ -272,6 +297,137 @@ void batchnorm_grad_apply(const TensorRef& grad_y, const TensorRef& x, const Ten
       }
     }, 1);
   });
+}
+
+}  // namespace unetcu::kernels::cpu
+
+// ---- fused batch norm + residual add + ReLU ----------------------------------------------
+
+namespace unetcu::kernels::cpu {
+namespace {
+
+template <class T>
+void add_relu_forward(const T* x, const T* gamma, const T* beta, const T* mean, const T* invstd,
+                      const T* residual, T* y, Dims d) {
+  parallel_for(d.N * d.C, [&](int64_t nc) {
+    const int64_t c = nc % d.C;
+    const T m = mean[c], is = invstd[c], gm = gamma[c], bt = beta[c];
+    const T* p = x + nc * d.HW;
+    T* o = y + nc * d.HW;
+    if (residual) {
+      const T* r = residual + nc * d.HW;
+      for (int64_t q = 0; q < d.HW; ++q) o[q] = bn_add_relu_forward(p[q], m, is, gm, bt, r[q]);
+    } else {
+      for (int64_t q = 0; q < d.HW; ++q) o[q] = bn_relu_forward(p[q], m, is, gm, bt);
+    }
+  }, plane_grain(d));
+}
+
+// Sums of g and g * xhat over one plane of HW values. The terms are formed a block at a time
+// in a loop of their own, which the compiler vectorises (the ReLU mask a blend: as a branch
+// inside the summing loop it is mispredicted half the time), then added in double in eight
+// lanes combined in a fixed order.
+template <class T>
+void plane_grad_sums(const T* gy, const T* y, const T* x, T mean, T invstd, int64_t HW,
+                     double* sum_g, double* sum_g_xhat) {
+  constexpr int kBlock = 256;
+  T g[kBlock], xhat[kBlock];
+  double a[8] = {0, 0, 0, 0, 0, 0, 0, 0}, b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int64_t q0 = 0; q0 < HW; q0 += kBlock) {
+    const int n = int(std::min<int64_t>(kBlock, HW - q0));
+    for (int j = 0; j < n; ++j)
+      bn_relu_grad_terms(gy[q0 + j], y[q0 + j], x[q0 + j], mean, invstd, g[j], xhat[j]);
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+      for (int l = 0; l < 8; ++l) {
+        a[l] += double(g[j + l]);
+        b[l] += double(g[j + l]) * double(xhat[j + l]);
+      }
+    for (; j < n; ++j) {
+      a[0] += double(g[j]);
+      b[0] += double(g[j]) * double(xhat[j]);
+    }
+  }
+  *sum_g = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+  *sum_g_xhat = ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
+}
+
+// Two passes over (dy, y, x): per-plane sums of g and g * xhat (g = dy masked by y > 0),
+// combined per channel in n order; then dx and the residual's gradient in one pass.
+template <class T>
+void add_relu_backward(const T* gy, const T* y, const T* x, const T* gamma, const T* mean,
+                       const T* invstd, bool training, T* gx, T beta_x, T* ggamma, T beta_gamma,
+                       T* gbeta, T beta_beta, T* gr, T beta_r, Dims d) {
+  const bool need_sums = ggamma || gbeta || (gx && training);
+  std::vector<double> sums(size_t(2 * d.C), 0.0);  // [C][sum g, sum g * xhat]
+  if (need_sums) {
+    std::vector<double> part(size_t(2 * d.N * d.C));
+    parallel_for(d.N * d.C, [&](int64_t nc) {
+      const int64_t c = nc % d.C, o = nc * d.HW;
+      plane_grad_sums(gy + o, y + o, x + o, mean[c], invstd[c], d.HW, &part[2 * nc],
+                      &part[2 * nc + 1]);
+    }, plane_grain(d));
+    for (int64_t c = 0; c < d.C; ++c)
+      for (int64_t n = 0; n < d.N; ++n) {
+        sums[2 * c] += part[2 * (n * d.C + c)];
+        sums[2 * c + 1] += part[2 * (n * d.C + c) + 1];
+      }
+  }
+  for (int64_t c = 0; c < d.C; ++c) {
+    if (ggamma) store(ggamma + c, T(sums[2 * c + 1]), beta_gamma);
+    if (gbeta) store(gbeta + c, T(sums[2 * c]), beta_beta);
+  }
+  if (!gx && !gr) return;
+  const T inv_m = T(1.0 / double(d.N * d.HW));
+  parallel_for(d.N * d.C, [&](int64_t nc) {
+    const int64_t c = nc % d.C, o = nc * d.HW;
+    const T m = mean[c], is = invstd[c], gi = gamma[c] * is;
+    const T sg = T(sums[2 * c]), sgx = T(sums[2 * c + 1]);
+    if (gx)
+      for (int64_t q = 0; q < d.HW; ++q)
+        store(gx + o + q,
+              bn_relu_backward_dx(gy[o + q], y[o + q], x[o + q], m, is, gi, inv_m, sg, sgx, training),
+              beta_x);
+    if (gr)
+      for (int64_t q = 0; q < d.HW; ++q) store(gr + o + q, kernels::relu_backward(gy[o + q], y[o + q]), beta_r);
+  }, plane_grain(d));
+}
+
+template <class T> T* data_or_null(const TensorRef& t) { return t.defined() ? t.data<T>() : nullptr; }
+
+}  // namespace
+
+void batchnorm_stats(const TensorRef& x, const TensorRef& mean, const TensorRef& invstd,
+                     const TensorRef& running_mean, const TensorRef& running_var, double momentum,
+                     double eps) {
+  UNETCU_DISPATCH_FLOAT(x.dtype(), T,
+                        stats<T>(x.data<T>(), dims_of(x), momentum, eps, mean.data<T>(),
+                                 invstd.data<T>(), running_mean.data<T>(),
+                                 running_var.data<T>()));
+}
+
+void batchnorm_add_relu_forward(const TensorRef& x, const TensorRef& gamma, const TensorRef& beta,
+                                const TensorRef& mean, const TensorRef& invstd,
+                                const TensorRef& residual, const TensorRef& y) {
+  UNETCU_DISPATCH_FLOAT(x.dtype(), T,
+                        add_relu_forward<T>(x.data<T>(), gamma.data<T>(), beta.data<T>(),
+                                            mean.data<T>(), invstd.data<T>(),
+                                            data_or_null<T>(residual), y.data<T>(), dims_of(x)));
+}
+
+void batchnorm_add_relu_backward(const TensorRef& grad_y, const TensorRef& y, const TensorRef& x,
+                                 const TensorRef& gamma, const TensorRef& mean,
+                                 const TensorRef& invstd, bool training, const TensorRef& grad_x,
+                                 double beta_x, const TensorRef& grad_gamma, double beta_gamma,
+                                 const TensorRef& grad_beta, double beta_beta,
+                                 const TensorRef& grad_residual, double beta_residual) {
+  UNETCU_DISPATCH_FLOAT(
+      x.dtype(), T,
+      add_relu_backward<T>(grad_y.data<T>(), y.data<T>(), x.data<T>(), gamma.data<T>(),
+                           mean.data<T>(), invstd.data<T>(), training, data_or_null<T>(grad_x),
+                           T(beta_x), data_or_null<T>(grad_gamma), T(beta_gamma),
+                           data_or_null<T>(grad_beta), T(beta_beta),
+                           data_or_null<T>(grad_residual), T(beta_residual), dims_of(x)));
 }
 
 }  // namespace unetcu::kernels::cpu

@@ -179,6 +179,55 @@ TEST_CASE("CUDA batch_norm2d equals the CPU op: training (with running statistic
   }
 }
 
+TEST_CASE("CUDA fused batch norm + (add +) relu equals the CPU ops, training and eval") {
+  Setup setup;
+  FRESH_RNG(rng);
+  // Odd planes, a single-value-wide one, and a plane larger than one reduction block
+  // (2048 values), so a channel's sums cross several blocks of several samples.
+  const Shape shapes[] = {{4, 6, 9, 7}, {3, 5, 1, 13}, {2, 3, 67, 61}};
+  for (const Shape& xs : shapes)
+    for (bool training : {true, false})
+      for (bool with_residual : {false, true}) {
+        CAPTURE(shape_str(xs));
+        CAPTURE(training);
+        CAPTURE(with_residual);
+        const int64_t C = xs[1];
+        Tensor rm64 = random64({C}, rng), rv64 = random64({C}, rng, 0.5, 2);
+        Tensor rmc = rm64.clone(), rvc = rv64.clone(), rmg = gpu(rm64), rvg = gpu(rv64);
+        std::vector<Tensor> in = {random64(xs, rng, -2, 3), random64({C}, rng, 0.5, 1.5),
+                                  random64({C}, rng)};
+        if (with_residual) in.push_back(random64(xs, rng));
+        check_op(with_residual ? "batch_norm_add_relu" : "batch_norm_relu",
+                 [&](const std::vector<Tensor>& v) {
+                   const bool on_gpu = v[0].device().is_cuda();
+                   Tensor& rm = on_gpu ? rmg : rmc;
+                   Tensor& rv = on_gpu ? rvg : rvc;
+                   return v.size() > 3 ? batch_norm_add_relu(v[0], v[1], v[2], v[3], rm, rv, training)
+                                       : batch_norm_relu(v[0], v[1], v[2], rm, rv, training);
+                 },
+                 in, std::vector<bool>(in.size(), true));
+        CHECK(rel(rmg, rmc) < 1e-5);
+        CHECK(rel(rvg, rvc) < 1e-5);
+      }
+}
+
+TEST_CASE("CUDA fused batch norm statistics: a large mean, many blocks per channel") {
+  Setup setup;
+  FRESH_RNG(rng);
+  // 1e4 + U(-1, 1): float32 E[x²] - E[x]² would lose every digit of the variance; 2 x 1 x 300 x
+  // 300 values in one channel span 88 reduction blocks.
+  const Shape xs = {2, 1, 300, 300};
+  Tensor x64 = Tensor::empty(xs, DType::F64);
+  for (int64_t i = 0; i < x64.numel(); ++i) x64.set(i, double(float(1e4 + rng.uniform(-1, 1))));
+  Tensor rmc = Tensor::zeros({1}, DType::F64), rvc = Tensor::zeros({1}, DType::F64);
+  Tensor rmg = gpu(rmc), rvg = gpu(rvc);
+  const Tensor g = Tensor::full({1}, 1.0, DType::F64), b = Tensor::zeros({1}, DType::F64);
+  batch_norm_relu(x64, g, b, rmc, rvc, true, 1.0);
+  batch_norm_relu(gpu(x64), gpu(g), gpu(b), rmg, rvg, true, 1.0);
+  CHECK(rel(rmg, rmc) < 1e-7);
+  CHECK(rel(rvg, rvc) < 1e-5);
+}
+
 TEST_CASE("CUDA elementwise, pooling, resampling and concat equal the CPU ops") {
   Setup setup;
   FRESH_RNG(rng);
