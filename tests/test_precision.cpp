@@ -106,7 +106,7 @@ TEST_CASE("bf16 convolutions: within bfloat16's rounding bound of float64, forwa
   kernels::cpu::set_cpu_conv_impl(saved);
 }
 
-TEST_CASE("bf16 convolutions need oneDNN; the setting is off unless asked for") {
+TEST_CASE("bf16 convolutions need oneDNN, and the setting is off unless asked for") {
   CHECK_FALSE(kernels::cpu::cpu_conv_bf16());
   if (!kernels::cpu::onednn_built()) CHECK_THROWS_AS(kernels::cpu::set_cpu_conv_bf16(true), Error);
 }

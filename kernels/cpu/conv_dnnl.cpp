@@ -53,9 +53,13 @@ namespace {
 std::atomic<bool> g_bf16{false};
 }  // namespace
 
+bool onednn_bf16_supported();  // below, where oneDNN is included
+
 void set_cpu_conv_bf16(bool on) {
   UNETCU_CHECK(!on || onednn_built(), "bfloat16 convolutions on the CPU need oneDNN (install libdnnl-dev "
                                       "and rebuild)");
+  UNETCU_CHECK(!on || onednn_bf16_supported(), "this CPU has no bfloat16 convolution kernels in oneDNN "
+               "(they need AVX-512); use --precision fp32");
   g_bf16 = on;
 }
 bool cpu_conv_bf16() { return g_bf16; }
@@ -67,6 +71,8 @@ void set_cpu_conv_impl(CpuConvImpl impl) {
 }
 
 #ifndef UNETCU_HAVE_DNNL
+
+bool onednn_bf16_supported() { return false; }
 
 std::string cpu_conv_line() { return "im2col + GEMM"; }
 bool onednn_conv2d_forward(const float*, const float*, const float*, float*, const ConvGeometry&) {
@@ -271,6 +277,24 @@ void* scratchpad(const dnnl::primitive_desc_base& pd) {
 }
 
 }  // namespace
+
+// Whether oneDNN has a bfloat16 convolution for this CPU: a small one is made once.
+bool onednn_bf16_supported() {
+  static const bool ok = [] {
+    try {
+      const memory::dims src{1, 16, 8, 8}, wei{16, 16, 3, 3}, dst{1, 16, 8, 8}, st{1, 1}, pad{1, 1};
+      dnnl::convolution_forward::desc desc(
+          dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
+          memory::desc(src, bf16, tag::any), memory::desc(wei, bf16, tag::any), memory::desc(),
+          memory::desc(dst, f32, tag::any), st, pad, pad);
+      dnnl::convolution_forward::primitive_desc pd(desc, cpu_engine());
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return ok;
+}
 
 std::string cpu_conv_line() {
   if (cpu_conv_impl() == CpuConvImpl::Im2col) return "im2col + GEMM";

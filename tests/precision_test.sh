@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# --precision bf16 on the CPU trains as well as float32: the same synthetic run (seeded, width
+# 1/4, 512 images at 64x64, 20 epochs) in both precisions ends within 0.02 validation IoU of each
+# other. bf16 rounds every convolution input, so the two runs take different paths; 20 epochs
+# bring both near their plateau (measured on a 2-core AMD EPYC: 0.835 fp32, 0.825 bf16), where
+# the difference measures the precision rather than where each run happens to be on its way.
+set -u
+train="$1"
+d=$(mktemp -d)
+trap 'rm -rf "$d"' EXIT
+args=(--width-divisor 4 --image-size 64 --train-size 512 --val-size 128 --epochs 20 --batch-size 8
+      --threads 2 --no-progress)
+if ! out=$("$train" --precision bf16 --epochs 1 --train-size 16 --val-size 8 --width-divisor 16 --no-progress 2>&1); then
+  if grep -qE "no bfloat16 convolution kernels|need oneDNN|does not have" <<<"$out"; then
+    echo "SKIPPED: $(grep -m1 error <<<"$out")"; exit 77
+  fi
+  echo "FAIL: --precision bf16: $out"; exit 1
+fi
+grep -q "precision: bf16 convolutions" <<<"$out" || { echo "FAIL: no precision line: $out"; exit 1; }
+"$train" "${args[@]}" --precision fp32 > "$d/fp32.log" 2>&1 || { echo "FAIL: fp32 run"; cat "$d/fp32.log"; exit 1; }
+"$train" "${args[@]}" --precision bf16 > "$d/bf16.log" 2>&1 || { echo "FAIL: bf16 run"; cat "$d/bf16.log"; exit 1; }
+iou() { grep '^epoch 20/20' "$1" | sed -nE 's/.* val_iou ([0-9.]+) .*/\1/p'; }
+a=$(iou "$d/fp32.log") b=$(iou "$d/bf16.log")
+[ -n "$a" ] && [ -n "$b" ] || { echo "FAIL: no final IoU"; cat "$d/fp32.log" "$d/bf16.log"; exit 1; }
+if awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.02 && a > 0.5) }'; then
+  echo "ok: validation IoU after 20 epochs: fp32 $a, bf16 $b"
+else
+  echo "FAIL: validation IoU after 20 epochs: fp32 $a, bf16 $b (more than 0.02 apart, or not trained)"; exit 1
+fi
