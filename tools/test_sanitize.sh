@@ -21,7 +21,7 @@ sanitize="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fsanitiz
 cmake -S . -B "$build" -DUNETCU_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS="$sanitize" -DCMAKE_EXE_LINKER_FLAGS="$sanitize" >/dev/null
 cmake --build "$build" -j"$(nproc)" \
-  --target unetcu_tests unet_train unet_predict unet_synthetic_dataset unet_bench encoder_check
+  --target unetcu_tests unet_train unet_predict unet_synthetic_dataset unet_bench encoder_check dist_pipeline_check
 
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:strict_string_checks=1:check_initialization_order=1}"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:suppressions=$root/tests/fuzz/ubsan_suppressions.txt"
