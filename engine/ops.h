@@ -79,6 +79,9 @@ Tensor max_pool2d(const Tensor& x, const Pool2dOptions& opt);
 
 Tensor upsample_nearest2x(const Tensor& x);             // [N, C, H, W] -> [N, C, 2H, 2W]
 Tensor concat_channels(const std::vector<Tensor>& xs);  // along dimension 1
+// concat_channels({upsample_nearest2x(x), skip}) in one pass, no intermediate: x [N, Cx, H, W],
+// skip [N, Cs, 2H, 2W] -> [N, Cx + Cs, 2H, 2W] (SMP's decoder: upsample, then cat([x, skip], 1)).
+Tensor upsample_nearest2x_concat(const Tensor& x, const Tensor& skip);
 
 // Losses return a 0-dimensional tensor. target has the logits' shape, values in [0, 1].
 Tensor bce_with_logits(const Tensor& logits, const Tensor& target);  // mean over elements

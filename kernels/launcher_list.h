@@ -82,6 +82,14 @@
   X(concat_forward_part, (const TensorRef& x, const TensorRef& y, int64_t channel_offset))         \
   X(concat_backward_part, (const TensorRef& grad_y, const TensorRef& grad_x,                       \
                            int64_t channel_offset, double beta))                                   \
+  /* Nearest ×2 upsample of x [N, Cx, H, W] written into channels [0, Cx) of y                     \
+     [N, Cx + Cs, 2H, 2W] and skip [N, Cs, 2H, 2W] copied into [Cx, Cx + Cs), one pass (y          \
+     written). Backward: grad_x (2×2 block sums) and grad_skip (a copy) in one pass; either may    \
+     be absent; each written or accumulated by its beta. x_channels is Cx. */                      \
+  X(upsample2x_concat_forward, (const TensorRef& x, const TensorRef& skip, const TensorRef& y))    \
+  X(upsample2x_concat_backward, (const TensorRef& grad_y, const TensorRef& grad_x, double beta_x,  \
+                                 const TensorRef& grad_skip, double beta_skip,                     \
+                                 int64_t x_channels))                                              \
   /* loss (0-dim, logits dtype) = mean BCE-with-logits over all elements, written. */              \
   X(bce_with_logits_forward, (const TensorRef& logits, const TensorRef& target,                    \
                               const TensorRef& loss))                                              \

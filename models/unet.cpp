@@ -115,8 +115,8 @@ class DecoderBlock : public Module {
     conv2 = add_child("conv2", std::make_unique<ConvBnRelu>(out, out, rng, dt, dev));
   }
   Tensor forward(const Tensor& x, const Tensor* skip) {
-    Tensor h = upsample_nearest2x(x);
-    if (skip) h = concat_channels({h, *skip});
+    // With a skip the upsample is written straight into its slot of the concat buffer.
+    const Tensor h = skip ? upsample_nearest2x_concat(x, *skip) : upsample_nearest2x(x);
     return conv2->forward(conv1->forward(h));
   }
 

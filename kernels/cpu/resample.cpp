@@ -1,4 +1,5 @@
-// CPU nearest ×2 upsampling and channel concatenation.
+// CPU nearest ×2 upsampling, channel concatenation, and the two fused (upsample into the
+// concat buffer).
 #include <algorithm>
 
 #include "kernels/launchers.h"
@@ -62,6 +63,67 @@ void concat_backward_part(const TensorRef& grad_y, const TensorRef& grad_x, int6
       const T* src = gy + (n * Cy + channel_offset) * HW;
       T* dst = gx + n * Cx * HW;
       for (int64_t q = 0; q < Cx * HW; ++q) store(dst + q, src[q], b);
+    }, 1);
+  });
+}
+
+// y [N, Cx + Cs, 2H, 2W]: one pass over y's planes; an upsampled plane row by row from its
+// input row, a skip plane copied whole (it is contiguous in both).
+void upsample2x_concat_forward(const TensorRef& x, const TensorRef& skip, const TensorRef& y) {
+  const int64_t N = x.dim(0), Cx = x.dim(1), Cs = skip.dim(1), H = x.dim(2), W = x.dim(3);
+  const int64_t C = Cx + Cs, OH = 2 * H, OW = 2 * W;
+  UNETCU_DISPATCH_FLOAT(x.dtype(), T, {
+    const T* xp = x.data<T>();
+    const T* sp = skip.data<T>();
+    T* yp = y.data<T>();
+    parallel_for(N * C, [&](int64_t plane) {
+      const int64_t n = plane / C, c = plane - n * C;  // once per plane
+      int64_t src;
+      T* y_plane = yp + plane * OH * OW;
+      if (upsample2x_concat_plane(n, c, Cx, Cs, &src)) {
+        const T* x_plane = xp + src * H * W;
+        for (int64_t oh = 0; oh < OH; ++oh) {
+          const T* x_row = x_plane + (oh >> 1) * W;
+          T* y_row = y_plane + oh * OW;
+          for (int64_t ow = 0; ow < OW; ++ow) y_row[ow] = upsample2x_row_at(x_row, ow);
+        }
+      } else {
+        std::copy(sp + src * OH * OW, sp + (src + 1) * OH * OW, y_plane);
+      }
+    }, 1);
+  });
+}
+
+// One pass over grad_y's planes: an upsampled plane gives grad_x's plane (2×2 sums), a skip
+// plane grad_skip's (a copy); each written or accumulated by its beta, an absent one skipped.
+void upsample2x_concat_backward(const TensorRef& grad_y, const TensorRef& grad_x, double beta_x,
+                                const TensorRef& grad_skip, double beta_skip,
+                                int64_t x_channels) {
+  const int64_t N = grad_y.dim(0), C = grad_y.dim(1), OH = grad_y.dim(2), OW = grad_y.dim(3);
+  const int64_t Cx = x_channels, Cs = C - Cx, H = OH / 2, W = OW / 2;
+  UNETCU_DISPATCH_FLOAT(grad_y.dtype(), T, {
+    const T* gy = grad_y.data<T>();
+    T* gx = grad_x.defined() ? grad_x.data<T>() : nullptr;
+    T* gs = grad_skip.defined() ? grad_skip.data<T>() : nullptr;
+    const T bx = T(beta_x), bs = T(beta_skip);
+    parallel_for(N * C, [&](int64_t plane) {
+      const int64_t n = plane / C, c = plane - n * C;  // once per plane
+      int64_t dst;
+      const T* g_plane = gy + plane * OH * OW;
+      if (upsample2x_concat_plane(n, c, Cx, Cs, &dst)) {
+        if (!gx) return;
+        T* gx_plane = gx + dst * H * W;
+        for (int64_t h = 0; h < H; ++h) {
+          const T* g_top = g_plane + 2 * h * OW;
+          T* gx_row = gx_plane + h * W;
+          for (int64_t w = 0; w < W; ++w)
+            store(gx_row + w, upsample2x_grad_at(g_top, g_top + OW, w), bx);
+        }
+      } else {
+        if (!gs) return;
+        T* gs_plane = gs + dst * OH * OW;
+        for (int64_t q = 0; q < OH * OW; ++q) store(gs_plane + q, g_plane[q], bs);
+      }
     }, 1);
   });
 }
