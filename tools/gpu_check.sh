@@ -327,7 +327,7 @@ step_configure() {
   fi
   # Release adds -march=native: right here, since the binaries run where they are built.
   cmake -S . -B "$B" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DUNETCU_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DUNETCU_BUILD_TESTS=ON -DUNETCU_OPENBLAS=OFF -DUNETCU_DNNL=OFF -DUNETCU_MPI=OFF \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DUNETCU_BUILD_TESTS=ON -DUNETCU_OPENBLAS=OFF -DUNETCU_DNNL=OFF -DUNETCU_MPI=OFF -DUNETCU_GLOO=OFF \
     "${prefix[@]}" "$ignore" || { say "$(grep -m1 -E 'Error|error' "$LOG")"; return 1; }
   tell CONFIGURED=1
   say "$(grep -oE 'unetcu: (CUDA parts|OpenBLAS|oneDNN|MPI) [A-Z]+' "$LOG" | sed 's/unetcu: //' | paste -sd, | sed 's/,/, /g')$note"
