@@ -368,8 +368,10 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_process_communicators(
   // Settles a non-blocking init or split; on failure aborts every communicator made so far (a
   // finalize would wait for peers that are gone).
   auto ready = [&](NcclGroup& g, ncclResult_t res, const char* what) {
-    if (res == ncclSuccess || res == ncclInProgress)
-      res = g.comms[0] ? settle(g.comms[0], ncclInProgress, timeout_s) : ncclInternalError;
+    if ((res == ncclSuccess || res == ncclInProgress) && g.comms[0])
+      res = settle(g.comms[0], ncclInProgress, timeout_s);
+    else if (res == ncclSuccess)
+      res = ncclInternalError;  // no handle
     if (res == ncclSuccess) return;
     for (auto& made : groups) {
       made->aborted = true;
@@ -392,8 +394,12 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_process_communicators(
       groups.push_back(new_group());
       ncclConfig_t split_config = NCCL_CONFIG_INITIALIZER;
       split_config.blocking = 0;
-      ready(*groups[k], ncclCommSplit(groups[0]->comms[0], 0, rank, &groups[k]->comms[0], &split_config),
-            "ncclCommSplit");
+      ncclResult_t res = ncclCommSplit(groups[0]->comms[0], 0, rank, &groups[k]->comms[0], &split_config);
+      // A split on a non-blocking communicator is an operation of the parent: the child's
+      // handle is filled in only once the parent's state has left ncclInProgress.
+      if (res == ncclSuccess || res == ncclInProgress) res = settle(groups[0]->comms[0], ncclInProgress, timeout_s);
+      if (res == ncclSuccess && !groups[k]->comms[0]) res = ncclInternalError;
+      ready(*groups[k], res, "ncclCommSplit");
     }
   }
   std::vector<std::unique_ptr<Communicator>> out;

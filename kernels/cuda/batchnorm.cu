@@ -437,6 +437,7 @@ float* fdata_or_null(const TensorRef& t) { return t.defined() ? fdata(t) : nullp
 void batchnorm_stats(const TensorRef& x, const TensorRef& mean, const TensorRef& invstd,
                      const TensorRef& running_mean, const TensorRef& running_var, double momentum,
                      double eps) {
+  if (x.numel() == 0) return;  // an empty batch (eval; training refuses it): no launch of 0 blocks
   const int64_t N = x.dim(0), C = x.dim(1), HW = x.dim(2) * x.dim(3);
   UNETCU_CHECK(C <= 65535, "batch norm: more than 65535 channels");
   Launch l(x);
@@ -456,6 +457,7 @@ void batchnorm_stats(const TensorRef& x, const TensorRef& mean, const TensorRef&
 void batchnorm_add_relu_forward(const TensorRef& x, const TensorRef& gamma, const TensorRef& beta,
                                 const TensorRef& mean, const TensorRef& invstd,
                                 const TensorRef& residual, const TensorRef& y) {
+  if (x.numel() == 0) return;  // an empty batch (eval; training refuses it): no launch of 0 blocks
   const int64_t N = x.dim(0), C = x.dim(1), HW = x.dim(2) * x.dim(3);
   Launch l(x);
   add_relu_forward_kernel<<<plane_grid(N * C, HW), kThreads, 0, l.stream>>>(
@@ -470,6 +472,7 @@ void batchnorm_add_relu_backward(const TensorRef& grad_y, const TensorRef& y, co
                                  double beta_x, const TensorRef& grad_gamma, double beta_gamma,
                                  const TensorRef& grad_beta, double beta_beta,
                                  const TensorRef& grad_residual, double beta_residual) {
+  if (x.numel() == 0) return;  // an empty batch (eval; training refuses it): no launch of 0 blocks
   const int64_t N = x.dim(0), C = x.dim(1), HW = x.dim(2) * x.dim(3);
   UNETCU_CHECK(C <= 65535, "batch norm: more than 65535 channels");
   Launch l(x);
