@@ -117,7 +117,7 @@ class ProcessPipeline::Run {
     const int64_t blocks = int64_t(p.model_->blocks().size());
     UNETCU_CHECK(2 * int64_t(M_) * blocks <= kMaxTag, "pipeline across processes: ", M_,
                  " micro-batches are more than the message tags can tell apart (at most ",
-                 kMaxTag / (2 * blocks), "); use a larger --split-size");
+                 kMaxTag / (2 * blocks), "); use larger micro-batches");
   }
 
   void run() {

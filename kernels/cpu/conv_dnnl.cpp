@@ -59,7 +59,7 @@ void set_cpu_conv_bf16(bool on) {
   UNETCU_CHECK(!on || onednn_built(), "bfloat16 convolutions on the CPU need oneDNN (install libdnnl-dev "
                                       "and rebuild)");
   UNETCU_CHECK(!on || onednn_bf16_supported(), "this CPU has no bfloat16 convolution kernels in oneDNN "
-               "(they need AVX-512); use --precision fp32");
+               "(they need AVX-512)");
   g_bf16 = on;
 }
 bool cpu_conv_bf16() { return g_bf16; }
