@@ -103,6 +103,34 @@ std::string json_str(const std::string& s) {
   return o + "\"";
 }
 
+// Table 2 from the rows (rows[0] the one-device baseline): each row's model speedup, and
+// where the model's epoch is off by more than 15 % a note "model +N %: <what it cannot know>"
+// (`why(row)`); then the rows as Markdown and CSV.
+void table2(std::vector<Row>& rows, const std::function<std::string(const Row&)>& why, std::ostringstream& md,
+            std::ostringstream& csv) {
+  for (auto& r : rows) {
+    r.model_speedup = rows[0].model_epoch / r.model_epoch;
+    const double off = r.model_epoch / r.mean() - 1;
+    if (std::fabs(off) <= 0.15) continue;
+    char head[64];
+    std::snprintf(head, sizeof head, "model %+.0f %%: ", 100 * off);
+    r.note = head + why(r);
+  }
+  const double base = rows[0].mean();
+  md << "| method | mean epoch (s) | std (s) | speedup | model epoch (s) | model speedup | model vs measured |\n"
+        "|---|---|---|---|---|---|---|\n";
+  csv << "method,mean_epoch_s,std_s,speedup,model_epoch_s,model_speedup,note\n";
+  for (const auto& r : rows) {
+    char line[512];
+    std::snprintf(line, sizeof line, "| %s | %.3f | %.3f | %.2f | %.3f | %.2f | %s |\n", r.method.c_str(), r.mean(),
+                  r.stddev(), base / r.mean(), r.model_epoch, r.model_speedup,
+                  r.note.empty() ? "within 15 %" : r.note.c_str());
+    md << line;
+    csv << "\"" << r.method << "\"," << r.mean() << "," << r.stddev() << "," << base / r.mean() << ","
+        << r.model_epoch << "," << r.model_speedup << ",\"" << r.note << "\"\n";
+  }
+}
+
 // Under a launcher (mpirun, srun, torchrun's variables): one process per CPU device. Process 0
 // times one device alone, then every process trains together: DP across processes (ring, ps,
 // the transport's own all-reduce) and the pipeline with one stage per process at each split
@@ -289,29 +317,13 @@ int bench_across_processes(const DistEnv& env, ProcessBenchOptions o) {
   }
   if (rank != 0) return 0;
   std::ostringstream md, csv;
-  md << "| method | mean epoch (s) | std (s) | speedup | model epoch (s) | model speedup | model vs measured |\n"
-        "|---|---|---|---|---|---|---|\n";
-  csv << "method,mean_epoch_s,std_s,speedup,model_epoch_s,model_speedup,note\n";
-  const double base = rows[0].mean();
-  for (auto& r : rows) {
-    r.model_speedup = rows[0].model_epoch / r.model_epoch;
-    const double off = r.model_epoch / r.mean() - 1;
-    if (std::fabs(off) > 0.15) {
-      char why[64];
-      std::snprintf(why, sizeof why, "model %+.0f %%: ", 100 * off);
-      r.note = std::string(why) + (&r == &rows[0] ? "the step beside the blocks is not profiled"
-                                   : r.method.rfind("DP", 0) == 0
-                                       ? "the processes' copies and waits beside the all-reduce's link"
-                                       : "how the stage processes share the cores while they overlap");
-    }
-    char line[512];
-    std::snprintf(line, sizeof line, "| %s | %.3f | %.3f | %.2f | %.3f | %.2f | %s |\n", r.method.c_str(), r.mean(),
-                  r.stddev(), base / r.mean(), r.model_epoch, r.model_speedup,
-                  r.note.empty() ? "within 15 %" : r.note.c_str());
-    md << line;
-    csv << "\"" << r.method << "\"," << r.mean() << "," << r.stddev() << "," << base / r.mean() << ","
-        << r.model_epoch << "," << r.model_speedup << ",\"" << r.note << "\"\n";
-  }
+  table2(rows,
+         [&](const Row& r) -> std::string {
+           if (&r == &rows[0]) return "the step beside the blocks is not profiled";
+           return r.method.rfind("DP", 0) == 0 ? "the processes' copies and waits beside the all-reduce's link"
+                                               : "how the stage processes share the cores while they overlap";
+         },
+         md, csv);
   std::printf("Table 2 across processes: epoch time (%d images) and speedup over one device; the model's "
               "prediction from the inputs measured above beside it\n\n%s", o.epoch_images, md.str().c_str());
   if (::mkdir(o.out_dir.c_str(), 0755) != 0 && errno != EEXIST)
@@ -568,44 +580,24 @@ int main(int argc, char** argv) {
       p.predicted_s = predict_pipeline_step(profile, p.cuts, mp_batch, p.split_size, Schedule::GPipe, mp_link, costs);
       if (!model_best || p.predicted_s < model_best->predicted_s) model_best = &p;
     }
-    // Speedups per epoch (the same images): predicted single over predicted method, measured
-    // single over measured method. Where the model's epoch is off by more than 15 %, the row
-    // says what the model does not see.
-    for (auto& r : rows) {
-      r.model_speedup = rows[0].model_epoch / r.model_epoch;
-      const double off = r.model_epoch / r.mean() - 1;
-      if (std::fabs(off) <= 0.15) continue;
-      char why[256];
-      std::snprintf(why, sizeof why, "model %+.0f %%: ", 100 * off);
-      r.note = why;
-      if (&r == &rows[0])
-        r.note += "the step beside the blocks (loss, allocator, scheduling) is not profiled";
-      else if (r.method.rfind("DP", 0) == 0)
-        r.note += costs.comm_overlaps_compute ? "how much of the all-reduce hides behind backward"
-                                              : "how the OS shares the cores between compute and ring threads";
-      else
-        r.note += "how the stages' threads share the cores while they overlap";
-    }
-
     // Tables, as Markdown, CSV and JSON.
     const std::string table1 = plans_table(plans, names);
     std::ostringstream t1csv, t2md, t2csv, json;
     t1csv << "cut_after,split_size,step_s,model_step_s\n";
     for (const auto& p : plans)
       t1csv << names[p.cuts[0] - 1].name << "," << p.split_size << "," << p.measured_s << "," << p.predicted_s << "\n";
+    // Speedups per epoch (the same images): predicted single over predicted method, measured
+    // single over measured method; where the model is off, what it does not see.
+    table2(rows,
+           [&](const Row& r) -> std::string {
+             if (&r == &rows[0]) return "the step beside the blocks (loss, allocator, scheduling) is not profiled";
+             if (r.method.rfind("DP", 0) == 0)
+               return costs.comm_overlaps_compute ? "how much of the all-reduce hides behind backward"
+                                                  : "how the OS shares the cores between compute and ring threads";
+             return "how the stages' threads share the cores while they overlap";
+           },
+           t2md, t2csv);
     const double base = rows[0].mean();
-    t2md << "| method | mean epoch (s) | std (s) | speedup | model epoch (s) | model speedup | model vs measured |\n"
-            "|---|---|---|---|---|---|---|\n";
-    t2csv << "method,mean_epoch_s,std_s,speedup,model_epoch_s,model_speedup,note\n";
-    for (const auto& r : rows) {
-      char line[512];
-      std::snprintf(line, sizeof line, "| %s | %.3f | %.3f | %.2f | %.3f | %.2f | %s |\n", r.method.c_str(), r.mean(),
-                    r.stddev(), base / r.mean(), r.model_epoch, r.model_speedup,
-                    r.note.empty() ? "within 15 %" : r.note.c_str());
-      t2md << line;
-      t2csv << "\"" << r.method << "\"," << r.mean() << "," << r.stddev() << "," << base / r.mean() << ","
-            << r.model_epoch << "," << r.model_speedup << ",\"" << r.note << "\"\n";
-    }
     json << "{\n  \"machine\": " << json_str(machine) << ",\n  \"devices\": " << json_str(devices_s)
          << ",\n  \"image_size\": " << image << ",\n  \"width_divisor\": " << width_divisor
          << ",\n  \"batch_size\": " << batch << ",\n  \"mp_batch\": " << mp_batch
