@@ -36,6 +36,29 @@ std::vector<PipelineAction> stage_schedule(Schedule schedule, int stage, int sta
   return out;
 }
 
+Tensor forward_stage(const UNet& model, const std::vector<int>& stage_of_block, int stage,
+                     const Tensor& images, const Tensor* masks, LossKind loss, double weight,
+                     std::map<int, Tensor>& outputs, const std::function<Tensor(int)>& remote) {
+  const auto& blocks = model.blocks();
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    if (stage_of_block[b] != stage) continue;
+    std::vector<Tensor> in;
+    for (int i : blocks[b].inputs) {
+      if (i < 0)
+        in.push_back(images);
+      else if (stage_of_block[i] == stage)
+        in.push_back(outputs.at(i));
+      else  // straight from the stage that made it
+        in.push_back(remote(i));
+    }
+    BlockScope block_scope(blocks[b].name);
+    ProfileRange range(blocks[b].name, "block");
+    outputs[int(b)] = blocks[b].forward(in);
+  }
+  if (!masks) return Tensor();
+  return scale(segmentation_loss(loss, outputs.at(int(blocks.size()) - 1), *masks), weight);
+}
+
 Pipeline::Pipeline(const UNetConfig& model_cfg, const PipelineOptions& options,
                    const OptimizerFactory& make_optimizer)
     : options_(options) {
@@ -255,29 +278,13 @@ class Pipeline::Run {
         if (!fwd_done_[p][m]) return false;
       return true;
     });
-    const auto& blocks = p_.model_->blocks();
     MicroBatch& me = mb_[s][m];
     {
       TapeScope scope(me.tape);
-      for (size_t b = 0; b < blocks.size(); ++b) {
-        if (p_.stage_of_block_[b] != s) continue;
-        std::vector<Tensor> in;
-        for (int i : blocks[b].inputs) {
-          if (i < 0)
-            in.push_back(inputs_[m].images);  // placed on the first stage's device
-          else if (p_.stage_of_block_[i] == s)
-            in.push_back(me.outputs.at(i));
-          else  // straight from the stage that made it
-            in.push_back(receive(st, m, i));
-        }
-        BlockScope block_scope(blocks[b].name);
-        ProfileRange range(blocks[b].name, "block");
-        me.outputs[int(b)] = blocks[b].forward(in);
-      }
-      if (s == S_ - 1)
-        me.loss = scale(segmentation_loss(loss_kind_, me.outputs.at(int(blocks.size()) - 1),
-                                          inputs_[m].masks),
-                        weight_[m]);
+      // The images are placed on the first stage's device, the masks on the last's.
+      me.loss = forward_stage(*p_.model_, p_.stage_of_block_, s, inputs_[m].images,
+                              s == S_ - 1 ? &inputs_[m].masks : nullptr, loss_kind_, weight_[m],
+                              me.outputs, [&](int i) { return receive(st, m, i); });
     }
     p_.peak_live_[s] = std::max(p_.peak_live_[s], ++st.live);
     finish(st, fwd_done_, fwd_event_, m);

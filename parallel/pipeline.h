@@ -19,6 +19,8 @@
 //    producer records), so no stage waits for the whole device. Each GPU stage has a stream of
 //    its own; the step ends with each stage waiting for its stream.
 #pragma once
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -55,6 +57,15 @@ struct PipelineOptions {
   Schedule schedule = Schedule::GPipe;
   int threads_per_stage = 0;     // CPU devices; 0: the cores shared out, at least 1
 };
+
+// Stage `stage`'s blocks of one micro-batch, in block order, on the tape in scope: each block's
+// inputs are the micro-batch's images, this stage's own outputs, or `remote(block)` (another
+// stage's output, as this stage's copy); the outputs go into `outputs`. On the last stage
+// (`masks` given) returns the micro-batch's loss weighted by `weight`, else an undefined
+// tensor. The one forward both pipelines (in one process, across processes) run.
+Tensor forward_stage(const UNet& model, const std::vector<int>& stage_of_block, int stage,
+                     const Tensor& images, const Tensor* masks, LossKind loss, double weight,
+                     std::map<int, Tensor>& outputs, const std::function<Tensor(int)>& remote);
 
 struct Transfer {
   int from_stage, to_stage, block, micro_batch;

@@ -223,29 +223,12 @@ class ProcessPipeline::Run {
 
   void forward(int m) {
     const int s = p_.stage_;
-    const auto& blocks = p_.model_->blocks();
     MicroBatch& me = mb_[size_t(m)];
     {
       TapeScope scope(me.tape);
-      for (size_t b = 0; b < blocks.size(); ++b) {
-        if (p_.stage_of_block_[b] != s) continue;
-        std::vector<Tensor> in;
-        for (int i : blocks[b].inputs) {
-          if (i < 0)
-            in.push_back(inputs_[size_t(m)].images);
-          else if (p_.stage_of_block_[i] == s)
-            in.push_back(me.outputs.at(i));
-          else  // straight from the stage that made it
-            in.push_back(receive(m, i));
-        }
-        BlockScope block_scope(blocks[b].name);
-        ProfileRange range(blocks[b].name, "block");
-        me.outputs[int(b)] = blocks[b].forward(in);
-      }
-      if (s == S_ - 1)
-        me.loss = scale(segmentation_loss(loss_kind_, me.outputs.at(int(blocks.size()) - 1),
-                                          inputs_[size_t(m)].masks),
-                        weight_[size_t(m)]);
+      me.loss = forward_stage(*p_.model_, p_.stage_of_block_, s, inputs_[size_t(m)].images,
+                              s == S_ - 1 ? &inputs_[size_t(m)].masks : nullptr, loss_kind_,
+                              weight_[size_t(m)], me.outputs, [&](int i) { return receive(m, i); });
     }
     peak_live_ = std::max(peak_live_, ++live_);
     // Each output a later stage reads goes to that stage now.
