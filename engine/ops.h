@@ -102,4 +102,7 @@ namespace unetcu {
 // Moves x to another device (CPU <-> GPU, GPU <-> GPU). Its backward moves the gradient back
 // to x's device, so a model can span devices with explicit transfers.
 Tensor to_device(const Tensor& x, Device device);
+// The same values in another dtype and/or memory format (x itself when both already match); the
+// gradient is converted back and, for a float32 parameter read as bfloat16, summed in float32.
+Tensor convert(const Tensor& x, DType dtype, MemoryFormat format);
 }  // namespace unetcu

@@ -52,6 +52,7 @@ void Tape::record(const char* name, const std::vector<Tensor>& inputs,
       in.shape = t.shape();
       in.dtype = t.dtype();
       in.device = t.device();
+      in.format = t.format();
       // Only tensors this tape does not produce are held: intermediates are found by id, so
       // a node never keeps an activation alive that its backward does not need.
       if (t.impl().producer != tape->serial_) in.leaf = t.impl_ptr();
@@ -63,8 +64,9 @@ void Tape::record(const char* name, const std::vector<Tensor>& inputs,
     t.impl().producer = tape->serial_;
     node.output_ids.push_back(t.id());
     node.output_shapes.push_back(t.shape());
+    node.output_dtypes.push_back(t.dtype());
+    node.output_formats.push_back(t.format());
   }
-  node.dtype = outputs.at(0).dtype();
   node.device = outputs.at(0).device();
   node.backward = std::move(backward);
   node.cost = cost;
@@ -82,7 +84,7 @@ Tensor BackwardContext::grad_input(int input, double* beta) {
       *beta = 1;
       return Tensor(in.leaf->grad);
     }
-    Tensor g = Tensor::empty(in.shape, in.dtype, in.device);
+    Tensor g = Tensor::empty(in.shape, in.dtype, in.device, in.format);
     in.leaf->grad = g.impl_ptr();
     *beta = 0;
     return g;
@@ -92,7 +94,7 @@ Tensor BackwardContext::grad_input(int input, double* beta) {
     *beta = 1;
     return it->second;
   }
-  Tensor g = Tensor::empty(in.shape, in.dtype, in.device);
+  Tensor g = Tensor::empty(in.shape, in.dtype, in.device, in.format);
   tape_->grads_.emplace(in.id, g);
   *beta = 0;
   return g;
@@ -121,6 +123,8 @@ void Tape::backward(const std::vector<Tensor>& outputs, const std::vector<Tensor
     const Tensor& g = grad_outputs[i];
     check_same_shape("backward", o, g);
     check_same_dtype_device("backward", o, g);
+    UNETCU_CHECK(o.format() == g.format(), "backward: the gradient of an ", format_name(o.format()),
+                 " output is ", format_name(g.format()));
     if (!o.requires_grad()) continue;
     if (o.impl().producer == serial_) {
       accumulate(o.id(), g);
@@ -157,7 +161,8 @@ void Tape::backward(const std::vector<Tensor>& outputs, const std::vector<Tensor
     if (any && needed) {
       for (size_t i = 0; i < ctx.grad_outputs_.size(); ++i)
         if (!ctx.grad_outputs_[i].defined())
-          ctx.grad_outputs_[i] = Tensor::zeros(node->output_shapes[i], node->dtype, node->device);
+          ctx.grad_outputs_[i] = Tensor::zeros(node->output_shapes[i], node->output_dtypes[i],
+                                                 node->device, node->output_formats[i]);
       if (Profiler::enabled()) {
         BlockScope block(node->block);
         ProfileRange range(std::string(node->name) + ".backward", "backward", node->cost.flops,

@@ -48,6 +48,7 @@ class BackwardContext {
     Shape shape;
     DType dtype;
     Device device;
+    MemoryFormat format;  // a gradient has its tensor's dtype and memory format
   };
   const std::vector<Input>* inputs_ = nullptr;
   std::vector<Tensor> grad_outputs_;
@@ -103,7 +104,8 @@ class Tape {
     std::vector<BackwardContext::Input> inputs;
     std::vector<uint64_t> output_ids;
     std::vector<Shape> output_shapes;
-    DType dtype;
+    std::vector<DType> output_dtypes;
+    std::vector<MemoryFormat> output_formats;
     Device device;
     BackwardFn backward;
     OpCost cost;

@@ -54,28 +54,32 @@ static uint64_t next_tensor_id() {
   return counter.fetch_add(1, std::memory_order_relaxed);
 }
 
-static Tensor make_tensor(const Shape& shape, DType dtype, Device device, bool pinned) {
+static Tensor make_tensor(const Shape& shape, DType dtype, Device device, bool pinned,
+                          MemoryFormat format = MemoryFormat::NCHW) {
   UNETCU_CHECK(shape.size() <= 4, "tensors have at most 4 dimensions, got ", shape_str(shape));
+  UNETCU_CHECK(format == MemoryFormat::NCHW || shape.size() == 4,
+               "channels-last needs a 4-dimensional shape, got ", shape_str(shape));
   for (int64_t d : shape) UNETCU_CHECK(d >= 0, "negative dimension in shape ", shape_str(shape));
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<Storage>(shape_numel(shape) * dtype_size(dtype), device, pinned);
   impl->shape = shape;
   impl->dtype = dtype;
   impl->device = device;
+  impl->format = format;
   impl->id = next_tensor_id();
   return Tensor(std::move(impl));
 }
 
-Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
-  return make_tensor(shape, dtype, device, false);
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, MemoryFormat format) {
+  return make_tensor(shape, dtype, device, false, format);
 }
 
 Tensor Tensor::empty_pinned(const Shape& shape, DType dtype) {
   return make_tensor(shape, dtype, Device::cpu(), true);
 }
 
-Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
-  Tensor t = empty(shape, dtype, device);
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device, MemoryFormat format) {
+  Tensor t = empty(shape, dtype, device, format);
   if (device.is_cuda())
     cuda::memset_zero(t.raw(), device.index, t.nbytes());
   else
@@ -94,7 +98,7 @@ Tensor Tensor::from_vector(const Shape& shape, const std::vector<double>& values
   UNETCU_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape), "from_vector: ",
                values.size(), " values for shape ", shape_str(shape));
   Tensor t = empty(shape, dtype);
-  UNETCU_DISPATCH_FLOAT(dtype, T, {
+  UNETCU_DISPATCH_STORAGE(dtype, T, {
     T* p = t.data<T>();
     for (size_t i = 0; i < values.size(); ++i) p[i] = static_cast<T>(values[i]);
   });
@@ -117,13 +121,20 @@ Tensor Tensor::view(const Shape& shape) const {
   UNETCU_CHECK(shape_numel(shape) == numel(), "view: cannot view ", shape_str(this->shape()),
                " as ", shape_str(shape));
   UNETCU_CHECK(shape.size() <= 4, "tensors have at most 4 dimensions, got ", shape_str(shape));
+  MemoryFormat fmt = format();
+  if (fmt == MemoryFormat::NHWC && shape != this->shape()) {
+    const Shape& s = this->shape();
+    UNETCU_CHECK(s[1] == 1 || s[2] * s[3] == 1, "view: an NHWC tensor of shape ",
+                 shape_str(s), " has no NCHW order to view as ", shape_str(shape));
+    fmt = MemoryFormat::NCHW;  // C == 1 or H == W == 1: the two orders are the same
+  }
   auto v = std::make_shared<TensorImpl>();
   v->storage = impl().storage;
   v->offset = impl().offset;
   v->shape = shape;
   v->dtype = dtype();
   v->device = device();
-  v->format = format();
+  v->format = fmt;
   v->id = next_tensor_id();
   return Tensor(std::move(v));
 }
@@ -135,6 +146,11 @@ Tensor Tensor::view_at(int64_t element_offset, const Shape& shape) const {
                "view_at: ", shape_str(shape), " at element ", element_offset,
                " does not fit in ", shape_str(this->shape()));
   UNETCU_CHECK(shape.size() <= 4, "tensors have at most 4 dimensions, got ", shape_str(shape));
+  UNETCU_CHECK(format() == MemoryFormat::NCHW ||
+                   (shape.size() == 4 && Shape(shape.begin() + 1, shape.end()) ==
+                                             Shape(this->shape().begin() + 1, this->shape().end())),
+               "view_at: ", shape_str(shape), " of an NHWC tensor of shape ", shape_str(this->shape()),
+               " (only whole images)");
   Tensor v = view(this->shape());
   v.impl().offset += size_t(element_offset) * dtype_size(dtype());
   v.impl().shape = shape;
@@ -151,30 +167,33 @@ Tensor Tensor::rows(int64_t lo, int64_t hi) const {
 }
 
 Tensor Tensor::clone() const {
-  Tensor t = empty(shape(), dtype(), device());
+  Tensor t = empty(shape(), dtype(), device(), format());
   t.copy_(*this);
   return t;
 }
 
 Tensor Tensor::to(DType d) const {
-  if (device().is_cuda()) {  // convert through the host
-    UNETCU_CHECK(d == dtype(), "dtype conversion of a ", device().str(), " tensor");
-    return clone();
-  }
-  Tensor t = empty(shape(), d, device());
+  Tensor t = empty(shape(), d, device(), format());
+  t.copy_(*this);
+  return t;
+}
+
+Tensor Tensor::to(MemoryFormat f) const {
+  if (f == format()) return *this;
+  Tensor t = empty(shape(), dtype(), device(), f);
   t.copy_(*this);
   return t;
 }
 
 Tensor Tensor::to(Device d) const {
-  Tensor t = empty(shape(), dtype(), d);
+  Tensor t = empty(shape(), dtype(), d, format());
   t.copy_(*this);
   return t;
 }
 
 Tensor Tensor::to_after(Device d, const cuda::Event& src_ready) const {
   if (!device().is_cuda() || !d.is_cuda() || !src_ready.valid()) return to(d);
-  Tensor t = empty(shape(), dtype(), d);
+  Tensor t = empty(shape(), dtype(), d, format());
   cuda::copy_after(t.raw(), d.index, raw(), device().index, nbytes(), src_ready);
   return t;
 }
@@ -185,7 +204,7 @@ void Tensor::fill_(double value) {
 
 void Tensor::copy_(const Tensor& src) {
   check_same_shape("copy_", *this, src);
-  if (dtype() == src.dtype()) {
+  if (dtype() == src.dtype() && format() == src.format()) {
     if (raw() == src.raw()) return;
     if (device().is_cpu() && src.device().is_cpu())
       std::memcpy(raw(), src.raw(), nbytes());
@@ -193,50 +212,54 @@ void Tensor::copy_(const Tensor& src) {
       cuda::copy(raw(), device(), src.raw(), src.device(), nbytes(), src.is_pinned());
     return;
   }
-  if (!device().is_cpu() || !src.device().is_cpu()) {  // convert on the host
-    Tensor host_src = src.device().is_cpu() ? src : src.to(Device::cpu());
-    Tensor host_dst = Tensor::empty(shape(), dtype());
-    host_dst.copy_(host_src);
-    copy_(host_dst);
+  if (device() == src.device()) {  // the convert kernel of that device
+    UNETCU_LAUNCH(device(), convert, src, *this, 0.0);
     return;
   }
-  const int64_t n = numel();
-  UNETCU_DISPATCH_FLOAT(dtype(), D, {
-    D* d = data<D>();
-    UNETCU_DISPATCH_FLOAT(src.dtype(), S, {
-      const S* s = src.data<S>();
-      for (int64_t i = 0; i < n; ++i) d[i] = static_cast<D>(s[i]);
-    });
-  });
+  // Across devices: convert on the device that holds the source, then copy the bytes.
+  Tensor same = Tensor::empty(shape(), dtype(), src.device(), format());
+  UNETCU_LAUNCH(src.device(), convert, src, same, 0.0);
+  copy_(same);
+}
+
+// Memory index of the element at logical (NCHW-order) index i.
+static int64_t memory_index(const Tensor& t, int64_t i) {
+  if (t.format() == MemoryFormat::NCHW) return i;
+  const kernels::Dims4 logical{t.dim(0), t.dim(1), t.dim(2), t.dim(3), false};
+  int64_t n, c, h, w;
+  kernels::coords_of(logical, i, &n, &c, &h, &w);
+  return kernels::offset_of(TensorRef(t).dims4(), n, c, h, w);
 }
 
 double Tensor::at(int64_t i) const {
   UNETCU_CHECK(i >= 0 && i < numel(), "index ", i, " out of range for ", shape_str(shape()));
+  i = memory_index(*this, i);
   if (device().is_cuda()) {
     double v = 0;
-    UNETCU_DISPATCH_FLOAT(dtype(), T, {
+    UNETCU_DISPATCH_STORAGE(dtype(), T, {
       T host;
       cuda::copy(&host, Device::cpu(), data<T>() + i, device(), sizeof(T));
-      v = host;
+      v = double(host);
     });
     return v;
   }
   double v = 0;
-  UNETCU_DISPATCH_FLOAT(dtype(), T, v = data<T>()[i]);
+  UNETCU_DISPATCH_STORAGE(dtype(), T, v = double(data<T>()[i]));
   return v;
 }
 
 void Tensor::set(int64_t i, double value) {
   UNETCU_CHECK(i >= 0 && i < numel(), "index ", i, " out of range for ", shape_str(shape()));
+  i = memory_index(*this, i);
   if (device().is_cuda()) {
-    UNETCU_DISPATCH_FLOAT(dtype(), T, {
+    UNETCU_DISPATCH_STORAGE(dtype(), T, {
       const T host = static_cast<T>(value);
       cuda::copy(data<T>() + i, device(), &host, Device::cpu(), sizeof(T));
       cuda::synchronize(device().index);  // `host` dies with this scope
     });
     return;
   }
-  UNETCU_DISPATCH_FLOAT(dtype(), T, data<T>()[i] = static_cast<T>(value));
+  UNETCU_DISPATCH_STORAGE(dtype(), T, data<T>()[i] = static_cast<T>(value));
 }
 
 double Tensor::item() const {
@@ -246,10 +269,11 @@ double Tensor::item() const {
 
 std::vector<double> Tensor::to_vector() const {
   if (device().is_cuda()) return to(Device::cpu()).to_vector();
+  if (format() != MemoryFormat::NCHW) return to(MemoryFormat::NCHW).to_vector();
   std::vector<double> v(static_cast<size_t>(numel()));
-  UNETCU_DISPATCH_FLOAT(dtype(), T, {
+  UNETCU_DISPATCH_STORAGE(dtype(), T, {
     const T* p = data<T>();
-    for (size_t i = 0; i < v.size(); ++i) v[i] = p[i];
+    for (size_t i = 0; i < v.size(); ++i) v[i] = double(p[i]);
   });
   return v;
 }
@@ -259,6 +283,11 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
     std::memcpy(dst, src, bytes);
   else
     cuda::copy(dst, dst_device, src, src_device, bytes);
+}
+
+void check_same_format(const char* op, const Tensor& a, const Tensor& b) {
+  UNETCU_CHECK(a.format() == b.format(), op, ": memory format mismatch (",
+               format_name(a.format()), " vs ", format_name(b.format()), ")");
 }
 
 void check_same_dtype_device(const char* op, const Tensor& a, const Tensor& b) {

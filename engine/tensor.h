@@ -1,4 +1,6 @@
-// Tensor: up to 4 dimensions, contiguous (NCHW for images), float32 or float64, on a device.
+// Tensor: up to 4 dimensions, contiguous, float32, float64 or bfloat16, on a device. Shapes are
+// [N, C, H, W] for images; a 4-dimensional tensor lies in memory as NCHW or NHWC (its format).
+// Element access (at, set, to_vector, from_vector) uses the logical NCHW order in both.
 // Storage is shared: copies of a Tensor handle and views (reshape, detach) alias the same
 // memory. Autograd state (requires_grad, the gradient of a leaf, which tape produced it) lives
 // in the TensorImpl; the graph itself lives in engine/tape.h.
@@ -20,8 +22,6 @@ inline constexpr NamedValue<DType> kDTypeNames[] = {{"float32", DType::F32}, {"f
 
 std::string shape_str(const Shape& s);
 int64_t shape_numel(const Shape& s);
-
-enum class MemoryFormat : uint8_t { NCHW, NHWC };
 
 // A block of memory on one device. Freed when the last tensor using it goes away.
 struct Storage {
@@ -55,11 +55,13 @@ class Tensor {
   explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
 
   // Uninitialised memory.
-  static Tensor empty(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu());
+  static Tensor empty(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu(),
+                      MemoryFormat format = MemoryFormat::NCHW);
   // Host tensor in page-locked memory (needs the CUDA backend): its upload to a GPU with
   // to(Device) does not wait for the copy.
   static Tensor empty_pinned(const Shape& shape, DType dtype = DType::F32);
-  static Tensor zeros(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu());
+  static Tensor zeros(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu(),
+                      MemoryFormat format = MemoryFormat::NCHW);
   static Tensor full(const Shape& shape, double value, DType dtype = DType::F32,
                      Device device = Device::cpu());
   static Tensor from_vector(const Shape& shape, const std::vector<double>& values,
@@ -78,7 +80,7 @@ class Tensor {
   void* raw() const { return static_cast<char*>(impl().storage->ptr) + impl().offset; }
   // The view the launchers take (kernels/launchers.h); absent for an undefined tensor.
   operator TensorRef() const {
-    return defined() ? TensorRef(raw(), dtype(), device(), shape()) : TensorRef();
+    return defined() ? TensorRef(raw(), dtype(), device(), shape(), format()) : TensorRef();
   }
   // Typed pointer to the elements (device memory for a CUDA tensor).
   template <class T> T* data() const {
@@ -95,7 +97,9 @@ class Tensor {
   void zero_grad() { impl().grad.reset(); }
   uint64_t id() const { return impl().id; }
 
-  // Same storage, new shape (same element count). No gradient flows through a view.
+  // Same storage, new shape (same element count). No gradient flows through a view. An NHWC
+  // tensor keeps its format under the same shape; another shape is allowed only where the
+  // memory order is that of NCHW (C == 1 or H == W == 1), and the view is NCHW.
   Tensor view(const Shape& shape) const;
   // Rows [lo, hi) of dimension 0: same storage (no copy, no autograd), e.g. a replica's shard
   // of a batch or a micro-batch.
@@ -106,7 +110,10 @@ class Tensor {
   // Same storage, no autograd history, requires_grad false.
   Tensor detach() const;
   Tensor clone() const;
-  Tensor to(DType dtype) const;
+  Tensor to(DType dtype) const;  // same format, on the same device
+  // The same values in another memory format (same dtype and device); this tensor itself when
+  // it already has that format.
+  Tensor to(MemoryFormat format) const;
   // A copy on another device (no autograd; the op to_device in engine/ops.h records one).
   Tensor to(Device device) const;
   // GPU to GPU (or between streams of one GPU): the copy waits for `src_ready`, an event the
@@ -116,7 +123,7 @@ class Tensor {
 
   // Element access works on every device; on CUDA each call copies through the host and waits.
   void fill_(double value);
-  void copy_(const Tensor& src);  // same shape, any devices; converts dtype on the CPU only
+  void copy_(const Tensor& src);  // same shape, any devices, dtypes and formats
   double item() const;            // one-element tensor -> double
   double at(int64_t flat_index) const;
   void set(int64_t flat_index, double value);
@@ -139,6 +146,7 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
 
 // Shape/dtype/device agreement checks used at every op's public entry point.
 void check_same_dtype_device(const char* op, const Tensor& a, const Tensor& b);
+void check_same_format(const char* op, const Tensor& a, const Tensor& b);
 void check_same_shape(const char* op, const Tensor& a, const Tensor& b);
 void check_ndim(const char* op, const Tensor& t, int ndim, const char* what);
 

@@ -12,6 +12,10 @@
   X(axpby, (const TensorRef& dst, double alpha, const TensorRef& src, double beta))                \
   /* dst written. */                                                                               \
   X(fill, (const TensorRef& dst, double value))                                                    \
+  /* dst = convert(src): same dims and device, any dtypes (float32, float64, bfloat16; rounding    \
+     to nearest even) and memory formats; written or accumulated by beta (the sum computed in      \
+     float32, or float64 when either side is float64). */                                          \
+  X(convert, (const TensorRef& src, const TensorRef& dst, double beta))                            \
   /* y written; grad_x written or accumulated by beta. */                                          \
   X(relu_forward, (const TensorRef& x, const TensorRef& y))                                        \
   X(relu_backward, (const TensorRef& grad_y, const TensorRef& y, const TensorRef& grad_x,          \

@@ -1,0 +1,61 @@
+// bfloat16: the upper 16 bits of an IEEE float32 (8-bit exponent, 8-bit mantissa with the
+// implicit bit). Storage only: every body computes in float32 and rounds once when it stores
+// (acc_t<bf16> is float). Layout-compatible with CUDA's __nv_bfloat16 and oneDNN's bf16, so
+// device pointers and library buffers are passed as they are.
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/bodies/common.h"
+
+namespace unetcu::kernels {
+
+HD uint32_t float_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+
+HD float bits_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+
+// Round to nearest, ties to even (as PyTorch, CUDA's __float2bfloat16_rn and oneDNN). A NaN
+// stays a (quiet) NaN; a finite value past the largest bf16 becomes infinity.
+HD uint16_t bf16_bits_rne(float f) {
+  uint32_t u = float_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+struct bf16 {
+  uint16_t bits;
+  bf16() = default;
+  HD explicit bf16(float f) : bits(bf16_bits_rne(f)) {}
+  HD explicit bf16(double d) : bits(bf16_bits_rne(float(d))) {}
+  HD operator float() const { return bits_float(uint32_t(bits) << 16); }
+};
+static_assert(sizeof(bf16) == 2, "bf16 is two bytes");
+
+// The type a body computes in for a storage type: float for bf16, the type itself otherwise.
+template <class S> struct AccOf { using type = S; };
+template <> struct AccOf<bf16> { using type = float; };
+template <class S> using acc_t = typename AccOf<S>::type;
+
+// Rounds a computed value to storage type S.
+template <class S, class A> HD S to_storage(A v) { return S(v); }
+template <> HD bf16 to_storage<bf16, float>(float v) { return bf16(v); }
+template <> HD bf16 to_storage<bf16, double>(double v) { return bf16(float(v)); }
+
+}  // namespace unetcu::kernels

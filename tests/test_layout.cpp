@@ -1,0 +1,134 @@
+// Element types and memory formats (runtime/dtype.h, kernels/bodies/bf16.h, engine/tensor.h):
+// bfloat16 rounds to nearest even as CUDA and oneDNN do; an NHWC tensor keeps its elements
+// where channels-last puts them while element access stays in logical order; convert changes
+// dtype and format forward and back (its gradient summed in the source's dtype).
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "engine/ops.h"
+#include "testing.h"
+
+using namespace unetcu;
+using namespace unetcu::testing;
+
+namespace {
+
+float bf16_round(float f) { return float(bf16(f)); }
+
+}  // namespace
+
+TEST_CASE("bfloat16 rounds to nearest, ties to even") {
+  CHECK(bf16_round(1.0f) == 1.0f);
+  const float ulp = std::ldexp(1.0f, -7);  // spacing of bf16 in [1, 2)
+  CHECK(bf16_round(1.0f + ulp / 2) == 1.0f);                 // tie: to the even mantissa 1.0
+  CHECK(bf16_round(1.0f + 3 * ulp / 2) == 1.0f + 2 * ulp);   // tie: to the even one above
+  CHECK(bf16_round(1.0f + ulp / 2 + ulp / 64) == 1.0f + ulp);  // above the tie: up
+  CHECK(bf16_round(-1.0f - ulp / 4) == -1.0f);
+  CHECK(std::isnan(bf16_round(std::numeric_limits<float>::quiet_NaN())));
+  CHECK(std::isinf(bf16_round(std::numeric_limits<float>::infinity())));
+  CHECK(std::isinf(bf16_round(std::numeric_limits<float>::max())));  // past bf16's largest
+  CHECK(bf16_round(0.0f) == 0.0f);
+  CHECK(std::signbit(bf16_round(-0.0f)));
+  // Relative rounding error at most 2^-8, bf16's unit roundoff (8 significant bits), for
+  // normal numbers.
+  Rng rng(3);
+  double worst = 0;
+  for (int i = 0; i < 100000; ++i) {
+    const float f = float(rng.uniform(0.1, 1) * std::pow(10.0, rng.uniform(-30, 30)));
+    worst = std::max(worst, std::fabs(double(bf16_round(f)) - f) / std::fabs(f));
+  }
+  CHECK(worst <= std::ldexp(1.0, -8));
+  CHECK(worst > std::ldexp(1.0, -9));  // and rounding does happen
+}
+
+TEST_CASE("an NHWC tensor lays out channels last and reads in logical order") {
+  Rng rng(5);
+  const Shape s{2, 3, 4, 5};
+  Tensor a = random_tensor(s, rng, -1, 1, DType::F32);
+  Tensor b = a.to(MemoryFormat::NHWC);
+  CHECK(b.format() == MemoryFormat::NHWC);
+  CHECK(b.shape() == s);
+  CHECK(a.to_vector() == b.to_vector());
+  const float* p = b.data<float>();
+  const float* q = a.data<float>();
+  for (int64_t n = 0; n < 2; ++n)
+    for (int64_t c = 0; c < 3; ++c)
+      for (int64_t h = 0; h < 4; ++h)
+        for (int64_t w = 0; w < 5; ++w)
+          REQUIRE(p[((n * 4 + h) * 5 + w) * 3 + c] == q[((n * 3 + c) * 4 + h) * 5 + w]);
+  b.set(7, 42.0);
+  CHECK(b.at(7) == 42.0);
+  CHECK(b.to(MemoryFormat::NCHW).at(7) == 42.0);
+  // Whole images of an NHWC tensor are rows; other views need the NCHW order.
+  CHECK(b.rows(1, 2).to_vector() == a.rows(1, 2).to(MemoryFormat::NHWC).to_vector());
+  CHECK_THROWS_WITH_AS(b.view({6, 20}), doctest::Contains("no NCHW order"), Error);
+  Tensor one = Tensor::zeros({2, 1, 3, 3}, DType::F32, Device::cpu(), MemoryFormat::NHWC);
+  CHECK(one.view({2, 9}).format() == MemoryFormat::NCHW);  // C == 1: same order
+  CHECK_THROWS_WITH_AS(Tensor::empty({3, 4}, DType::F32, Device::cpu(), MemoryFormat::NHWC),
+                       doctest::Contains("4-dimensional"), Error);
+}
+
+TEST_CASE("copy_ and to convert between every dtype and format") {
+  Rng rng(9);
+  const Shape s{2, 5, 3, 4};
+  Tensor ref = random_tensor(s, rng, -3, 3, DType::F64);
+  for (DType d : {DType::F32, DType::F64, DType::BF16})
+    for (MemoryFormat f : {MemoryFormat::NCHW, MemoryFormat::NHWC}) {
+      CAPTURE(dtype_name(d));
+      CAPTURE(format_name(f));
+      Tensor t = Tensor::empty(s, d, Device::cpu(), f);
+      t.copy_(ref);
+      Tensor back = t.to(DType::F64).to(MemoryFormat::NCHW);
+      for (int64_t i = 0; i < ref.numel(); ++i) {
+        const double want = d == DType::BF16 ? double(bf16(float(ref.at(i))))
+                            : d == DType::F32 ? double(float(ref.at(i)))
+                                              : ref.at(i);
+        REQUIRE(back.at(i) == want);
+        REQUIRE(t.at(i) == want);
+      }
+    }
+}
+
+TEST_CASE("convert: dtype and format forward, the gradient converted back") {
+  Rng rng(11);
+  const Shape s{2, 3, 4, 5};
+  Tensor x = random_tensor(s, rng, -1, 1, DType::F64).set_requires_grad(true);
+  const int checked2 = gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return convert(convert(in[0], DType::F64, MemoryFormat::NHWC), DType::F64,
+                       MemoryFormat::NCHW);
+      },
+      {x});
+  CHECK(checked2 > 0);
+
+  // A float32 parameter read as bfloat16 twice: its gradient is the float32 sum of the two
+  // bfloat16 gradients.
+  Tensor w = random_tensor(s, rng, -1, 1, DType::F32).set_requires_grad(true);
+  Tensor g1 = random_tensor(s, rng, -1, 1, DType::BF16).to(MemoryFormat::NHWC);
+  Tensor g2 = random_tensor(s, rng, -1, 1, DType::BF16);
+  Tape tape;
+  Tensor y1, y2;
+  {
+    TapeScope scope(tape);
+    y1 = convert(w, DType::BF16, MemoryFormat::NHWC);
+    y2 = convert(w, DType::BF16, MemoryFormat::NCHW);
+  }
+  CHECK(y1.dtype() == DType::BF16);
+  CHECK(y1.format() == MemoryFormat::NHWC);
+  tape.backward({y1, y2}, {g1, g2});
+  REQUIRE(w.grad().defined());
+  CHECK(w.grad().dtype() == DType::F32);
+  for (int64_t i = 0; i < w.numel(); ++i)
+    REQUIRE(w.grad().at(i) == double(float(g1.at(i)) + float(g2.at(i))));
+  // Same dtype and format: x itself.
+  CHECK(convert(w, DType::F32, MemoryFormat::NCHW).same_storage(w));
+}
+
+TEST_CASE("ops without a bfloat16 or NHWC kernel say so") {
+  Tensor x = Tensor::zeros({1, 2, 4, 4}, DType::F32, Device::cpu(), MemoryFormat::NHWC);
+  CHECK_THROWS_WITH_AS(sigmoid(x), doctest::Contains("NHWC"), Error);
+  Tensor h = Tensor::zeros({1, 2, 4, 4}, DType::BF16);
+  CHECK_THROWS_WITH_AS(sigmoid(h), doctest::Contains("bfloat16"), Error);
+}
