@@ -1,0 +1,2 @@
+// Placeholder: the bn layout/bfloat16 tests are written here.
+#include <doctest/doctest.h>

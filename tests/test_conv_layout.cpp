@@ -1,0 +1,2 @@
+// Placeholder: the conv layout/bfloat16 tests are written here.
+#include <doctest/doctest.h>

@@ -1,0 +1,2 @@
+// Placeholder: the misc layout/bfloat16 tests are written here.
+#include <doctest/doctest.h>
