@@ -153,9 +153,15 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
                         "CUDA: keep cuDNN convolutions in full float32 (by default they may use "
                         "TF32 tensor cores, as PyTorch does)");
   add_enum(app, "--precision", cfg.precision, kPrecisionNames,
-           "Convolution arithmetic: auto (tf32 on GPUs, fp32 on the CPU), fp32, tf32 (GPUs: "
-           "cuDNN may use TF32 tensor cores), bf16 (the CPU: inputs rounded to bfloat16, float32 "
-           "accumulation, on oneDNN; everything else float32)");
+           "Arithmetic: auto (tf32 on GPUs, fp32 on the CPU), fp32, tf32 (GPUs: cuDNN may use "
+           "TF32 tensor cores), bf16 (mixed precision, as PyTorch's autocast: activations and "
+           "their gradients in bfloat16, computed in float32; convolutions with bfloat16 inputs "
+           "and float32 accumulation; parameters, optimizer, batch-norm statistics and the loss "
+           "in float32)");
+  add_enum(app, "--memory-format", cfg.memory_format, kFormatNames,
+           "Memory order of the activations: nchw, nhwc (channels-last; cuDNN's tensor-core "
+           "convolutions read it without transposes) or auto (nchw). The image is converted "
+           "at the first layer and the logits back at the last");
   app.add_flag("--deterministic", cfg.deterministic,
                "CUDA: only deterministic cuDNN convolution algorithms (no atomics, FFT or "
                "Winograd), so repeated runs give the same bits; usually slower");
@@ -244,8 +250,8 @@ void validate(const TrainConfig& c) {
                "--allreduce mpi is the transport library's own all-reduce, for ranks in several processes: "
                "start them with mpirun, srun or torchrun (in one process use ring or ps)");
   UNETCU_CHECK(c.precision != Precision::TF32 || c.tf32, "--no-tf32 and --precision tf32 contradict each other");
-  UNETCU_CHECK(c.precision != Precision::BF16 || c.dtype == DType::F32, "--precision bf16 rounds float32 "
-               "convolution inputs; it does not go with --dtype ", dtype_name(c.dtype));
+  UNETCU_CHECK(c.precision != Precision::BF16 || c.dtype == DType::F32, "--precision bf16 keeps float32 "
+               "parameters; it does not go with --dtype ", dtype_name(c.dtype));
   UNETCU_CHECK(c.log_every >= 0 && c.log_every <= kMaxSamples, "--log-every must be between 0 and ",
                kMaxSamples, ", got ", c.log_every);
   UNETCU_CHECK(c.log_every == 0 || !c.log.empty(), "--log-every needs --log FILE");
@@ -356,8 +362,6 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
     UNETCU_CHECK(d.is_cpu() || cfg.dtype == DType::F32, "--dtype ", dtype_name(cfg.dtype),
                  " is CPU only; ", d.str(), " trains in float32");
     if (d.is_cuda()) {
-      UNETCU_CHECK(cfg.precision != Precision::BF16, "--precision bf16 runs on the CPU (oneDNN); on ",
-                   d.str(), " use tf32 (the default there) or fp32");
       cuda::set_allow_tf32(cfg.tf32 && cfg.precision != Precision::FP32);
       cuda::set_deterministic(cfg.deterministic);
     } else {
@@ -365,14 +369,13 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
                    d.str(), " use fp32 or bf16");
     }
   }
-  if (cfg.precision == Precision::BF16) {
-    UNETCU_CHECK(kernels::cpu::cpu_conv_impl() == kernels::cpu::CpuConvImpl::OneDnn,
-                 "--precision bf16 runs the convolutions on oneDNN, which ",
-                 kernels::cpu::onednn_built() ? "UNETCU_CPU_CONV=im2col turned off" : "this build does not have");
-    kernels::cpu::set_cpu_conv_bf16(true);
-    out << "precision: bf16 convolutions (inputs rounded to bfloat16, float32 accumulation and "
-           "outputs); parameters, optimizer, batch norm and losses in float32\n";
-  }
+  const MemoryFormat format = cfg.memory_format == FormatChoice::NHWC ? MemoryFormat::NHWC : MemoryFormat::NCHW;
+  if (cfg.precision == Precision::BF16 || format == MemoryFormat::NHWC)
+    out << "precision: " << (cfg.precision == Precision::BF16 ? "bf16 activations and gradients (float32 "
+                                                               "math; parameters, optimizer, batch-norm "
+                                                               "statistics and loss in float32)"
+                                                             : dtype_name(cfg.dtype))
+        << ", " << format_name(format) << "\n";
 
   // The data: the embedded synthetic set, or an image folder.
   std::unique_ptr<SyntheticSegmentation> synthetic;
@@ -405,6 +408,8 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
   sc.devices = devices;
   sc.model.width_divisor = cfg.width_divisor;
   sc.model.dtype = cfg.dtype;
+  sc.model.bf16_activations = cfg.precision == Precision::BF16;
+  sc.model.format = format;
   sc.model.seed = cfg.seed;
   sc.optimizer = {cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay};
   sc.loss = cfg.loss;

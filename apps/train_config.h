@@ -27,12 +27,18 @@ constexpr int64_t kMaxSamples = 100000000;
 constexpr int kMaxThreads = 1024;
 constexpr int kMaxWorkers = 256;
 
-// Arithmetic of the convolutions: fp32; tf32 (GPUs: cuDNN may use TF32 tensor cores); bf16
-// (the CPU: inputs rounded to bfloat16, float32 accumulation, kernels/cpu/conv_dnnl.h); auto:
-// tf32 on GPUs, fp32 on the CPU.
+// Arithmetic: fp32; tf32 (GPUs: cuDNN may use TF32 tensor cores); bf16 (mixed precision on
+// both backends: activations and their gradients stored in bfloat16 and computed in float32,
+// convolutions with bfloat16 inputs and float32 accumulation; parameters, optimizer, batch-norm
+// statistics and the loss in float32); auto: tf32 on GPUs, fp32 on the CPU.
 enum class Precision { Auto, FP32, TF32, BF16 };
 inline constexpr NamedValue<Precision> kPrecisionNames[] = {
     {"auto", Precision::Auto}, {"fp32", Precision::FP32}, {"tf32", Precision::TF32}, {"bf16", Precision::BF16}};
+
+// Memory order of the activations: nchw, nhwc (channels-last) or auto (nchw).
+enum class FormatChoice { Auto, NCHW, NHWC };
+inline constexpr NamedValue<FormatChoice> kFormatNames[] = {
+    {"auto", FormatChoice::Auto}, {"nchw", FormatChoice::NCHW}, {"nhwc", FormatChoice::NHWC}};
 
 struct TrainConfig {
   int epochs = 10;
@@ -53,6 +59,7 @@ struct TrainConfig {
   bool progress = true;
   bool tf32 = true;                // CUDA: cuDNN convolutions may use TF32 tensor cores
   Precision precision = Precision::Auto;
+  FormatChoice memory_format = FormatChoice::Auto;
   bool deterministic = false;      // CUDA: only deterministic cuDNN convolution algorithms
   Mode mode = Mode::Single;
   std::vector<Device> devices;     // dp: one per replica; mp: one per stage

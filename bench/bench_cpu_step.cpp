@@ -17,11 +17,12 @@
 
 using namespace unetcu;
 
-static double time_steps(int batch, int size, int warmup, int steps, std::vector<double>* all) {
+static double time_steps(const UNetConfig& model, int batch, int size, int warmup, int steps,
+                         std::vector<double>* all) {
   SyntheticSegmentation data(size, 1);
   std::vector<int64_t> idx;
   for (int i = 0; i < batch; ++i) idx.push_back(i);
-  *all = bench::time_single_device_steps(UNetConfig{}, data.batch(idx), warmup, steps);
+  *all = bench::time_single_device_steps(model, data.batch(idx), warmup, steps);
   return bench::median(*all);
 }
 
@@ -36,13 +37,17 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "Timed steps")->capture_default_str();
   app.add_option("--size", sizes, "Batch x image size, e.g. 1x512 (repeatable; default 4x128 2x256)");
   app.add_flag("--json", json, "One JSON line per size: batch, size, threads, steps, median");
-  std::string precision = "fp32";
-  app.add_option("--precision", precision, "fp32, or bf16 (convolution inputs rounded to bfloat16, float32 "
-                 "accumulation; oneDNN)")->capture_default_str();
+  std::string precision = "fp32", format = "nchw";
+  app.add_option("--precision", precision, "fp32, or bf16 (activations and gradients in bfloat16, "
+                 "float32 math and parameters, as unet_train --precision bf16)")->capture_default_str();
+  app.add_option("--memory-format", format, "nchw, or nhwc (channels-last)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     UNETCU_CHECK(precision == "fp32" || precision == "bf16", "--precision: fp32 or bf16, got '", precision, "'");
-    if (precision == "bf16") kernels::cpu::set_cpu_conv_bf16(true);
+    UNETCU_CHECK(format == "nchw" || format == "nhwc", "--memory-format: nchw or nhwc, got '", format, "'");
+    UNetConfig model;
+    model.bf16_activations = precision == "bf16";
+    model.format = format == "nhwc" ? MemoryFormat::NHWC : MemoryFormat::NCHW;
     set_cpu_threads(threads);
     UNETCU_CHECK(threads >= 1 && warmup >= 0 && steps >= 1,
                  "--threads and --steps must be at least 1, --warmup at least 0");
@@ -58,16 +63,18 @@ int main(int argc, char** argv) {
       runs.push_back({b, sz});
     }
     if (!json) {
-      std::printf("%s\n\n", kernels::cpu::cpu_gemm_line().c_str());
+      std::printf("%s\nprecision %s, %s\n\n", kernels::cpu::cpu_gemm_line().c_str(), precision.c_str(),
+                  format.c_str());
       std::printf("| batch | image | threads | median step (s) | min (s) | max (s) | img/s |\n");
       std::printf("|---|---|---|---|---|---|---|\n");
     }
     for (auto [batch, size] : runs) {
       std::vector<double> all;
-      const double med = time_steps(batch, size, warmup, steps, &all);
+      const double med = time_steps(model, batch, size, warmup, steps, &all);
       if (json) {
-        std::printf("{\"batch\": %d, \"size\": %d, \"threads\": %d, \"steps\": [", batch, size,
-                    threads);
+        std::printf("{\"batch\": %d, \"size\": %d, \"threads\": %d, \"precision\": \"%s\", "
+                    "\"memory_format\": \"%s\", \"steps\": [", batch, size, threads, precision.c_str(),
+                    format.c_str());
         for (size_t i = 0; i < all.size(); ++i) std::printf("%s%.6f", i ? ", " : "", all[i]);
         std::printf("], \"median\": %.6f, \"kernels\": \"%s\"}\n", med,
                     kernels::cpu::cpu_gemm_line().c_str());

@@ -107,6 +107,14 @@ BatchNorm2d::BatchNorm2d(int channels, DType dtype, Device device, double moment
   register_counter("num_batches_tracked", &num_batches_tracked);
 }
 
+Tensor Conv2d::forward(const Tensor& x) const {
+  if (!x.defined() || (x.dtype() == weight.dtype() && x.format() == weight.format()))
+    return conv2d(x, weight, bias, stride_, padding_);
+  const Tensor w = convert(weight, x.dtype(), x.format());
+  const Tensor b = bias.defined() ? convert(bias, x.dtype(), MemoryFormat::NCHW) : Tensor();
+  return conv2d(x, w, b, stride_, padding_);
+}
+
 Tensor BatchNorm2d::forward(const Tensor& x) {
   if (training_) ++num_batches_tracked;
   return batch_norm2d(x, weight, bias, running_mean, running_var, training_, momentum_, eps_);

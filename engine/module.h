@@ -75,7 +75,10 @@ class Conv2d : public Module {
  public:
   Conv2d(int in, int out, int kernel, int stride, int padding, bool bias, Init init, Rng& rng,
          DType dtype, Device device = Device::cpu());
-  Tensor forward(const Tensor& x) const { return conv2d(x, weight, bias, stride_, padding_); }
+  // Follows its input's dtype and memory format: a bfloat16 (or NHWC) input reads the weight
+  // and bias converted to it (convert records the cast, so their gradients arrive in the
+  // parameters' own dtype), as PyTorch's autocast does.
+  Tensor forward(const Tensor& x) const;
   Tensor weight, bias;  // bias undefined when the layer has none
 
  private:

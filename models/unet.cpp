@@ -171,6 +171,8 @@ class Head : public Sequential {
 
 UNet::UNet(const UNetConfig& cfg) : cfg_(cfg) {
   UNETCU_CHECK(cfg.width_divisor >= 1, "width divisor must be >= 1, got ", cfg.width_divisor);
+  UNETCU_CHECK(!cfg.bf16_activations || cfg.dtype == DType::F32,
+               "bfloat16 activations go with float32 parameters, not ", dtype_name(cfg.dtype));
   Rng rng(cfg.seed);
   const int d = cfg.width_divisor;
   Encoder* enc = add_child("encoder", std::make_unique<Encoder>(cfg.in_channels, d, rng, cfg.dtype, cfg.device));
@@ -178,9 +180,13 @@ UNet::UNet(const UNetConfig& cfg) : cfg_(cfg) {
   Head* head = add_child("segmentation_head",
                          std::make_unique<Head>(width(16, d), cfg.classes, rng, cfg.dtype, cfg.device));
 
+  // The activations' dtype and format start at the stem (the image is converted once) and end
+  // at the head (the logits go back to the parameters' dtype, NCHW, for the loss).
+  const DType act = activation_dtype();
+  const MemoryFormat fmt = cfg.format;
   blocks_.push_back({"encoder.stem", {-1}, {enc->conv1, enc->bn1},
-                     [enc](const std::vector<Tensor>& in) {
-                       return bn_relu(enc->bn1, enc->conv1->forward(in[0]));
+                     [enc, act, fmt](const std::vector<Tensor>& in) {
+                       return bn_relu(enc->bn1, enc->conv1->forward(convert(in[0], act, fmt)));
                      }});
   blocks_.push_back({"encoder.layer1", {0}, {enc->layer1}, [enc](const std::vector<Tensor>& in) {
                        return enc->layer1->forward(max_pool2d(in[0], Pool2dOptions::square(3, 2, 1)));
@@ -200,8 +206,9 @@ UNet::UNet(const UNetConfig& cfg) : cfg_(cfg) {
                          return b->forward(in[0], in.size() > 1 ? &in[1] : nullptr);
                        }});
   }
-  blocks_.push_back({"segmentation_head", {9}, {head}, [head](const std::vector<Tensor>& in) {
-                       return head->conv->forward(in[0]);
+  const DType out_dtype = cfg.dtype;
+  blocks_.push_back({"segmentation_head", {9}, {head}, [head, out_dtype](const std::vector<Tensor>& in) {
+                       return convert(head->conv->forward(in[0]), out_dtype, MemoryFormat::NCHW);
                      }});
 }
 

@@ -28,7 +28,13 @@ namespace unetcu {
 
 struct UNetConfig {
   int width_divisor = 1;
-  DType dtype = DType::F32;
+  DType dtype = DType::F32;  // parameters (and the logits)
+  // Mixed precision: activations (and their gradients) stored in bfloat16, computed in float32;
+  // parameters, optimizer, batch-norm statistics and the loss stay `dtype` (float32).
+  bool bf16_activations = false;
+  // Memory format of the activations: NHWC is channels-last. The input is converted at the
+  // stem and the logits back to NCHW at the head.
+  MemoryFormat format = MemoryFormat::NCHW;
   Device device = Device::cpu();
   uint64_t seed = 0;  // initialisation
   int in_channels = 3;
@@ -47,12 +53,13 @@ class UNet : public Module {
   };
   const std::vector<Block>& blocks() const { return blocks_; }
 
-  // Logits [N, classes, H, W]; H and W must be multiples of 32.
+  // Logits [N, classes, H, W] in `dtype`, NCHW; H and W must be multiples of 32.
   Tensor forward(const Tensor& x);
   // The output of every block, in order (the last is the logits).
   std::vector<Tensor> forward_all(const Tensor& x);
 
   const UNetConfig& config() const { return cfg_; }
+  DType activation_dtype() const { return cfg_.bf16_activations ? DType::BF16 : cfg_.dtype; }
   static void check_input(const Tensor& x, int in_channels);
 
  private:

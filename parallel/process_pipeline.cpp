@@ -160,7 +160,9 @@ class ProcessPipeline::Run {
     std::map<int, Tensor> received;  // block -> this stage's copy of another stage's output
     Tensor loss;
   };
-  // A tensor on its way: the header (defined, ndim, dims) and the data, kept alive until sent.
+  // A tensor on its way: the header (defined | (dtype + 1) << 8 | format << 16, ndim, dims) and
+  // the data, kept alive until sent. Activations may be bfloat16 and NHWC (mixed precision,
+  // channels-last), gradients have their tensor's dtype and format.
   struct Sending {
     int64_t header[6] = {0, 0, 0, 0, 0, 0};
     Tensor data;
@@ -187,7 +189,7 @@ class ProcessPipeline::Run {
   void send(const Tensor& t, int to, int tag, std::vector<std::unique_ptr<Sending>>& into) {
     auto x = std::make_unique<Sending>();
     if (t.defined()) {
-      x->header[0] = 1;
+      x->header[0] = 1 | (int64_t(t.dtype()) + 1) << 8 | int64_t(t.format()) << 16;
       x->header[1] = int64_t(t.shape().size());
       for (size_t i = 0; i < t.shape().size(); ++i) x->header[2 + i] = t.shape()[i];
       // A GPU tensor goes through host memory (what the process group carries).
@@ -203,8 +205,12 @@ class ProcessPipeline::Run {
     if (!header[0]) return Tensor();
     UNETCU_CHECK(header[1] >= 1 && header[1] <= 4, "pipeline across processes: a message from stage ", from,
                  " has ", header[1], " dimensions");
+    const int64_t dtype_code = ((header[0] >> 8) & 0xff) - 1, format_code = (header[0] >> 16) & 0xff;
+    UNETCU_CHECK((header[0] & 1) && dtype_code >= 0 && dtype_code <= int64_t(DType::BF16) &&
+                     format_code <= int64_t(MemoryFormat::NHWC) && (header[1] == 4 || format_code == 0),
+                 "pipeline across processes: a message from stage ", from, " has a bad header");
     Shape shape(header + 2, header + 2 + header[1]);
-    Tensor t = Tensor::empty(shape, p_.model_->config().dtype, Device::cpu());
+    Tensor t = Tensor::empty(shape, DType(dtype_code), Device::cpu(), MemoryFormat(format_code));
     p_.pipe_->recv(t.raw(), t.nbytes(), from, tag);
     return p_.options_.device.is_cpu() ? t : t.to(p_.options_.device);
   }
