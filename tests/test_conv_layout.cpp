@@ -40,16 +40,19 @@ const std::vector<ConvCase> kCases = {
     {{3, 32, 9, 10}, {16, 32, 3, 3}, {2, 2, 1, 1}, false},
 };
 
-// The output and the gradients after each backward pass (the second accumulates), as float64
-// NCHW copies.
+// The output and the gradients after each backward pass, as float64 NCHW copies. The second
+// pass accumulates, with its output gradient scaled by kSecondScale (a power of two: exactly
+// kSecondScale times the first pass's gradient) so that the accumulated sum is led by the new
+// term, whose rounding then shows.
 struct Pass {
   Tensor y, gx, gw, gb;
 };
+constexpr double kSecondScale = 64;
 
 Tensor f64(const Tensor& t) { return t.defined() ? t.to(DType::F64).to(MemoryFormat::NCHW) : t; }
 
 // conv2d on (x, w, b) in `dtype`, x in x_format and w in w_format, back-propagating gy (given
-// float64 NCHW) twice. Checks that y and the gradients have the dtypes and formats the op
+// float64 NCHW), then kSecondScale * gy. Checks that y and the gradients have the dtypes and formats the op
 // promises.
 std::vector<Pass> run(const Tensor& x64, const Tensor& w64, const Tensor& b64, const Tensor& gy64,
                       const Conv2dOptions& opt, DType dtype, MemoryFormat x_format,
@@ -57,7 +60,7 @@ std::vector<Pass> run(const Tensor& x64, const Tensor& w64, const Tensor& b64, c
   Tensor x = x64.to(dtype).to(x_format).set_requires_grad(true);
   Tensor w = w64.to(dtype).to(w_format).set_requires_grad(true);
   Tensor b = b64.defined() ? b64.to(dtype).set_requires_grad(true) : Tensor();
-  const Tensor gy = gy64.to(dtype).to(x_format);
+  const Tensor gys[2] = {gy64.to(dtype).to(x_format), scale(gy64, kSecondScale).to(dtype).to(x_format)};
   std::vector<Pass> passes;
   for (int pass = 0; pass < 2; ++pass) {
     Tape tape;
@@ -68,7 +71,7 @@ std::vector<Pass> run(const Tensor& x64, const Tensor& w64, const Tensor& b64, c
     }
     CHECK(y.dtype() == dtype);
     CHECK(y.format() == x_format);
-    tape.backward({y}, {gy});
+    tape.backward({y}, {gys[pass]});
     CHECK(x.grad().dtype() == dtype);
     CHECK(x.grad().format() == x_format);
     CHECK(w.grad().dtype() == dtype);
@@ -171,8 +174,10 @@ TEST_CASE("conv2d bfloat16 equals the float32 op on the same bf16-rounded inputs
   // plus |b|; of |dy| with |w| or |x|), computed in float64. The bfloat16 op rounds its float32
   // result once to 8 significant bits: relative error at most u = 2^-8. So per element
   //   |got - want| <= u |want| + (1 + u) 2 K 2^-24 A.
-  // The second backward accumulates: got2 = bf16(float(got1) + s) with s the float32 sum, against
-  // want2 = got1 + want's gradient, which adds one float32 rounding of the sum (2^-24 |want2|).
+  // The second backward accumulates (its output gradient scaled by kSecondScale): got2 =
+  // bf16(float(got1) + s) with s the float32 sum, against want2 = got1 + kSecondScale times
+  // want's first gradient (A scaled alike), which adds one float32 rounding of the sum
+  // (2^-24 |want2|). A second rounding (of s before the sum) would show: s leads the sum.
   // The bound used, for every output: (u + 2^-22) |want| + 2.1 K 2^-24 A. Every element must
   // stay within it, and the worst element must come near it (above a quarter: a float32 result
   // that was never rounded to bfloat16 would stay near 2^-16 of it).
@@ -252,17 +257,20 @@ TEST_CASE("conv2d bfloat16 equals the float32 op on the same bf16-rounded inputs
         // Pass 1: written; pass 2: accumulated onto pass 1's bfloat16 gradient.
         for (int p = 0; p < 2; ++p) {
           CAPTURE(p);
-          auto expected = [&](const Tensor& pass_grad_want, const Tensor& prev_got) {
-            if (p == 0) return pass_grad_want;
-            Tensor e = pass_grad_want.clone();
-            for (int64_t i = 0; i < e.numel(); ++i) e.set(i, e.at(i) + prev_got.at(i));
+          // want's second pass holds two of its own passes; its one-pass gradient is pass 1's.
+          const double s = p == 0 ? 1 : kSecondScale;
+          auto expected = [&](const Tensor& one_pass_want, const Tensor& prev_got) {
+            Tensor e = scale(one_pass_want, s);
+            if (p == 1)
+              for (int64_t i = 0; i < e.numel(); ++i) e.set(i, e.at(i) + prev_got.at(i));
             return e;
           };
-          // want's second pass holds two of its own passes; its one-pass gradient is pass 1.
           const Tensor gx_want = expected(want[0].gx, got[0].gx);
           const Tensor gw_want = expected(want[0].gw, got[0].gw);
-          const double rx = worst_ratio(got[p].gx, gx_want, bound(gx_want, abs_sums[0].gx, K_x));
-          const double rw = worst_ratio(got[p].gw, gw_want, bound(gw_want, abs_sums[0].gw, K_w));
+          const double rx =
+              worst_ratio(got[p].gx, gx_want, bound(gx_want, scale(abs_sums[0].gx, s), K_x));
+          const double rw =
+              worst_ratio(got[p].gw, gw_want, bound(gw_want, scale(abs_sums[0].gw, s), K_w));
           CAPTURE(rx);
           CAPTURE(rw);
           CHECK(rx <= 1);
@@ -271,7 +279,8 @@ TEST_CASE("conv2d bfloat16 equals the float32 op on the same bf16-rounded inputs
           CHECK(rw > 0.25);
           if (c.bias) {
             const Tensor gb_want = expected(want[0].gb, got[0].gb);
-            const double rb = worst_ratio(got[p].gb, gb_want, bound(gb_want, abs_sums[0].gb, K_w));
+            const double rb =
+                worst_ratio(got[p].gb, gb_want, bound(gb_want, scale(abs_sums[0].gb, s), K_w));
             CAPTURE(rb);
             CHECK(rb <= 1);
           }
