@@ -1,9 +1,9 @@
 // CUDA convolution through cuDNN. For each (device, geometry, dtype, memory format, TF32
-// setting, deterministic setting) the descriptors are built once and each direction's algorithm is chosen once, then
-// kept: from the on-disk cache of earlier processes' choices (runtime/algo_cache.h), else by
-// cudnnFind*AlgorithmEx (measured on the real shapes), whose choice is then added to that
-// cache. The chosen algorithm's workspace comes from the caching device allocator for each
-// call: no fixed per-layer cap.
+// setting, deterministic setting) the descriptors are built once and each direction's
+// algorithm is chosen once, then kept: from the on-disk cache of earlier processes' choices
+// (runtime/algo_cache.h), else by cudnnFind*AlgorithmEx (measured on the real shapes), whose
+// choice is then added to that cache. The chosen algorithm's workspace comes from the caching
+// device allocator for each call: no fixed per-layer cap.
 //
 // Which algorithms may be chosen:
 //  - deterministic setting (cuda::set_deterministic: the CUDA tests, unet_train
@@ -471,10 +471,11 @@ void conv2d_backward(const TensorRef& grad_y, const TensorRef& x, const TensorRe
   const bool tf32 = unetcu::cuda::allow_tf32(), det = unetcu::cuda::deterministic();
   const Data data{x.dtype(), x.format()};
   Plan& p = plan_for(dev, g, data, tf32, det);
-  // The filter, and the filter gradient, in x's format: a grad_w in the other format is
-  // written here in x's format and then converted into grad_w with beta_w.
+  // The filter, and the filter gradient, in x's format. A grad_w in the other format is
+  // copied into x's format when it is accumulated into (beta_w = 1), cuDNN writes or
+  // accumulates there (one rounding), and the result is copied back (a layout change only).
   const InFormat wx(grad_x.defined() ? w : TensorRef(), x.format(), dev, true);
-  const InFormat gwx(grad_w, x.format(), dev, false);
+  const InFormat gwx(grad_w, x.format(), dev, beta_w != 0);
   const bool gw_converted = gwx.copy != nullptr;
   const float one = 1;
   {
@@ -492,7 +493,7 @@ void conv2d_backward(const TensorRef& grad_y, const TensorRef& x, const TensorRe
       auto& c = chosen<BackwardFilter>(p, h.handle(), dev, g, tf32, det, x.raw(), grad_y.raw(),
                                        nullptr, w.nbytes());
       unetcu::cuda::DeviceBuffer ws(dev, c.workspace);
-      const float bw = gw_converted ? 0.f : float(beta_w);
+      const float bw = float(beta_w);
       CUDNN_CHECK(cudnnConvolutionBackwardFilter(h.handle(), &one, p.x.d, x.raw(), p.y.d,
                                                  grad_y.raw(), c.conv.d, c.algo, ws.get(),
                                                  c.workspace, &bw, p.w.d, gwx.ref.raw()));
@@ -507,7 +508,7 @@ void conv2d_backward(const TensorRef& grad_y, const TensorRef& x, const TensorRe
                                                c.workspace, &bx, p.x.d, grad_x.raw()));
     }
   }
-  if (gw_converted) convert(gwx.ref, grad_w, beta_w);
+  if (gw_converted) convert(gwx.ref, grad_w, 0);
   CUDA_CHECK_LAUNCH(l.stream, "conv2d_backward");
 }
 
