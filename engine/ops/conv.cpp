@@ -1,5 +1,10 @@
 // conv2d: autograd glue. Gradients: weight/bias/input grads follow the tape's rule (written
 // into a fresh buffer, accumulated into an existing one); the kernels take that beta.
+//
+// dtypes: x, w, b and y share one: float32, float64 (CPU) or bfloat16 (float32 accumulation,
+// rounded once on store). Formats: x NCHW or NHWC, and y takes x's; w [O, I, KH, KW] OIHW
+// (NCHW) or OHWI (NHWC, what cuDNN's channels-last tensor-core kernels read), in either case;
+// b 1-D. Each gradient has its tensor's dtype and format (the tape makes them so).
 #include "engine/ops.h"
 #include "engine/ops/op_util.h"
 #include "kernels/launchers.h"
@@ -8,7 +13,7 @@ namespace unetcu {
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOptions& opt) {
   using namespace ops_detail;
-  check_backend("conv2d", x);
+  check_backend("conv2d", x, Accepts{true, true});
   check_ndim("conv2d", x, 4, "input");
   check_ndim("conv2d", w, 4, "weight");
   check_same_dtype_device("conv2d", x, w);
@@ -31,7 +36,7 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOpt
   g.sh = opt.stride_h, g.sw = opt.stride_w, g.ph = opt.pad_h, g.pw = opt.pad_w;
   g.OH = kernels::window_out_size(g.H, g.kh, g.sh, g.ph, 1);
   g.OW = kernels::window_out_size(g.W, g.kw, g.sw, g.pw, 1);
-  Tensor y = Tensor::empty({g.N, g.O, g.OH, g.OW}, x.dtype(), x.device());
+  Tensor y = Tensor::empty({g.N, g.O, g.OH, g.OW}, x.dtype(), x.device(), x.format());
   const double flops = kernels::conv2d_flops(g, b.defined());
   const double bytes = ops_detail::bytes_of({&x, &w, &b, &y});
   {

@@ -1,4 +1,9 @@
-// CPU convolution: im2col + GEMM (OpenBLAS), two strategies.
+// CPU convolution. Float32 and bfloat16 run on oneDNN where the build has it (conv_dnnl.h,
+// either memory format); float64, and whatever oneDNN does not take, runs here on im2col +
+// GEMM (OpenBLAS) in NCHW, other dtypes and formats converted to it and back (the end of this
+// file).
+//
+// im2col + GEMM, two strategies.
 //
 // Banded (large output planes): the work items are (sample, band of output rows). Each OpenMP
 // thread builds the column matrix of its band in its own workspace, sized to stay in cache,
@@ -20,6 +25,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -27,7 +33,9 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/launchers.h"
 #include "kernels/cpu/workspace.h"
+#include "kernels/bodies/bf16.h"
 #include "kernels/bodies/elementwise.h"
+#include "kernels/bodies/layout.h"
 
 namespace unetcu::kernels::cpu {
 namespace {
@@ -385,6 +393,111 @@ void backward_impl(const T* gy, const T* x, const T* w, T* gx, T beta_x, T* gw, 
     backward_grouped(gy, x, w, gx, beta_x, gw, beta_w, g);
 }
 
+// ---- bfloat16 and NHWC on the paths above ---------------------------------------------
+//
+// The im2col path reads float32 or float64 NCHW/OIHW. Other tensors (bfloat16, NHWC, OHWI)
+// are converted to float32 NCHW (float64 for float64 tensors) in per-thread staging buffers,
+// run on the float32/float64 path (oneDNN or im2col, whichever is on), and the results
+// converted back: bfloat16 results are rounded once, and an accumulated gradient is added to
+// its tensor in float32 (float64) and rounded once, by the convert launcher. Slower than a
+// kernel that reads them, but the same arithmetic on every CPU.
+
+enum class Staged { X, W, B, Y, GradX, GradW, Count };
+
+void* staged_bytes(Staged slot, size_t bytes) {
+  struct Buffer {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+    ~Buffer() { std::free(ptr); }
+  };
+  static thread_local Buffer buffers[int(Staged::Count)];
+  Buffer& b = buffers[int(slot)];
+  if (b.bytes < bytes) {
+    std::free(b.ptr);
+    b.bytes = 0;
+    b.ptr = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!b.ptr) throw Error(str_cat("out of host memory for a ", bytes, "-byte conv staging buffer"));
+    b.bytes = bytes;
+  }
+  return b.ptr;
+}
+
+// A staging tensor of t's shape in `type`, NCHW (uninitialised), and one holding t's values.
+TensorRef staged_like(Staged slot, const TensorRef& t, DType type) {
+  void* p = staged_bytes(slot, size_t(t.numel()) * dtype_size(type));
+  return TensorRef(p, type, t.device(), t.shape(), MemoryFormat::NCHW);
+}
+TensorRef staged_copy(Staged slot, const TensorRef& t, DType type) {
+  TensorRef r = staged_like(slot, t, type);
+  convert(t, r, 0);
+  return r;
+}
+
+DType compute_type(const TensorRef& x) { return x.dtype() == DType::F64 ? DType::F64 : DType::F32; }
+
+// float32/float64 NCHW x and OIHW w: what im2col reads.
+bool plain(const TensorRef& x, const TensorRef& w) {
+  return x.dtype() != DType::BF16 && !x.nhwc() && !w.nhwc();
+}
+
+// oneDNN is tried first for float32, and for bfloat16 where it has bfloat16 kernels.
+bool onednn_takes(const TensorRef& x) {
+  if (cpu_conv_impl() != CpuConvImpl::OneDnn) return false;
+  return x.dtype() == DType::F32 || (x.dtype() == DType::BF16 && onednn_bf16_usable());
+}
+
+// gb[c] = sum of gy over n, h, w (in float64), written or accumulated (in gb's compute type,
+// rounded once) by beta; for gy in either format.
+template <class S>
+void bias_grad(const S* gy, const Dims4& d, S* gb, double beta) {
+  const int64_t C = d.C, HW = d.H * d.W;
+  std::vector<double> sums(size_t(C), 0.0);
+  if (!d.nhwc) {
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < C; ++c) {
+      double acc = 0;
+      for (int64_t n = 0; n < d.N; ++n) {
+        const S* p = gy + (n * C + c) * HW;
+        for (int64_t q = 0; q < HW; ++q) acc += double(acc_t<S>(p[q]));
+      }
+      sums[size_t(c)] = acc;
+    }
+  } else {
+    // Pixels are shared out among the threads, each summing into its own row of partials;
+    // the rows are added in thread order, so a given thread count gives the same bits.
+    const int threads = omp_get_max_threads();
+    const int64_t pixels = d.N * HW;
+    std::vector<double> partial(size_t(threads) * size_t(C), 0.0);
+#pragma omp parallel num_threads(threads)
+    {
+      double* mine = partial.data() + size_t(omp_get_thread_num()) * size_t(C);
+#pragma omp for schedule(static)
+      for (int64_t p = 0; p < pixels; ++p) {
+        const S* row = gy + p * C;
+        for (int64_t c = 0; c < C; ++c) mine[c] += double(acc_t<S>(row[c]));
+      }
+    }
+    for (int t = 0; t < threads; ++t)
+      for (int64_t c = 0; c < C; ++c) sums[size_t(c)] += partial[size_t(t) * size_t(C) + size_t(c)];
+  }
+  using A = acc_t<S>;
+  for (int64_t c = 0; c < C; ++c) {
+    const A v = A(sums[size_t(c)]);
+    gb[c] = to_storage<S>(beta != 0 ? A(acc_t<S>(gb[c])) + v : v);
+  }
+}
+
+void bias_grad(const TensorRef& grad_y, const TensorRef& grad_b, double beta, const ConvGeometry& g) {
+  if (plain(grad_y, grad_y)) {  // float32/float64 NCHW: the sum of backward_impl
+    UNETCU_DISPATCH_FLOAT(grad_y.dtype(), T,
+                          backward_impl<T>(grad_y.data<T>(), nullptr, nullptr, nullptr, T(0),
+                                           nullptr, T(0), grad_b.data<T>(), T(beta), g));
+    return;
+  }
+  UNETCU_DISPATCH_STORAGE(grad_y.dtype(), S,
+                          bias_grad(grad_y.data<S>(), grad_y.dims4(), grad_b.data<S>(), beta));
+}
+
 }  // namespace
 
 bool conv2d_uses_bands(const ConvGeometry& g, DType dtype) {
@@ -393,41 +506,50 @@ bool conv2d_uses_bands(const ConvGeometry& g, DType dtype) {
 
 void conv2d_forward(const TensorRef& x, const TensorRef& w, const TensorRef& b, const TensorRef& y,
                     const ConvGeometry& g) {
-  if (x.dtype() == DType::F32 && cpu_conv_impl() == CpuConvImpl::OneDnn &&
-      onednn_conv2d_forward(x.data<float>(), w.data<float>(),
-                            b.defined() ? b.data<float>() : nullptr, y.data<float>(), g))
+  if (onednn_takes(x) && onednn_conv2d_forward(x, w, b, y, g)) return;
+  if (plain(x, w)) {
+    UNETCU_DISPATCH_FLOAT(x.dtype(), T, forward_impl<T>(x.data<T>(), w.data<T>(),
+                                                        b.defined() ? b.data<T>() : nullptr,
+                                                        y.data<T>(), g));
     return;
-  UNETCU_DISPATCH_FLOAT(x.dtype(), T, forward_impl<T>(x.data<T>(), w.data<T>(),
-                                                      b.defined() ? b.data<T>() : nullptr,
-                                                      y.data<T>(), g));
+  }
+  const DType ct = compute_type(x);
+  const TensorRef xs = staged_copy(Staged::X, x, ct), ws = staged_copy(Staged::W, w, ct);
+  const TensorRef bs = b.defined() ? staged_copy(Staged::B, b, ct) : TensorRef();
+  const TensorRef ys = staged_like(Staged::Y, y, ct);
+  conv2d_forward(xs, ws, bs, ys, g);  // plain: oneDNN float32 or im2col
+  convert(ys, y, 0);
 }
 
 void conv2d_backward(const TensorRef& grad_y, const TensorRef& x, const TensorRef& w,
                      const TensorRef& grad_x, double beta_x, const TensorRef& grad_w, double beta_w,
                      const TensorRef& grad_b, double beta_b, const ConvGeometry& g) {
-  if (x.dtype() == DType::F32 && cpu_conv_impl() == CpuConvImpl::OneDnn &&
-      (grad_x.defined() || grad_w.defined())) {
-    // The bias gradient is a plain sum over dY here; oneDNN does the data and weight gradients.
-    if (grad_b.defined())
-      backward_impl<float>(grad_y.data<float>(), x.data<float>(), w.data<float>(), nullptr, 0.f,
-                           nullptr, 0.f, grad_b.data<float>(), float(beta_b), g);
-    if (onednn_conv2d_backward(grad_y.data<float>(), x.data<float>(), w.data<float>(),
-                               grad_x.defined() ? grad_x.data<float>() : nullptr, float(beta_x),
-                               grad_w.defined() ? grad_w.data<float>() : nullptr, float(beta_w),
-                               g))
-      return;
-    backward_impl<float>(grad_y.data<float>(), x.data<float>(), w.data<float>(),
-                         grad_x.defined() ? grad_x.data<float>() : nullptr, float(beta_x),
-                         grad_w.defined() ? grad_w.data<float>() : nullptr, float(beta_w),
-                         nullptr, 0.f, g);
+  const bool data_or_weights = grad_x.defined() || grad_w.defined();
+  if (data_or_weights && onednn_takes(x) &&
+      onednn_conv2d_backward(grad_y, x, w, grad_x, beta_x, grad_w, beta_w, g)) {
+    // The bias gradient is a plain sum over dY here; oneDNN did the data and weight gradients.
+    if (grad_b.defined()) bias_grad(grad_y, grad_b, beta_b, g);
     return;
   }
-  UNETCU_DISPATCH_FLOAT(
-      x.dtype(), T,
-      backward_impl<T>(grad_y.data<T>(), x.data<T>(), w.data<T>(),
-                       grad_x.defined() ? grad_x.data<T>() : nullptr, T(beta_x),
-                       grad_w.defined() ? grad_w.data<T>() : nullptr, T(beta_w),
-                       grad_b.defined() ? grad_b.data<T>() : nullptr, T(beta_b), g));
+  if (plain(x, w)) {
+    UNETCU_DISPATCH_FLOAT(
+        x.dtype(), T,
+        backward_impl<T>(grad_y.data<T>(), x.data<T>(), w.data<T>(),
+                         grad_x.defined() ? grad_x.data<T>() : nullptr, T(beta_x),
+                         grad_w.defined() ? grad_w.data<T>() : nullptr, T(beta_w),
+                         grad_b.defined() ? grad_b.data<T>() : nullptr, T(beta_b), g));
+    return;
+  }
+  if (grad_b.defined()) bias_grad(grad_y, grad_b, beta_b, g);
+  if (!data_or_weights) return;
+  const DType ct = compute_type(x);
+  const TensorRef gys = staged_copy(Staged::Y, grad_y, ct);
+  const TensorRef xs = staged_copy(Staged::X, x, ct), ws = staged_copy(Staged::W, w, ct);
+  const TensorRef gxs = grad_x.defined() ? staged_like(Staged::GradX, grad_x, ct) : TensorRef();
+  const TensorRef gws = grad_w.defined() ? staged_like(Staged::GradW, grad_w, ct) : TensorRef();
+  conv2d_backward(gys, xs, ws, gxs, 0, gws, 0, TensorRef(), 0, g);  // plain, written
+  if (grad_x.defined()) convert(gxs, grad_x, beta_x);
+  if (grad_w.defined()) convert(gws, grad_w, beta_w);
 }
 
 }  // namespace unetcu::kernels::cpu

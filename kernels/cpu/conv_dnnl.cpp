@@ -1,8 +1,9 @@
-// Float32 convolution on oneDNN; see conv_dnnl.h. Per (geometry, thread count) and per host
-// thread, one plan holds the three primitive descriptors (forward, backward data, backward
-// weights, the backward ones hinted by the forward's), their primitives and the reorders
-// between the engine's NCHW / OIHW tensors and the layouts the primitives chose. Blocked copies
-// and oneDNN's scratchpad live in the per-thread workspace (no allocation per call).
+// Convolution on oneDNN; see conv_dnnl.h. Per (geometry, dtype, memory formats, thread count,
+// bfloat16-input setting) and per host thread, one plan holds the primitive descriptors
+// (forward, backward data, backward weights, the backward ones hinted by the forward's), their
+// primitives and the reorders between the tensors as the engine holds them (nchw or nhwc,
+// oihw or ohwi; float32 or bfloat16) and the layouts and types the primitives chose. Blocked
+// copies and oneDNN's scratchpad live in the per-thread workspace (no allocation per call).
 #include "kernels/cpu/conv_dnnl.h"
 
 #include <omp.h>
@@ -13,7 +14,9 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <vector>
 
+#include "kernels/bodies/bf16.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/workspace.h"
 #include "runtime/common.h"
@@ -37,6 +40,9 @@ CpuConvImpl& impl_ref() {
   return impl;
 }
 
+std::atomic<bool> g_bf16{false};
+std::atomic<bool> g_bf16_allowed{true};
+
 }  // namespace
 
 bool onednn_built() {
@@ -49,12 +55,6 @@ bool onednn_built() {
 
 CpuConvImpl cpu_conv_impl() { return impl_ref(); }
 
-namespace {
-std::atomic<bool> g_bf16{false};
-}  // namespace
-
-bool onednn_bf16_supported();  // below, where oneDNN is included
-
 void set_cpu_conv_bf16(bool on) {
   UNETCU_CHECK(!on || onednn_built(), "bfloat16 convolutions on the CPU need oneDNN (install libdnnl-dev "
                                       "and rebuild)");
@@ -63,6 +63,11 @@ void set_cpu_conv_bf16(bool on) {
   g_bf16 = on;
 }
 bool cpu_conv_bf16() { return g_bf16; }
+
+void set_onednn_bf16_allowed(bool allowed) { g_bf16_allowed = allowed; }
+bool onednn_bf16_usable() {
+  return cpu_conv_impl() == CpuConvImpl::OneDnn && g_bf16_allowed && onednn_bf16_supported();
+}
 
 void set_cpu_conv_impl(CpuConvImpl impl) {
   UNETCU_CHECK(impl == CpuConvImpl::Im2col || onednn_built(),
@@ -75,11 +80,12 @@ void set_cpu_conv_impl(CpuConvImpl impl) {
 bool onednn_bf16_supported() { return false; }
 
 std::string cpu_conv_line() { return "im2col + GEMM"; }
-bool onednn_conv2d_forward(const float*, const float*, const float*, float*, const ConvGeometry&) {
+bool onednn_conv2d_forward(const TensorRef&, const TensorRef&, const TensorRef&, const TensorRef&,
+                           const ConvGeometry&) {
   return false;
 }
-bool onednn_conv2d_backward(const float*, const float*, const float*, float*, float, float*, float,
-                            const ConvGeometry&) {
+bool onednn_conv2d_backward(const TensorRef&, const TensorRef&, const TensorRef&, const TensorRef&,
+                            double, const TensorRef&, double, const ConvGeometry&) {
   return false;
 }
 
@@ -89,8 +95,7 @@ namespace {
 
 using dnnl::memory;
 using tag = dnnl::memory::format_tag;
-constexpr auto f32 = dnnl::memory::data_type::f32;
-constexpr auto bf16 = dnnl::memory::data_type::bf16;
+using dtype = dnnl::memory::data_type;
 
 const dnnl::engine& cpu_engine() {
   static const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
@@ -102,80 +107,152 @@ dnnl::stream& cpu_stream() {
   return s;
 }
 
-// A tensor in the engine's layout and in the layout a primitive wants, with the reorder
-// between them when they differ (into the primitive's layout for inputs, out of it for outputs).
+// What the tensors of one convolution are: their dtype (float32 or bfloat16), x's format
+// (also y's and the gradients'), w's format, and whether float32 tensors are read as bfloat16
+// (set_cpu_conv_bf16).
+struct Setup {
+  DType type;
+  bool x_nhwc, w_nhwc, half;
+
+  dtype user_type() const { return type == DType::BF16 ? dtype::bf16 : dtype::f32; }
+  // What the primitives read: activations, weights, output gradients.
+  dtype input_type() const { return type == DType::BF16 || half ? dtype::bf16 : dtype::f32; }
+  tag act_tag() const { return x_nhwc ? tag::nhwc : tag::nchw; }
+  tag wei_tag() const { return w_nhwc ? tag::ohwi : tag::oihw; }
+  // The layouts the primitives are asked for, best first: NHWC activations directly (no
+  // reorder of the large tensors), else whatever oneDNN prefers (blocked).
+  std::vector<tag> act_choices() const {
+    return x_nhwc ? std::vector<tag>{tag::nhwc, tag::any} : std::vector<tag>{tag::any};
+  }
+  // float32 NCHW/OIHW: the case this file had first; its kernel choice is left as it was
+  // (oneDNN's reference kernels included). Every other case skips the reference kernels,
+  // which are far slower than the float32 NCHW fallback.
+  bool legacy() const { return type == DType::F32 && !x_nhwc && !w_nhwc; }
+};
+
+bool is_reference(const dnnl::primitive_desc_base& pd) {
+  return std::strncmp(pd.impl_info_str(), "ref", 3) == 0;
+}
+
+// An input tensor as the engine holds it and as a primitive reads it, with the reorder
+// between them when they differ (layout, or float32 rounded to bfloat16).
 struct Move {
   memory::desc user, inner;
   bool needed = false;
   dnnl::reorder prim;
 
   Move() = default;
-  Move(const memory::desc& u, const memory::desc& in, bool input) : user(u), inner(in) {
+  Move(const memory::desc& u, const memory::desc& in) : user(u), inner(in) {
     needed = u != in;
     if (!needed) return;
     const auto& e = cpu_engine();
-    prim = input ? dnnl::reorder(dnnl::reorder::primitive_desc(e, u, e, in))
-                 : dnnl::reorder(dnnl::reorder::primitive_desc(e, in, e, u));
+    prim = dnnl::reorder(dnnl::reorder::primitive_desc(e, u, e, in));
   }
 
   // The input in the primitive's layout: the user's pointer, or a reordered copy in `slot`.
-  float* in(const float* p, WorkspaceSlot slot) const {
-    if (!needed) return const_cast<float*>(p);
-    float* buf = static_cast<float*>(workspace(slot, inner.get_size()));
-    memory src(user, cpu_engine(), const_cast<float*>(p)), dst(inner, cpu_engine(), buf);
+  void* in(const void* p, WorkspaceSlot slot) const {
+    if (!needed) return const_cast<void*>(p);
+    void* buf = workspace(slot, inner.get_size());
+    memory src(user, cpu_engine(), const_cast<void*>(p)), dst(inner, cpu_engine(), buf);
     prim.execute(cpu_stream(), src, dst);
     return buf;
   }
 };
 
-// Where a primitive writes an output, and how it gets to the user's tensor: straight (layout
-// equal, written), reordered, or through a user-layout buffer that is then added (beta 1).
-struct Out {
-  const Move& move;
-  float* user;
-  float beta;
-  float* target = nullptr;    // what the primitive writes
-  float* staging = nullptr;   // user layout, when accumulating
+// An output: what the primitive writes (inner) and the tensor (user). Written: straight into
+// the tensor when the two agree, else through a reorder (which rounds a float32 result to a
+// bfloat16 tensor once). Accumulated (beta 1): the primitive's float32 result is brought to
+// the tensor's layout in float32 (stage), then added to the tensor in float32 and rounded
+// once to its dtype.
+struct OutMove {
+  memory::desc user, inner, stage;
+  bool to_user_needed = false, to_stage_needed = false;
+  dnnl::reorder to_user, to_stage;
 
-  Out(const Move& m, float* u, float b, WorkspaceSlot inner_slot) : move(m), user(u), beta(b) {
-    if (beta != 0) staging = static_cast<float*>(workspace(WorkspaceSlot::OnednnAccum, m.user.get_size()));
-    if (move.needed)
-      target = static_cast<float*>(workspace(inner_slot, m.inner.get_size()));
-    else
-      target = staging ? staging : user;
+  OutMove() = default;
+  OutMove(const memory::dims& dims, dtype user_type, tag user_tag, const memory::desc& in)
+      : user(dims, user_type, user_tag), inner(in), stage(dims, dtype::f32, user_tag) {
+    const auto& e = cpu_engine();
+    to_user_needed = user != inner;
+    if (to_user_needed) to_user = dnnl::reorder(dnnl::reorder::primitive_desc(e, inner, e, user));
+    to_stage_needed = stage != inner;
+    if (to_stage_needed && inner.data_type() == dtype::f32)
+      to_stage = dnnl::reorder(dnnl::reorder::primitive_desc(e, inner, e, stage));
+  }
+};
+
+struct Out {
+  const OutMove& move;
+  void* user;
+  DType type;
+  bool accumulate;
+  void* target = nullptr;    // what the primitive writes
+  float* staging = nullptr;  // the tensor's layout in float32, when accumulating
+
+  Out(const OutMove& m, void* u, DType t, double beta, WorkspaceSlot inner_slot)
+      : move(m), user(u), type(t), accumulate(beta != 0) {
+    if (accumulate) {
+      // The plans give an accumulated output a float32 primitive result (one rounding).
+      UNETCU_CHECK(m.inner.data_type() == dtype::f32, "oneDNN convolution: an accumulated "
+                   "output must be computed in float32");
+      staging = static_cast<float*>(workspace(WorkspaceSlot::OnednnAccum, m.stage.get_size()));
+      target = m.to_stage_needed ? workspace(inner_slot, m.inner.get_size()) : staging;
+    } else {
+      target = m.to_user_needed ? workspace(inner_slot, m.inner.get_size()) : user;
+    }
   }
 
   void finish() {
-    float* dst = staging ? staging : user;
-    if (move.needed) {
-      memory src(move.inner, cpu_engine(), target), out(move.user, cpu_engine(), dst);
-      move.prim.execute(cpu_stream(), src, out);
+    const auto& e = cpu_engine();
+    if (!accumulate) {
+      if (move.to_user_needed) {
+        memory src(move.inner, e, target), dst(move.user, e, user);
+        move.to_user.execute(cpu_stream(), src, dst);
+      }
+      return;
     }
-    if (staging) {
-      const int64_t n = int64_t(move.user.get_size() / sizeof(float));
-      float* u = user;
-      const float* s = staging;
+    if (move.to_stage_needed) {
+      memory src(move.inner, e, target), dst(move.stage, e, staging);
+      move.to_stage.execute(cpu_stream(), src, dst);
+    }
+    const int64_t n = int64_t(move.stage.get_size() / sizeof(float));
+    const float* s = staging;
+    if (type == DType::BF16) {
+      bf16* u = static_cast<bf16*>(user);
+      parallel_for(n, [=](int64_t i) { u[i] = bf16(float(u[i]) + s[i]); });
+    } else {
+      float* u = static_cast<float*>(user);
       parallel_for(n, [=](int64_t i) { u[i] += s[i]; });
     }
   }
 };
 
+// Backward data, in one of two variants: grad_x computed in its own dtype, or in float32 (a
+// bfloat16 grad_x that is accumulated).
+struct BackwardData {
+  bool made = false, ok = false;
+  dnnl::convolution_backward_data::primitive_desc pd;
+  dnnl::convolution_backward_data prim;
+  Move dy, w;
+  OutMove dx;
+};
+
 struct Plan {
+  Setup setup{};
   bool ok = false;
+  tag act = tag::any;  // the layout the forward was made with; the backward asks for it too
   dnnl::convolution_forward::primitive_desc fwd_pd;
   dnnl::convolution_forward fwd;
-  Move fwd_src, fwd_w, fwd_dst;
+  Move fwd_src, fwd_w;
+  OutMove fwd_dst;
   bool bias = false;
   // Backward, made on first use (validation never needs it).
-  bool bwd_made = false, bwd_ok = false;
-  dnnl::convolution_backward_data::primitive_desc bwd_d_pd;
-  dnnl::convolution_backward_data bwd_d;
-  Move bwd_d_dy, bwd_d_w, bwd_d_dx;
+  BackwardData bwd_d[2];
+  bool bwd_w_made = false, bwd_w_ok = false;
   dnnl::convolution_backward_weights::primitive_desc bwd_w_pd;
   dnnl::convolution_backward_weights bwd_w;
-  Move bwd_w_dy, bwd_w_x, bwd_w_dw;
-  bool share_dy = false;  // both backward primitives read dY in one layout
-  bool bf16 = false;      // inputs rounded to bfloat16 (set_cpu_conv_bf16)
+  Move bwd_w_dy, bwd_w_x;
+  OutMove bwd_w_dw;
 };
 
 struct Dims {
@@ -187,7 +264,6 @@ struct Dims {
         strides{g.sh, g.sw},
         pad_l{g.ph, g.pw},
         pad_r{g.ph, g.pw} {}
-  memory::desc any(const memory::dims& d, memory::data_type t = f32) const { return memory::desc(d, t, tag::any); }
 };
 
 dnnl::primitive_attr user_scratchpad() {
@@ -201,71 +277,100 @@ bool geometry_fits(const ConvGeometry& g) {
   return g.OH == (g.H + 2 * g.ph - g.kh) / g.sh + 1 && g.OW == (g.W + 2 * g.pw - g.kw) / g.sw + 1;
 }
 
-Plan& plan_for(const ConvGeometry& g, bool bias) {
-  using Key = std::array<int64_t, 16>;
+Plan& plan_for(const ConvGeometry& g, bool bias, const Setup& s) {
+  using Key = std::array<int64_t, 19>;
   static thread_local std::map<Key, std::unique_ptr<Plan>> plans;
-  const bool half = cpu_conv_bf16();
   const Key key{g.N, g.C, g.H, g.W, g.O, g.OH, g.OW, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw,
-                int64_t(bias), int64_t(omp_get_max_threads()), int64_t(half)};
+                int64_t(bias), int64_t(omp_get_max_threads()), int64_t(s.half), int64_t(s.type),
+                int64_t(s.x_nhwc), int64_t(s.w_nhwc)};
   auto it = plans.find(key);
   if (it != plans.end()) return *it->second;
   auto plan = std::make_unique<Plan>();
+  plan->setup = s;
   plan->bias = bias;
-  plan->bf16 = half;
   if (geometry_fits(g)) {
     const Dims d(g);
-    // Mixed precision: inputs in bf16 (the Moves round the float32 tensors), output float32.
-    const auto in_t = half ? bf16 : f32;
-    try {
-      const memory::desc bias_md = bias ? memory::desc({g.O}, f32, tag::x) : memory::desc();
-      dnnl::convolution_forward::desc desc(dnnl::prop_kind::forward_training,
-                                           dnnl::algorithm::convolution_direct, d.any(d.src, in_t),
-                                           d.any(d.wei, in_t), bias_md, d.any(d.dst), d.strides,
-                                           d.pad_l, d.pad_r);
-      plan->fwd_pd = dnnl::convolution_forward::primitive_desc(desc, user_scratchpad(), cpu_engine());
-      plan->fwd = dnnl::convolution_forward(plan->fwd_pd);
-      plan->fwd_src = Move(memory::desc(d.src, f32, tag::nchw), plan->fwd_pd.src_desc(), true);
-      plan->fwd_w = Move(memory::desc(d.wei, f32, tag::oihw), plan->fwd_pd.weights_desc(), true);
-      plan->fwd_dst = Move(memory::desc(d.dst, f32, tag::nchw), plan->fwd_pd.dst_desc(), false);
-      plan->ok = true;
-    } catch (const dnnl::error&) {
-      plan->ok = false;  // no oneDNN kernel: im2col runs this geometry
+    const dtype in_t = s.input_type(), out_t = s.user_type();
+    const memory::desc bias_md = bias ? memory::desc({g.O}, dtype::f32, tag::x) : memory::desc();
+    for (tag act : s.act_choices()) {
+      try {
+        dnnl::convolution_forward::desc desc(
+            dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
+            memory::desc(d.src, in_t, act), memory::desc(d.wei, in_t, tag::any), bias_md,
+            memory::desc(d.dst, out_t, act), d.strides, d.pad_l, d.pad_r);
+        dnnl::convolution_forward::primitive_desc pd(desc, user_scratchpad(), cpu_engine());
+        if (!s.legacy() && is_reference(pd)) continue;
+        plan->fwd_pd = pd;
+        plan->fwd = dnnl::convolution_forward(pd);
+        plan->fwd_src = Move(memory::desc(d.src, out_t, s.act_tag()), pd.src_desc());
+        plan->fwd_w = Move(memory::desc(d.wei, out_t, s.wei_tag()), pd.weights_desc());
+        plan->fwd_dst = OutMove(d.dst, out_t, s.act_tag(), pd.dst_desc());
+        plan->act = act;
+        plan->ok = true;
+        break;
+      } catch (const dnnl::error&) {
+        // no oneDNN kernel for this layout: the next choice, or another path runs this case
+      }
     }
   }
   return *plans.emplace(key, std::move(plan)).first->second;
 }
 
-void make_backward(Plan& p, const ConvGeometry& g) {
-  p.bwd_made = true;
-  if (!p.ok) return;
+// grad_x in float32 (variant 1) or in its own dtype (variant 0).
+BackwardData& backward_data(Plan& p, const ConvGeometry& g, int variant) {
+  BackwardData& b = p.bwd_d[variant];
+  if (b.made) return b;
+  b.made = true;
+  if (!p.ok) return b;
+  const Setup& s = p.setup;
   const Dims d(g);
-  const auto in_t = p.bf16 ? bf16 : f32;  // what the primitives read: weights, dY, X
+  const dtype in_t = s.input_type(), user_t = s.user_type();
+  const dtype dx_t = variant == 1 ? dtype::f32 : user_t;
   try {
-    dnnl::convolution_backward_data::desc dd(dnnl::algorithm::convolution_direct, d.any(d.src),
-                                             d.any(d.wei, in_t), d.any(d.dst, in_t), d.strides, d.pad_l,
-                                             d.pad_r);
-    p.bwd_d_pd = dnnl::convolution_backward_data::primitive_desc(dd, user_scratchpad(),
-                                                                 cpu_engine(), p.fwd_pd);
-    p.bwd_d = dnnl::convolution_backward_data(p.bwd_d_pd);
-    dnnl::convolution_backward_weights::desc wd(dnnl::algorithm::convolution_direct,
-                                                d.any(d.src, in_t), d.any(d.wei), d.any(d.dst, in_t),
-                                                d.strides, d.pad_l, d.pad_r);
-    p.bwd_w_pd = dnnl::convolution_backward_weights::primitive_desc(wd, user_scratchpad(),
-                                                                    cpu_engine(), p.fwd_pd);
-    p.bwd_w = dnnl::convolution_backward_weights(p.bwd_w_pd);
-    const memory::desc src(d.src, f32, tag::nchw), wei(d.wei, f32, tag::oihw),
-        dst(d.dst, f32, tag::nchw);
-    p.bwd_d_dy = Move(dst, p.bwd_d_pd.diff_dst_desc(), true);
-    p.bwd_d_w = Move(wei, p.bwd_d_pd.weights_desc(), true);
-    p.bwd_d_dx = Move(src, p.bwd_d_pd.diff_src_desc(), false);
-    p.bwd_w_dy = Move(dst, p.bwd_w_pd.diff_dst_desc(), true);
-    p.bwd_w_x = Move(src, p.bwd_w_pd.src_desc(), true);
-    p.bwd_w_dw = Move(wei, p.bwd_w_pd.diff_weights_desc(), false);
-    p.share_dy = p.bwd_d_pd.diff_dst_desc() == p.bwd_w_pd.diff_dst_desc();
-    p.bwd_ok = true;
+    dnnl::convolution_backward_data::desc desc(
+        dnnl::algorithm::convolution_direct, memory::desc(d.src, dx_t, p.act),
+        memory::desc(d.wei, in_t, tag::any), memory::desc(d.dst, in_t, p.act), d.strides, d.pad_l,
+        d.pad_r);
+    b.pd = dnnl::convolution_backward_data::primitive_desc(desc, user_scratchpad(), cpu_engine(),
+                                                           p.fwd_pd);
+    if (!s.legacy() && is_reference(b.pd)) return b;
+    b.prim = dnnl::convolution_backward_data(b.pd);
+    b.dy = Move(memory::desc(d.dst, user_t, s.act_tag()), b.pd.diff_dst_desc());
+    b.w = Move(memory::desc(d.wei, user_t, s.wei_tag()), b.pd.weights_desc());
+    b.dx = OutMove(d.src, user_t, s.act_tag(), b.pd.diff_src_desc());
+    b.ok = true;
   } catch (const dnnl::error&) {
-    p.bwd_ok = false;
+    b.ok = false;
   }
+  return b;
+}
+
+// grad_w is computed in float32 whatever w's dtype: a bfloat16 grad_w is rounded once, by the
+// reorder into the tensor or after it is accumulated.
+bool backward_weights(Plan& p, const ConvGeometry& g) {
+  if (p.bwd_w_made) return p.bwd_w_ok;
+  p.bwd_w_made = true;
+  if (!p.ok) return false;
+  const Setup& s = p.setup;
+  const Dims d(g);
+  const dtype in_t = s.input_type(), user_t = s.user_type();
+  try {
+    dnnl::convolution_backward_weights::desc desc(
+        dnnl::algorithm::convolution_direct, memory::desc(d.src, in_t, p.act),
+        memory::desc(d.wei, dtype::f32, tag::any), memory::desc(d.dst, in_t, p.act), d.strides,
+        d.pad_l, d.pad_r);
+    p.bwd_w_pd = dnnl::convolution_backward_weights::primitive_desc(desc, user_scratchpad(),
+                                                                    cpu_engine(), p.fwd_pd);
+    if (!s.legacy() && is_reference(p.bwd_w_pd)) return false;
+    p.bwd_w = dnnl::convolution_backward_weights(p.bwd_w_pd);
+    p.bwd_w_dy = Move(memory::desc(d.dst, user_t, s.act_tag()), p.bwd_w_pd.diff_dst_desc());
+    p.bwd_w_x = Move(memory::desc(d.src, user_t, s.act_tag()), p.bwd_w_pd.src_desc());
+    p.bwd_w_dw = OutMove(d.wei, user_t, s.wei_tag(), p.bwd_w_pd.diff_weights_desc());
+    p.bwd_w_ok = true;
+  } catch (const dnnl::error&) {
+    p.bwd_w_ok = false;
+  }
+  return p.bwd_w_ok;
 }
 
 void* scratchpad(const dnnl::primitive_desc_base& pd) {
@@ -274,6 +379,20 @@ void* scratchpad(const dnnl::primitive_desc_base& pd) {
 
 [[noreturn]] void fail(const dnnl::error& e, const char* what) {
   throw Error(str_cat("oneDNN ", what, " failed: ", e.what()));
+}
+
+Setup setup_of(const TensorRef& x, const TensorRef& w) {
+  return Setup{x.dtype(), x.nhwc(), w.nhwc(), x.dtype() == DType::F32 && cpu_conv_bf16()};
+}
+
+// The bias as the primitives read it: float32 (a bfloat16 bias widened, exactly).
+const float* bias_f32(const TensorRef& b) {
+  if (b.dtype() == DType::F32) return b.data<float>();
+  static thread_local std::vector<float> widened;
+  const bf16* src = b.data<bf16>();
+  widened.resize(size_t(b.numel()));
+  for (int64_t i = 0; i < b.numel(); ++i) widened[size_t(i)] = float(src[i]);
+  return widened.data();
 }
 
 }  // namespace
@@ -285,8 +404,8 @@ bool onednn_bf16_supported() {
       const memory::dims src{1, 16, 8, 8}, wei{16, 16, 3, 3}, dst{1, 16, 8, 8}, st{1, 1}, pad{1, 1};
       dnnl::convolution_forward::desc desc(
           dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
-          memory::desc(src, bf16, tag::any), memory::desc(wei, bf16, tag::any), memory::desc(),
-          memory::desc(dst, f32, tag::any), st, pad, pad);
+          memory::desc(src, dtype::bf16, tag::any), memory::desc(wei, dtype::bf16, tag::any),
+          memory::desc(), memory::desc(dst, dtype::f32, tag::any), st, pad, pad);
       dnnl::convolution_forward::primitive_desc pd(desc, cpu_engine());
       return true;
     } catch (const dnnl::error&) {
@@ -315,20 +434,21 @@ std::string cpu_conv_line() {
                  cpu_conv_bf16() ? ", bfloat16 inputs, float32 accumulation" : "");
 }
 
-bool onednn_conv2d_forward(const float* x, const float* w, const float* b, float* y,
-                           const ConvGeometry& g) {
-  Plan& p = plan_for(g, b != nullptr);
+bool onednn_conv2d_forward(const TensorRef& x, const TensorRef& w, const TensorRef& b,
+                           const TensorRef& y, const ConvGeometry& g) {
+  Plan& p = plan_for(g, b.defined(), setup_of(x, w));
   if (!p.ok) return false;
   try {
-    Out dst(p.fwd_dst, y, 0.f, WorkspaceSlot::OnednnDst);
+    Out dst(p.fwd_dst, y.raw(), y.dtype(), 0, WorkspaceSlot::OnednnDst);
     const auto& e = cpu_engine();
     std::unordered_map<int, memory> args{
-        {DNNL_ARG_SRC, memory(p.fwd_pd.src_desc(), e, p.fwd_src.in(x, WorkspaceSlot::OnednnSrc))},
+        {DNNL_ARG_SRC, memory(p.fwd_pd.src_desc(), e, p.fwd_src.in(x.raw(), WorkspaceSlot::OnednnSrc))},
         {DNNL_ARG_WEIGHTS,
-         memory(p.fwd_pd.weights_desc(), e, p.fwd_w.in(w, WorkspaceSlot::OnednnWeights))},
+         memory(p.fwd_pd.weights_desc(), e, p.fwd_w.in(w.raw(), WorkspaceSlot::OnednnWeights))},
         {DNNL_ARG_DST, memory(p.fwd_pd.dst_desc(), e, dst.target)},
         {DNNL_ARG_SCRATCHPAD, memory(p.fwd_pd.scratchpad_desc(), e, scratchpad(p.fwd_pd))}};
-    if (b) args.emplace(DNNL_ARG_BIAS, memory(p.fwd_pd.bias_desc(), e, const_cast<float*>(b)));
+    if (b.defined())
+      args.emplace(DNNL_ARG_BIAS, memory(p.fwd_pd.bias_desc(), e, const_cast<float*>(bias_f32(b))));
     p.fwd.execute(cpu_stream(), args);
     dst.finish();
   } catch (const dnnl::error& err) {
@@ -337,33 +457,42 @@ bool onednn_conv2d_forward(const float* x, const float* w, const float* b, float
   return true;
 }
 
-bool onednn_conv2d_backward(const float* gy, const float* x, const float* w, float* gx,
-                            float beta_x, float* gw, float beta_w, const ConvGeometry& g) {
-  Plan& p = plan_for(g, false);
-  if (!p.bwd_made) make_backward(p, g);
-  if (!p.bwd_ok) return false;
+bool onednn_conv2d_backward(const TensorRef& gy, const TensorRef& x, const TensorRef& w,
+                            const TensorRef& gx, double beta_x, const TensorRef& gw,
+                            double beta_w, const ConvGeometry& g) {
+  Plan& p = plan_for(g, false, setup_of(x, w));
+  // Every needed direction must have a kernel before anything is written: the caller's other
+  // path then computes both gradients.
+  BackwardData* bd = nullptr;
+  if (gx.defined()) {
+    bd = &backward_data(p, g, gx.dtype() == DType::BF16 && beta_x != 0 ? 1 : 0);
+    if (!bd->ok) return false;
+  }
+  if (gw.defined() && !backward_weights(p, g)) return false;
   const auto& e = cpu_engine();
   try {
-    float* dy_d = nullptr;
-    if (gx) {
-      dy_d = p.bwd_d_dy.in(gy, WorkspaceSlot::OnednnDiffDst);
-      Out dx(p.bwd_d_dx, gx, beta_x, WorkspaceSlot::OnednnDst);
-      p.bwd_d.execute(
+    void* dy_d = nullptr;
+    if (bd) {
+      dy_d = bd->dy.in(gy.raw(), WorkspaceSlot::OnednnDiffDst);
+      Out dx(bd->dx, gx.raw(), gx.dtype(), beta_x, WorkspaceSlot::OnednnDst);
+      bd->prim.execute(
           cpu_stream(),
-          {{DNNL_ARG_DIFF_DST, memory(p.bwd_d_pd.diff_dst_desc(), e, dy_d)},
+          {{DNNL_ARG_DIFF_DST, memory(bd->pd.diff_dst_desc(), e, dy_d)},
            {DNNL_ARG_WEIGHTS,
-            memory(p.bwd_d_pd.weights_desc(), e, p.bwd_d_w.in(w, WorkspaceSlot::OnednnWeights))},
-           {DNNL_ARG_DIFF_SRC, memory(p.bwd_d_pd.diff_src_desc(), e, dx.target)},
-           {DNNL_ARG_SCRATCHPAD, memory(p.bwd_d_pd.scratchpad_desc(), e, scratchpad(p.bwd_d_pd))}});
+            memory(bd->pd.weights_desc(), e, bd->w.in(w.raw(), WorkspaceSlot::OnednnWeights))},
+           {DNNL_ARG_DIFF_SRC, memory(bd->pd.diff_src_desc(), e, dx.target)},
+           {DNNL_ARG_SCRATCHPAD, memory(bd->pd.scratchpad_desc(), e, scratchpad(bd->pd))}});
       dx.finish();
     }
-    if (gw) {
-      float* dy_w = (dy_d && p.share_dy) ? dy_d : p.bwd_w_dy.in(gy, WorkspaceSlot::OnednnDiffDst);
-      Out dw(p.bwd_w_dw, gw, beta_w, WorkspaceSlot::OnednnWeights);
+    if (gw.defined()) {
+      // Both backward primitives may read dY in one layout: reordered once.
+      const bool share_dy = bd && bd->pd.diff_dst_desc() == p.bwd_w_pd.diff_dst_desc();
+      void* dy_w = share_dy ? dy_d : p.bwd_w_dy.in(gy.raw(), WorkspaceSlot::OnednnDiffDst);
+      Out dw(p.bwd_w_dw, gw.raw(), gw.dtype(), beta_w, WorkspaceSlot::OnednnWeights);
       p.bwd_w.execute(
           cpu_stream(),
           {{DNNL_ARG_DIFF_DST, memory(p.bwd_w_pd.diff_dst_desc(), e, dy_w)},
-           {DNNL_ARG_SRC, memory(p.bwd_w_pd.src_desc(), e, p.bwd_w_x.in(x, WorkspaceSlot::OnednnSrc))},
+           {DNNL_ARG_SRC, memory(p.bwd_w_pd.src_desc(), e, p.bwd_w_x.in(x.raw(), WorkspaceSlot::OnednnSrc))},
            {DNNL_ARG_DIFF_WEIGHTS, memory(p.bwd_w_pd.diff_weights_desc(), e, dw.target)},
            {DNNL_ARG_SCRATCHPAD, memory(p.bwd_w_pd.scratchpad_desc(), e, scratchpad(p.bwd_w_pd))}});
       dw.finish();
