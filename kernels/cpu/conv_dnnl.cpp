@@ -40,7 +40,6 @@ CpuConvImpl& impl_ref() {
   return impl;
 }
 
-std::atomic<bool> g_bf16{false};
 std::atomic<bool> g_bf16_allowed{true};
 
 }  // namespace
@@ -54,15 +53,6 @@ bool onednn_built() {
 }
 
 CpuConvImpl cpu_conv_impl() { return impl_ref(); }
-
-void set_cpu_conv_bf16(bool on) {
-  UNETCU_CHECK(!on || onednn_built(), "bfloat16 convolutions on the CPU need oneDNN (install libdnnl-dev "
-                                      "and rebuild)");
-  UNETCU_CHECK(!on || onednn_bf16_supported(), "this CPU has no bfloat16 convolution kernels in oneDNN "
-               "(they need AVX-512)");
-  g_bf16 = on;
-}
-bool cpu_conv_bf16() { return g_bf16; }
 
 void set_onednn_bf16_allowed(bool allowed) { g_bf16_allowed = allowed; }
 bool onednn_bf16_usable() {
@@ -108,15 +98,14 @@ dnnl::stream& cpu_stream() {
 }
 
 // What the tensors of one convolution are: their dtype (float32 or bfloat16), x's format
-// (also y's and the gradients'), w's format, and whether float32 tensors are read as bfloat16
-// (set_cpu_conv_bf16).
+// (also y's and the gradients'), and w's format.
 struct Setup {
   DType type;
-  bool x_nhwc, w_nhwc, half;
+  bool x_nhwc, w_nhwc;
 
   dtype user_type() const { return type == DType::BF16 ? dtype::bf16 : dtype::f32; }
   // What the primitives read: activations, weights, output gradients.
-  dtype input_type() const { return type == DType::BF16 || half ? dtype::bf16 : dtype::f32; }
+  dtype input_type() const { return type == DType::BF16 ? dtype::bf16 : dtype::f32; }
   tag act_tag() const { return x_nhwc ? tag::nhwc : tag::nchw; }
   tag wei_tag() const { return w_nhwc ? tag::ohwi : tag::oihw; }
   // The layouts the primitives are asked for, best first: NHWC activations directly (no
@@ -278,10 +267,10 @@ bool geometry_fits(const ConvGeometry& g) {
 }
 
 Plan& plan_for(const ConvGeometry& g, bool bias, const Setup& s) {
-  using Key = std::array<int64_t, 19>;
+  using Key = std::array<int64_t, 18>;
   static thread_local std::map<Key, std::unique_ptr<Plan>> plans;
   const Key key{g.N, g.C, g.H, g.W, g.O, g.OH, g.OW, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw,
-                int64_t(bias), int64_t(omp_get_max_threads()), int64_t(s.half), int64_t(s.type),
+                int64_t(bias), int64_t(omp_get_max_threads()), int64_t(s.type),
                 int64_t(s.x_nhwc), int64_t(s.w_nhwc)};
   auto it = plans.find(key);
   if (it != plans.end()) return *it->second;
@@ -382,7 +371,7 @@ void* scratchpad(const dnnl::primitive_desc_base& pd) {
 }
 
 Setup setup_of(const TensorRef& x, const TensorRef& w) {
-  return Setup{x.dtype(), x.nhwc(), w.nhwc(), x.dtype() == DType::F32 && cpu_conv_bf16()};
+  return Setup{x.dtype(), x.nhwc(), w.nhwc()};
 }
 
 // The bias as the primitives read it: float32 (a bfloat16 bias widened, exactly).
@@ -430,8 +419,7 @@ std::string cpu_conv_line() {
     case dnnl::cpu_isa::avx512_core_amx: isa = "avx512_core_amx"; break;
     default: break;
   }
-  return str_cat("oneDNN ", v->major, ".", v->minor, ".", v->patch, " (", isa, ")",
-                 cpu_conv_bf16() ? ", bfloat16 inputs, float32 accumulation" : "");
+  return str_cat("oneDNN ", v->major, ".", v->minor, ".", v->patch, " (", isa, ")");
 }
 
 bool onednn_conv2d_forward(const TensorRef& x, const TensorRef& w, const TensorRef& b,

@@ -37,15 +37,6 @@ bool onednn_bf16_supported();
 void set_onednn_bf16_allowed(bool allowed);
 bool onednn_bf16_usable();  // built, switched on, supported and allowed
 
-// Mixed precision (--precision bf16 on the CPU): float32 convolutions on oneDNN read their
-// inputs — activations, weights, output gradients — rounded to bfloat16 (round to nearest even,
-// in oneDNN's reorders) and accumulate and write in float32; the tensors stay float32. PyTorch's
-// autocast gives convolutions the same inputs and accumulation (it also stores their outputs in
-// bfloat16). Needs oneDNN (Error otherwise); a geometry oneDNN has no kernel for runs im2col in
-// float32. Process-wide.
-void set_cpu_conv_bf16(bool on);
-bool cpu_conv_bf16();
-
 // y = conv(x, w) + b (b may be absent): x, w, y (and b) float32, or all bfloat16; x and y in
 // one memory format, w OIHW (NCHW) or OHWI (NHWC). False when oneDNN has no kernel for this
 // case (the caller then runs another path); nothing is written then.
