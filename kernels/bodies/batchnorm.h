@@ -48,8 +48,9 @@ template <class T> HD T bn_running_update(T running, T batch_stat, T momentum) {
 // however large the mean. The unshifted E[x²] - E[x]² loses log10(mean² / var) digits instead:
 // all of float32's at mean/std = 1e4, half of double's at 1e8 (tests/test_fused.cpp).
 // Partial sums of chunks of a channel add up exactly as the sums of the whole channel, so
-// chunks (planes on the CPU, blocks on the GPU) are summed separately and then combined in a
-// fixed order: deterministic, and no atomics.
+// chunks (NCHW planes or NHWC runs of pixels on the CPU, blocks on the GPU) are summed
+// separately and then combined in a fixed order: deterministic, and no atomics. The shift is
+// the same element, x(n = 0, c, 0, 0), in either memory format.
 template <class T> HD void bn_stats_accumulate(T x, double shift, double& s1, double& s2) {
   const double d = double(x) - shift;
   s1 += d;
