@@ -128,7 +128,7 @@ void shifted_sums(const S* x, const Geo& d, const double* shift, double* out) {
       [&](int64_t base, int64_t c, double* s1, double* s2) {
         plane_stats(x + base, d.HW, shift[c], s1, s2);
       },
-      [&](int64_t base, double* a, double* b) {
+      [&](int64_t base, double* __restrict a, double* __restrict b) {
         const S* r = x + base;
         for (int64_t c = 0; c < d.C; ++c) bn_stats_accumulate(T(r[c]), shift[c], a[c], b[c]);
       },
@@ -182,19 +182,29 @@ void grad_sums(const S* gy, const S* y, const S* x, const acc_t<S>* mean,
         plane_grad_sums<kMask>(gy + base, kMask ? y + base : nullptr, x + base, mean[c],
                                invstd[c], d.HW, s1, s2);
       },
-      [&](int64_t base, double* a, double* b) {
+      [&](int64_t base, double* __restrict a, double* __restrict b) {
+        // As plane_grad_sums: the terms of a block of channels first (vectorised, the mask a
+        // blend), then added in double.
+        constexpr int64_t kBlock = 256;
+        T g[kBlock], xhat[kBlock];
         const S *g_row = gy + base, *x_row = x + base;
         const S* y_row = kMask ? y + base : nullptr;
-        for (int64_t c = 0; c < d.C; ++c) {
-          T g, xhat;
-          if constexpr (kMask) {
-            bn_relu_grad_terms(T(g_row[c]), T(y_row[c]), T(x_row[c]), mean[c], invstd[c], g, xhat);
-          } else {
-            g = T(g_row[c]);
-            xhat = (T(x_row[c]) - mean[c]) * invstd[c];
+        for (int64_t c0 = 0; c0 < d.C; c0 += kBlock) {
+          const int64_t n = std::min(kBlock, d.C - c0);
+          for (int64_t j = 0; j < n; ++j) {
+            const int64_t c = c0 + j;
+            if constexpr (kMask) {
+              bn_relu_grad_terms(T(g_row[c]), T(y_row[c]), T(x_row[c]), mean[c], invstd[c], g[j],
+                                 xhat[j]);
+            } else {
+              g[j] = T(g_row[c]);
+              xhat[j] = (T(x_row[c]) - mean[c]) * invstd[c];
+            }
           }
-          a[c] += double(g);
-          b[c] += double(g) * double(xhat);
+          for (int64_t j = 0; j < n; ++j) {
+            a[c0 + j] += double(g[j]);
+            b[c0 + j] += double(g[j]) * double(xhat[j]);
+          }
         }
       },
       out);
@@ -264,13 +274,18 @@ void grad_apply(const S* gy, const S* y, const S* x, const acc_t<S>* gamma,
                 bool training, S* gx, acc_t<S> beta_x, S* gr, acc_t<S> beta_r, const Geo& d) {
   using T = acc_t<S>;
   const T inv_m = T(1.0 / count);
+  // The per-channel constants once, in arrays (the NHWC loop loads them as vectors).
+  std::vector<T> gi(size_t(d.C)), sg(size_t(d.C), T(0)), sgx(size_t(d.C), T(0));
+  for (int64_t c = 0; c < d.C; ++c) {
+    gi[c] = gamma[c] * invstd[c];
+    if (sums) {
+      sg[c] = T(sums[c]);
+      sgx[c] = T(sums[d.C + c]);
+    }
+  }
   for_each_element(
       d,
-      [&](int64_t c) {
-        const T is = invstd[c];
-        return GradConsts<T>{mean[c], is, gamma[c] * is, sums ? T(sums[c]) : T(0),
-                             sums ? T(sums[d.C + c]) : T(0)};
-      },
+      [&](int64_t c) { return GradConsts<T>{mean[c], invstd[c], gi[c], sg[c], sgx[c]}; },
       [&](const GradConsts<T>& k, int64_t i) {
         if constexpr (kFused) {
           const T dy = T(gy[i]), yv = T(y[i]);
