@@ -282,7 +282,7 @@ TEST_CASE("CUDA batch norm results are the same bits run to run (fixed reduction
 
 TEST_CASE("CUDA bf16 training statistics: a large mean over a million values per channel") {
   // As the CPU test (tests/test_bn_layout.cpp): values 9984 + 64 k, k uniform in [-3, 3], exact
-  // in bf16; 2^20 values a channel (512 NCHW blocks, 4096 NHWC chunks); mean and variance
+  // in bf16; 2^20 values a channel (512 NCHW blocks and 512 NHWC chunks); mean and variance
   // against a two-pass double reference, rounded once to float32.
   Setup setup;
   Rng rng(304);
