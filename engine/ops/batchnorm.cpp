@@ -1,6 +1,12 @@
 // batch_norm2d, and batch norm fused with ReLU (batch_norm_relu) and with the residual add and
 // ReLU (batch_norm_add_relu): autograd glue. The running statistics are buffers updated in
 // place during a training forward; they take no gradient.
+//
+// Types and formats: x (and y, the residual and their gradients) is float32, float64 (CPU) or
+// bfloat16, NCHW or NHWC, y in x's format. The per-channel tensors (gamma, beta, the running
+// statistics, the saved mean and invstd, and the gradients of gamma and beta) are in the compute
+// dtype: float32 when x is bfloat16 (mixed precision: parameters and statistics stay float32),
+// x's dtype otherwise.
 #include "engine/ops.h"
 #include "engine/ops/op_util.h"
 #include "kernels/launchers.h"
@@ -9,6 +15,38 @@
 #include <cmath>
 
 namespace unetcu {
+
+namespace {
+
+DType compute_dtype(const Tensor& x) { return x.dtype() == DType::BF16 ? DType::F32 : x.dtype(); }
+
+// The checks every batch-norm op makes at its entry: x a 4-dimensional activation of a dtype
+// and format the kernels take; the per-channel tensors [C] in the compute dtype on x's device;
+// a residual of x's shape, dtype, device and format.
+void check_bn_args(const char* op, const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                   const Tensor& running_mean, const Tensor& running_var, const Tensor* residual) {
+  using namespace ops_detail;
+  check_backend(op, x, Accepts{true, true});
+  check_ndim(op, x, 4, "input");
+  const int64_t C = x.dim(1);
+  const DType cd = compute_dtype(x);
+  for (const Tensor* t : {&gamma, &beta, &running_mean, &running_var}) {
+    UNETCU_CHECK(t->defined(), op, ": undefined per-channel tensor");
+    UNETCU_CHECK(t->dtype() == cd, op, ": per-channel tensor is ", dtype_name(t->dtype()),
+                 ", expected ", dtype_name(cd), " for a ", dtype_name(x.dtype()), " input");
+    UNETCU_CHECK(t->device() == x.device(), op, ": device mismatch (", x.device().str(), " vs ",
+                 t->device().str(), ")");
+    UNETCU_CHECK(t->ndim() == 1 && t->dim(0) == C, op, ": per-channel tensor ",
+                 shape_str(t->shape()), " does not match ", C, " channels");
+  }
+  if (residual) {
+    check_same_dtype_device(op, x, *residual);
+    check_same_shape(op, x, *residual);
+    check_same_format(op, x, *residual);
+  }
+}
+
+}  // namespace
 
 static thread_local BatchNormSync* g_bn_sync = nullptr;
 BatchNormSyncScope::BatchNormSyncScope(BatchNormSync* sync) : previous_(g_bn_sync) { g_bn_sync = sync; }
@@ -32,8 +70,8 @@ static Tensor batch_norm2d_synced(BatchNormSync* sync, const Tensor& x, const Te
   Tensor sums = Tensor::empty({2 * C}, DType::F64, dev);
   UNETCU_LAUNCH(dev, batchnorm_channel_sums, x, sums);
   sync->all_reduce_sum(sums);
-  Tensor mean = Tensor::empty({C}, x.dtype(), dev);
-  Tensor invstd = Tensor::empty({C}, x.dtype(), dev);
+  Tensor mean = Tensor::empty({C}, compute_dtype(x), dev);
+  Tensor invstd = Tensor::empty({C}, compute_dtype(x), dev);
   UNETCU_LAUNCH(dev, batchnorm_sync_stats, sums, count, momentum, eps, mean, invstd, running_mean,
                 running_var);
   Tensor y = ops_detail::empty_like(x);
@@ -67,15 +105,9 @@ Tensor batch_norm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                     Tensor& running_mean, Tensor& running_var, bool training, double momentum,
                     double eps) {
   using namespace ops_detail;
-  check_backend("batch_norm2d", x);
-  check_ndim("batch_norm2d", x, 4, "input");
+  check_bn_args("batch_norm2d", x, gamma, beta, running_mean, running_var, nullptr);
   const int64_t C = x.dim(1);
-  for (const Tensor* t : {&gamma, &beta, const_cast<const Tensor*>(&running_mean),
-                          const_cast<const Tensor*>(&running_var)}) {
-    check_same_dtype_device("batch_norm2d", x, *t);
-    UNETCU_CHECK(t->ndim() == 1 && t->dim(0) == C, "batch_norm2d: per-channel tensor ",
-                 shape_str(t->shape()), " does not match ", C, " channels");
-  }
+  const DType cd = compute_dtype(x);
   if (training && BatchNormSyncScope::current())
     return batch_norm2d_synced(BatchNormSyncScope::current(), x, gamma, beta, running_mean,
                                running_var, momentum, eps);
@@ -87,8 +119,8 @@ Tensor batch_norm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta,
     UNETCU_CHECK(x.dim(0) * x.dim(2) * x.dim(3) > 1,
                  "batch_norm2d: training needs more than one value per channel, got input ",
                  shape_str(x.shape()));
-    mean = Tensor::empty({C}, x.dtype(), x.device());
-    invstd = Tensor::empty({C}, x.dtype(), x.device());
+    mean = Tensor::empty({C}, cd, x.device());
+    invstd = Tensor::empty({C}, cd, x.device());
     UNETCU_LAUNCH(x.device(), batchnorm_forward_train, x, gamma, beta, y, mean, invstd, running_mean,
                                           running_var, momentum, eps);
   } else {
@@ -100,8 +132,8 @@ Tensor batch_norm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta,
     UNETCU_CHECK(!gamma.same_storage(beta) && !x.same_storage(gamma) && !x.same_storage(beta),
                  "batch_norm2d: input, weight and bias must be distinct tensors");
     if (!training) {  // the backward of eval mode uses the running statistics as constants
-      mean = Tensor::empty({C}, x.dtype(), x.device());
-      invstd = Tensor::empty({C}, x.dtype(), x.device());
+      mean = Tensor::empty({C}, cd, x.device());
+      invstd = Tensor::empty({C}, cd, x.device());
       UNETCU_LAUNCH(x.device(), batchnorm_eval_stats, running_mean, running_var, eps, mean, invstd);
     }
     Tape::record("batch_norm2d", {x, gamma, beta}, {y},
@@ -131,26 +163,15 @@ static Tensor batch_norm_add_relu_impl(const char* op, const Tensor& x, const Te
                                        Tensor& running_mean, Tensor& running_var, bool training,
                                        double momentum, double eps) {
   using namespace ops_detail;
-  check_backend(op, x);
-  check_ndim(op, x, 4, "input");
+  check_bn_args(op, x, gamma, beta, running_mean, running_var, residual);
   const int64_t C = x.dim(1);
-  for (const Tensor* t : {&gamma, &beta, const_cast<const Tensor*>(&running_mean),
-                          const_cast<const Tensor*>(&running_var)}) {
-    check_same_dtype_device(op, x, *t);
-    UNETCU_CHECK(t->ndim() == 1 && t->dim(0) == C, op, ": per-channel tensor ",
-                 shape_str(t->shape()), " does not match ", C, " channels");
-  }
-  if (residual) {
-    check_same_dtype_device(op, x, *residual);
-    check_same_shape(op, x, *residual);
-  }
   if (training && BatchNormSyncScope::current()) {
     Tensor h = batch_norm2d(x, gamma, beta, running_mean, running_var, true, momentum, eps);
     return relu(residual ? add(h, *residual) : h);
   }
   const Device dev = x.device();
-  Tensor mean = Tensor::empty({C}, x.dtype(), dev);
-  Tensor invstd = Tensor::empty({C}, x.dtype(), dev);
+  Tensor mean = Tensor::empty({C}, compute_dtype(x), dev);
+  Tensor invstd = Tensor::empty({C}, compute_dtype(x), dev);
   Tensor y = empty_like(x);
   const double n = double(x.numel()), bytes = bytes_of({&x, &y, residual});
   {

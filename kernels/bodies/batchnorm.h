@@ -1,9 +1,24 @@
 // Per-element bodies of 2-D batch normalisation (per channel over N*H*W).
+//
+// Types: activations (x, y, residual and their gradients) are stored as S (float, double or
+// bf16); every body computes in T = acc_t<S> (float for bf16), which is also the type of the
+// per-channel tensors (gamma, beta, mean, invstd, the running statistics and the parameter
+// gradients). The launchers widen each stored value to T, call these bodies, and round once
+// when they store (bn_store). The sums of a channel are double whatever S is.
 #pragma once
+#include "kernels/bodies/bf16.h"
 #include "kernels/bodies/common.h"
 #include "kernels/bodies/elementwise.h"
 
 namespace unetcu::kernels {
+
+// Stores a computed activation value (or gradient) into storage type S, rounding once:
+// beta 0 writes (the destination may hold garbage), beta 1 adds to the destination in T.
+// For float and double this is store() of bodies/elementwise.h.
+template <class S> HD void bn_store(S* dst, acc_t<S> value, acc_t<S> beta) {
+  using T = acc_t<S>;
+  *dst = to_storage<S>(beta == T(0) ? value : T(*dst) + value);
+}
 
 template <class T> HD T bn_normalize(T x, T mean, T invstd, T gamma, T beta) {
   return (x - mean) * invstd * gamma + beta;
@@ -33,8 +48,9 @@ template <class T> HD T bn_running_update(T running, T batch_stat, T momentum) {
 // however large the mean. The unshifted E[x²] - E[x]² loses log10(mean² / var) digits instead:
 // all of float32's at mean/std = 1e4, half of double's at 1e8 (tests/test_fused.cpp).
 // Partial sums of chunks of a channel add up exactly as the sums of the whole channel, so
-// chunks (planes on the CPU, blocks on the GPU) are summed separately and then combined in a
-// fixed order: deterministic, and no atomics.
+// chunks (NCHW planes or NHWC runs of pixels on the CPU, blocks on the GPU) are summed
+// separately and then combined in a fixed order: deterministic, and no atomics. The shift is
+// the same element, x(n = 0, c, 0, 0), in either memory format.
 template <class T> HD void bn_stats_accumulate(T x, double shift, double& s1, double& s2) {
   const double d = double(x) - shift;
   s1 += d;

@@ -1,8 +1,16 @@
 // CPU batch normalisation over kernels/bodies/batchnorm.h, plain and fused with the residual
-// add and ReLU. Sums are accumulated in double whatever the tensor dtype. The training
-// statistics take one pass of shifted sums (bodies/batchnorm.h) over each (n, c) plane in
-// parallel, the plane sums then combined per channel in n order, so the result does not depend
-// on the thread count. Loops run per (n, c) plane: no index division inside them.
+// add and ReLU, for activations stored as float32, float64 or bfloat16 (S) in NCHW or NHWC;
+// the per-channel tensors and all arithmetic are in T = acc_t<S> (float for bf16), and the sums
+// of a channel are double whatever S is.
+//
+// Per-channel reductions (the training statistics, the backward's sums) are split into chunks
+// summed in parallel and then combined per channel in chunk order: NCHW chunks are the (n, c)
+// planes of H*W values, combined in n order; NHWC chunks are runs of whole pixels (all C
+// channels of each), one partial per (chunk, channel), combined in chunk order. The chunks
+// depend on the shape only, so the result does not depend on the thread count. Elementwise
+// passes run per plane (NCHW: the channel fixed, its constants in registers) or per pixel
+// (NHWC: the channel innermost, its constants loaded as vectors). No index division in an inner
+// loop.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -15,47 +23,209 @@
 namespace unetcu::kernels::cpu {
 namespace {
 
-struct Dims {
+// [N, C, H*W] in either memory order; P = N*H*W pixels, M = P values per channel.
+struct Geo {
   int64_t N, C, HW;
+  bool nhwc;
+  int64_t pixels() const { return N * HW; }
+  int64_t numel() const { return N * C * HW; }
+  // Memory index of (n = 0, c, q = 0): the channel's first element.
+  int64_t first_of(int64_t c) const { return nhwc ? c : c * HW; }
 };
-Dims dims_of(const TensorRef& x) { return {x.dim(0), x.dim(1), x.dim(2) * x.dim(3)}; }
+Geo geo_of(const TensorRef& x) { return {x.dim(0), x.dim(1), x.dim(2) * x.dim(3), x.nhwc()}; }
 
-// parallel_for's grain for a loop over the N*C planes: a thread team only when the tensor is
-// large enough to pay for it.
-int64_t plane_grain(Dims d) { return d.N * d.C * d.HW >= kParallelGrain ? 1 : d.N * d.C + 1; }
+// parallel_for's grain for a loop of `iterations` over the whole tensor: a thread team only
+// when the tensor is large enough to pay for it.
+int64_t grain_for(const Geo& d, int64_t iterations) {
+  return d.numel() >= kParallelGrain ? 1 : iterations + 1;
+}
 
-// Shifted sums of one plane of HW values. Four accumulator lanes keep the adds pipelined (and
-// let the compiler use vector registers); they are combined in a fixed order.
-template <class T>
-void plane_stats(const T* p, int64_t HW, double shift, double* s1, double* s2) {
+// Values per NHWC reduction chunk (whole pixels): big enough that the partials are few
+// (numel / 4096 of them), small enough for many chunks per thread.
+constexpr int64_t kChunkValues = 4096;
+
+template <class T> T* data_or_null(const TensorRef& t) { return t.defined() ? t.data<T>() : nullptr; }
+
+// ---- drivers -----------------------------------------------------------------------------
+
+// Per-channel sums of two terms: out[c] and out[C + c] ([2, C], the layout of the synchronized
+// sums). plane(base, c, &s1, &s2) sums the HW values of one NCHW plane starting at memory
+// index base; row(base, a, b) adds the terms of the C values of one NHWC pixel starting at
+// base into a[0..C) and b[0..C).
+template <class PlaneFn, class RowFn>
+void channel_sums2(const Geo& d, PlaneFn&& plane, RowFn&& row, double* out) {
+  const int64_t C = d.C;
+  std::fill(out, out + 2 * C, 0.0);
+  if (!d.nhwc) {
+    std::vector<double> part(size_t(2 * d.N * C));  // [N*C][s1, s2]
+    parallel_for(d.N * C, [&](int64_t nc) {
+      plane(nc * d.HW, nc % C, &part[2 * nc], &part[2 * nc + 1]);
+    }, grain_for(d, d.N * C));
+    for (int64_t n = 0; n < d.N; ++n)
+      for (int64_t c = 0; c < C; ++c) {
+        out[c] += part[2 * (n * C + c)];
+        out[C + c] += part[2 * (n * C + c) + 1];
+      }
+    return;
+  }
+  const int64_t P = d.pixels();
+  const int64_t chunk = std::max<int64_t>(1, kChunkValues / C);
+  const int64_t K = (P + chunk - 1) / chunk;
+  std::vector<double> part(size_t(2 * K * C));  // [K][2][C]
+  parallel_for(K, [&](int64_t k) {
+    double* a = &part[size_t(2 * k * C)];
+    double* b = a + C;
+    std::fill(a, a + 2 * C, 0.0);
+    const int64_t p1 = std::min(P, (k + 1) * chunk);
+    for (int64_t p = k * chunk; p < p1; ++p) row(p * C, a, b);
+  }, grain_for(d, K));
+  for (int64_t k = 0; k < K; ++k) {
+    const double* a = &part[size_t(2 * k * C)];
+    for (int64_t c = 0; c < 2 * C; ++c) out[c] += a[c];
+  }
+}
+
+// Calls elem(chan(c), i) for every element i (memory index) of channel c. NCHW: per plane,
+// chan(c) once; NHWC: per pixel, the channel innermost.
+template <class ChanFn, class ElemFn>
+void for_each_element(const Geo& d, ChanFn&& chan, ElemFn&& elem) {
+  if (!d.nhwc) {
+    parallel_for(d.N * d.C, [&](int64_t nc) {
+      const auto k = chan(nc % d.C);
+      const int64_t base = nc * d.HW;
+      for (int64_t q = 0; q < d.HW; ++q) elem(k, base + q);
+    }, grain_for(d, d.N * d.C));
+  } else {
+    parallel_for(d.pixels(), [&](int64_t p) {
+      const int64_t base = p * d.C;
+      for (int64_t c = 0; c < d.C; ++c) elem(chan(c), base + c);
+    }, grain_for(d, d.pixels()));
+  }
+}
+
+// ---- reductions --------------------------------------------------------------------------
+
+// Shifted sums of one NCHW plane of HW values. Four accumulator lanes keep the adds pipelined
+// (and let the compiler use vector registers); they are combined in a fixed order.
+template <class S>
+void plane_stats(const S* p, int64_t HW, double shift, double* s1, double* s2) {
+  using T = acc_t<S>;
   double a[4] = {0, 0, 0, 0}, b[4] = {0, 0, 0, 0};
   int64_t q = 0;
   for (; q + 4 <= HW; q += 4)
-    for (int l = 0; l < 4; ++l) bn_stats_accumulate(p[q + l], shift, a[l], b[l]);
-  for (; q < HW; ++q) bn_stats_accumulate(p[q], shift, a[0], b[0]);
+    for (int l = 0; l < 4; ++l) bn_stats_accumulate(T(p[q + l]), shift, a[l], b[l]);
+  for (; q < HW; ++q) bn_stats_accumulate(T(p[q]), shift, a[0], b[0]);
   *s1 = (a[0] + a[1]) + (a[2] + a[3]);
   *s2 = (b[0] + b[1]) + (b[2] + b[3]);
 }
 
-// Training statistics: mean and invstd [C] written, running statistics updated (PyTorch:
-// momentum, unbiased variance for running_var).
-template <class T>
-void stats(const T* x, Dims d, double momentum, double eps, T* mean, T* invstd, T* run_mean,
-           T* run_var) {
-  std::vector<double> part(size_t(2 * d.N * d.C));  // [N*C][s1, s2]
-  parallel_for(d.N * d.C, [&](int64_t nc) {
-    const int64_t c = nc % d.C;
-    plane_stats(x + nc * d.HW, d.HW, double(x[c * d.HW]), &part[2 * nc], &part[2 * nc + 1]);
-  }, plane_grain(d));
-  const double M = double(d.N * d.HW);
-  for (int64_t c = 0; c < d.C; ++c) {
-    double s1 = 0, s2 = 0;
-    for (int64_t n = 0; n < d.N; ++n) {
-      s1 += part[2 * (n * d.C + c)];
-      s2 += part[2 * (n * d.C + c) + 1];
+// Per channel sum(x - shift[c]) and sum((x - shift[c])²), [2, C].
+template <class S>
+void shifted_sums(const S* x, const Geo& d, const double* shift, double* out) {
+  using T = acc_t<S>;
+  channel_sums2(
+      d,
+      [&](int64_t base, int64_t c, double* s1, double* s2) {
+        plane_stats(x + base, d.HW, shift[c], s1, s2);
+      },
+      [&](int64_t base, double* __restrict a, double* __restrict b) {
+        const S* r = x + base;
+        for (int64_t c = 0; c < d.C; ++c) bn_stats_accumulate(T(r[c]), shift[c], a[c], b[c]);
+      },
+      out);
+}
+
+// Sums of g and g * xhat over one NCHW plane of HW values, g = dy (kMask false) or
+// relu_backward(dy, y). The terms are formed a block at a time in a loop of their own, which
+// the compiler vectorises (the ReLU mask a blend: as a branch inside the summing loop it is
+// mispredicted half the time), then added in double in eight lanes combined in a fixed order.
+template <bool kMask, class S>
+void plane_grad_sums(const S* gy, const S* y, const S* x, acc_t<S> mean, acc_t<S> invstd,
+                     int64_t HW, double* sum_g, double* sum_g_xhat) {
+  using T = acc_t<S>;
+  constexpr int kBlock = 256;
+  T g[kBlock], xhat[kBlock];
+  double a[8] = {0, 0, 0, 0, 0, 0, 0, 0}, b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int64_t q0 = 0; q0 < HW; q0 += kBlock) {
+    const int n = int(std::min<int64_t>(kBlock, HW - q0));
+    for (int j = 0; j < n; ++j) {
+      if constexpr (kMask) {
+        bn_relu_grad_terms(T(gy[q0 + j]), T(y[q0 + j]), T(x[q0 + j]), mean, invstd, g[j], xhat[j]);
+      } else {
+        g[j] = T(gy[q0 + j]);
+        xhat[j] = (T(x[q0 + j]) - mean) * invstd;
+      }
     }
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+      for (int l = 0; l < 8; ++l) {
+        a[l] += double(g[j + l]);
+        b[l] += double(g[j + l]) * double(xhat[j + l]);
+      }
+    for (; j < n; ++j) {
+      a[0] += double(g[j]);
+      b[0] += double(g[j]) * double(xhat[j]);
+    }
+  }
+  *sum_g = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+  *sum_g_xhat = ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
+}
+
+// Per channel sum(g) and sum(g * xhat), [2, C]; g = dy, or relu_backward(dy, y) with kMask.
+template <bool kMask, class S>
+void grad_sums(const S* gy, const S* y, const S* x, const acc_t<S>* mean,
+               const acc_t<S>* invstd, const Geo& d, double* out) {
+  using T = acc_t<S>;
+  channel_sums2(
+      d,
+      [&](int64_t base, int64_t c, double* s1, double* s2) {
+        plane_grad_sums<kMask>(gy + base, kMask ? y + base : nullptr, x + base, mean[c],
+                               invstd[c], d.HW, s1, s2);
+      },
+      [&](int64_t base, double* __restrict a, double* __restrict b) {
+        // As plane_grad_sums: the terms of a block of channels first (vectorised, the mask a
+        // blend), then added in double.
+        constexpr int64_t kBlock = 256;
+        T g[kBlock], xhat[kBlock];
+        const S *g_row = gy + base, *x_row = x + base;
+        const S* y_row = kMask ? y + base : nullptr;
+        for (int64_t c0 = 0; c0 < d.C; c0 += kBlock) {
+          const int64_t n = std::min(kBlock, d.C - c0);
+          for (int64_t j = 0; j < n; ++j) {
+            const int64_t c = c0 + j;
+            if constexpr (kMask) {
+              bn_relu_grad_terms(T(g_row[c]), T(y_row[c]), T(x_row[c]), mean[c], invstd[c], g[j],
+                                 xhat[j]);
+            } else {
+              g[j] = T(g_row[c]);
+              xhat[j] = (T(x_row[c]) - mean[c]) * invstd[c];
+            }
+          }
+          for (int64_t j = 0; j < n; ++j) {
+            a[c0 + j] += double(g[j]);
+            b[c0 + j] += double(g[j]) * double(xhat[j]);
+          }
+        }
+      },
+      out);
+}
+
+// ---- training statistics -----------------------------------------------------------------
+
+// mean and invstd [C] written, running statistics updated (PyTorch: momentum, unbiased
+// variance for running_var). Shifted sums (bodies/batchnorm.h), the shift the channel's first
+// element.
+template <class S>
+void stats(const S* x, const Geo& d, double momentum, double eps, acc_t<S>* mean,
+           acc_t<S>* invstd, acc_t<S>* run_mean, acc_t<S>* run_var) {
+  using T = acc_t<S>;
+  std::vector<double> shift(size_t(d.C)), sums(size_t(2 * d.C));
+  for (int64_t c = 0; c < d.C; ++c) shift[c] = double(T(x[d.first_of(c)]));
+  shifted_sums(x, d, shift.data(), sums.data());
+  const double M = double(d.pixels());
+  for (int64_t c = 0; c < d.C; ++c) {
     double mu, var;  // var biased: used to normalise
-    bn_stats_finish(s1, s2, M, double(x[c * d.HW]), mu, var);
+    bn_stats_finish(sums[c], sums[d.C + c], M, shift[c], mu, var);
     mean[c] = T(mu);
     invstd[c] = T(1.0 / std::sqrt(var + eps));
     run_mean[c] = bn_running_update(run_mean[c], T(mu), T(momentum));
@@ -63,65 +233,108 @@ void stats(const T* x, Dims d, double momentum, double eps, T* mean, T* invstd, 
   }
 }
 
-template <class T>
-void forward_train(const T* x, const T* gamma, const T* beta, T* y, T* save_mean, T* save_invstd,
-                   T* run_mean, T* run_var, double momentum, double eps, Dims d) {
-  stats(x, d, momentum, eps, save_mean, save_invstd, run_mean, run_var);
-  parallel_for(d.N * d.C, [&](int64_t nc) {
-    const int64_t c = nc % d.C;
-    const T m = save_mean[c], is = save_invstd[c], gm = gamma[c], bt = beta[c];
-    const T* p = x + nc * d.HW;
-    T* o = y + nc * d.HW;
-    for (int64_t q = 0; q < d.HW; ++q) o[q] = bn_normalize(p[q], m, is, gm, bt);
-  }, plane_grain(d));
+// ---- elementwise passes ------------------------------------------------------------------
+
+template <class T> struct NormConsts {
+  T mean, invstd, gamma, beta;
+};
+
+// y = bn_normalize(x) with the given per-channel mean and invstd (batch or running).
+template <class S>
+void normalize(const S* x, const acc_t<S>* gamma, const acc_t<S>* beta, const acc_t<S>* mean,
+               const acc_t<S>* invstd, S* y, const Geo& d) {
+  using T = acc_t<S>;
+  for_each_element(
+      d, [&](int64_t c) { return NormConsts<T>{mean[c], invstd[c], gamma[c], beta[c]}; },
+      [&](const NormConsts<T>& k, int64_t i) {
+        y[i] = to_storage<S>(bn_normalize(T(x[i]), k.mean, k.invstd, k.gamma, k.beta));
+      });
 }
 
-template <class T>
-void forward_eval(const T* x, const T* gamma, const T* beta, const T* run_mean, const T* run_var,
-                  double eps, T* y, Dims d) {
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t n = 0; n < d.N; ++n)
-    for (int64_t c = 0; c < d.C; ++c) {
-      const T is = T(1.0 / std::sqrt(double(run_var[c]) + eps));
-      const T* p = x + (n * d.C + c) * d.HW;
-      T* o = y + (n * d.C + c) * d.HW;
-      for (int64_t q = 0; q < d.HW; ++q) o[q] = bn_normalize(p[q], run_mean[c], is, gamma[c], beta[c]);
-    }
+template <class S>
+void forward_eval(const S* x, const acc_t<S>* gamma, const acc_t<S>* beta,
+                  const acc_t<S>* run_mean, const acc_t<S>* run_var, double eps, S* y,
+                  const Geo& d) {
+  using T = acc_t<S>;
+  std::vector<T> invstd(size_t(d.C));
+  for (int64_t c = 0; c < d.C; ++c) invstd[c] = T(1.0 / std::sqrt(double(run_var[c]) + eps));
+  normalize(x, gamma, beta, run_mean, invstd.data(), y, d);
 }
 
-template <class T>
-void backward(const T* gy, const T* x, const T* gamma, const T* mean, const T* invstd,
-              bool training, T* gx, T beta_x, T* ggamma, T beta_gamma, T* gbeta, T beta_beta,
-              Dims d) {
-  const double M = double(d.N * d.HW);
-#pragma omp parallel for schedule(static)
+// The constants of a backward element pass.
+template <class T> struct GradConsts {
+  T mean, invstd, gamma_invstd, sum_g, sum_g_xhat;
+};
+
+// dx (and, fused, the residual's gradient) from the channel sums [2, C] (absent where not
+// needed). kFused: g = relu_backward(dy, y), and gr = g.
+template <bool kFused, class S>
+void grad_apply(const S* gy, const S* y, const S* x, const acc_t<S>* gamma,
+                const acc_t<S>* mean, const acc_t<S>* invstd, const double* sums, double count,
+                bool training, S* gx, acc_t<S> beta_x, S* gr, acc_t<S> beta_r, const Geo& d) {
+  using T = acc_t<S>;
+  const T inv_m = T(1.0 / count);
+  // The per-channel constants once, in arrays (the NHWC loop loads them as vectors).
+  std::vector<T> gi(size_t(d.C)), sg(size_t(d.C), T(0)), sgx(size_t(d.C), T(0));
   for (int64_t c = 0; c < d.C; ++c) {
-    const T m = mean[c], is = invstd[c];
-    double sum_dy = 0, sum_dy_xhat = 0;
-    for (int64_t n = 0; n < d.N; ++n) {
-      const T* g = gy + (n * d.C + c) * d.HW;
-      const T* p = x + (n * d.C + c) * d.HW;
-      for (int64_t q = 0; q < d.HW; ++q) {
-        sum_dy += g[q];
-        sum_dy_xhat += double(g[q]) * double((p[q] - m) * is);
-      }
-    }
-    if (ggamma) store(ggamma + c, T(sum_dy_xhat), beta_gamma);
-    if (gbeta) store(gbeta + c, T(sum_dy), beta_beta);
-    if (!gx) continue;
-    const T gi = gamma[c] * is, inv_m = T(1.0 / M), sdy = T(sum_dy), sdx = T(sum_dy_xhat);
-    for (int64_t n = 0; n < d.N; ++n) {
-      const T* g = gy + (n * d.C + c) * d.HW;
-      const T* p = x + (n * d.C + c) * d.HW;
-      T* o = gx + (n * d.C + c) * d.HW;
-      if (training) {
-        for (int64_t q = 0; q < d.HW; ++q)
-          store(o + q, bn_backward_train(g[q], (p[q] - m) * is, gi, inv_m, sdy, sdx), beta_x);
-      } else {
-        for (int64_t q = 0; q < d.HW; ++q) store(o + q, g[q] * gi, beta_x);
-      }
+    gi[c] = gamma[c] * invstd[c];
+    if (sums) {
+      sg[c] = T(sums[c]);
+      sgx[c] = T(sums[d.C + c]);
     }
   }
+  for_each_element(
+      d,
+      [&](int64_t c) { return GradConsts<T>{mean[c], invstd[c], gi[c], sg[c], sgx[c]}; },
+      [&](const GradConsts<T>& k, int64_t i) {
+        if constexpr (kFused) {
+          const T dy = T(gy[i]), yv = T(y[i]);
+          if (gx)
+            bn_store(gx + i,
+                     bn_relu_backward_dx(dy, yv, T(x[i]), k.mean, k.invstd, k.gamma_invstd, inv_m,
+                                         k.sum_g, k.sum_g_xhat, training),
+                     beta_x);
+          if (gr) bn_store(gr + i, kernels::relu_backward(dy, yv), beta_r);
+        } else {
+          const T dy = T(gy[i]);
+          bn_store(gx + i,
+                   training ? bn_backward_train(dy, (T(x[i]) - k.mean) * k.invstd, k.gamma_invstd,
+                                                inv_m, k.sum_g, k.sum_g_xhat)
+                            : dy * k.gamma_invstd,
+                   beta_x);
+        }
+      });
+}
+
+// dgamma = sum(g * xhat), dbeta = sum(g) from the sums [2, C]; each absent or written or
+// accumulated by its beta.
+template <class T>
+void store_param_grads(const double* sums, int64_t C, T* ggamma, T beta_gamma, T* gbeta,
+                       T beta_beta) {
+  for (int64_t c = 0; c < C; ++c) {
+    if (ggamma) store(ggamma + c, T(sums[C + c]), beta_gamma);
+    if (gbeta) store(gbeta + c, T(sums[c]), beta_beta);
+  }
+}
+
+// Backward of batch_norm2d (kFused false: y absent, g = dy) and of the fused op (g =
+// relu_backward(dy, y)): one reduction pass for the sums when any gradient needs them, then
+// one elementwise pass for dx (and the residual's gradient).
+template <bool kFused, class S>
+void backward(const S* gy, const S* y, const S* x, const acc_t<S>* gamma, const acc_t<S>* mean,
+              const acc_t<S>* invstd, bool training, S* gx, acc_t<S> beta_x, acc_t<S>* ggamma,
+              acc_t<S> beta_gamma, acc_t<S>* gbeta, acc_t<S> beta_beta, S* gr, acc_t<S> beta_r,
+              const Geo& d) {
+  const bool need_sums = ggamma || gbeta || (gx && training);
+  std::vector<double> sums;
+  if (need_sums) {
+    sums.resize(size_t(2 * d.C));
+    grad_sums<kFused>(gy, y, x, mean, invstd, d, sums.data());
+    store_param_grads(sums.data(), d.C, ggamma, beta_gamma, gbeta, beta_beta);
+  }
+  if (!gx && !gr) return;
+  grad_apply<kFused>(gy, y, x, gamma, mean, invstd, need_sums ? sums.data() : nullptr,
+                     double(d.pixels()), training, gx, beta_x, gr, beta_r, d);
 }
 
 }  // namespace
@@ -130,20 +343,24 @@ void batchnorm_forward_train(const TensorRef& x, const TensorRef& gamma, const T
                              const TensorRef& y, const TensorRef& save_mean,
                              const TensorRef& save_invstd, const TensorRef& running_mean,
                              const TensorRef& running_var, double momentum, double eps) {
-  UNETCU_DISPATCH_FLOAT(x.dtype(), T,
-                        forward_train<T>(x.data<T>(), gamma.data<T>(), beta.data<T>(), y.data<T>(),
-                                         save_mean.data<T>(), save_invstd.data<T>(),
-                                         running_mean.data<T>(), running_var.data<T>(), momentum,
-                                         eps, dims_of(x)));
+  UNETCU_DISPATCH_STORAGE(x.dtype(), S, {
+    using T = acc_t<S>;
+    const Geo d = geo_of(x);
+    stats<S>(x.data<S>(), d, momentum, eps, save_mean.data<T>(), save_invstd.data<T>(),
+             running_mean.data<T>(), running_var.data<T>());
+    normalize<S>(x.data<S>(), gamma.data<T>(), beta.data<T>(), save_mean.data<T>(),
+                 save_invstd.data<T>(), y.data<S>(), d);
+  });
 }
 
 void batchnorm_forward_eval(const TensorRef& x, const TensorRef& gamma, const TensorRef& beta,
                             const TensorRef& running_mean, const TensorRef& running_var, double eps,
                             const TensorRef& y) {
-  UNETCU_DISPATCH_FLOAT(x.dtype(), T,
-                        forward_eval<T>(x.data<T>(), gamma.data<T>(), beta.data<T>(),
-                                        running_mean.data<T>(), running_var.data<T>(), eps,
-                                        y.data<T>(), dims_of(x)));
+  UNETCU_DISPATCH_STORAGE(x.dtype(), S, {
+    using T = acc_t<S>;
+    forward_eval<S>(x.data<S>(), gamma.data<T>(), beta.data<T>(), running_mean.data<T>(),
+                    running_var.data<T>(), eps, y.data<S>(), geo_of(x));
+  });
 }
 
 void batchnorm_eval_stats(const TensorRef& running_mean, const TensorRef& running_var, double eps,
@@ -164,60 +381,74 @@ void batchnorm_backward(const TensorRef& grad_y, const TensorRef& x, const Tenso
                         const TensorRef& mean, const TensorRef& invstd, bool training, double,
                         const TensorRef& grad_x, double beta_x, const TensorRef& grad_gamma,
                         double beta_gamma, const TensorRef& grad_beta, double beta_beta) {
-  UNETCU_DISPATCH_FLOAT(
-      x.dtype(), T,
-      backward<T>(grad_y.data<T>(), x.data<T>(), gamma.data<T>(), mean.data<T>(), invstd.data<T>(),
-                  training, grad_x.defined() ? grad_x.data<T>() : nullptr, T(beta_x),
-                  grad_gamma.defined() ? grad_gamma.data<T>() : nullptr, T(beta_gamma),
-                  grad_beta.defined() ? grad_beta.data<T>() : nullptr, T(beta_beta), dims_of(x)));
+  UNETCU_DISPATCH_STORAGE(x.dtype(), S, {
+    using T = acc_t<S>;
+    backward<false, S>(grad_y.data<S>(), nullptr, x.data<S>(), gamma.data<T>(), mean.data<T>(),
+                       invstd.data<T>(), training, data_or_null<S>(grad_x), T(beta_x),
+                       data_or_null<T>(grad_gamma), T(beta_gamma), data_or_null<T>(grad_beta),
+                       T(beta_beta), nullptr, T(0), geo_of(x));
+  });
 }
 
-}  // namespace unetcu::kernels::cpu
+// ---- fused batch norm + (residual add) + ReLU --------------------------------------------
+
+void batchnorm_stats(const TensorRef& x, const TensorRef& mean, const TensorRef& invstd,
+                     const TensorRef& running_mean, const TensorRef& running_var, double momentum,
+                     double eps) {
+  UNETCU_DISPATCH_STORAGE(x.dtype(), S, {
+    using T = acc_t<S>;
+    stats<S>(x.data<S>(), geo_of(x), momentum, eps, mean.data<T>(), invstd.data<T>(),
+             running_mean.data<T>(), running_var.data<T>());
+  });
+}
+
+void batchnorm_add_relu_forward(const TensorRef& x, const TensorRef& gamma, const TensorRef& beta,
+                                const TensorRef& mean, const TensorRef& invstd,
+                                const TensorRef& residual, const TensorRef& y) {
+  UNETCU_DISPATCH_STORAGE(x.dtype(), S, {
+    using T = acc_t<S>;
+    const S* xp = x.data<S>();
+    const S* r = data_or_null<S>(residual);
+    S* yp = y.data<S>();
+    const T *g = gamma.data<T>(), *b = beta.data<T>(), *m = mean.data<T>(), *is = invstd.data<T>();
+    const auto chan = [&](int64_t c) { return NormConsts<T>{m[c], is[c], g[c], b[c]}; };
+    if (r)
+      for_each_element(geo_of(x), chan, [&](const NormConsts<T>& k, int64_t i) {
+        yp[i] = to_storage<S>(
+            bn_add_relu_forward(T(xp[i]), k.mean, k.invstd, k.gamma, k.beta, T(r[i])));
+      });
+    else
+      for_each_element(geo_of(x), chan, [&](const NormConsts<T>& k, int64_t i) {
+        yp[i] = to_storage<S>(bn_relu_forward(T(xp[i]), k.mean, k.invstd, k.gamma, k.beta));
+      });
+  });
+}
+
+void batchnorm_add_relu_backward(const TensorRef& grad_y, const TensorRef& y, const TensorRef& x,
+                                 const TensorRef& gamma, const TensorRef& mean,
+                                 const TensorRef& invstd, bool training, const TensorRef& grad_x,
+                                 double beta_x, const TensorRef& grad_gamma, double beta_gamma,
+                                 const TensorRef& grad_beta, double beta_beta,
+                                 const TensorRef& grad_residual, double beta_residual) {
+  UNETCU_DISPATCH_STORAGE(x.dtype(), S, {
+    using T = acc_t<S>;
+    backward<true, S>(grad_y.data<S>(), y.data<S>(), x.data<S>(), gamma.data<T>(),
+                      mean.data<T>(), invstd.data<T>(), training, data_or_null<S>(grad_x),
+                      T(beta_x), data_or_null<T>(grad_gamma), T(beta_gamma),
+                      data_or_null<T>(grad_beta), T(beta_beta), data_or_null<S>(grad_residual),
+                      T(beta_residual), geo_of(x));
+  });
+}
 
 // ---- synchronized batch norm (sums exchanged between replicas by the caller) ----------
-
-namespace unetcu::kernels::cpu {
-namespace {
-
-template <class T>
-void channel_sums(const T* x, Dims d, double* s) {
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < d.C; ++c) {
-    double a = 0, b = 0;
-    for (int64_t n = 0; n < d.N; ++n) {
-      const T* p = x + (n * d.C + c) * d.HW;
-      for (int64_t q = 0; q < d.HW; ++q) {
-        a += p[q];
-        b += double(p[q]) * p[q];
-      }
-    }
-    s[c] = a;
-    s[d.C + c] = b;
-  }
-}
-
-template <class T>
-void grad_sums(const T* gy, const T* x, const T* mean, const T* invstd, Dims d, double* s) {
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < d.C; ++c) {
-    double a = 0, b = 0;
-    for (int64_t n = 0; n < d.N; ++n) {
-      const T* g = gy + (n * d.C + c) * d.HW;
-      const T* p = x + (n * d.C + c) * d.HW;
-      for (int64_t q = 0; q < d.HW; ++q) {
-        a += g[q];
-        b += double(g[q]) * double((p[q] - mean[c]) * invstd[c]);
-      }
-    }
-    s[c] = a;
-    s[d.C + c] = b;
-  }
-}
-
-}  // namespace
+//
+// The sums are plain (sum x, sum x²: replicas would need one common shift), in double.
 
 void batchnorm_channel_sums(const TensorRef& x, const TensorRef& sums) {
-  UNETCU_DISPATCH_FLOAT(x.dtype(), T, channel_sums(x.data<T>(), dims_of(x), sums.data<double>()));
+  UNETCU_DISPATCH_STORAGE(x.dtype(), S, {
+    const std::vector<double> zero(size_t(x.dim(1)), 0.0);
+    shifted_sums(x.data<S>(), geo_of(x), zero.data(), sums.data<double>());
+  });
 }
 
 void batchnorm_sync_stats(const TensorRef& sums, double count, double momentum, double eps,
@@ -257,177 +488,32 @@ void batchnorm_param_grads(const TensorRef& sums, const TensorRef& grad_gamma, d
 
 void batchnorm_apply(const TensorRef& x, const TensorRef& gamma, const TensorRef& beta,
                      const TensorRef& mean, const TensorRef& invstd, const TensorRef& y) {
-  const Dims d = dims_of(x);
-  UNETCU_DISPATCH_FLOAT(x.dtype(), T, {
-    const T *xp = x.data<T>(), *g = gamma.data<T>(), *b = beta.data<T>();
-    const T *m = mean.data<T>(), *is = invstd.data<T>();
-    T* yp = y.data<T>();
-    parallel_for(d.N * d.C, [&](int64_t nc) {
-      const int64_t c = nc % d.C;
-      for (int64_t q = 0; q < d.HW; ++q)
-        yp[nc * d.HW + q] = bn_normalize(xp[nc * d.HW + q], m[c], is[c], g[c], b[c]);
-    }, 1);
+  UNETCU_DISPATCH_STORAGE(x.dtype(), S, {
+    using T = acc_t<S>;
+    normalize<S>(x.data<S>(), gamma.data<T>(), beta.data<T>(), mean.data<T>(), invstd.data<T>(),
+                 y.data<S>(), geo_of(x));
   });
 }
 
 void batchnorm_grad_sums(const TensorRef& grad_y, const TensorRef& x, const TensorRef& mean,
                          const TensorRef& invstd, const TensorRef& sums) {
-  UNETCU_DISPATCH_FLOAT(x.dtype(), T,
-                        grad_sums(grad_y.data<T>(), x.data<T>(), mean.data<T>(), invstd.data<T>(),
-                                  dims_of(x), sums.data<double>()));
+  UNETCU_DISPATCH_STORAGE(x.dtype(), S, {
+    using T = acc_t<S>;
+    grad_sums<false, S>(grad_y.data<S>(), nullptr, x.data<S>(), mean.data<T>(), invstd.data<T>(),
+                        geo_of(x), sums.data<double>());
+  });
 }
 
 void batchnorm_grad_apply(const TensorRef& grad_y, const TensorRef& x, const TensorRef& gamma,
                           const TensorRef& mean, const TensorRef& invstd,
                           const TensorRef& global_sums, double count, const TensorRef& grad_x,
                           double beta_x) {
-  const Dims d = dims_of(x);
-  const double* s = global_sums.data<double>();
-  UNETCU_DISPATCH_FLOAT(x.dtype(), T, {
-    const T *gy = grad_y.data<T>(), *xp = x.data<T>(), *g = gamma.data<T>();
-    const T *m = mean.data<T>(), *is = invstd.data<T>();
-    T* gx = grad_x.data<T>();
-    const T inv_m = T(1.0 / count), bx = T(beta_x);
-    parallel_for(d.N * d.C, [&](int64_t nc) {
-      const int64_t c = nc % d.C;
-      const T gi = g[c] * is[c], sdy = T(s[c]), sdx = T(s[d.C + c]);
-      for (int64_t q = 0; q < d.HW; ++q) {
-        const int64_t i = nc * d.HW + q;
-        store(gx + i, bn_backward_train(gy[i], (xp[i] - m[c]) * is[c], gi, inv_m, sdy, sdx), bx);
-      }
-    }, 1);
+  UNETCU_DISPATCH_STORAGE(x.dtype(), S, {
+    using T = acc_t<S>;
+    grad_apply<false, S>(grad_y.data<S>(), nullptr, x.data<S>(), gamma.data<T>(),
+                         mean.data<T>(), invstd.data<T>(), global_sums.data<double>(), count,
+                         true, grad_x.data<S>(), T(beta_x), nullptr, T(0), geo_of(x));
   });
-}
-
-}  // namespace unetcu::kernels::cpu
-
-// ---- fused batch norm + residual add + ReLU ----------------------------------------------
-
-namespace unetcu::kernels::cpu {
-namespace {
-
-template <class T>
-void add_relu_forward(const T* x, const T* gamma, const T* beta, const T* mean, const T* invstd,
-                      const T* residual, T* y, Dims d) {
-  parallel_for(d.N * d.C, [&](int64_t nc) {
-    const int64_t c = nc % d.C;
-    const T m = mean[c], is = invstd[c], gm = gamma[c], bt = beta[c];
-    const T* p = x + nc * d.HW;
-    T* o = y + nc * d.HW;
-    if (residual) {
-      const T* r = residual + nc * d.HW;
-      for (int64_t q = 0; q < d.HW; ++q) o[q] = bn_add_relu_forward(p[q], m, is, gm, bt, r[q]);
-    } else {
-      for (int64_t q = 0; q < d.HW; ++q) o[q] = bn_relu_forward(p[q], m, is, gm, bt);
-    }
-  }, plane_grain(d));
-}
-
-// Sums of g and g * xhat over one plane of HW values. The terms are formed a block at a time
-// in a loop of their own, which the compiler vectorises (the ReLU mask a blend: as a branch
-// inside the summing loop it is mispredicted half the time), then added in double in eight
-// lanes combined in a fixed order.
-template <class T>
-void plane_grad_sums(const T* gy, const T* y, const T* x, T mean, T invstd, int64_t HW,
-                     double* sum_g, double* sum_g_xhat) {
-  constexpr int kBlock = 256;
-  T g[kBlock], xhat[kBlock];
-  double a[8] = {0, 0, 0, 0, 0, 0, 0, 0}, b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int64_t q0 = 0; q0 < HW; q0 += kBlock) {
-    const int n = int(std::min<int64_t>(kBlock, HW - q0));
-    for (int j = 0; j < n; ++j)
-      bn_relu_grad_terms(gy[q0 + j], y[q0 + j], x[q0 + j], mean, invstd, g[j], xhat[j]);
-    int j = 0;
-    for (; j + 8 <= n; j += 8)
-      for (int l = 0; l < 8; ++l) {
-        a[l] += double(g[j + l]);
-        b[l] += double(g[j + l]) * double(xhat[j + l]);
-      }
-    for (; j < n; ++j) {
-      a[0] += double(g[j]);
-      b[0] += double(g[j]) * double(xhat[j]);
-    }
-  }
-  *sum_g = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-  *sum_g_xhat = ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
-}
-
-// Two passes over (dy, y, x): per-plane sums of g and g * xhat (g = dy masked by y > 0),
-// combined per channel in n order; then dx and the residual's gradient in one pass.
-template <class T>
-void add_relu_backward(const T* gy, const T* y, const T* x, const T* gamma, const T* mean,
-                       const T* invstd, bool training, T* gx, T beta_x, T* ggamma, T beta_gamma,
-                       T* gbeta, T beta_beta, T* gr, T beta_r, Dims d) {
-  const bool need_sums = ggamma || gbeta || (gx && training);
-  std::vector<double> sums(size_t(2 * d.C), 0.0);  // [C][sum g, sum g * xhat]
-  if (need_sums) {
-    std::vector<double> part(size_t(2 * d.N * d.C));
-    parallel_for(d.N * d.C, [&](int64_t nc) {
-      const int64_t c = nc % d.C, o = nc * d.HW;
-      plane_grad_sums(gy + o, y + o, x + o, mean[c], invstd[c], d.HW, &part[2 * nc],
-                      &part[2 * nc + 1]);
-    }, plane_grain(d));
-    for (int64_t c = 0; c < d.C; ++c)
-      for (int64_t n = 0; n < d.N; ++n) {
-        sums[2 * c] += part[2 * (n * d.C + c)];
-        sums[2 * c + 1] += part[2 * (n * d.C + c) + 1];
-      }
-  }
-  for (int64_t c = 0; c < d.C; ++c) {
-    if (ggamma) store(ggamma + c, T(sums[2 * c + 1]), beta_gamma);
-    if (gbeta) store(gbeta + c, T(sums[2 * c]), beta_beta);
-  }
-  if (!gx && !gr) return;
-  const T inv_m = T(1.0 / double(d.N * d.HW));
-  parallel_for(d.N * d.C, [&](int64_t nc) {
-    const int64_t c = nc % d.C, o = nc * d.HW;
-    const T m = mean[c], is = invstd[c], gi = gamma[c] * is;
-    const T sg = T(sums[2 * c]), sgx = T(sums[2 * c + 1]);
-    if (gx)
-      for (int64_t q = 0; q < d.HW; ++q)
-        store(gx + o + q,
-              bn_relu_backward_dx(gy[o + q], y[o + q], x[o + q], m, is, gi, inv_m, sg, sgx, training),
-              beta_x);
-    if (gr)
-      for (int64_t q = 0; q < d.HW; ++q) store(gr + o + q, kernels::relu_backward(gy[o + q], y[o + q]), beta_r);
-  }, plane_grain(d));
-}
-
-template <class T> T* data_or_null(const TensorRef& t) { return t.defined() ? t.data<T>() : nullptr; }
-
-}  // namespace
-
-void batchnorm_stats(const TensorRef& x, const TensorRef& mean, const TensorRef& invstd,
-                     const TensorRef& running_mean, const TensorRef& running_var, double momentum,
-                     double eps) {
-  UNETCU_DISPATCH_FLOAT(x.dtype(), T,
-                        stats<T>(x.data<T>(), dims_of(x), momentum, eps, mean.data<T>(),
-                                 invstd.data<T>(), running_mean.data<T>(),
-                                 running_var.data<T>()));
-}
-
-void batchnorm_add_relu_forward(const TensorRef& x, const TensorRef& gamma, const TensorRef& beta,
-                                const TensorRef& mean, const TensorRef& invstd,
-                                const TensorRef& residual, const TensorRef& y) {
-  UNETCU_DISPATCH_FLOAT(x.dtype(), T,
-                        add_relu_forward<T>(x.data<T>(), gamma.data<T>(), beta.data<T>(),
-                                            mean.data<T>(), invstd.data<T>(),
-                                            data_or_null<T>(residual), y.data<T>(), dims_of(x)));
-}
-
-void batchnorm_add_relu_backward(const TensorRef& grad_y, const TensorRef& y, const TensorRef& x,
-                                 const TensorRef& gamma, const TensorRef& mean,
-                                 const TensorRef& invstd, bool training, const TensorRef& grad_x,
-                                 double beta_x, const TensorRef& grad_gamma, double beta_gamma,
-                                 const TensorRef& grad_beta, double beta_beta,
-                                 const TensorRef& grad_residual, double beta_residual) {
-  UNETCU_DISPATCH_FLOAT(
-      x.dtype(), T,
-      add_relu_backward<T>(grad_y.data<T>(), y.data<T>(), x.data<T>(), gamma.data<T>(),
-                           mean.data<T>(), invstd.data<T>(), training, data_or_null<T>(grad_x),
-                           T(beta_x), data_or_null<T>(grad_gamma), T(beta_gamma),
-                           data_or_null<T>(grad_beta), T(beta_beta),
-                           data_or_null<T>(grad_residual), T(beta_residual), dims_of(x)));
 }
 
 }  // namespace unetcu::kernels::cpu

@@ -1,26 +1,371 @@
-// CUDA batch normalisation. Training forward/backward and eval forward through cuDNN's
-// spatial batch-norm calls; the running statistics follow PyTorch (exponential average with
-// factor = momentum, unbiased variance), as cuDNN does. The eval-mode backward (statistics as
-// constants) and the eval statistics are small hand-written kernels. Batch norm fused with the
-// residual add and ReLU is hand-written over kernels/bodies/batchnorm.h (end of this file).
+// CUDA batch normalisation, plain, synchronized and fused with the residual add and ReLU, over
+// the bodies the CPU runs (kernels/bodies/batchnorm.h), with the CPU's arithmetic: activations
+// stored as float32 or bfloat16 (S) in NCHW or NHWC, the per-channel tensors and all
+// arithmetic in float32 (acc_t<S>), the sums of a channel in double. Training statistics are
+// shifted sums (well conditioned however large the mean); the running statistics follow
+// PyTorch (momentum, unbiased variance).
 //
-// Gradient rule: dx is written (beta 0) or accumulated (beta 1) through cuDNN's
-// betaDataDiff; dgamma/dbeta through betaParamDiff, which cuDNN applies to both, so when
-// their betas differ (or one is not wanted) the parameter gradients go through scratch.
+// Per-channel reductions (statistics, the backward's sums) run over many blocks per channel:
+// a grid of (chunk, channel) blocks each writes its partial sums to scratch from the caching
+// allocator, then one block per channel adds its partials in a fixed order and finishes
+// (statistics, dgamma/dbeta). Deterministic, no atomics, and a channel of any size fills the
+// GPU.
+//   NCHW: a chunk is part of one (n, c) plane (up to kReducePerBlock values): grid
+//     (N * parts, C), threads striding along the plane.
+//   NHWC: the channel is innermost, so a block is (channels, pixel rows): threadIdx.x over up
+//     to 32 consecutive channels (a warp reads consecutive addresses), threadIdx.y over
+//     pixels; grid (pixel chunks, channel groups). The rows' sums are added in shared memory
+//     in a fixed tree.
+// Elementwise passes: NCHW over (plane, part) blocks, NHWC over the same (channels, pixel rows)
+// blocks; each thread keeps one channel's constants in registers. No index division per
+// element (one per block).
+//
+// Gradient rule: each gradient is written (beta 0) or accumulated (beta 1) by its own beta,
+// in the compute type, rounded once to the storage type.
 #include "kernels/cuda/common.cuh"
 #include "kernels/bodies/batchnorm.h"
-#include "kernels/cuda/cudnn_util.cuh"
 #include "kernels/bodies/elementwise.h"
 #include "kernels/launchers.h"
 
 namespace unetcu::kernels::cuda {
 namespace {
 
-struct BnDescs {
-  TensorDesc x, param;
-  explicit BnDescs(const TensorRef& t) {
-    x.set(t.dim(0), t.dim(1), t.dim(2), t.dim(3));
-    CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(param.d, x.d, CUDNN_BATCHNORM_SPATIAL));
+// [N, C, H*W] in either memory order; P = N*H*W pixels, the values of a channel.
+struct Geo {
+  int64_t N, C, HW;
+  bool nhwc;
+  int64_t pixels() const { return N * HW; }
+};
+Geo geo_of(const TensorRef& x) { return {x.dim(0), x.dim(1), x.dim(2) * x.dim(3), x.nhwc()}; }
+
+// Runs f(S{}) with S the storage type of the activations: float32 or bf16 (the CUDA backend
+// computes in float32; the op layer refuses float64).
+template <class F> void dispatch_storage(DType dtype, F&& f) {
+  if (dtype == DType::BF16)
+    f(bf16{});
+  else if (dtype == DType::F32)
+    f(float{});
+  else
+    UNETCU_CHECK(false, "CUDA batch norm: no ", dtype_name(dtype), " kernel");
+}
+
+template <class T> T* data_or_null(const TensorRef& t) { return t.defined() ? t.data<T>() : nullptr; }
+
+// ---- geometry ----------------------------------------------------------------------------
+
+constexpr int64_t kReducePerBlock = 8 * kThreads;  // NCHW: values a reduction block sums
+constexpr int64_t kPixelsPerThread = 16;           // NHWC: pixels a reduction thread sums
+
+// NHWC blocks: cb channels (a power of two up to 32) by kThreads / cb pixel rows.
+struct NhwcBlock {
+  int cb, rows;
+  unsigned groups;  // channel groups: ceil(C / cb)
+};
+NhwcBlock nhwc_block(int64_t C) {
+  int cb = 1;
+  while (cb < 32 && cb < C) cb *= 2;
+  const int64_t groups = (C + cb - 1) / cb;
+  UNETCU_CHECK(groups <= 65535, "batch norm: too many channels for one launch");
+  return {cb, kThreads / cb, unsigned(groups)};
+}
+
+// ---- reductions --------------------------------------------------------------------------
+//
+// A Term gives, per channel, its constants (channel(c, first): first is the memory index of
+// the channel's first element) and adds one element's two terms (add(k, i, a, b)). Partials
+// are laid out [2][C][k]: k partials of each channel, first sums then second.
+
+// Shifted sums (x - shift, (x - shift)²) with the channel's first element as the shift, or
+// plain sums (shift 0) for the synchronized statistics.
+template <class S> struct StatsTerm {
+  const S* x;
+  bool shifted;
+  __device__ double channel(int64_t, int64_t first) const {
+    return shifted ? double(acc_t<S>(x[first])) : 0.0;
+  }
+  __device__ void add(double shift, int64_t i, double& a, double& b) const {
+    bn_stats_accumulate(acc_t<S>(x[i]), shift, a, b);
+  }
+};
+
+// (g, g * xhat): g = dy, or g = relu_backward(dy, y) with kMask (the fused op).
+template <class S, bool kMask> struct GradTerm {
+  using T = acc_t<S>;
+  const S *dy, *y, *x;
+  const T *mean, *invstd;
+  struct Consts {
+    T mean, invstd;
+  };
+  __device__ Consts channel(int64_t c, int64_t) const { return {mean[c], invstd[c]}; }
+  __device__ void add(const Consts& k, int64_t i, double& a, double& b) const {
+    T g, xhat;
+    if constexpr (kMask) {
+      bn_relu_grad_terms(T(dy[i]), T(y[i]), T(x[i]), k.mean, k.invstd, g, xhat);
+    } else {
+      g = T(dy[i]);
+      xhat = (T(x[i]) - k.mean) * k.invstd;
+    }
+    a += double(g);
+    b += double(g) * double(xhat);
+  }
+};
+
+// NCHW: block (n, part) of channel blockIdx.y sums values [lo, hi) of plane (n, c).
+template <class Term>
+__global__ void nchw_partials_kernel(Term term, int64_t C, int64_t HW, int parts, int64_t chunk,
+                                     double* partials) {
+  const int64_t c = blockIdx.y;
+  const int n = int(blockIdx.x) / parts, part = int(blockIdx.x) - n * parts;
+  const int64_t base = (int64_t(n) * C + c) * HW;
+  const auto k = term.channel(c, c * HW);
+  const int64_t lo = part * chunk, hi = min(HW, lo + chunk);
+  double a = 0, b = 0;
+  for (int64_t q = lo + threadIdx.x; q < hi; q += blockDim.x) term.add(k, base + q, a, b);
+  a = block_sum(a);
+  b = block_sum(b);
+  if (threadIdx.x == 0) {
+    const int64_t nk = gridDim.x;
+    partials[c * nk + blockIdx.x] = a;
+    partials[(C + c) * nk + blockIdx.x] = b;
+  }
+}
+
+// NHWC: block (chunk, group): channel c = group * blockDim.x + threadIdx.x, pixels
+// [chunk * chunk_pixels, +chunk_pixels) strided by blockDim.y rows; the rows' sums added in
+// shared memory (blockDim.y a power of two) in a fixed tree.
+template <class Term>
+__global__ void nhwc_partials_kernel(Term term, int64_t C, int64_t P, int64_t chunk_pixels,
+                                     double* partials) {
+  __shared__ double sa[kThreads], sb[kThreads];
+  const int cx = threadIdx.x, ry = threadIdx.y, cb = blockDim.x;
+  const int64_t c = int64_t(blockIdx.y) * cb + cx;
+  double a = 0, b = 0;
+  if (c < C) {
+    const auto k = term.channel(c, c);
+    const int64_t p0 = int64_t(blockIdx.x) * chunk_pixels + ry;
+    const int64_t p1 = min(P, int64_t(blockIdx.x + 1) * chunk_pixels);
+    const int64_t step = int64_t(blockDim.y) * C;
+    int64_t i = p0 * C + c;
+    for (int64_t p = p0; p < p1; p += blockDim.y, i += step) term.add(k, i, a, b);
+  }
+  sa[ry * cb + cx] = a;
+  sb[ry * cb + cx] = b;
+  __syncthreads();
+  for (int s = int(blockDim.y) / 2; s > 0; s /= 2) {
+    if (ry < s) {
+      sa[ry * cb + cx] += sa[(ry + s) * cb + cx];
+      sb[ry * cb + cx] += sb[(ry + s) * cb + cx];
+    }
+    __syncthreads();
+  }
+  if (ry == 0 && c < C) {
+    const int64_t nk = gridDim.x;
+    partials[c * nk + blockIdx.x] = sa[cx];
+    partials[(C + c) * nk + blockIdx.x] = sb[cx];
+  }
+}
+
+// One block per channel: its k partials added in a fixed order (thread-strided, then the block
+// tree), then finish(c, s1, s2) in thread 0. k = 0 (no values) gives zero sums.
+template <class Finish>
+__global__ void finish_kernel(const double* partials, int64_t k, int64_t C, Finish finish) {
+  const int64_t c = blockIdx.x;
+  double a = 0, b = 0;
+  for (int64_t j = threadIdx.x; j < k; j += blockDim.x) {
+    a += partials[c * k + j];
+    b += partials[(C + c) * k + j];
+  }
+  a = block_sum(a);
+  b = block_sum(b);
+  if (threadIdx.x == 0) finish(c, a, b);
+}
+
+// Mean, invstd and the running statistics of channel c from its shifted sums.
+template <class S> struct StatsFinish {
+  using T = acc_t<S>;
+  const S* x;  // for the shift: the channel's first element
+  int64_t HW;
+  bool nhwc;
+  double count, momentum, eps;
+  T *mean, *invstd, *rm, *rv;
+  __device__ void operator()(int64_t c, double s1, double s2) const {
+    const double shift = double(T(x[nhwc ? c : c * HW]));
+    double mu, var;  // var biased: used to normalise
+    bn_stats_finish(s1, s2, count, shift, mu, var);
+    mean[c] = T(mu);
+    invstd[c] = T(1.0 / sqrt(var + eps));
+    rm[c] = bn_running_update(rm[c], T(mu), T(momentum));
+    rv[c] = bn_running_update(rv[c], T(var * count / (count - 1)), T(momentum));
+  }
+};
+
+// sums [2, C] written; dgamma = second sum, dbeta = first, each absent or stored by its beta.
+struct SumsFinish {
+  double* sums;
+  int64_t C;
+  float *dgamma, beta_gamma, *dbeta, beta_beta;
+  __device__ void operator()(int64_t c, double a, double b) const {
+    sums[c] = a;
+    sums[C + c] = b;
+    if (dgamma) store(dgamma + c, float(b), beta_gamma);
+    if (dbeta) store(dbeta + c, float(a), beta_beta);
+  }
+};
+
+// The partials of term over the geometry, then finish per channel; the partials in scratch
+// from the caching allocator on the stream.
+template <class Term, class Finish>
+void reduce(const Geo& d, const Term& term, const Finish& finish, int device, cudaStream_t stream,
+            const char* what) {
+  if (d.C == 0) return;
+  const int64_t P = d.pixels();
+  int64_t k = 0, parts = 0, chunk = 0;  // k: partials per channel
+  NhwcBlock nb{};
+  if (P > 0) {
+    if (d.nhwc) {
+      nb = nhwc_block(d.C);
+      chunk = int64_t(nb.rows) * kPixelsPerThread;  // pixels
+      k = (P + chunk - 1) / chunk;
+    } else {
+      UNETCU_CHECK(d.C <= 65535, "batch norm: more than 65535 channels");
+      parts = (d.HW + kReducePerBlock - 1) / kReducePerBlock;
+      chunk = (d.HW + parts - 1) / parts;  // values of a plane
+      k = d.N * parts;
+    }
+    UNETCU_CHECK(k < (int64_t(1) << 31), "batch norm: input too large for one launch");
+  }
+  UNETCU_CHECK(d.C < (int64_t(1) << 31), "batch norm: too many channels for one launch");
+  unetcu::cuda::DeviceBuffer partials(device, size_t(2 * d.C * k) * sizeof(double));
+  double* pp = static_cast<double*>(partials.get());
+  if (k > 0) {
+    if (d.nhwc)
+      nhwc_partials_kernel<<<dim3(unsigned(k), nb.groups), dim3(unsigned(nb.cb), unsigned(nb.rows)),
+                             0, stream>>>(term, d.C, P, chunk, pp);
+    else
+      nchw_partials_kernel<<<dim3(unsigned(k), unsigned(d.C)), kThreads, 0, stream>>>(
+          term, d.C, d.HW, int(parts), chunk, pp);
+    CUDA_CHECK_LAUNCH(stream, what);
+  }
+  finish_kernel<<<unsigned(d.C), kThreads, 0, stream>>>(pp, k, d.C, finish);
+  CUDA_CHECK_LAUNCH(stream, what);
+}
+
+// ---- elementwise passes ------------------------------------------------------------------
+//
+// An Op gives, per channel, its constants (channel(c)) and handles one element (op(k, i)).
+
+// NCHW: block (plane nc, part): the plane's channel once per block.
+template <class Op>
+__global__ void nchw_elementwise_kernel(Op op, int64_t C, int64_t HW) {
+  const int64_t nc = blockIdx.x, base = nc * HW;
+  const auto k = op.channel(nc % C);
+  for (int64_t q = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; q < HW;
+       q += int64_t(gridDim.y) * blockDim.x)
+    op(k, base + q);
+}
+
+// NHWC: block (pixel block, channel group): thread (cx, ry) keeps channel
+// group * blockDim.x + cx and strides over pixels.
+template <class Op>
+__global__ void nhwc_elementwise_kernel(Op op, int64_t C, int64_t P) {
+  const int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const auto k = op.channel(c);
+  const int64_t p0 = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.y;
+  for (int64_t p = p0, i = p0 * C + c; p < P; p += stride, i += stride * C) op(k, i);
+}
+
+template <class Op>
+void elementwise(const Geo& d, const Op& op, cudaStream_t stream, const char* what) {
+  const int64_t P = d.pixels();
+  if (P == 0 || d.C == 0) return;
+  if (d.nhwc) {
+    const NhwcBlock nb = nhwc_block(d.C);
+    // Each thread takes a few pixels; at most 65535 pixel blocks (the grid strides).
+    const int64_t per_block = int64_t(nb.rows) * 4;
+    const int64_t blocks = std::clamp<int64_t>((P + per_block - 1) / per_block, 1, 65535);
+    nhwc_elementwise_kernel<<<dim3(unsigned(blocks), nb.groups),
+                              dim3(unsigned(nb.cb), unsigned(nb.rows)), 0, stream>>>(op, d.C, P);
+  } else {
+    const int64_t planes = d.N * d.C;
+    UNETCU_CHECK(planes < (int64_t(1) << 31), "batch norm: too many planes for one launch");
+    const int64_t parts = std::clamp<int64_t>((d.HW + 4 * kThreads - 1) / (4 * kThreads), 1, 65535);
+    nchw_elementwise_kernel<<<dim3(unsigned(planes), unsigned(parts)), kThreads, 0, stream>>>(
+        op, d.C, d.HW);
+  }
+  CUDA_CHECK_LAUNCH(stream, what);
+}
+
+template <class T> struct NormConsts {
+  T mean, invstd, gamma, beta;
+};
+
+// y = bn_normalize(x) (+ residual, relu: kFused) with per-channel mean and invstd; eval mode
+// passes the running variance instead (invstd computed per channel as the CPU does).
+template <class S, bool kFused> struct NormalizeOp {
+  using T = acc_t<S>;
+  const S* x;
+  const S* residual;  // kFused only; may be absent
+  S* y;
+  const T *gamma, *beta, *mean, *invstd;
+  const T* running_var;  // instead of invstd when set
+  double eps;
+  __device__ NormConsts<T> channel(int64_t c) const {
+    const T is = running_var ? T(1.0 / sqrt(double(running_var[c]) + eps)) : invstd[c];
+    return {mean[c], is, gamma[c], beta[c]};
+  }
+  __device__ void operator()(const NormConsts<T>& k, int64_t i) const {
+    const T xv = T(x[i]);
+    if constexpr (kFused) {
+      y[i] = to_storage<S>(residual
+                               ? bn_add_relu_forward(xv, k.mean, k.invstd, k.gamma, k.beta, T(residual[i]))
+                               : bn_relu_forward(xv, k.mean, k.invstd, k.gamma, k.beta));
+    } else {
+      y[i] = to_storage<S>(bn_normalize(xv, k.mean, k.invstd, k.gamma, k.beta));
+    }
+  }
+};
+
+template <class T> struct GradConsts {
+  T mean, invstd, gamma_invstd, sum_g, sum_g_xhat;
+};
+
+// dx (and, kFused, the residual's gradient g = relu_backward(dy, y)) from the channel sums
+// [2, C] (absent where not needed).
+template <class S, bool kFused> struct GradApplyOp {
+  using T = acc_t<S>;
+  const S *dy, *y, *x;
+  const T *gamma, *mean, *invstd;
+  const double* sums;
+  int64_t C;
+  T inv_m;
+  bool training;
+  S* dx;
+  T beta_x;
+  S* dr;  // kFused only
+  T beta_r;
+  __device__ GradConsts<T> channel(int64_t c) const {
+    const T is = invstd[c];
+    return {mean[c], is, gamma[c] * is, sums ? T(sums[c]) : T(0), sums ? T(sums[C + c]) : T(0)};
+  }
+  __device__ void operator()(const GradConsts<T>& k, int64_t i) const {
+    const T g = T(dy[i]);
+    if constexpr (kFused) {
+      const T yv = T(y[i]);
+      if (dx)
+        bn_store(dx + i,
+                 bn_relu_backward_dx(g, yv, T(x[i]), k.mean, k.invstd, k.gamma_invstd, inv_m,
+                                     k.sum_g, k.sum_g_xhat, training),
+                 beta_x);
+      if (dr) bn_store(dr + i, kernels::relu_backward(g, yv), beta_r);
+    } else {
+      bn_store(dx + i,
+               training ? bn_backward_train(g, (T(x[i]) - k.mean) * k.invstd, k.gamma_invstd, inv_m,
+                                            k.sum_g, k.sum_g_xhat)
+                        : g * k.gamma_invstd,
+               beta_x);
+    }
   }
 };
 
@@ -29,137 +374,6 @@ __global__ void eval_stats_kernel(const float* rm, const float* rv, double eps, 
   GRID_STRIDE(c, C) {
     mean[c] = rm[c];
     invstd[c] = float(1.0 / sqrt(double(rv[c]) + eps));
-  }
-}
-
-// One block per channel: sums over N*HW, then dx = dy * gamma * invstd.
-__global__ void eval_backward_kernel(const float* dy, const float* x, const float* gamma,
-                                     const float* mean, const float* invstd, int64_t N, int64_t C,
-                                     int64_t HW, float* dx, float beta_x, float* dgamma,
-                                     float beta_g, float* dbeta, float beta_b) {
-  const int64_t c = blockIdx.x;
-  const float m = mean[c], is = invstd[c], gi = gamma[c] * is;
-  double s_dy = 0, s_dy_xhat = 0;
-  for (int64_t k = threadIdx.x; k < N * HW; k += blockDim.x) {
-    const int64_t i = ((k / HW) * C + c) * HW + k % HW;
-    s_dy += dy[i];
-    s_dy_xhat += double(dy[i]) * double((x[i] - m) * is);
-    if (dx) store(dx + i, dy[i] * gi, beta_x);
-  }
-  s_dy = block_sum(s_dy);
-  s_dy_xhat = block_sum(s_dy_xhat);
-  if (threadIdx.x == 0) {
-    if (dgamma) store(dgamma + c, float(s_dy_xhat), beta_g);
-    if (dbeta) store(dbeta + c, float(s_dy), beta_b);
-  }
-}
-
-}  // namespace
-
-void batchnorm_forward_train(const TensorRef& x, const TensorRef& gamma, const TensorRef& beta,
-                             const TensorRef& y, const TensorRef& save_mean,
-                             const TensorRef& save_invstd, const TensorRef& running_mean,
-                             const TensorRef& running_var, double momentum, double eps) {
-  Launch l(x);
-  BnDescs d(x);
-  const float one = 1, zero = 0;
-  unetcu::cuda::CudnnLock h(x.device().index);
-  CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
-      h.handle(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, d.x.d, x.raw(), d.x.d, y.raw(), d.param.d,
-      gamma.raw(), beta.raw(), momentum, running_mean.raw(), running_var.raw(), eps,
-      save_mean.raw(), save_invstd.raw()));
-  CUDA_CHECK_LAUNCH(l.stream, "batchnorm_forward_train");
-}
-
-void batchnorm_forward_eval(const TensorRef& x, const TensorRef& gamma, const TensorRef& beta,
-                            const TensorRef& running_mean, const TensorRef& running_var, double eps,
-                            const TensorRef& y) {
-  Launch l(x);
-  BnDescs d(x);
-  const float one = 1, zero = 0;
-  unetcu::cuda::CudnnLock h(x.device().index);
-  CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
-      h.handle(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, d.x.d, x.raw(), d.x.d, y.raw(), d.param.d,
-      gamma.raw(), beta.raw(), running_mean.raw(), running_var.raw(), eps));
-  CUDA_CHECK_LAUNCH(l.stream, "batchnorm_forward_eval");
-}
-
-void batchnorm_eval_stats(const TensorRef& running_mean, const TensorRef& running_var, double eps,
-                          const TensorRef& mean, const TensorRef& invstd) {
-  const int64_t C = mean.numel();
-  Launch l(mean);
-  eval_stats_kernel<<<blocks_for(C), kThreads, 0, l.stream>>>(
-      fdata(running_mean), fdata(running_var), eps, fdata(mean), fdata(invstd), C);
-  CUDA_CHECK_LAUNCH(l.stream, "batchnorm_eval_stats");
-}
-
-void batchnorm_backward(const TensorRef& grad_y, const TensorRef& x, const TensorRef& gamma,
-                        const TensorRef& mean, const TensorRef& invstd, bool training, double eps,
-                        const TensorRef& grad_x, double beta_x, const TensorRef& grad_gamma,
-                        double beta_gamma, const TensorRef& grad_beta, double beta_beta) {
-  Launch l(x);
-  const int64_t N = x.dim(0), C = x.dim(1), HW = x.dim(2) * x.dim(3);
-  if (!training) {
-    eval_backward_kernel<<<int(C), kThreads, 0, l.stream>>>(
-        fdata(grad_y), fdata(x), fdata(gamma), fdata(mean), fdata(invstd), N, C, HW,
-        grad_x.defined() ? fdata(grad_x) : nullptr, float(beta_x),
-        grad_gamma.defined() ? fdata(grad_gamma) : nullptr, float(beta_gamma),
-        grad_beta.defined() ? fdata(grad_beta) : nullptr, float(beta_beta));
-    CUDA_CHECK_LAUNCH(l.stream, "batchnorm_backward (eval)");
-    return;
-  }
-  // cuDNN writes dx, dgamma and dbeta every time: point the unwanted ones at scratch.
-  const int dev = x.device().index;
-  const bool direct_params =
-      grad_gamma.defined() && grad_beta.defined() && beta_gamma == beta_beta;
-  const size_t param_bytes = size_t(C) * sizeof(float);
-  unetcu::cuda::DeviceBuffer dx_scratch(dev, grad_x.defined() ? 0 : x.nbytes());
-  unetcu::cuda::DeviceBuffer dg_scratch(dev, direct_params ? 0 : param_bytes);
-  unetcu::cuda::DeviceBuffer db_scratch(dev, direct_params ? 0 : param_bytes);
-  const TensorRef dx =
-      grad_x.defined() ? grad_x : TensorRef(dx_scratch.get(), DType::F32, x.device(), x.shape());
-  const TensorRef dg =
-      direct_params ? grad_gamma : TensorRef(dg_scratch.get(), DType::F32, x.device(), {C});
-  const TensorRef db =
-      direct_params ? grad_beta : TensorRef(db_scratch.get(), DType::F32, x.device(), {C});
-  const float one = 1, bx = grad_x.defined() ? float(beta_x) : 0.f;
-  const float bp = direct_params ? float(beta_gamma) : 0.f;
-  BnDescs d(x);
-  {
-    unetcu::cuda::CudnnLock h(dev);
-    CUDNN_CHECK(cudnnBatchNormalizationBackward(
-        h.handle(), CUDNN_BATCHNORM_SPATIAL, &one, &bx, &one, &bp, d.x.d, x.raw(), d.x.d,
-        grad_y.raw(), d.x.d, dx.raw(), d.param.d, gamma.raw(), dg.raw(), db.raw(), eps, mean.raw(),
-        invstd.raw()));
-  }
-  CUDA_CHECK_LAUNCH(l.stream, "batchnorm_backward");
-  if (!direct_params) {
-    if (grad_gamma.defined()) axpby(grad_gamma, 1.0, dg, beta_gamma);
-    if (grad_beta.defined()) axpby(grad_beta, 1.0, db, beta_beta);
-  }
-}
-
-}  // namespace unetcu::kernels::cuda
-
-// ---- synchronized batch norm: the per-replica pieces; the caller all-reduces the sums ----
-
-namespace unetcu::kernels::cuda {
-namespace {
-
-// One block per channel: s[c] = sum x, s[C + c] = sum x² over N*HW.
-__global__ void channel_sums_kernel(const float* x, int64_t N, int64_t C, int64_t HW, double* s) {
-  const int64_t c = blockIdx.x;
-  double a = 0, b = 0;
-  for (int64_t k = threadIdx.x; k < N * HW; k += blockDim.x) {
-    const float v = x[((k / HW) * C + c) * HW + k % HW];
-    a += v;
-    b += double(v) * v;
-  }
-  a = block_sum(a);
-  b = block_sum(b);
-  if (threadIdx.x == 0) {
-    s[c] = a;
-    s[C + c] = b;
   }
 }
 
@@ -175,33 +389,6 @@ __global__ void sync_stats_kernel(const double* s, double count, double momentum
   }
 }
 
-__global__ void apply_kernel(const float* x, const float* gamma, const float* beta,
-                             const float* mean, const float* invstd, float* y, int64_t C,
-                             int64_t HW, int64_t n) {
-  GRID_STRIDE(i, n) {
-    const int64_t c = (i / HW) % C;
-    y[i] = bn_normalize(x[i], mean[c], invstd[c], gamma[c], beta[c]);
-  }
-}
-
-__global__ void grad_sums_kernel(const float* dy, const float* x, const float* mean,
-                                 const float* invstd, int64_t N, int64_t C, int64_t HW, double* s) {
-  const int64_t c = blockIdx.x;
-  const float m = mean[c], is = invstd[c];
-  double a = 0, b = 0;
-  for (int64_t k = threadIdx.x; k < N * HW; k += blockDim.x) {
-    const int64_t i = ((k / HW) * C + c) * HW + k % HW;
-    a += dy[i];
-    b += double(dy[i]) * double((x[i] - m) * is);
-  }
-  a = block_sum(a);
-  b = block_sum(b);
-  if (threadIdx.x == 0) {
-    s[c] = a;
-    s[C + c] = b;
-  }
-}
-
 __global__ void param_grads_kernel(const double* s, float* dg, float beta_g, float* db,
                                    float beta_b, int64_t C) {
   GRID_STRIDE(c, C) {
@@ -210,33 +397,171 @@ __global__ void param_grads_kernel(const double* s, float* dg, float beta_g, flo
   }
 }
 
-__global__ void grad_apply_kernel(const float* dy, const float* x, const float* gamma,
-                                  const float* mean, const float* invstd, const double* s,
-                                  float inv_count, float* dx, float beta_x, int64_t C, int64_t HW,
-                                  int64_t n) {
-  GRID_STRIDE(i, n) {
-    const int64_t c = (i / HW) % C;
-    const float is = invstd[c];
-    store(dx + i,
-          bn_backward_train(dy[i], (x[i] - mean[c]) * is, gamma[c] * is, inv_count, float(s[c]),
-                            float(s[C + c])),
-          beta_x);
+// Training statistics of x into mean/invstd, running statistics updated.
+template <class S>
+void launch_stats(const TensorRef& x, const TensorRef& mean, const TensorRef& invstd,
+                  const TensorRef& running_mean, const TensorRef& running_var, double momentum,
+                  double eps, cudaStream_t stream, const char* what) {
+  const Geo d = geo_of(x);
+  const StatsTerm<S> term{x.data<S>(), true};
+  const StatsFinish<S> finish{x.data<S>(), d.HW, d.nhwc, double(d.pixels()), momentum, eps,
+                              mean.data<float>(), invstd.data<float>(),
+                              running_mean.data<float>(), running_var.data<float>()};
+  reduce(d, term, finish, x.device().index, stream, what);
+}
+
+// Backward of batch_norm2d (kFused false: y absent, g = dy) and of the fused op: the sums when
+// any gradient needs them (dgamma and dbeta stored by the finish), then dx (and the residual's
+// gradient) in one elementwise pass.
+template <class S, bool kFused>
+void launch_backward(const TensorRef& grad_y, const TensorRef& y, const TensorRef& x,
+                     const TensorRef& gamma, const TensorRef& mean, const TensorRef& invstd,
+                     bool training, const TensorRef& grad_x, double beta_x,
+                     const TensorRef& grad_gamma, double beta_gamma, const TensorRef& grad_beta,
+                     double beta_beta, const TensorRef& grad_residual, double beta_residual,
+                     cudaStream_t stream, const char* what) {
+  const Geo d = geo_of(x);
+  const int dev = x.device().index;
+  const bool need_sums =
+      grad_gamma.defined() || grad_beta.defined() || (grad_x.defined() && training);
+  unetcu::cuda::DeviceBuffer sums(dev, need_sums ? size_t(2 * d.C) * sizeof(double) : 0);
+  double* sp = need_sums ? static_cast<double*>(sums.get()) : nullptr;
+  const S* yp = kFused ? y.data<S>() : nullptr;
+  if (need_sums) {
+    const GradTerm<S, kFused> term{grad_y.data<S>(), yp, x.data<S>(), mean.data<float>(),
+                                   invstd.data<float>()};
+    const SumsFinish finish{sp, d.C, data_or_null<float>(grad_gamma), float(beta_gamma),
+                            data_or_null<float>(grad_beta), float(beta_beta)};
+    reduce(d, term, finish, dev, stream, what);
   }
+  if (!grad_x.defined() && !grad_residual.defined()) return;
+  const GradApplyOp<S, kFused> op{grad_y.data<S>(), yp, x.data<S>(), gamma.data<float>(),
+                                  mean.data<float>(), invstd.data<float>(), sp, d.C,
+                                  float(1.0 / double(d.pixels())), training,
+                                  data_or_null<S>(grad_x), float(beta_x),
+                                  data_or_null<S>(grad_residual), float(beta_residual)};
+  elementwise(d, op, stream, what);
 }
 
 }  // namespace
 
+void batchnorm_forward_train(const TensorRef& x, const TensorRef& gamma, const TensorRef& beta,
+                             const TensorRef& y, const TensorRef& save_mean,
+                             const TensorRef& save_invstd, const TensorRef& running_mean,
+                             const TensorRef& running_var, double momentum, double eps) {
+  if (x.numel() == 0) return;  // training refuses an empty batch (op layer): nothing to launch
+  Launch l(x);
+  dispatch_storage(x.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    launch_stats<S>(x, save_mean, save_invstd, running_mean, running_var, momentum, eps,
+                    l.stream, "batchnorm_forward_train (statistics)");
+    const NormalizeOp<S, false> op{x.data<S>(), nullptr, y.data<S>(), gamma.data<float>(),
+                                   beta.data<float>(), save_mean.data<float>(),
+                                   save_invstd.data<float>(), nullptr, 0.0};
+    elementwise(geo_of(x), op, l.stream, "batchnorm_forward_train");
+  });
+}
+
+void batchnorm_forward_eval(const TensorRef& x, const TensorRef& gamma, const TensorRef& beta,
+                            const TensorRef& running_mean, const TensorRef& running_var, double eps,
+                            const TensorRef& y) {
+  if (x.numel() == 0) return;
+  Launch l(x);
+  dispatch_storage(x.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    const NormalizeOp<S, false> op{x.data<S>(), nullptr, y.data<S>(), gamma.data<float>(),
+                                   beta.data<float>(), running_mean.data<float>(), nullptr,
+                                   running_var.data<float>(), eps};
+    elementwise(geo_of(x), op, l.stream, "batchnorm_forward_eval");
+  });
+}
+
+void batchnorm_eval_stats(const TensorRef& running_mean, const TensorRef& running_var, double eps,
+                          const TensorRef& mean, const TensorRef& invstd) {
+  const int64_t C = mean.numel();
+  if (C == 0) return;
+  Launch l(mean);
+  eval_stats_kernel<<<blocks_for(C), kThreads, 0, l.stream>>>(
+      fdata(running_mean), fdata(running_var), eps, fdata(mean), fdata(invstd), C);
+  CUDA_CHECK_LAUNCH(l.stream, "batchnorm_eval_stats");
+}
+
+void batchnorm_backward(const TensorRef& grad_y, const TensorRef& x, const TensorRef& gamma,
+                        const TensorRef& mean, const TensorRef& invstd, bool training, double,
+                        const TensorRef& grad_x, double beta_x, const TensorRef& grad_gamma,
+                        double beta_gamma, const TensorRef& grad_beta, double beta_beta) {
+  Launch l(x);
+  dispatch_storage(x.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    launch_backward<S, false>(grad_y, TensorRef(), x, gamma, mean, invstd, training, grad_x,
+                              beta_x, grad_gamma, beta_gamma, grad_beta, beta_beta, TensorRef(),
+                              0.0, l.stream, "batchnorm_backward");
+  });
+}
+
+// ---- fused batch norm + (residual add) + ReLU --------------------------------------------
+
+void batchnorm_stats(const TensorRef& x, const TensorRef& mean, const TensorRef& invstd,
+                     const TensorRef& running_mean, const TensorRef& running_var, double momentum,
+                     double eps) {
+  if (x.numel() == 0) return;  // training refuses an empty batch (op layer): nothing to launch
+  Launch l(x);
+  dispatch_storage(x.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    launch_stats<S>(x, mean, invstd, running_mean, running_var, momentum, eps, l.stream,
+                    "batchnorm_stats");
+  });
+}
+
+void batchnorm_add_relu_forward(const TensorRef& x, const TensorRef& gamma, const TensorRef& beta,
+                                const TensorRef& mean, const TensorRef& invstd,
+                                const TensorRef& residual, const TensorRef& y) {
+  if (x.numel() == 0) return;
+  Launch l(x);
+  dispatch_storage(x.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    const NormalizeOp<S, true> op{x.data<S>(), data_or_null<S>(residual), y.data<S>(),
+                                  gamma.data<float>(), beta.data<float>(), mean.data<float>(),
+                                  invstd.data<float>(), nullptr, 0.0};
+    elementwise(geo_of(x), op, l.stream, "batchnorm_add_relu_forward");
+  });
+}
+
+void batchnorm_add_relu_backward(const TensorRef& grad_y, const TensorRef& y, const TensorRef& x,
+                                 const TensorRef& gamma, const TensorRef& mean,
+                                 const TensorRef& invstd, bool training, const TensorRef& grad_x,
+                                 double beta_x, const TensorRef& grad_gamma, double beta_gamma,
+                                 const TensorRef& grad_beta, double beta_beta,
+                                 const TensorRef& grad_residual, double beta_residual) {
+  Launch l(x);
+  dispatch_storage(x.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    launch_backward<S, true>(grad_y, y, x, gamma, mean, invstd, training, grad_x, beta_x,
+                             grad_gamma, beta_gamma, grad_beta, beta_beta, grad_residual,
+                             beta_residual, l.stream, "batchnorm_add_relu_backward");
+  });
+}
+
+// ---- synchronized batch norm: the per-replica pieces; the caller all-reduces the sums ----
+//
+// The sums are plain (sum x, sum x²: replicas would need one common shift), in double.
+
 void batchnorm_channel_sums(const TensorRef& x, const TensorRef& sums) {
   Launch l(x);
-  channel_sums_kernel<<<int(x.dim(1)), kThreads, 0, l.stream>>>(
-      fdata(x), x.dim(0), x.dim(1), x.dim(2) * x.dim(3), sums.data<double>());
-  CUDA_CHECK_LAUNCH(l.stream, "batchnorm_channel_sums");
+  dispatch_storage(x.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    const Geo d = geo_of(x);
+    const StatsTerm<S> term{x.data<S>(), false};
+    const SumsFinish finish{sums.data<double>(), d.C, nullptr, 0.f, nullptr, 0.f};
+    reduce(d, term, finish, x.device().index, l.stream, "batchnorm_channel_sums");
+  });
 }
 
 void batchnorm_sync_stats(const TensorRef& sums, double count, double momentum, double eps,
                           const TensorRef& mean, const TensorRef& invstd,
                           const TensorRef& running_mean, const TensorRef& running_var) {
   const int64_t C = mean.numel();
+  if (C == 0) return;
   Launch l(mean);
   sync_stats_kernel<<<blocks_for(C), kThreads, 0, l.stream>>>(
       sums.data<double>(), count, momentum, eps, fdata(mean), fdata(invstd), fdata(running_mean),
@@ -246,30 +571,38 @@ void batchnorm_sync_stats(const TensorRef& sums, double count, double momentum, 
 
 void batchnorm_apply(const TensorRef& x, const TensorRef& gamma, const TensorRef& beta,
                      const TensorRef& mean, const TensorRef& invstd, const TensorRef& y) {
-  const int64_t n = x.numel();
+  if (x.numel() == 0) return;
   Launch l(x);
-  apply_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(fdata(x), fdata(gamma), fdata(beta),
-                                                         fdata(mean), fdata(invstd), fdata(y),
-                                                         x.dim(1), x.dim(2) * x.dim(3), n);
-  CUDA_CHECK_LAUNCH(l.stream, "batchnorm_apply");
+  dispatch_storage(x.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    const NormalizeOp<S, false> op{x.data<S>(), nullptr, y.data<S>(), gamma.data<float>(),
+                                   beta.data<float>(), mean.data<float>(), invstd.data<float>(),
+                                   nullptr, 0.0};
+    elementwise(geo_of(x), op, l.stream, "batchnorm_apply");
+  });
 }
 
 void batchnorm_grad_sums(const TensorRef& grad_y, const TensorRef& x, const TensorRef& mean,
                          const TensorRef& invstd, const TensorRef& sums) {
   Launch l(x);
-  grad_sums_kernel<<<int(x.dim(1)), kThreads, 0, l.stream>>>(
-      fdata(grad_y), fdata(x), fdata(mean), fdata(invstd), x.dim(0), x.dim(1), x.dim(2) * x.dim(3),
-      sums.data<double>());
-  CUDA_CHECK_LAUNCH(l.stream, "batchnorm_grad_sums");
+  dispatch_storage(x.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    const Geo d = geo_of(x);
+    const GradTerm<S, false> term{grad_y.data<S>(), nullptr, x.data<S>(), mean.data<float>(),
+                                  invstd.data<float>()};
+    const SumsFinish finish{sums.data<double>(), d.C, nullptr, 0.f, nullptr, 0.f};
+    reduce(d, term, finish, x.device().index, l.stream, "batchnorm_grad_sums");
+  });
 }
 
 void batchnorm_param_grads(const TensorRef& sums, const TensorRef& grad_gamma, double beta_gamma,
                            const TensorRef& grad_beta, double beta_beta) {
   const int64_t C = sums.numel() / 2;
+  if (C == 0) return;
   Launch l(sums);
   param_grads_kernel<<<blocks_for(C), kThreads, 0, l.stream>>>(
-      sums.data<double>(), grad_gamma.defined() ? fdata(grad_gamma) : nullptr, float(beta_gamma),
-      grad_beta.defined() ? fdata(grad_beta) : nullptr, float(beta_beta), C);
+      sums.data<double>(), data_or_null<float>(grad_gamma), float(beta_gamma),
+      data_or_null<float>(grad_beta), float(beta_beta), C);
   CUDA_CHECK_LAUNCH(l.stream, "batchnorm_param_grads");
 }
 
@@ -277,228 +610,17 @@ void batchnorm_grad_apply(const TensorRef& grad_y, const TensorRef& x, const Ten
                           const TensorRef& mean, const TensorRef& invstd,
                           const TensorRef& global_sums, double count, const TensorRef& grad_x,
                           double beta_x) {
-  const int64_t n = x.numel();
+  if (x.numel() == 0) return;
   Launch l(x);
-  grad_apply_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
-      fdata(grad_y), fdata(x), fdata(gamma), fdata(mean), fdata(invstd), global_sums.data<double>(),
-      float(1.0 / count), fdata(grad_x), float(beta_x), x.dim(1), x.dim(2) * x.dim(3), n);
-  CUDA_CHECK_LAUNCH(l.stream, "batchnorm_grad_apply");
-}
-
-}  // namespace unetcu::kernels::cuda
-
-// ---- fused batch norm + residual add + ReLU ----------------------------------------------
-//
-// Per-channel reductions run over many blocks per channel: a grid of (chunk, channel) blocks,
-// chunk = (n, part of the plane (n, c)), each writing its partial sums; one block per channel
-// then adds the partials in a fixed order. Deterministic, no atomics, and a channel of any
-// size (the statistics of 32 M values per channel take 16 K blocks) fills the GPU.
-// Elementwise passes run over a grid of (plane, part) blocks. No index division per element.
-
-namespace unetcu::kernels::cuda {
-namespace {
-
-constexpr int64_t kReducePerBlock = 8 * kThreads;  // values a reduction block sums (8 a thread)
-
-// Reduction geometry: plane parts of `chunk` values; grid (N * parts, C).
-struct ReduceGrid {
-  int parts;
-  int64_t chunk;
-  int blocks_per_channel;  // N * parts: partials per channel
-};
-ReduceGrid reduce_grid(int64_t N, int64_t HW) {
-  const int64_t parts = std::max<int64_t>(1, (HW + kReducePerBlock - 1) / kReducePerBlock);
-  const int64_t chunk = (HW + parts - 1) / parts;
-  UNETCU_CHECK(N * parts < (int64_t(1) << 31), "batch norm: input too large for one launch");
-  return {int(parts), chunk, int(N * parts)};
-}
-
-// Elementwise geometry: grid (N * C, parts), each block striding over its plane.
-dim3 plane_grid(int64_t NC, int64_t HW) {
-  const int64_t parts = std::clamp<int64_t>((HW + 4 * kThreads - 1) / (4 * kThreads), 1, 65535);
-  return dim3(unsigned(NC), unsigned(parts));
-}
-
-// partials [C][2][N * parts]: shifted sums (s1, s2) of block (n, part) of channel blockIdx.y.
-__global__ void stats_partials_kernel(const float* x, int64_t C, int64_t HW, int parts,
-                                      int64_t chunk, double* partials) {
-  const int64_t c = blockIdx.y;
-  const int n = blockIdx.x / parts, part = blockIdx.x % parts;
-  const float* p = x + (int64_t(n) * C + c) * HW;
-  const double shift = x[c * HW];  // the channel's first element
-  const int64_t lo = part * chunk, hi = min(HW, lo + chunk);
-  double s1 = 0, s2 = 0;
-  for (int64_t q = lo + threadIdx.x; q < hi; q += blockDim.x) bn_stats_accumulate(p[q], shift, s1, s2);
-  s1 = block_sum(s1);
-  s2 = block_sum(s2);
-  if (threadIdx.x == 0) {
-    const int64_t k = gridDim.x;
-    partials[(2 * c) * k + blockIdx.x] = s1;
-    partials[(2 * c + 1) * k + blockIdx.x] = s2;
-  }
-}
-
-// One block per channel: the partials added in a fixed order, then mean, invstd and the
-// running statistics.
-__global__ void stats_finish_kernel(const double* partials, int k, const float* x, int64_t HW,
-                                    double count, double momentum, double eps, float* mean,
-                                    float* invstd, float* rm, float* rv) {
-  const int64_t c = blockIdx.x;
-  double s1 = 0, s2 = 0;
-  for (int b = threadIdx.x; b < k; b += blockDim.x) {
-    s1 += partials[(2 * c) * k + b];
-    s2 += partials[(2 * c + 1) * k + b];
-  }
-  s1 = block_sum(s1);
-  s2 = block_sum(s2);
-  if (threadIdx.x == 0) {
-    double mu, var;
-    bn_stats_finish(s1, s2, count, double(x[c * HW]), mu, var);
-    mean[c] = float(mu);
-    invstd[c] = float(1.0 / sqrt(var + eps));
-    rm[c] = bn_running_update(rm[c], float(mu), float(momentum));
-    rv[c] = bn_running_update(rv[c], float(var * count / (count - 1)), float(momentum));
-  }
-}
-
-__global__ void add_relu_forward_kernel(const float* x, const float* gamma, const float* beta,
-                                        const float* mean, const float* invstd,
-                                        const float* residual, float* y, int64_t C, int64_t HW) {
-  const int64_t nc = blockIdx.x, c = nc % C, base = nc * HW;
-  const float m = mean[c], is = invstd[c], gm = gamma[c], bt = beta[c];
-  for (int64_t q = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; q < HW;
-       q += int64_t(gridDim.y) * blockDim.x) {
-    const int64_t i = base + q;
-    y[i] = residual ? bn_add_relu_forward(x[i], m, is, gm, bt, residual[i])
-                    : bn_relu_forward(x[i], m, is, gm, bt);
-  }
-}
-
-// partials [C][2][N * parts]: sum g and sum g * xhat of block (n, part) of channel blockIdx.y.
-__global__ void grad_partials_kernel(const float* dy, const float* y, const float* x,
-                                     const float* mean, const float* invstd, int64_t C,
-                                     int64_t HW, int parts, int64_t chunk, double* partials) {
-  const int64_t c = blockIdx.y;
-  const int n = blockIdx.x / parts, part = blockIdx.x % parts;
-  const int64_t base = (int64_t(n) * C + c) * HW;
-  const float m = mean[c], is = invstd[c];
-  const int64_t lo = part * chunk, hi = min(HW, lo + chunk);
-  double a = 0, b = 0;
-  for (int64_t q = lo + threadIdx.x; q < hi; q += blockDim.x)
-    bn_relu_grad_accumulate(dy[base + q], y[base + q], x[base + q], m, is, a, b);
-  a = block_sum(a);
-  b = block_sum(b);
-  if (threadIdx.x == 0) {
-    const int64_t k = gridDim.x;
-    partials[(2 * c) * k + blockIdx.x] = a;
-    partials[(2 * c + 1) * k + blockIdx.x] = b;
-  }
-}
-
-// One block per channel: sums [C][sum g, sum g * xhat] in a fixed order; dgamma, dbeta.
-__global__ void grad_finish_kernel(const double* partials, int k, double* sums, float* dg,
-                                   float beta_g, float* db, float beta_b) {
-  const int64_t c = blockIdx.x;
-  double a = 0, b = 0;
-  for (int j = threadIdx.x; j < k; j += blockDim.x) {
-    a += partials[(2 * c) * k + j];
-    b += partials[(2 * c + 1) * k + j];
-  }
-  a = block_sum(a);
-  b = block_sum(b);
-  if (threadIdx.x == 0) {
-    sums[2 * c] = a;
-    sums[2 * c + 1] = b;
-    if (dg) store(dg + c, float(b), beta_g);
-    if (db) store(db + c, float(a), beta_b);
-  }
-}
-
-__global__ void add_relu_grad_apply_kernel(const float* dy, const float* y, const float* x,
-                                           const float* gamma, const float* mean,
-                                           const float* invstd, const double* sums, bool training,
-                                           float inv_m, float* dx, float beta_x, float* dr,
-                                           float beta_r, int64_t C, int64_t HW) {
-  const int64_t nc = blockIdx.x, c = nc % C, base = nc * HW;
-  const float m = mean[c], is = invstd[c], gi = gamma[c] * is;
-  const float sg = sums ? float(sums[2 * c]) : 0.f, sgx = sums ? float(sums[2 * c + 1]) : 0.f;
-  for (int64_t q = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; q < HW;
-       q += int64_t(gridDim.y) * blockDim.x) {
-    const int64_t i = base + q;
-    if (dx) store(dx + i, bn_relu_backward_dx(dy[i], y[i], x[i], m, is, gi, inv_m, sg, sgx, training), beta_x);
-    if (dr) store(dr + i, kernels::relu_backward(dy[i], y[i]), beta_r);
-  }
-}
-
-float* fdata_or_null(const TensorRef& t) { return t.defined() ? fdata(t) : nullptr; }
-
-}  // namespace
-
-void batchnorm_stats(const TensorRef& x, const TensorRef& mean, const TensorRef& invstd,
-                     const TensorRef& running_mean, const TensorRef& running_var, double momentum,
-                     double eps) {
-  if (x.numel() == 0) return;  // an empty batch (eval; training refuses it): no launch of 0 blocks
-  const int64_t N = x.dim(0), C = x.dim(1), HW = x.dim(2) * x.dim(3);
-  UNETCU_CHECK(C <= 65535, "batch norm: more than 65535 channels");
-  Launch l(x);
-  const ReduceGrid g = reduce_grid(N, HW);
-  unetcu::cuda::DeviceBuffer partials(x.device().index,
-                                      size_t(2 * C) * size_t(g.blocks_per_channel) * sizeof(double));
-  double* pp = static_cast<double*>(partials.get());
-  stats_partials_kernel<<<dim3(unsigned(g.blocks_per_channel), unsigned(C)), kThreads, 0, l.stream>>>(
-      fdata(x), C, HW, g.parts, g.chunk, pp);
-  CUDA_CHECK_LAUNCH(l.stream, "batchnorm_stats (partials)");
-  stats_finish_kernel<<<unsigned(C), kThreads, 0, l.stream>>>(
-      pp, g.blocks_per_channel, fdata(x), HW, double(N * HW), momentum, eps, fdata(mean),
-      fdata(invstd), fdata(running_mean), fdata(running_var));
-  CUDA_CHECK_LAUNCH(l.stream, "batchnorm_stats (finish)");
-}
-
-void batchnorm_add_relu_forward(const TensorRef& x, const TensorRef& gamma, const TensorRef& beta,
-                                const TensorRef& mean, const TensorRef& invstd,
-                                const TensorRef& residual, const TensorRef& y) {
-  if (x.numel() == 0) return;  // an empty batch (eval; training refuses it): no launch of 0 blocks
-  const int64_t N = x.dim(0), C = x.dim(1), HW = x.dim(2) * x.dim(3);
-  Launch l(x);
-  add_relu_forward_kernel<<<plane_grid(N * C, HW), kThreads, 0, l.stream>>>(
-      fdata(x), fdata(gamma), fdata(beta), fdata(mean), fdata(invstd), fdata_or_null(residual),
-      fdata(y), C, HW);
-  CUDA_CHECK_LAUNCH(l.stream, "batchnorm_add_relu_forward");
-}
-
-void batchnorm_add_relu_backward(const TensorRef& grad_y, const TensorRef& y, const TensorRef& x,
-                                 const TensorRef& gamma, const TensorRef& mean,
-                                 const TensorRef& invstd, bool training, const TensorRef& grad_x,
-                                 double beta_x, const TensorRef& grad_gamma, double beta_gamma,
-                                 const TensorRef& grad_beta, double beta_beta,
-                                 const TensorRef& grad_residual, double beta_residual) {
-  if (x.numel() == 0) return;  // an empty batch (eval; training refuses it): no launch of 0 blocks
-  const int64_t N = x.dim(0), C = x.dim(1), HW = x.dim(2) * x.dim(3);
-  UNETCU_CHECK(C <= 65535, "batch norm: more than 65535 channels");
-  Launch l(x);
-  const int dev = x.device().index;
-  const bool need_sums = grad_gamma.defined() || grad_beta.defined() || (grad_x.defined() && training);
-  unetcu::cuda::DeviceBuffer sums(dev, need_sums ? size_t(2 * C) * sizeof(double) : 0);
-  if (need_sums) {
-    const ReduceGrid g = reduce_grid(N, HW);
-    unetcu::cuda::DeviceBuffer partials(
-        dev, size_t(2 * C) * size_t(g.blocks_per_channel) * sizeof(double));
-    double* pp = static_cast<double*>(partials.get());
-    grad_partials_kernel<<<dim3(unsigned(g.blocks_per_channel), unsigned(C)), kThreads, 0, l.stream>>>(
-        fdata(grad_y), fdata(y), fdata(x), fdata(mean), fdata(invstd), C, HW, g.parts, g.chunk, pp);
-    CUDA_CHECK_LAUNCH(l.stream, "batchnorm_add_relu_backward (partials)");
-    grad_finish_kernel<<<unsigned(C), kThreads, 0, l.stream>>>(
-        pp, g.blocks_per_channel, static_cast<double*>(sums.get()), fdata_or_null(grad_gamma),
-        float(beta_gamma), fdata_or_null(grad_beta), float(beta_beta));
-    CUDA_CHECK_LAUNCH(l.stream, "batchnorm_add_relu_backward (sums)");
-  }
-  if (!grad_x.defined() && !grad_residual.defined()) return;
-  add_relu_grad_apply_kernel<<<plane_grid(N * C, HW), kThreads, 0, l.stream>>>(
-      fdata(grad_y), fdata(y), fdata(x), fdata(gamma), fdata(mean), fdata(invstd),
-      need_sums ? static_cast<const double*>(sums.get()) : nullptr, training,
-      float(1.0 / double(N * HW)), fdata_or_null(grad_x), float(beta_x),
-      fdata_or_null(grad_residual), float(beta_residual), C, HW);
-  CUDA_CHECK_LAUNCH(l.stream, "batchnorm_add_relu_backward (apply)");
+  dispatch_storage(x.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    const Geo d = geo_of(x);
+    const GradApplyOp<S, false> op{grad_y.data<S>(), nullptr, x.data<S>(), gamma.data<float>(),
+                                   mean.data<float>(), invstd.data<float>(),
+                                   global_sums.data<double>(), d.C, float(1.0 / count), true,
+                                   grad_x.data<S>(), float(beta_x), nullptr, 0.f};
+    elementwise(d, op, l.stream, "batchnorm_grad_apply");
+  });
 }
 
 }  // namespace unetcu::kernels::cuda
