@@ -13,7 +13,6 @@
 // for a channel with a large mean over a million values; the fused ops' NHWC gradients pass
 // the finite-difference check; the per-channel tensors must be in the compute dtype.
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <vector>
@@ -423,52 +422,4 @@ TEST_CASE("batch norm ops take per-channel tensors in the compute dtype and a re
   CHECK_THROWS_AS(batch_norm_add_relu(b16.x, b16.gamma, b16.beta, b16.residual.to(DType::F32),
                                       rm, rv, true),
                   Error);
-}
-
-// Not run by default (timing, not a check): ./build/tests/unetcu_tests --no-skip
-//   -tc='batch_norm_relu CPU timing*'
-TEST_CASE("batch_norm_relu CPU timing: float32 NCHW, float32 NHWC, bf16 NHWC" * doctest::skip()) {
-  Rng rng(206);
-  const Shape s = {8, 64, 128, 128};
-  const int64_t C = s[1];
-  const Tensor x64 = random_tensor(s, rng, -2, 3), R64 = random_tensor(s, rng, -1, 1);
-  struct Variant {
-    const char* name;
-    DType dt;
-    MemoryFormat fmt;
-  };
-  const Variant variants[] = {{"float32 NCHW", DType::F32, MemoryFormat::NCHW},
-                              {"float32 NHWC", DType::F32, MemoryFormat::NHWC},
-                              {"bf16 NCHW", DType::BF16, MemoryFormat::NCHW},
-                              {"bf16 NHWC", DType::BF16, MemoryFormat::NHWC}};
-  for (const Variant& v : variants) {
-    Tensor x = x64.to(v.dt).to(v.fmt).clone().set_requires_grad(true);
-    const Tensor R = R64.to(v.dt).to(v.fmt).clone();
-    Tensor gamma = Tensor::full({C}, 1.0).set_requires_grad(true);
-    Tensor beta = Tensor::zeros({C}).set_requires_grad(true);
-    Tensor rm = Tensor::zeros({C}), rv = Tensor::full({C}, 1.0);
-    std::vector<double> fwd_ms, bwd_ms;
-    for (int rep = 0; rep < 12; ++rep) {
-      x.zero_grad();  // written (beta 0), as the gradient of a conv output in a training step
-      Tape tape;
-      Tensor y;
-      const auto t0 = std::chrono::steady_clock::now();
-      {
-        TapeScope scope(tape);
-        y = batch_norm_relu(x, gamma, beta, rm, rv, true);
-      }
-      const auto t1 = std::chrono::steady_clock::now();
-      tape.backward({y}, {R});
-      const auto t2 = std::chrono::steady_clock::now();
-      if (rep < 2) continue;  // warm-up: first touch of the gradient buffers
-      fwd_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-      bwd_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
-    }
-    std::sort(fwd_ms.begin(), fwd_ms.end());
-    std::sort(bwd_ms.begin(), bwd_ms.end());
-    const double f = fwd_ms[fwd_ms.size() / 2], b = bwd_ms[bwd_ms.size() / 2];
-    std::printf("batch_norm_relu %s x [8, 64, 128, 128]: forward %.2f ms, backward %.2f ms, "
-                "total %.2f ms (medians of 10)\n",
-                v.name, f, b, f + b);
-  }
 }
