@@ -49,9 +49,17 @@ void upsample2x_backward(const TensorRef& grad_y, const TensorRef& grad_x, doubl
         const T* g_top = gy + 2 * row * OW * C;
         const T* g_bottom = g_top + OW * C;
         T* gx_row = gx + row * W * C;
-        for (int64_t w = 0; w < W; ++w)
-          for (int64_t c = 0; c < C; ++c)
-            store(gx_row + w * C + c, upsample2x_block_sum(g_top, g_bottom, 2 * w * C + c, C), b);
+        for (int64_t w = 0; w < W; ++w) {
+          const T* top = g_top + 2 * w * C;  // the right neighbour is C elements on
+          const T* bottom = g_bottom + 2 * w * C;
+          T* dst = gx_row + w * C;
+          if (b == acc_t<T>(0))  // the beta test outside the channel loop, which vectorises
+            for (int64_t c = 0; c < C; ++c)
+              dst[c] = to_storage<T>(upsample2x_block_sum(top, bottom, c, C));
+          else
+            for (int64_t c = 0; c < C; ++c)
+              dst[c] = to_storage<T>(acc_t<T>(dst[c]) + upsample2x_block_sum(top, bottom, c, C));
+        }
       }, 1);
     } else {
       parallel_for(d.N * C, [&](int64_t pl) {
@@ -173,18 +181,37 @@ void upsample2x_concat_backward(const TensorRef& grad_y, const TensorRef& grad_x
       parallel_for(N * H, [&](int64_t pair) {
         const T* g_top = gy + 2 * pair * OW * C;  // row 2h of image n: (n * OH + 2h) = 2 * pair
         const T* g_bottom = g_top + OW * C;
-        if (gx) {
-          T* gx_row = gx + pair * W * Cx;
-          for (int64_t w = 0; w < W; ++w)
-            for (int64_t c = 0; c < Cx; ++c)
-              store(gx_row + w * Cx + c, upsample2x_block_sum(g_top, g_bottom, 2 * w * C + c, C),
-                    bx);
-        }
-        if (gs) {
-          T* gs_rows = gs + 2 * pair * OW * Cs;  // rows 2h and 2h + 1, contiguous
-          for (int64_t q = 0; q < 2 * OW; ++q)
-            for (int64_t c = 0; c < Cs; ++c)
-              store(gs_rows + q * Cs + c, A(g_top[q * C + Cx + c]), bs);
+        T* gx_row = gx ? gx + pair * W * Cx : nullptr;
+        T* gs_top = gs ? gs + 2 * pair * OW * Cs : nullptr;  // grad_skip rows 2h, 2h + 1
+        T* gs_bottom = gs ? gs_top + OW * Cs : nullptr;
+        // Skip channels of one grad_y pixel into grad_skip's pixel: a plain copy when written
+        // (exact in any dtype), else summed in the compute type.
+        auto skip_pixel = [&](const T* src, T* dst) {
+          if (bs == A(0))
+            std::copy(src + Cx, src + C, dst);
+          else
+            for (int64_t c = 0; c < Cs; ++c) dst[c] = to_storage<T>(A(dst[c]) + A(src[Cx + c]));
+        };
+        // Input column w: the 2×2 block of grad_y pixels (2w, 2w + 1 of rows 2h, 2h + 1), each
+        // read once, whole: its first Cx channels summed into grad_x, the rest copied.
+        for (int64_t w = 0; w < W; ++w) {
+          const T* top = g_top + 2 * w * C;  // the right neighbour is C elements on
+          const T* bottom = g_bottom + 2 * w * C;
+          if (gx_row) {
+            T* dst = gx_row + w * Cx;
+            if (bx == A(0))  // the beta test outside the channel loop, which then vectorises
+              for (int64_t c = 0; c < Cx; ++c)
+                dst[c] = to_storage<T>(upsample2x_block_sum(top, bottom, c, C));
+            else
+              for (int64_t c = 0; c < Cx; ++c)
+                dst[c] = to_storage<T>(A(dst[c]) + upsample2x_block_sum(top, bottom, c, C));
+          }
+          if (gs_top) {
+            skip_pixel(top, gs_top + 2 * w * Cs);
+            skip_pixel(top + C, gs_top + (2 * w + 1) * Cs);
+            skip_pixel(bottom, gs_bottom + 2 * w * Cs);
+            skip_pixel(bottom + C, gs_bottom + (2 * w + 1) * Cs);
+          }
         }
       }, 1);
       return;
