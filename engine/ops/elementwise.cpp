@@ -1,4 +1,6 @@
-// relu, sigmoid, add, scale: autograd glue.
+// relu, sigmoid, add, scale: autograd glue. Every op takes float32, float64 (CPU) and bfloat16
+// in either memory format; the output takes the input's dtype and format, and the operands of
+// add must agree in both.
 #include "engine/ops.h"
 #include "engine/ops/op_util.h"
 #include "kernels/launchers.h"
@@ -6,7 +8,7 @@
 namespace unetcu {
 
 Tensor relu(const Tensor& x) {
-  ops_detail::check_backend("relu", x);
+  ops_detail::check_backend("relu", x, {true, true});
   Tensor y = ops_detail::empty_like(x);
   const double n = double(x.numel()), bytes = ops_detail::bytes_of({&x, &y});
   {
@@ -25,7 +27,7 @@ Tensor relu(const Tensor& x) {
 }
 
 Tensor sigmoid(const Tensor& x) {
-  ops_detail::check_backend("sigmoid", x);
+  ops_detail::check_backend("sigmoid", x, {true, true});
   Tensor y = ops_detail::empty_like(x);
   const double n = double(x.numel()), bytes = ops_detail::bytes_of({&x, &y});
   {
@@ -43,9 +45,10 @@ Tensor sigmoid(const Tensor& x) {
 }
 
 Tensor add(const Tensor& a, const Tensor& b) {
-  ops_detail::check_backend("add", a);
+  ops_detail::check_backend("add", a, {true, true});
   check_same_dtype_device("add", a, b);
   check_same_shape("add", a, b);
+  check_same_format("add", a, b);
   Tensor y = ops_detail::empty_like(a);
   const double n = double(a.numel()), bytes = ops_detail::bytes_of({&a, &b, &y});
   {
@@ -66,7 +69,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
 }
 
 Tensor scale(const Tensor& x, double alpha) {
-  ops_detail::check_backend("scale", x);
+  ops_detail::check_backend("scale", x, {true, true});
   Tensor y = ops_detail::empty_like(x);
   const double n = double(x.numel()), bytes = ops_detail::bytes_of({&x, &y});
   {

@@ -1,5 +1,8 @@
-// Losses: autograd glue. The loss is a 0-dimensional tensor of the logits' dtype on the logits'
-// device; on CUDA nothing here waits for the device (sums stay in device memory).
+// Losses: autograd glue. The loss is a 0-dimensional tensor on the logits' device, of the
+// logits' dtype, or float32 for bfloat16 logits (autocast runs these losses in float32); on
+// CUDA nothing here waits for the device (sums stay in device memory). Logits may be bfloat16
+// and NHWC; the target is float32 or the logits' dtype, in either memory format. The gradient
+// of the logits has their dtype and format.
 #include "engine/ops.h"
 #include "engine/ops/op_util.h"
 #include "kernels/launchers.h"
@@ -7,16 +10,26 @@
 namespace unetcu {
 
 static void check_loss_inputs(const char* op, const Tensor& logits, const Tensor& target) {
-  ops_detail::check_backend(op, logits);
-  check_same_dtype_device(op, logits, target);
+  ops_detail::check_backend(op, logits, {true, true});
+  UNETCU_CHECK(target.defined(), op, ": undefined target tensor");
+  UNETCU_CHECK(target.dtype() == logits.dtype() || target.dtype() == DType::F32, op,
+               ": the target must be float32 or the logits' dtype (", dtype_name(logits.dtype()),
+               "), got ", dtype_name(target.dtype()));
+  UNETCU_CHECK(target.device() == logits.device(), op, ": device mismatch (",
+               logits.device().str(), " vs ", target.device().str(), ")");
   check_same_shape(op, logits, target);
   UNETCU_CHECK(logits.numel() > 0, op, ": empty input");
   UNETCU_CHECK(!target.requires_grad(), op, ": the target must not require a gradient");
 }
 
+// float32 for bfloat16 logits, else the logits' dtype.
+static DType loss_dtype(const Tensor& logits) {
+  return logits.dtype() == DType::BF16 ? DType::F32 : logits.dtype();
+}
+
 Tensor bce_with_logits(const Tensor& logits, const Tensor& target) {
   check_loss_inputs("bce_with_logits", logits, target);
-  Tensor loss = Tensor::empty({}, logits.dtype(), logits.device());
+  Tensor loss = Tensor::empty({}, loss_dtype(logits), logits.device());
   const double n = double(logits.numel()), bytes = ops_detail::bytes_of({&logits, &target});
   {
     ProfileRange range("bce_with_logits", "op", 6 * n, bytes);
@@ -38,7 +51,7 @@ Tensor dice_loss(const Tensor& logits, const Tensor& target, double smooth) {
   UNETCU_CHECK(smooth >= 0, "dice_loss: smooth must be >= 0");
   const double n = double(logits.numel()), bytes = ops_detail::bytes_of({&logits, &target});
   Tensor sums = Tensor::empty({3}, DType::F64, logits.device());
-  Tensor loss = Tensor::empty({}, logits.dtype(), logits.device());
+  Tensor loss = Tensor::empty({}, loss_dtype(logits), logits.device());
   {
     ProfileRange range("dice_loss", "op", 7 * n, bytes);
     UNETCU_LAUNCH(logits.device(), dice_sums, logits, target, sums);

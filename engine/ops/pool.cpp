@@ -1,4 +1,5 @@
-// max_pool2d: autograd glue. Saves the input; backward recomputes the argmax.
+// max_pool2d: autograd glue. Saves the input; backward recomputes the argmax. Takes bfloat16
+// and NHWC; the output (and the gradient) takes the input's dtype and format.
 #include "engine/ops.h"
 #include "engine/ops/op_util.h"
 #include "kernels/launchers.h"
@@ -6,7 +7,7 @@
 namespace unetcu {
 
 Tensor max_pool2d(const Tensor& x, const Pool2dOptions& opt) {
-  ops_detail::check_backend("max_pool2d", x);
+  ops_detail::check_backend("max_pool2d", x, {true, true});
   check_ndim("max_pool2d", x, 4, "input");
   UNETCU_CHECK(opt.kernel_h >= 1 && opt.kernel_w >= 1 && opt.stride_h >= 1 && opt.stride_w >= 1,
                "max_pool2d: kernel and stride must be >= 1");
@@ -22,7 +23,7 @@ Tensor max_pool2d(const Tensor& x, const Pool2dOptions& opt) {
   g.ph = opt.pad_h, g.pw = opt.pad_w;
   g.OH = kernels::window_out_size(g.H, g.kh, g.sh, g.ph, 1);
   g.OW = kernels::window_out_size(g.W, g.kw, g.sw, g.pw, 1);
-  Tensor y = Tensor::empty({x.dim(0), x.dim(1), g.OH, g.OW}, x.dtype(), x.device());
+  Tensor y = Tensor::empty({x.dim(0), x.dim(1), g.OH, g.OW}, x.dtype(), x.device(), x.format());
   const double flops = double(y.numel()) * g.kh * g.kw, bytes = ops_detail::bytes_of({&x, &y});
   {
     ProfileRange range("max_pool2d", "op", flops, bytes);

@@ -1,4 +1,6 @@
-// upsample_nearest2x, concat_channels and upsample_nearest2x_concat: autograd glue.
+// upsample_nearest2x, concat_channels and upsample_nearest2x_concat: autograd glue. They take
+// bfloat16 and NHWC; the output takes the (first) input's dtype and format, and all inputs
+// must agree in both.
 #include "engine/ops.h"
 #include "engine/ops/op_util.h"
 #include "kernels/launchers.h"
@@ -6,9 +8,10 @@
 namespace unetcu {
 
 Tensor upsample_nearest2x(const Tensor& x) {
-  ops_detail::check_backend("upsample_nearest2x", x);
+  ops_detail::check_backend("upsample_nearest2x", x, {true, true});
   check_ndim("upsample_nearest2x", x, 4, "input");
-  Tensor y = Tensor::empty({x.dim(0), x.dim(1), 2 * x.dim(2), 2 * x.dim(3)}, x.dtype(), x.device());
+  Tensor y = Tensor::empty({x.dim(0), x.dim(1), 2 * x.dim(2), 2 * x.dim(3)}, x.dtype(), x.device(),
+                           x.format());
   const double bytes = ops_detail::bytes_of({&x, &y});
   {
     ProfileRange range("upsample_nearest2x", "op", 0, bytes);
@@ -27,17 +30,19 @@ Tensor upsample_nearest2x(const Tensor& x) {
 Tensor concat_channels(const std::vector<Tensor>& xs) {
   UNETCU_CHECK(!xs.empty(), "concat_channels: no inputs");
   const Tensor& x0 = xs[0];
-  ops_detail::check_backend("concat_channels", x0);
+  ops_detail::check_backend("concat_channels", x0, {true, true});
   int64_t C = 0;
   for (const Tensor& x : xs) {
     check_ndim("concat_channels", x, 4, "input");
     check_same_dtype_device("concat_channels", x0, x);
+    check_same_format("concat_channels", x0, x);
     UNETCU_CHECK(x.dim(0) == x0.dim(0) && x.dim(2) == x0.dim(2) && x.dim(3) == x0.dim(3),
                  "concat_channels: shapes ", shape_str(x0.shape()), " and ", shape_str(x.shape()),
                  " differ outside the channel dimension");
     C += x.dim(1);
   }
-  Tensor y = Tensor::empty({x0.dim(0), C, x0.dim(2), x0.dim(3)}, x0.dtype(), x0.device());
+  Tensor y = Tensor::empty({x0.dim(0), C, x0.dim(2), x0.dim(3)}, x0.dtype(), x0.device(),
+                           x0.format());
   std::vector<int64_t> offsets;
   int64_t off = 0;
   const double bytes = 2 * ops_detail::bytes_of({&y});
@@ -65,10 +70,11 @@ Tensor concat_channels(const std::vector<Tensor>& xs) {
 // skip differ in height (H vs 2H), so they are never the same tensor and both gradient buffers
 // may be held at once.
 Tensor upsample_nearest2x_concat(const Tensor& x, const Tensor& skip) {
-  ops_detail::check_backend("upsample_nearest2x_concat", x);
+  ops_detail::check_backend("upsample_nearest2x_concat", x, {true, true});
   check_ndim("upsample_nearest2x_concat", x, 4, "input");
   check_ndim("upsample_nearest2x_concat", skip, 4, "skip");
   check_same_dtype_device("upsample_nearest2x_concat", x, skip);
+  check_same_format("upsample_nearest2x_concat", x, skip);
   UNETCU_CHECK(skip.dim(0) == x.dim(0) && skip.dim(2) == 2 * x.dim(2) &&
                    skip.dim(3) == 2 * x.dim(3),
                "upsample_nearest2x_concat: skip ", shape_str(skip.shape()),
@@ -78,7 +84,7 @@ Tensor upsample_nearest2x_concat(const Tensor& x, const Tensor& skip) {
                shape_str(x.shape()));
   const int64_t Cx = x.dim(1);
   Tensor y = Tensor::empty({x.dim(0), Cx + skip.dim(1), skip.dim(2), skip.dim(3)}, x.dtype(),
-                           x.device());
+                           x.device(), x.format());
   const double bytes = ops_detail::bytes_of({&x, &skip, &y});
   {
     ProfileRange range("upsample_nearest2x_concat", "op", 0, bytes);

@@ -1,5 +1,8 @@
-// Per-element bodies of relu, sigmoid, add and scale, forward and backward.
+// Per-element bodies of relu, sigmoid, add and scale, forward and backward. They compute in the
+// type they are given; a launcher over bfloat16 storage widens to float (acc_t) first and
+// rounds once when it stores (store below).
 #pragma once
+#include "kernels/bodies/bf16.h"
 #include "kernels/bodies/common.h"
 
 namespace unetcu::kernels {
@@ -16,9 +19,11 @@ template <class T> HD T sigmoid_forward(T x) {
 }
 template <class T> HD T sigmoid_backward(T grad_y, T y) { return grad_y * y * (T(1) - y); }
 
-// beta is 0 (overwrite; the destination may hold garbage) or 1 (accumulate).
-template <class T> HD void store(T* dst, T value, T beta) {
-  *dst = beta == T(0) ? value : *dst + value;
+// Stores a computed value into storage S. beta is 0 (overwrite; the destination may hold
+// garbage) or 1 (accumulate: the destination is read in the compute type, the sum formed
+// there and rounded once). For float and double it is *dst = value or *dst + value.
+template <class S> HD void store(S* dst, acc_t<S> value, acc_t<S> beta) {
+  *dst = to_storage<S>(beta == acc_t<S>(0) ? value : acc_t<S>(*dst) + value);
 }
 
 }  // namespace unetcu::kernels

@@ -1,9 +1,32 @@
 // Per-element bodies of the losses. Reductions (means, Dice sums) are done by the launchers.
+// The launchers walk the logits in memory order and read the target element of the same
+// (n, c, h, w) through LossTargetIndex, so the two may differ in memory format.
 #pragma once
+#include <type_traits>
+
 #include "kernels/bodies/common.h"
 #include "kernels/bodies/elementwise.h"
+#include "kernels/bodies/layout.h"
 
 namespace unetcu::kernels {
+
+// The type a loss element is computed in, for logits stored as X and a target stored as Tt: the
+// wider of their compute types (float for bfloat16).
+template <class X, class Tt> using loss_acc_t = std::common_type_t<acc_t<X>, acc_t<Tt>>;
+
+// Where the target element matching logits element i (memory order) lies. The same index when
+// both share one memory order: the same format, or a layout where NCHW and NHWC coincide (one
+// channel, as the UNet's logits, or one pixel); otherwise the coordinates are mapped.
+struct LossTargetIndex {
+  bool remap;
+  Dims4 logits, target;
+  HD int64_t operator()(int64_t i) const {
+    if (!remap) return i;
+    int64_t n, c, h, w;
+    coords_of(logits, i, &n, &c, &h, &w);
+    return offset_of(target, n, c, h, w);
+  }
+};
 
 // Binary cross-entropy on logits: max(x,0) - x*t + log(1 + exp(-|x|)). Never overflows:
 // at |x| = 100 the log term is log1p(e^-100), and max/x*t are exact.

@@ -1,4 +1,7 @@
-// CPU launchers of relu, sigmoid, add, axpby: OpenMP loops over kernels/bodies/elementwise.h.
+// CPU launchers of fill, axpby, relu, sigmoid and add: OpenMP loops over
+// kernels/bodies/elementwise.h. Every storage type (float32, float64, bfloat16): a bfloat16
+// element is read as float, computed there and rounded once on store. The loops walk memory
+// order, so they serve either memory format (the op layer makes operands agree).
 #include "kernels/bodies/elementwise.h"
 
 #include "kernels/launchers.h"
@@ -6,74 +9,86 @@
 
 namespace unetcu::kernels::cpu {
 
+// dst = alpha * src (+ dst): the gradient accumulation of the tape, so on bfloat16 the sum is
+// formed in float32 from the destination's value and rounded once.
 void axpby(const TensorRef& dst, double alpha, const TensorRef& src, double beta) {
   const int64_t n = dst.numel();
-  UNETCU_DISPATCH_FLOAT(dst.dtype(), T, {
+  UNETCU_DISPATCH_STORAGE(dst.dtype(), T, {
+    using A = acc_t<T>;
     T* d = dst.data<T>();
     const T* s = src.data<T>();
-    const T a = T(alpha), b = T(beta);
-    parallel_for(n, [&](int64_t i) { store(d + i, a * s[i], b); });
+    const A a = A(alpha), b = A(beta);
+    parallel_for(n, [&](int64_t i) { store(d + i, a * A(s[i]), b); });
   });
 }
 
 void fill(const TensorRef& dst, double value) {
   const int64_t n = dst.numel();
-  UNETCU_DISPATCH_FLOAT(dst.dtype(), T, {
+  UNETCU_DISPATCH_STORAGE(dst.dtype(), T, {
     T* d = dst.data<T>();
-    const T v = T(value);
+    const T v = to_storage<T>(acc_t<T>(value));
     parallel_for(n, [&](int64_t i) { d[i] = v; });
   });
 }
 
 void relu_forward(const TensorRef& x, const TensorRef& y) {
   const int64_t n = x.numel();
-  UNETCU_DISPATCH_FLOAT(x.dtype(), T, {
+  UNETCU_DISPATCH_STORAGE(x.dtype(), T, {
+    using A = acc_t<T>;
     const T* xp = x.data<T>();
     T* yp = y.data<T>();
-    parallel_for(n, [&](int64_t i) { yp[i] = kernels::relu_forward(xp[i]); });
+    parallel_for(n, [&](int64_t i) { yp[i] = to_storage<T>(kernels::relu_forward(A(xp[i]))); });
   });
 }
 
 void relu_backward(const TensorRef& grad_y, const TensorRef& y, const TensorRef& grad_x,
                    double beta) {
   const int64_t n = y.numel();
-  UNETCU_DISPATCH_FLOAT(y.dtype(), T, {
+  UNETCU_DISPATCH_STORAGE(y.dtype(), T, {
+    using A = acc_t<T>;
     const T* gy = grad_y.data<T>();
     const T* yp = y.data<T>();
     T* gx = grad_x.data<T>();
-    const T b = T(beta);
-    parallel_for(n, [&](int64_t i) { store(gx + i, kernels::relu_backward(gy[i], yp[i]), b); });
+    const A b = A(beta);
+    parallel_for(n, [&](int64_t i) {
+      store(gx + i, kernels::relu_backward(A(gy[i]), A(yp[i])), b);
+    });
   });
 }
 
 void sigmoid_forward(const TensorRef& x, const TensorRef& y) {
   const int64_t n = x.numel();
-  UNETCU_DISPATCH_FLOAT(x.dtype(), T, {
+  UNETCU_DISPATCH_STORAGE(x.dtype(), T, {
+    using A = acc_t<T>;
     const T* xp = x.data<T>();
     T* yp = y.data<T>();
-    parallel_for(n, [&](int64_t i) { yp[i] = kernels::sigmoid_forward(xp[i]); });
+    parallel_for(n, [&](int64_t i) { yp[i] = to_storage<T>(kernels::sigmoid_forward(A(xp[i]))); });
   });
 }
 
 void sigmoid_backward(const TensorRef& grad_y, const TensorRef& y, const TensorRef& grad_x,
                       double beta) {
   const int64_t n = y.numel();
-  UNETCU_DISPATCH_FLOAT(y.dtype(), T, {
+  UNETCU_DISPATCH_STORAGE(y.dtype(), T, {
+    using A = acc_t<T>;
     const T* gy = grad_y.data<T>();
     const T* yp = y.data<T>();
     T* gx = grad_x.data<T>();
-    const T b = T(beta);
-    parallel_for(n, [&](int64_t i) { store(gx + i, kernels::sigmoid_backward(gy[i], yp[i]), b); });
+    const A b = A(beta);
+    parallel_for(n, [&](int64_t i) {
+      store(gx + i, kernels::sigmoid_backward(A(gy[i]), A(yp[i])), b);
+    });
   });
 }
 
 void add_forward(const TensorRef& a, const TensorRef& b, const TensorRef& y) {
   const int64_t n = a.numel();
-  UNETCU_DISPATCH_FLOAT(a.dtype(), T, {
+  UNETCU_DISPATCH_STORAGE(a.dtype(), T, {
+    using A = acc_t<T>;
     const T* ap = a.data<T>();
     const T* bp = b.data<T>();
     T* yp = y.data<T>();
-    parallel_for(n, [&](int64_t i) { yp[i] = ap[i] + bp[i]; });
+    parallel_for(n, [&](int64_t i) { yp[i] = to_storage<T>(A(ap[i]) + A(bp[i])); });
   });
 }
 

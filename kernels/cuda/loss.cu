@@ -5,6 +5,10 @@
 // Sums are deterministic: each block writes its partial sum, and one block adds the partials
 // in a fixed order (an atomicAdd per block would add them in order of arrival, which varies
 // the last bits of the loss and of the Dice gradient from run to run).
+//
+// As on the CPU: logits X (float32 or bfloat16, either memory format), target Tt (float32 or
+// the logits' dtype, either format, read through LossTargetIndex), elements computed in A (the
+// wider compute type), the loss and its upstream gradient in L (float32), grad_x in X.
 #include "kernels/cuda/common.cuh"
 #include "kernels/launchers.h"
 #include "kernels/bodies/loss.h"
@@ -13,9 +17,12 @@ namespace unetcu::kernels::cuda {
 namespace {
 
 // partials [blocks]: this block's sum.
-__global__ void bce_sum_kernel(const float* x, const float* t, double* partials, int64_t n) {
+template <class X, class Tt>
+__global__ void bce_sum_kernel(const X* x, const Tt* t, LossTargetIndex ti, double* partials,
+                               int64_t n) {
+  using A = loss_acc_t<X, Tt>;
   double acc = 0;
-  GRID_STRIDE(i, n) acc += double(bce_with_logits(x[i], t[i]));
+  GRID_STRIDE(i, n) acc += double(bce_with_logits(A(x[i]), A(t[ti(i)])));
   acc = block_sum(acc);
   if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
@@ -31,24 +38,30 @@ __global__ void sum_partials_kernel(const double* partials, int blocks, double* 
   }
 }
 
-__global__ void mean_kernel(const double* sum, float* loss, int64_t n) {
-  loss[0] = float(sum[0] / double(n));
+template <class L> __global__ void mean_kernel(const double* sum, L* loss, int64_t n) {
+  loss[0] = L(sum[0] / double(n));
 }
 
-__global__ void bce_backward_kernel(const float* x, const float* t, const float* grad_loss,
-                                    float* gx, float beta, int64_t n) {
-  const float s = float(double(grad_loss[0]) / double(n));
-  GRID_STRIDE(i, n) store(gx + i, s * bce_with_logits_grad(x[i], t[i]), beta);
+template <class X, class Tt>
+__global__ void bce_backward_kernel(const X* x, const Tt* t, LossTargetIndex ti,
+                                    const acc_t<X>* grad_loss, X* gx, acc_t<X> beta, int64_t n) {
+  using A = loss_acc_t<X, Tt>;
+  const A s = A(double(grad_loss[0]) / double(n));
+  GRID_STRIDE(i, n) store(gx + i, acc_t<X>(s * bce_with_logits_grad(A(x[i]), A(t[ti(i)]))), beta);
 }
 
 // partials [3][blocks]: this block's sums of p*t, p and t.
-__global__ void dice_sums_kernel(const float* x, const float* t, double* partials, int64_t n) {
+template <class X, class Tt>
+__global__ void dice_sums_kernel(const X* x, const Tt* t, LossTargetIndex ti, double* partials,
+                                 int64_t n) {
+  using A = loss_acc_t<X, Tt>;
   double inter = 0, ps = 0, ts = 0;
   GRID_STRIDE(i, n) {
-    const double p = kernels::sigmoid_forward(x[i]);
-    inter += p * t[i];
+    const double p = kernels::sigmoid_forward(A(x[i]));
+    const double tv = A(t[ti(i)]);
+    inter += p * tv;
     ps += p;
-    ts += t[i];
+    ts += tv;
   }
   inter = block_sum(inter);
   ps = block_sum(ps);
@@ -60,19 +73,38 @@ __global__ void dice_sums_kernel(const float* x, const float* t, double* partial
   }
 }
 
-__global__ void dice_loss_kernel(const double* sums, double smooth, float* loss) {
-  loss[0] = float(dice_loss_value(sums[0], sums[1] + sums[2], smooth));
+template <class L> __global__ void dice_loss_kernel(const double* sums, double smooth, L* loss) {
+  loss[0] = L(dice_loss_value(sums[0], sums[1] + sums[2], smooth));
 }
 
-__global__ void dice_backward_kernel(const float* x, const float* t, const double* sums,
-                                     float smooth, const float* grad_loss, float* gx, float beta,
-                                     int64_t n) {
-  const float inter = float(sums[0]), card = float(sums[1] + sums[2]), sc = grad_loss[0];
+template <class X, class Tt>
+__global__ void dice_backward_kernel(const X* x, const Tt* t, LossTargetIndex ti,
+                                     const double* sums, double smooth,
+                                     const acc_t<X>* grad_loss, X* gx, acc_t<X> beta, int64_t n) {
+  using A = loss_acc_t<X, Tt>;
+  const A inter = A(sums[0]), card = A(sums[1] + sums[2]), sm = A(smooth), sc = A(grad_loss[0]);
   GRID_STRIDE(i, n) {
-    const float p = kernels::sigmoid_forward(x[i]);
-    store(gx + i, sc * dice_grad_logit(p, t[i], inter, card, smooth), beta);
+    const A p = kernels::sigmoid_forward(A(x[i]));
+    store(gx + i, acc_t<X>(sc * dice_grad_logit(p, A(t[ti(i)]), inter, card, sm)), beta);
   }
 }
+
+LossTargetIndex target_index(const TensorRef& logits, const TensorRef& target) {
+  LossTargetIndex ti{false, {}, {}};
+  if (logits.format() != target.format()) {
+    ti.logits = logits.dims4(), ti.target = target.dims4();
+    ti.remap = ti.logits.C > 1 && ti.logits.H * ti.logits.W > 1;
+  }
+  return ti;
+}
+
+// Runs the statement with X bound to the logits' storage type and Tt to the target's.
+#define UNETCU_DISPATCH_LOSS(logits, target, ...)   \
+  UNETCU_DISPATCH_STORAGE((logits).dtype(), X, {    \
+    UNETCU_DISPATCH_STORAGE((target).dtype(), Tt, { \
+      __VA_ARGS__;                                  \
+    });                                             \
+  })
 
 }  // namespace
 
@@ -81,15 +113,20 @@ void bce_with_logits_forward(const TensorRef& logits, const TensorRef& target,
   const int64_t n = logits.numel();
   Launch l(logits);
   const int blocks = blocks_for(n);
+  const LossTargetIndex ti = target_index(logits, target);
   unetcu::cuda::DeviceBuffer partials(logits.device().index, size_t(blocks) * sizeof(double));
   unetcu::cuda::DeviceBuffer sum(logits.device().index, sizeof(double));
-  bce_sum_kernel<<<blocks, kThreads, 0, l.stream>>>(fdata(logits), fdata(target),
-                                                    static_cast<double*>(partials.get()), n);
+  UNETCU_DISPATCH_LOSS(logits, target, {
+    bce_sum_kernel<<<blocks, kThreads, 0, l.stream>>>(
+        logits.data<X>(), target.data<Tt>(), ti, static_cast<double*>(partials.get()), n);
+  });
   CUDA_CHECK_LAUNCH(l.stream, "bce_with_logits_forward");
   sum_partials_kernel<1><<<1, kThreads, 0, l.stream>>>(static_cast<const double*>(partials.get()),
                                                        blocks, static_cast<double*>(sum.get()));
   CUDA_CHECK_LAUNCH(l.stream, "bce_with_logits_forward (sum)");
-  mean_kernel<<<1, 1, 0, l.stream>>>(static_cast<double*>(sum.get()), fdata(loss), n);
+  UNETCU_DISPATCH_FLOAT(loss.dtype(), L, {
+    mean_kernel<<<1, 1, 0, l.stream>>>(static_cast<double*>(sum.get()), loss.data<L>(), n);
+  });
   CUDA_CHECK_LAUNCH(l.stream, "bce_with_logits_forward (mean)");
 }
 
@@ -97,8 +134,12 @@ void bce_with_logits_backward(const TensorRef& logits, const TensorRef& target,
                               const TensorRef& grad_loss, const TensorRef& grad_x, double beta) {
   const int64_t n = logits.numel();
   Launch l(logits);
-  bce_backward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
-      fdata(logits), fdata(target), fdata(grad_loss), fdata(grad_x), float(beta), n);
+  const LossTargetIndex ti = target_index(logits, target);
+  UNETCU_DISPATCH_LOSS(logits, target, {
+    bce_backward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
+        logits.data<X>(), target.data<Tt>(), ti, grad_loss.data<acc_t<X>>(), grad_x.data<X>(),
+        acc_t<X>(beta), n);
+  });
   CUDA_CHECK_LAUNCH(l.stream, "bce_with_logits_backward");
 }
 
@@ -106,9 +147,12 @@ void dice_sums(const TensorRef& logits, const TensorRef& target, const TensorRef
   const int64_t n = logits.numel();
   Launch l(logits);
   const int blocks = blocks_for(n);
+  const LossTargetIndex ti = target_index(logits, target);
   unetcu::cuda::DeviceBuffer partials(logits.device().index, 3 * size_t(blocks) * sizeof(double));
-  dice_sums_kernel<<<blocks, kThreads, 0, l.stream>>>(fdata(logits), fdata(target),
-                                                      static_cast<double*>(partials.get()), n);
+  UNETCU_DISPATCH_LOSS(logits, target, {
+    dice_sums_kernel<<<blocks, kThreads, 0, l.stream>>>(
+        logits.data<X>(), target.data<Tt>(), ti, static_cast<double*>(partials.get()), n);
+  });
   CUDA_CHECK_LAUNCH(l.stream, "dice_sums");
   sum_partials_kernel<3><<<1, kThreads, 0, l.stream>>>(static_cast<const double*>(partials.get()),
                                                        blocks, sums.data<double>());
@@ -117,7 +161,9 @@ void dice_sums(const TensorRef& logits, const TensorRef& target, const TensorRef
 
 void dice_loss_from_sums(const TensorRef& sums, double smooth, const TensorRef& loss) {
   Launch l(sums);
-  dice_loss_kernel<<<1, 1, 0, l.stream>>>(sums.data<double>(), smooth, fdata(loss));
+  UNETCU_DISPATCH_FLOAT(loss.dtype(), L, {
+    dice_loss_kernel<<<1, 1, 0, l.stream>>>(sums.data<double>(), smooth, loss.data<L>());
+  });
   CUDA_CHECK_LAUNCH(l.stream, "dice_loss_from_sums");
 }
 
@@ -126,9 +172,12 @@ void dice_backward(const TensorRef& logits, const TensorRef& target, const Tenso
                    double beta) {
   const int64_t n = logits.numel();
   Launch l(logits);
-  dice_backward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
-      fdata(logits), fdata(target), sums.data<double>(), float(smooth), fdata(grad_loss),
-      fdata(grad_x), float(beta), n);
+  const LossTargetIndex ti = target_index(logits, target);
+  UNETCU_DISPATCH_LOSS(logits, target, {
+    dice_backward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
+        logits.data<X>(), target.data<Tt>(), ti, sums.data<double>(), smooth,
+        grad_loss.data<acc_t<X>>(), grad_x.data<X>(), acc_t<X>(beta), n);
+  });
   CUDA_CHECK_LAUNCH(l.stream, "dice_backward");
 }
 

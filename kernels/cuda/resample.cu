@@ -1,5 +1,8 @@
 // CUDA nearest ×2 upsampling (kernels/bodies/resample.h), channel concatenation, and the two
-// fused (upsample into the concat buffer).
+// fused (upsample into the concat buffer), templated on the storage type: copies move elements
+// as they are, 2×2 gradient sums are formed in the compute type (float for bfloat16) and
+// rounded once. NCHW kernels walk planes and rows; NHWC kernels take one element per thread in
+// memory order, so neighbouring threads move neighbouring channels of a pixel.
 #include "kernels/cuda/common.cuh"
 #include "kernels/bodies/elementwise.h"
 #include "kernels/launchers.h"
@@ -8,58 +11,64 @@
 namespace unetcu::kernels::cuda {
 namespace {
 
+// ---- NCHW ----
+
 // y [planes, 2H, 2W] from x [planes, H, W].
-__global__ void upsample_forward_kernel(const float* x, float* y, int64_t H, int64_t W, int64_t n) {
+template <class S>
+__global__ void upsample_forward_kernel(const S* x, S* y, int64_t H, int64_t W, int64_t n) {
   GRID_STRIDE(i, n) {
     const int64_t OW = 2 * W, ow = i % OW, oh = (i / OW) % (2 * H), plane = i / (OW * 2 * H);
     y[i] = x[plane * H * W + upsample2x_source(oh, ow, W)];
   }
 }
 
-__global__ void upsample_backward_kernel(const float* gy, float* gx, float beta, int64_t H,
-                                         int64_t W, int64_t n) {
+template <class S>
+__global__ void upsample_backward_kernel(const S* gy, S* gx, acc_t<S> beta, int64_t H, int64_t W,
+                                         int64_t n) {
   GRID_STRIDE(i, n) {
     const int64_t w = i % W, h = (i / W) % H, plane = i / (W * H), OW = 2 * W;
-    const float* g = gy + (plane * 2 * H + 2 * h) * OW + 2 * w;
-    store(gx + i, g[0] + g[1] + g[OW] + g[OW + 1], beta);
+    const S* g_top = gy + (plane * 2 * H + 2 * h) * OW;
+    store(gx + i, upsample2x_grad_at(g_top, g_top + OW, w), beta);
   }
 }
 
 // x [N, Cx, HW] -> channels [off, off + Cx) of y [N, Cy, HW] (and back, with beta).
-__global__ void concat_forward_kernel(const float* x, float* y, int64_t Cx, int64_t Cy,
-                                      int64_t off, int64_t HW, int64_t n) {
+template <class S>
+__global__ void concat_forward_kernel(const S* x, S* y, int64_t Cx, int64_t Cy, int64_t off,
+                                      int64_t HW, int64_t n) {
   GRID_STRIDE(i, n) {
     const int64_t q = i % (Cx * HW), s = i / (Cx * HW);
     y[(s * Cy + off) * HW + q] = x[i];
   }
 }
-__global__ void concat_backward_kernel(const float* gy, float* gx, float beta, int64_t Cx,
-                                       int64_t Cy, int64_t off, int64_t HW, int64_t n) {
+template <class S>
+__global__ void concat_backward_kernel(const S* gy, S* gx, acc_t<S> beta, int64_t Cx, int64_t Cy,
+                                       int64_t off, int64_t HW, int64_t n) {
   GRID_STRIDE(i, n) {
     const int64_t q = i % (Cx * HW), s = i / (Cx * HW);
-    store(gx + i, gy[(s * Cy + off) * HW + q], beta);
+    store(gx + i, acc_t<S>(gy[(s * Cy + off) * HW + q]), beta);
   }
 }
 
 // Fused upsample-into-concat. Grid: y over the planes n * C + c of y, x over rows, threads
 // along a row (grid-stride on all three); the plane's source is worked out once per plane.
 // Forward: y [N, Cx + Cs, 2H, 2W] from x [N, Cx, H, W] and skip [N, Cs, 2H, 2W].
-__global__ void upsample_concat_forward_kernel(const float* x, const float* skip, float* y,
-                                               int64_t Cx, int64_t Cs, int64_t H, int64_t W,
-                                               int64_t planes) {
+template <class S>
+__global__ void upsample_concat_forward_kernel(const S* x, const S* skip, S* y, int64_t Cx,
+                                               int64_t Cs, int64_t H, int64_t W, int64_t planes) {
   const int64_t C = Cx + Cs, OH = 2 * H, OW = 2 * W;
   for (int64_t plane = blockIdx.y; plane < planes; plane += gridDim.y) {
     const int64_t n = plane / C, c = plane - n * C;
     int64_t src;
     const bool upsampled = upsample2x_concat_plane(n, c, Cx, Cs, &src);
     for (int64_t oh = blockIdx.x; oh < OH; oh += gridDim.x) {
-      float* y_row = y + (plane * OH + oh) * OW;
+      S* y_row = y + (plane * OH + oh) * OW;
       if (upsampled) {
-        const float* x_row = x + (src * H + (oh >> 1)) * W;
+        const S* x_row = x + (src * H + (oh >> 1)) * W;
         for (int64_t ow = threadIdx.x; ow < OW; ow += blockDim.x)
           y_row[ow] = upsample2x_row_at(x_row, ow);
       } else {
-        const float* s_row = skip + (src * OH + oh) * OW;
+        const S* s_row = skip + (src * OH + oh) * OW;
         for (int64_t ow = threadIdx.x; ow < OW; ow += blockDim.x) y_row[ow] = s_row[ow];
       }
     }
@@ -69,30 +78,110 @@ __global__ void upsample_concat_forward_kernel(const float* x, const float* skip
 // Backward: an upsampled plane's block x row h writes grad_x row h from grad_y rows 2h, 2h + 1
 // (H rows); a skip plane's block x row r copies grad_y row r (2H rows). A null gradient is
 // absent: its planes do nothing.
-__global__ void upsample_concat_backward_kernel(const float* gy, float* gx, float beta_x,
-                                                float* gs, float beta_skip, int64_t Cx,
-                                                int64_t Cs, int64_t H, int64_t W,
-                                                int64_t planes) {
+template <class S>
+__global__ void upsample_concat_backward_kernel(const S* gy, S* gx, acc_t<S> beta_x, S* gs,
+                                                acc_t<S> beta_skip, int64_t Cx, int64_t Cs,
+                                                int64_t H, int64_t W, int64_t planes) {
   const int64_t C = Cx + Cs, OH = 2 * H, OW = 2 * W;
   for (int64_t plane = blockIdx.y; plane < planes; plane += gridDim.y) {
     const int64_t n = plane / C, c = plane - n * C;
     int64_t dst;
-    const float* g_plane = gy + plane * OH * OW;
+    const S* g_plane = gy + plane * OH * OW;
     if (upsample2x_concat_plane(n, c, Cx, Cs, &dst)) {
       if (!gx) continue;
       for (int64_t h = blockIdx.x; h < H; h += gridDim.x) {
-        const float* g_top = g_plane + 2 * h * OW;
-        float* gx_row = gx + (dst * H + h) * W;
+        const S* g_top = g_plane + 2 * h * OW;
+        S* gx_row = gx + (dst * H + h) * W;
         for (int64_t w = threadIdx.x; w < W; w += blockDim.x)
           store(gx_row + w, upsample2x_grad_at(g_top, g_top + OW, w), beta_x);
       }
     } else {
       if (!gs) continue;
       for (int64_t r = blockIdx.x; r < OH; r += gridDim.x) {
-        const float* g_row = g_plane + r * OW;
-        float* gs_row = gs + (dst * OH + r) * OW;
-        for (int64_t q = threadIdx.x; q < OW; q += blockDim.x) store(gs_row + q, g_row[q], beta_skip);
+        const S* g_row = g_plane + r * OW;
+        S* gs_row = gs + (dst * OH + r) * OW;
+        for (int64_t q = threadIdx.x; q < OW; q += blockDim.x)
+          store(gs_row + q, acc_t<S>(g_row[q]), beta_skip);
       }
+    }
+  }
+}
+
+// ---- NHWC: [N, rows, cols, C], one element per thread in memory order ----
+
+// y [N, 2H, 2W, C] from x [N, H, W, C].
+template <class S>
+__global__ void upsample_forward_nhwc_kernel(const S* x, S* y, int64_t C, int64_t H, int64_t W,
+                                             int64_t n) {
+  GRID_STRIDE(i, n) {
+    const int64_t OW = 2 * W, c = i % C, pix = i / C, ow = pix % OW, row = pix / OW;  // n*2H+oh
+    const int64_t img = row / (2 * H), oh = row - img * 2 * H;
+    y[i] = x[((img * H + (oh >> 1)) * W + (ow >> 1)) * C + c];
+  }
+}
+
+template <class S>
+__global__ void upsample_backward_nhwc_kernel(const S* gy, S* gx, acc_t<S> beta, int64_t C,
+                                              int64_t W, int64_t n) {
+  GRID_STRIDE(i, n) {
+    const int64_t c = i % C, pix = i / C, w = pix % W, row = pix / W;  // row = n * H + h
+    const int64_t OWC = 2 * W * C;
+    const S* g_top = gy + 2 * row * OWC;  // grad_y row 2h of image n
+    store(gx + i, upsample2x_block_sum(g_top, g_top + OWC, 2 * w * C + c, C), beta);
+  }
+}
+
+// x [pixels, Cx] -> channels [off, off + Cx) of y [pixels, Cy] (and back, with beta).
+template <class S>
+__global__ void concat_forward_nhwc_kernel(const S* x, S* y, int64_t Cx, int64_t Cy, int64_t off,
+                                           int64_t n) {
+  GRID_STRIDE(i, n) {
+    const int64_t c = i % Cx, pix = i / Cx;
+    y[pix * Cy + off + c] = x[i];
+  }
+}
+template <class S>
+__global__ void concat_backward_nhwc_kernel(const S* gy, S* gx, acc_t<S> beta, int64_t Cx,
+                                            int64_t Cy, int64_t off, int64_t n) {
+  GRID_STRIDE(i, n) {
+    const int64_t c = i % Cx, pix = i / Cx;
+    store(gx + i, acc_t<S>(gy[pix * Cy + off + c]), beta);
+  }
+}
+
+// y [N, 2H, 2W, Cx + Cs]: channel c < Cx of a pixel from x's source pixel, the rest from
+// skip's same pixel.
+template <class S>
+__global__ void upsample_concat_forward_nhwc_kernel(const S* x, const S* skip, S* y, int64_t Cx,
+                                                    int64_t Cs, int64_t H, int64_t W, int64_t n) {
+  const int64_t C = Cx + Cs, OW = 2 * W;
+  GRID_STRIDE(i, n) {
+    const int64_t c = i % C, pix = i / C;
+    if (c < Cx) {
+      const int64_t ow = pix % OW, row = pix / OW, img = row / (2 * H), oh = row - img * 2 * H;
+      y[i] = x[((img * H + (oh >> 1)) * W + (ow >> 1)) * Cx + c];
+    } else {
+      y[i] = skip[pix * Cs + (c - Cx)];
+    }
+  }
+}
+
+// Elements [0, nx) are grad_x's [N, H, W, Cx] (2×2 block sums), [nx, nx + ns) grad_skip's
+// [N, 2H, 2W, Cs] (copies); an absent gradient has no elements.
+template <class S>
+__global__ void upsample_concat_backward_nhwc_kernel(const S* gy, S* gx, acc_t<S> beta_x,
+                                                     int64_t nx, S* gs, acc_t<S> beta_skip,
+                                                     int64_t ns, int64_t Cx, int64_t Cs,
+                                                     int64_t W) {
+  const int64_t C = Cx + Cs, OWC = 2 * W * C;
+  GRID_STRIDE(i, nx + ns) {
+    if (i < nx) {
+      const int64_t c = i % Cx, pix = i / Cx, w = pix % W, row = pix / W;  // row = n * H + h
+      const S* g_top = gy + 2 * row * OWC;
+      store(gx + i, upsample2x_block_sum(g_top, g_top + OWC, 2 * w * C + c, C), beta_x);
+    } else {
+      const int64_t j = i - nx, c = j % Cs, pix = j / Cs;
+      store(gs + j, acc_t<S>(gy[pix * C + Cx + c]), beta_skip);
     }
   }
 }
@@ -106,35 +195,64 @@ unsigned grid_dim(int64_t n) { return unsigned(std::clamp<int64_t>(n, 1, 65535))
 
 void upsample2x_forward(const TensorRef& x, const TensorRef& y) {
   const int64_t n = y.numel();
+  if (n == 0) return;
   Launch l(x);
-  upsample_forward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(fdata(x), fdata(y), x.dim(2),
-                                                                    x.dim(3), n);
+  UNETCU_DISPATCH_STORAGE(x.dtype(), S, {
+    if (x.nhwc())
+      upsample_forward_nhwc_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
+          x.data<S>(), y.data<S>(), x.dim(1), x.dim(2), x.dim(3), n);
+    else
+      upsample_forward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
+          x.data<S>(), y.data<S>(), x.dim(2), x.dim(3), n);
+  });
   CUDA_CHECK_LAUNCH(l.stream, "upsample2x_forward");
 }
 
 void upsample2x_backward(const TensorRef& grad_y, const TensorRef& grad_x, double beta) {
   const int64_t n = grad_x.numel();
+  if (n == 0) return;
   Launch l(grad_x);
-  upsample_backward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
-      fdata(grad_y), fdata(grad_x), float(beta), grad_x.dim(2), grad_x.dim(3), n);
+  UNETCU_DISPATCH_STORAGE(grad_x.dtype(), S, {
+    if (grad_x.nhwc())
+      upsample_backward_nhwc_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
+          grad_y.data<S>(), grad_x.data<S>(), acc_t<S>(beta), grad_x.dim(1), grad_x.dim(3), n);
+    else
+      upsample_backward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
+          grad_y.data<S>(), grad_x.data<S>(), acc_t<S>(beta), grad_x.dim(2), grad_x.dim(3), n);
+  });
   CUDA_CHECK_LAUNCH(l.stream, "upsample2x_backward");
 }
 
 void concat_forward_part(const TensorRef& x, const TensorRef& y, int64_t channel_offset) {
   const int64_t n = x.numel();
+  if (n == 0) return;
   Launch l(x);
-  concat_forward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
-      fdata(x), fdata(y), x.dim(1), y.dim(1), channel_offset, x.dim(2) * x.dim(3), n);
+  UNETCU_DISPATCH_STORAGE(x.dtype(), S, {
+    if (x.nhwc())
+      concat_forward_nhwc_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
+          x.data<S>(), y.data<S>(), x.dim(1), y.dim(1), channel_offset, n);
+    else
+      concat_forward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
+          x.data<S>(), y.data<S>(), x.dim(1), y.dim(1), channel_offset, x.dim(2) * x.dim(3), n);
+  });
   CUDA_CHECK_LAUNCH(l.stream, "concat_forward_part");
 }
 
 void concat_backward_part(const TensorRef& grad_y, const TensorRef& grad_x, int64_t channel_offset,
                           double beta) {
   const int64_t n = grad_x.numel();
+  if (n == 0) return;
   Launch l(grad_x);
-  concat_backward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
-      fdata(grad_y), fdata(grad_x), float(beta), grad_x.dim(1), grad_y.dim(1), channel_offset,
-      grad_x.dim(2) * grad_x.dim(3), n);
+  UNETCU_DISPATCH_STORAGE(grad_x.dtype(), S, {
+    if (grad_x.nhwc())
+      concat_backward_nhwc_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
+          grad_y.data<S>(), grad_x.data<S>(), acc_t<S>(beta), grad_x.dim(1), grad_y.dim(1),
+          channel_offset, n);
+    else
+      concat_backward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
+          grad_y.data<S>(), grad_x.data<S>(), acc_t<S>(beta), grad_x.dim(1), grad_y.dim(1),
+          channel_offset, grad_x.dim(2) * grad_x.dim(3), n);
+  });
   CUDA_CHECK_LAUNCH(l.stream, "concat_backward_part");
 }
 
@@ -142,9 +260,18 @@ void upsample2x_concat_forward(const TensorRef& x, const TensorRef& skip, const 
   const int64_t planes = y.dim(0) * y.dim(1), OH = y.dim(2), OW = y.dim(3);
   if (y.numel() == 0) return;
   Launch l(y);
-  const dim3 grid(grid_dim(OH), grid_dim(planes));
-  upsample_concat_forward_kernel<<<grid, row_threads(OW), 0, l.stream>>>(
-      fdata(x), fdata(skip), fdata(y), x.dim(1), skip.dim(1), x.dim(2), x.dim(3), planes);
+  UNETCU_DISPATCH_STORAGE(x.dtype(), S, {
+    if (y.nhwc()) {
+      upsample_concat_forward_nhwc_kernel<<<blocks_for(y.numel()), kThreads, 0, l.stream>>>(
+          x.data<S>(), skip.data<S>(), y.data<S>(), x.dim(1), skip.dim(1), x.dim(2), x.dim(3),
+          y.numel());
+    } else {
+      const dim3 grid(grid_dim(OH), grid_dim(planes));
+      upsample_concat_forward_kernel<<<grid, row_threads(OW), 0, l.stream>>>(
+          x.data<S>(), skip.data<S>(), y.data<S>(), x.dim(1), skip.dim(1), x.dim(2), x.dim(3),
+          planes);
+    }
+  });
   CUDA_CHECK_LAUNCH(l.stream, "upsample2x_concat_forward");
 }
 
@@ -152,13 +279,25 @@ void upsample2x_concat_backward(const TensorRef& grad_y, const TensorRef& grad_x
                                 const TensorRef& grad_skip, double beta_skip,
                                 int64_t x_channels) {
   const int64_t planes = grad_y.dim(0) * grad_y.dim(1), OH = grad_y.dim(2), OW = grad_y.dim(3);
+  const int64_t Cx = x_channels, Cs = grad_y.dim(1) - x_channels;
   if (grad_y.numel() == 0) return;
   Launch l(grad_y);
-  const dim3 grid(grid_dim(OH), grid_dim(planes));
-  upsample_concat_backward_kernel<<<grid, row_threads(OW), 0, l.stream>>>(
-      fdata(grad_y), grad_x.defined() ? fdata(grad_x) : nullptr, float(beta_x),
-      grad_skip.defined() ? fdata(grad_skip) : nullptr, float(beta_skip), x_channels,
-      grad_y.dim(1) - x_channels, OH / 2, OW / 2, planes);
+  UNETCU_DISPATCH_STORAGE(grad_y.dtype(), S, {
+    S* gx = grad_x.defined() ? grad_x.data<S>() : nullptr;
+    S* gs = grad_skip.defined() ? grad_skip.data<S>() : nullptr;
+    if (grad_y.nhwc()) {
+      const int64_t nx = gx ? grad_x.numel() : 0, ns = gs ? grad_skip.numel() : 0;
+      if (nx + ns > 0)
+        upsample_concat_backward_nhwc_kernel<<<blocks_for(nx + ns), kThreads, 0, l.stream>>>(
+            grad_y.data<S>(), gx, acc_t<S>(beta_x), nx, gs, acc_t<S>(beta_skip), ns, Cx, Cs,
+            OW / 2);
+    } else {
+      const dim3 grid(grid_dim(OH), grid_dim(planes));
+      upsample_concat_backward_kernel<<<grid, row_threads(OW), 0, l.stream>>>(
+          grad_y.data<S>(), gx, acc_t<S>(beta_x), gs, acc_t<S>(beta_skip), Cx, Cs, OH / 2, OW / 2,
+          planes);
+    }
+  });
   CUDA_CHECK_LAUNCH(l.stream, "upsample2x_concat_backward");
 }
 
