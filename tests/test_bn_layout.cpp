@@ -14,7 +14,6 @@
 // the finite-difference check; the per-channel tensors must be in the compute dtype.
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <vector>
 
 #include "engine/ops.h"

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/ops.h"
+#include "engine/ops/op_util.h"
 #include "testing.h"
 
 using namespace unetcu;
@@ -126,9 +127,14 @@ TEST_CASE("convert: dtype and format forward, the gradient converted back") {
   CHECK(convert(w, DType::F32, MemoryFormat::NCHW).same_storage(w));
 }
 
-TEST_CASE("ops without a bfloat16 or NHWC kernel say so") {
+TEST_CASE("an op without a bfloat16 or NHWC kernel says so") {
+  // Every op of the UNet takes both; the op layer's check stays for any op that does not.
   Tensor x = Tensor::zeros({1, 2, 4, 4}, DType::F32, Device::cpu(), MemoryFormat::NHWC);
-  CHECK_THROWS_WITH_AS(sigmoid(x), doctest::Contains("NHWC"), Error);
+  CHECK_THROWS_WITH_AS(ops_detail::check_backend("an_op", x), doctest::Contains("NHWC"), Error);
   Tensor h = Tensor::zeros({1, 2, 4, 4}, DType::BF16);
-  CHECK_THROWS_WITH_AS(sigmoid(h), doctest::Contains("bfloat16"), Error);
+  CHECK_THROWS_WITH_AS(ops_detail::check_backend("an_op", h), doctest::Contains("bfloat16"), Error);
+  ops_detail::check_backend("an_op", x, {false, true});
+  ops_detail::check_backend("an_op", h, {true, false});
+  CHECK(sigmoid(x).format() == MemoryFormat::NHWC);
+  CHECK(sigmoid(h).dtype() == DType::BF16);
 }

@@ -18,7 +18,6 @@
 // and the bound are checked. Sigmoid's backward reads its saved output, which bfloat16 has
 // rounded, so it gets a bound of its own (derived below).
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -511,58 +510,4 @@ TEST_CASE("misc ops refuse operands that differ in memory format or dtype") {
                        doctest::Contains("float32 or the logits' dtype"), Error);
   CHECK_THROWS_WITH_AS(dice_loss(a.to(DType::BF16), Tensor::zeros({1, 2, 4, 4}, DType::F64)),
                        doctest::Contains("float32 or the logits' dtype"), Error);
-}
-
-// Not a check: times max_pool2d (the ResNet stem's 3x3/2 pad 1 on [8, 64, 128, 128]) and
-// upsample_nearest2x_concat (a UNet decoder input: x [8, 64, 64, 64], skip [8, 64, 128, 128])
-// in float32 NCHW, float32 NHWC, bfloat16 NHWC and bfloat16 NCHW: the op's forward, and its
-// backward launcher on gradient buffers already allocated, written (beta 0) and accumulated
-// (beta 1). Median of 7 runs after one warm-up. Skipped unless asked for:
-//   ./build/tests/unetcu_tests -tc='timing*' --no-skip
-TEST_CASE("timing: max_pool2d and upsample_nearest2x_concat, NCHW/NHWC, float32/bfloat16" *
-          doctest::skip()) {
-  Rng rng(109);
-  const Tensor pool_x = random_tensor({8, 64, 128, 128}, rng, -1, 1, DType::F32);
-  const Tensor cat_x = random_tensor({8, 64, 64, 64}, rng, -1, 1, DType::F32);
-  const Tensor cat_s = random_tensor({8, 64, 128, 128}, rng, -1, 1, DType::F32);
-  kernels::PoolGeometry pg;
-  pg.H = 128, pg.W = 128, pg.OH = 64, pg.OW = 64;
-  pg.kh = pg.kw = 3, pg.sh = pg.sw = 2, pg.ph = pg.pw = 1;
-  auto median_ms = [](const std::function<void()>& f) {
-    std::vector<double> t;
-    for (int rep = 0; rep < 8; ++rep) {
-      const auto t0 = std::chrono::steady_clock::now();
-      f();
-      const auto t1 = std::chrono::steady_clock::now();
-      if (rep > 0) t.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-    }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-  };
-  struct Variant {
-    DType dt;
-    MemoryFormat fmt;
-  };
-  for (const Variant v : {Variant{DType::F32, kNCHW}, Variant{DType::F32, kNHWC},
-                          Variant{DType::BF16, kNHWC}, Variant{DType::BF16, kNCHW}}) {
-    const Tensor px = like(pool_x, v.dt, v.fmt);
-    const Tensor py = max_pool2d(px, Pool2dOptions::square(3, 2, 1));
-    const Tensor pgx = Tensor::zeros(px.shape(), v.dt, Device::cpu(), v.fmt);
-    const double pf = median_ms([&] { max_pool2d(px, Pool2dOptions::square(3, 2, 1)); });
-    const double pb0 = median_ms([&] { kernels::cpu::maxpool_backward(py, px, pgx, 0.0, pg); });
-    const double pb1 = median_ms([&] { kernels::cpu::maxpool_backward(py, px, pgx, 1.0, pg); });
-    const Tensor cx = like(cat_x, v.dt, v.fmt), cs = like(cat_s, v.dt, v.fmt);
-    const Tensor cy = upsample_nearest2x_concat(cx, cs);
-    const Tensor cgx = Tensor::zeros(cx.shape(), v.dt, Device::cpu(), v.fmt);
-    const Tensor cgs = Tensor::zeros(cs.shape(), v.dt, Device::cpu(), v.fmt);
-    const double cf = median_ms([&] { upsample_nearest2x_concat(cx, cs); });
-    const double cb0 = median_ms(
-        [&] { kernels::cpu::upsample2x_concat_backward(cy, cgx, 0.0, cgs, 0.0, 64); });
-    const double cb1 = median_ms(
-        [&] { kernels::cpu::upsample2x_concat_backward(cy, cgx, 1.0, cgs, 1.0, 64); });
-    MESSAGE(std::string(dtype_name(v.dt)), " ", std::string(format_name(v.fmt)),
-            ": max_pool2d fwd ", pf, " ms, bwd ", pb0, " ms (beta 1: ", pb1,
-            " ms); upsample_nearest2x_concat fwd ", cf, " ms, bwd ", cb0, " ms (beta 1: ", cb1,
-            " ms)");
-  }
 }
