@@ -1,14 +1,17 @@
 #!/usr/bin/python3
 """Side-by-side CPU training step of unetcu and PyTorch on this machine.
 
-The same step on both: SMP's UNet-ResNet34 (full width), BCE + Dice, Adam 1e-3, float32, one
-batch of random images, THREADS threads. For each size the two run in turn ROUNDS times
+The same step on both: SMP's UNet-ResNet34 (full width), BCE + Dice, Adam 1e-3, one batch of
+random images, THREADS threads; float32, or with --precision bf16 mixed precision on both
+(unetcu --precision bf16; PyTorch autocast bf16 on the CPU, the loss in float32), in the memory
+format --memory-format gives both (nhwc: channels_last in PyTorch). For each size the two run in turn ROUNDS times
 (alternated: the one that ran second runs first in the next round), each run a fresh process
 timing STEPS steps after WARMUP; the table gives the median over all timed steps of each, the
 range of the per-run medians, and the ratio unetcu / PyTorch (below 1: unetcu faster).
 
   bench/cpu_vs_pytorch.py [--build build] [--size 4x128 --size 2x256 --size 1x512]
                           [--rounds 3] [--steps 5] [--warmup 2] [--threads 2] [--out FILE.md]
+                          [--precision fp32|bf16] [--memory-format nchw|nhwc]
 
 Needs PyTorch (Debian: python3-torch, for /usr/bin/python3) and a build of bench_cpu_step."""
 import argparse
@@ -60,6 +63,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", help="also write the table (markdown) here")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--memory-format", choices=["nchw", "nhwc"], default="nchw")
     a = ap.parse_args()
     sizes = a.size or ["4x128", "2x256", "1x512"]
     exe = os.path.join(a.build, "bench_cpu_step")
@@ -67,7 +72,8 @@ def main():
         sys.exit(f"cpu_vs_pytorch: {exe} not found (build first: cmake --build {a.build})")
     py = torch_python()
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
-    common = ["--steps", str(a.steps), "--warmup", str(a.warmup), "--threads", str(a.threads)]
+    common = ["--steps", str(a.steps), "--warmup", str(a.warmup), "--threads", str(a.threads),
+              "--precision", a.precision, "--memory-format", a.memory_format]
     rows, kernels, torch_version = [], "", ""
     for size in sizes:
         b, s = size.split("x")
@@ -93,6 +99,7 @@ def main():
     out = [f"processor: {processor()}, {os.cpu_count()} logical CPUs",
            f"unetcu: {kernels}",
            f"PyTorch {torch_version} (its own oneDNN/MKL-DNN convolutions)",
+           f"precision {a.precision}, memory format {a.memory_format} (both)",
            f"{a.rounds} alternated runs per size, {a.steps} timed steps after {a.warmup} per run", "",
            "| batch | image | threads | unetcu median (s) | unetcu runs | PyTorch median (s) | PyTorch runs | ratio |",
            "|---|---|---|---|---|---|---|---|"] + rows

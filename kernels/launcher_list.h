@@ -3,7 +3,9 @@
 // stubs from it, so adding an op is one row here plus its two bodies.
 //
 // Each row is X(name, (parameters)); every launcher returns void. Launchers trust shapes and
-// dtypes (the op layer checked them). A `beta` argument is 0 (overwrite the destination, which
+// dtypes (the op layer checked them). Activations may be bfloat16 (read as float32, rounded
+// once on store) and NCHW or NHWC (TensorRef::format); per-channel parameters and statistics
+// are then float32; outputs and gradients take their tensor's format. A `beta` argument is 0 (overwrite the destination, which
 // may hold garbage) or 1 (add to it): that is what "written or accumulated" means below.
 #pragma once
 
@@ -24,7 +26,8 @@
   X(sigmoid_backward, (const TensorRef& grad_y, const TensorRef& y, const TensorRef& grad_x,       \
                        double beta))                                                               \
   X(add_forward, (const TensorRef& a, const TensorRef& b, const TensorRef& y))                     \
-  /* y = conv(x, w) + b, written; b may be absent. */                                              \
+  /* y = conv(x, w) + b, written; b may be absent. x, w, b, y one dtype; y in x's format, w OIHW   \
+     or OHWI (its format). */                                                                      \
   X(conv2d_forward, (const TensorRef& x, const TensorRef& w, const TensorRef& b,                   \
                      const TensorRef& y, const ConvGeometry& g))                                   \
   /* Any of grad_x / grad_w / grad_b may be absent (not needed); each written or accumulated by    \
@@ -94,7 +97,8 @@
   X(upsample2x_concat_backward, (const TensorRef& grad_y, const TensorRef& grad_x, double beta_x,  \
                                  const TensorRef& grad_skip, double beta_skip,                     \
                                  int64_t x_channels))                                              \
-  /* loss (0-dim, logits dtype) = mean BCE-with-logits over all elements, written. */              \
+  /* loss (0-dim; the logits' dtype, float32 for bf16 logits) = mean BCE-with-logits over all     \
+     elements, written. The target is float32 or the logits' dtype, in either format. */         \
   X(bce_with_logits_forward, (const TensorRef& logits, const TensorRef& target,                    \
                               const TensorRef& loss))                                              \
   /* grad_x = beta*grad_x + grad_loss/numel * (sigmoid(x) - t); grad_loss read on device. */       \

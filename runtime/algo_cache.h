@@ -27,7 +27,7 @@ struct ConvAlgoKey {
   int cc_major = 0, cc_minor = 0;  // compute capability
   int cudnn_version = 0;  // cudnnGetVersion()
   std::string direction;  // "fwd", "bwd_data" or "bwd_filter"
-  std::string dtype;      // "f32"
+  std::string dtype;      // "f32", "f32.nhwc", "bf16" or "bf16.nhwc"
   bool tf32 = false;      // tensor-core TF32 allowed
   bool deterministic = false;
   int64_t n = 0, c = 0, h = 0, w = 0;  // input

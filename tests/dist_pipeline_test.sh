@@ -2,6 +2,7 @@
 # Pipeline parallelism across processes (mpirun), one stage per process:
 #  - 2 and 3 processes, GPipe and 1F1B, write the same checkpoint bytes (model and every
 #    stage's optimizer state) as the in-process pipeline on as many CPU devices;
+#  - so do 2 processes in bf16 NHWC (mixed precision, channels-last);
 #  - a run resumed from its epoch-1 checkpoint ends with the bytes of the uninterrupted run;
 #  - data x pipeline (--mode dp+mp): 2 stages x 2 replicas and 3 stages x 1 equal one device
 #    accumulating over the same micro-batches (dist_pipeline_check, float64), and unet_train
@@ -36,6 +37,15 @@ for n in 2 3; do
     grep -q "model parallel across processes, $n stages over MPI" "$d/procs.log" || { echo "FAIL: -np $n: strategy line"; cat "$d/procs.log"; fail=1; }
   done
 done
+# Mixed precision and channels-last: bf16 NHWC activations and gradients cross the cut (each
+# message's header carries dtype and format) and give the in-process pipeline's bytes.
+args=(--mode mp --split layer3 --batch-size 6 --split-size 2 --precision bf16 --memory-format nhwc "${common[@]}")
+if "$train" "${args[@]}" --devices cpu:0,cpu:1 --dist none --checkpoint "$d/threads16.safetensors" > "$d/threads16.log" 2>&1 &&
+   "${mpi[@]}" -np 2 "$train" "${args[@]}" --checkpoint "$d/procs16.safetensors" > "$d/procs16.log" 2>&1; then
+  same "$d/threads16.safetensors" "$d/procs16.safetensors" "-np 2 bf16 NHWC equals the in-process pipeline"
+else
+  echo "FAIL: bf16 NHWC pipeline"; cat "$d/threads16.log" "$d/procs16.log"; fail=1
+fi
 # --resume: epoch 1, then epoch 2 from its checkpoint, ends where the 2-epoch run ended.
 args=(--mode mp --split layer3 --batch-size 6 --split-size 3 --width-divisor 16 --image-size 64 --train-size 12
       --val-size 4 --threads 1 --seed 3 --no-progress)

@@ -19,9 +19,12 @@ module names, to check unetcu against PyTorch.
       writes a fixed input and torchvision's five encoder feature maps for it (eval mode), the
       reference tests/encoder_check compares the engine's encoder with.
   pytorch_reference.py bench --batch 4 --size 128 [--threads 2] [--warmup 2] [--steps 7]
-      Times the float32 training step the engine's bench_cpu_step times (forward, BCE+Dice,
-      backward, Adam 1e-3) on the synthetic-like random batch and prints one JSON line:
-      {"batch", "size", "threads", "steps": [seconds...], "median"}.
+                       [--precision fp32|bf16] [--memory-format nchw|nhwc]
+      Times the training step the engine's bench_cpu_step times (forward, BCE+Dice, backward,
+      Adam 1e-3) on the synthetic-like random batch and prints one JSON line:
+      {"batch", "size", "threads", "precision", "memory_format", "steps": [seconds...],
+      "median"}. bf16 is autocast bf16 on the CPU with the loss in float32 (as unetcu's
+      --precision bf16); nhwc is channels_last.
   pytorch_reference.py bench --device cuda --batch 14 --size 512
                        [--modes fp32,tf32,bf16,bf16-compile] [--warmup 5] [--steps 20]
                        [--compile-timeout 240]
@@ -257,23 +260,33 @@ def bench(args):
     import time
     torch.set_num_threads(args.threads or 2)
     torch.manual_seed(0)
-    model = Unet(1).float().train()
+    fmt = torch.channels_last if args.memory_format == "nhwc" else torch.contiguous_format
+    model = Unet(1).float().train().to(memory_format=fmt)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    x = torch.randn(args.batch, 3, args.size, args.size)
+    x = torch.randn(args.batch, 3, args.size, args.size).contiguous(memory_format=fmt)
     target = (torch.rand(args.batch, 1, args.size, args.size) < 0.4).float()
+
+    def forward_loss():
+        if args.precision == "fp32":
+            return loss_fn(model(x), target)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(x)
+        return loss_fn(logits.float(), target)  # the loss and its reductions in float32
+
     warmup = 2 if args.warmup is None else args.warmup
     steps = 7 if args.steps is None else args.steps
     times = []
     for i in range(warmup + steps):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), target)
+        loss = forward_loss()
         loss.backward()
         opt.step()
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     med = sorted(times)[len(times) // 2]
-    print(json.dumps({"batch": args.batch, "size": args.size, "threads": args.threads or 2, "steps": times,
+    print(json.dumps({"batch": args.batch, "size": args.size, "threads": args.threads or 2,
+                      "precision": args.precision, "memory_format": args.memory_format, "steps": times,
                       "median": med, "torch": torch.__version__}))
 
 
@@ -477,6 +490,10 @@ if __name__ == "__main__":
     b.add_argument("--warmup", type=int, help="untimed steps first (default 2 on the CPU, 5 on CUDA)")
     b.add_argument("--steps", type=int, help="timed steps (default 7 on the CPU, 20 on CUDA)")
     b.add_argument("--modes", default=",".join(GPU_MODES), help="--device cuda: the modes, in order (default: all)")
+    b.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="--device cpu: float32, or autocast bf16 with the loss in float32")
+    b.add_argument("--memory-format", choices=["nchw", "nhwc"], default="nchw",
+                   help="--device cpu: contiguous, or channels_last")
     b.add_argument("--compile-timeout", type=int, default=240,
                    help="--device cuda: seconds the bf16-compile mode's first step (the compilation) may take")
     a = ap.parse_args()

@@ -37,8 +37,8 @@ int current_device();
       ::unetcu::cuda::throw_error("cuDNN", #expr, __FILE__, __LINE__, cudnnGetErrorString(st_)); \
   } while (0)
 // NCCL_CHECK is in runtime/cuda/nccl.cuh (only the communicator needs nccl.h). cuBLAS has no
-// check macro and no handle: nothing calls it (convolutions and batch norm are cuDNN's, the
-// rest are our kernels), and an unused handle costs device memory and start-up time.
+// check macro and no handle: nothing calls it (convolutions are cuDNN's, the rest are
+// our kernels), and an unused handle costs device memory and start-up time.
 
 namespace unetcu::cuda {
 
