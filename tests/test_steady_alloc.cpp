@@ -29,11 +29,19 @@ TEST_CASE("after warm-up a training step on one CPU device takes no host memory 
   // share the one host cache from several threads whose interleaving changes from step to
   // step, and which thread's free feeds which allocation with it: they are not held to this.
   // GPU devices each have a pool of their own.)
+  // Float32 NCHW, and mixed precision in channels-last (the weights' bf16 copies, the
+  // conversions at the stem and the head are tensors of the step too).
   SyntheticSegmentation data(64, 2);
   const Batch b = data.batch({0, 1, 2, 3});
-  HostAllocator::release_cache();  // so building the strategy below must take system memory
-  const size_t start = host_system_allocations();
-  SingleDevice s(small_model(), optimizer_factory({}), LossKind::BCEDice);
-  CHECK(host_system_allocations() > start);  // the counter counts
-  CHECK(system_allocations_after_warmup(s, b, 2, 3, host_system_allocations) == 0);
+  for (bool mixed : {false, true}) {
+    CAPTURE(mixed);
+    UNetConfig cfg = small_model();
+    cfg.bf16_activations = mixed;
+    cfg.format = mixed ? MemoryFormat::NHWC : MemoryFormat::NCHW;
+    HostAllocator::release_cache();  // so building the strategy below must take system memory
+    const size_t start = host_system_allocations();
+    SingleDevice s(cfg, optimizer_factory({}), LossKind::BCEDice);
+    CHECK(host_system_allocations() > start);  // the counter counts
+    CHECK(system_allocations_after_warmup(s, b, 2, 3, host_system_allocations) == 0);
+  }
 }

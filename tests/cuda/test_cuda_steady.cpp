@@ -36,8 +36,14 @@ TEST_CASE("after warm-up a training step takes no GPU memory from the system") {
   SyntheticSegmentation data(64, 2);
   const Batch b = data.batch({0, 1, 2, 3});
   const OptimizerFactory adam = optimizer_factory({});
-  SingleDevice s(gpu_model(), adam, LossKind::BCEDice);
-  CHECK(system_allocations_after_warmup(s, b, 2, 3, device_system_allocations) == 0);
+  for (bool mixed : {false, true}) {  // float32 NCHW; bf16 NHWC
+    CAPTURE(mixed);
+    UNetConfig cfg = gpu_model();
+    cfg.bf16_activations = mixed;
+    cfg.format = mixed ? MemoryFormat::NHWC : MemoryFormat::NCHW;
+    SingleDevice s(cfg, adam, LossKind::BCEDice);
+    CHECK(system_allocations_after_warmup(s, b, 2, 3, device_system_allocations) == 0);
+  }
 }
 
 TEST_CASE("Adam over more tensors than one launch holds (300) equals the CPU step") {
