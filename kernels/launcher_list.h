@@ -27,7 +27,8 @@
                        double beta))                                                               \
   X(add_forward, (const TensorRef& a, const TensorRef& b, const TensorRef& y))                     \
   /* y = conv(x, w) + b, written; b may be absent. x, w, b, y one dtype; y in x's format, w OIHW   \
-     or OHWI (its format). */                                                                      \
+     or OHWI (its format). A bf16 y with a bias is rounded twice on a GPU (cuDNN's result, then    \
+     + b, as PyTorch's CUDA path), once on the CPU. */                                             \
   X(conv2d_forward, (const TensorRef& x, const TensorRef& w, const TensorRef& b,                   \
                      const TensorRef& y, const ConvGeometry& g))                                   \
   /* Any of grad_x / grad_w / grad_b may be absent (not needed); each written or accumulated by    \

@@ -31,6 +31,13 @@ TEST_CASE("bfloat16 rounds to nearest, ties to even") {
   CHECK(std::isinf(bf16_round(std::numeric_limits<float>::infinity())));
   CHECK(std::isinf(bf16_round(std::numeric_limits<float>::max())));  // past bf16's largest
   CHECK(bf16_round(0.0f) == 0.0f);
+  // From double: one rounding. 1 + ulp/2 + 2^-30 is past the tie, so it goes up; through
+  // float (to nearest) it would land on the tie 1 + ulp/2 and then go down to even.
+  const double past_tie = 1.0 + double(ulp) / 2 + std::ldexp(1.0, -30);
+  CHECK(float(bf16(past_tie)) == 1.0f + ulp);
+  CHECK(float(bf16(-past_tie)) == -1.0f - ulp);
+  CHECK(float(bf16(1.0 + double(ulp) / 2)) == 1.0f);  // an exact tie: to even
+  CHECK(std::isinf(float(bf16(1e39))));
   CHECK(std::signbit(bf16_round(-0.0f)));
   // Relative rounding error at most 2^-8, bf16's unit roundoff (8 significant bits), for
   // normal numbers.

@@ -313,7 +313,7 @@ TEST_CASE("fill and axpby on bfloat16: one rounding of the float32 value and sum
   }
 }
 
-TEST_CASE("NHWC ops lay out their output channels last; upsample_concat per pixel") {
+TEST_CASE("NHWC ops lay out their output channels last, upsample_concat per pixel") {
   Rng rng(104);
   const Tensor x = bf16_values({2, 3, 3, 4}, rng, -1, 1), skip = bf16_values({2, 2, 6, 8}, rng, -1, 1);
   for (DType dt : {DType::F32, DType::BF16}) {

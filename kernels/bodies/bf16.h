@@ -39,11 +39,23 @@ HD uint16_t bf16_bits_rne(float f) {
   return uint16_t(u >> 16);
 }
 
+// A double rounded once to bfloat16: first to float rounding to odd (toward zero, then the
+// last bit set when inexact), which keeps the information a second rounding needs, then to
+// nearest even. Rounding double -> float -> bf16 to nearest twice would be off by one unit at
+// values just past a bf16 tie.
+HD float float_round_to_odd(double d) {
+  float f = float(d);
+  if (double(f) == d || d != d) return f;
+  uint32_t u = float_bits(f);
+  if ((f < 0 ? -double(f) : double(f)) > (d < 0 ? -d : d)) u -= 1;  // one step toward zero
+  return bits_float(u | 1u);
+}
+
 struct bf16 {
   uint16_t bits;
   bf16() = default;
   HD explicit bf16(float f) : bits(bf16_bits_rne(f)) {}
-  HD explicit bf16(double d) : bits(bf16_bits_rne(float(d))) {}
+  HD explicit bf16(double d) : bits(bf16_bits_rne(float_round_to_odd(d))) {}
   HD operator float() const { return bits_float(uint32_t(bits) << 16); }
 };
 static_assert(sizeof(bf16) == 2, "bf16 is two bytes");
@@ -56,6 +68,6 @@ template <class S> using acc_t = typename AccOf<S>::type;
 // Rounds a computed value to storage type S.
 template <class S, class A> HD S to_storage(A v) { return S(v); }
 template <> HD bf16 to_storage<bf16, float>(float v) { return bf16(v); }
-template <> HD bf16 to_storage<bf16, double>(double v) { return bf16(float(v)); }
+template <> HD bf16 to_storage<bf16, double>(double v) { return bf16(v); }
 
 }  // namespace unetcu::kernels

@@ -35,6 +35,10 @@ struct TensorDesc {
     set(n, c, h, w, DType::F32, MemoryFormat::NCHW);
   }
   void set(int64_t n, int64_t c, int64_t h, int64_t w, DType type, MemoryFormat format) {
+    // cuDNN's 4-d descriptors index with 32-bit integers.
+    UNETCU_CHECK(n * c * h * w < (int64_t(1) << 31), "a tensor of [", n, ", ", c, ", ", h, ", ", w,
+                 "] has 2^31 or more elements, more than cuDNN's convolutions take; use a "
+                 "smaller batch or image");
     CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, cudnn_format(format), cudnn_data_type(type), int(n),
                                            int(c), int(h), int(w)));
   }
