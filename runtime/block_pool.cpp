@@ -9,6 +9,9 @@ namespace unetcu {
 BlockPool::~BlockPool() {
   std::lock_guard<std::mutex> lock(mu_);
   release_all_locked();
+  for (auto& [id, pool] : private_)
+    for (auto& [size, block] : pool.cached) backend_.deallocate(block.ptr, size);
+  for (auto& [ptr, live] : held_frees_) backend_.deallocate(ptr, live.capacity);
   for (auto& [ptr, live] : live_) backend_.deallocate(ptr, live.capacity);
   live_.clear();
 }
@@ -84,7 +87,23 @@ void* BlockPool::allocate(size_t bytes, StreamRef stream, size_t* capacity, bool
   const size_t want = round_size(bytes);
   std::lock_guard<std::mutex> lock(mu_);
   char* p = nullptr;
-  for (auto it = cached_.lower_bound(want); it != cached_.end() && it->first <= want + want / 8;
+  const int pool = open_ && stream == open_stream_ ? open_ : 0;
+  if (pool) {  // a capture: the private pool's cache, else new memory; no event is touched
+    CachedMap& cache = private_.at(pool).cached;
+    auto it = cache.lower_bound(want);
+    if (it != cache.end() && it->first <= want + want / 8) {
+      p = it->second.ptr;
+      *capacity = it->first;
+      stats_.cached_bytes -= it->first;
+      cache.erase(it);
+    } else {
+      p = static_cast<char*>(backend_.allocate(want));
+      if (!p) return nullptr;
+      ++stats_.system_allocations;
+      *capacity = want;
+    }
+  }
+  for (auto it = cached_.lower_bound(want); !pool && it != cached_.end() && it->first <= want + want / 8;
        ++it) {
     if (!ready_for(it->second, stream)) continue;
     p = it->second.ptr;
@@ -108,6 +127,7 @@ void* BlockPool::allocate(size_t bytes, StreamRef stream, size_t* capacity, bool
   Live& live = live_[p];
   live.capacity = *capacity;
   live.counted = counted;
+  live.pool = pool;
   live.uses.clear();
   if (!stream.is_host()) live.uses.push_back(stream);
   if (counted) {
@@ -134,10 +154,27 @@ void BlockPool::free(void* ptr) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(static_cast<char*>(ptr));
   if (it == live_.end()) return;
-  const Live live = std::move(it->second);
+  Live live = std::move(it->second);
   live_.erase(it);
   if (live.counted) stats_.current_bytes -= live.capacity;
-  Cached block{static_cast<char*>(ptr), {}};
+  if (live.pool) {
+    auto pit = private_.find(live.pool);
+    if (pit != private_.end() && !pit->second.released) {
+      pit->second.cached.emplace(live.capacity, Cached{static_cast<char*>(ptr), {}});
+      stats_.cached_bytes += live.capacity;
+      return;
+    }
+    live.pool = 0;  // its graph is gone: an ordinary block now
+  }
+  if (open_) {  // no events while a capture may be running: recorded at close_private()
+    held_frees_.emplace_back(static_cast<char*>(ptr), std::move(live));
+    return;
+  }
+  free_locked(static_cast<char*>(ptr), std::move(live));
+}
+
+void BlockPool::free_locked(char* ptr, Live live) noexcept {
+  Cached block{ptr, {}};
   for (StreamRef s : live.uses) {
     void* e = backend_.record(s);
     if (!e) {
@@ -151,6 +188,43 @@ void BlockPool::free(void* ptr) noexcept {
   }
   cached_.emplace(live.capacity, std::move(block));
   stats_.cached_bytes += live.capacity;
+}
+
+int BlockPool::open_private(StreamRef stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  UNETCU_CHECK(!open_, "a private pool is already open (one capture at a time per device)");
+  UNETCU_CHECK(!stream.is_host(), "a private pool belongs to a stream");
+  open_ = next_private_++;
+  open_stream_ = stream;
+  private_[open_];
+  return open_;
+}
+
+void BlockPool::close_private() {
+  std::lock_guard<std::mutex> lock(mu_);
+  open_ = 0;
+  open_stream_ = StreamRef{};
+  std::vector<std::pair<char*, Live>> held = std::move(held_frees_);
+  held_frees_.clear();
+  for (auto& [ptr, live] : held) free_locked(ptr, std::move(live));
+}
+
+void BlockPool::release_private(int id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = private_.find(id);
+  if (it == private_.end()) return;
+  UNETCU_CHECK(id != open_, "release_private of the open pool");
+  for (auto& [size, block] : it->second.cached) {
+    backend_.deallocate(block.ptr, size);
+    stats_.cached_bytes -= size;
+  }
+  it->second.cached.clear();
+  bool live = false;
+  for (const auto& [ptr, l] : live_) live = live || l.pool == id;
+  if (live)
+    it->second.released = true;  // its live blocks become ordinary ones when freed
+  else
+    private_.erase(it);
 }
 
 void BlockPool::forget_stream(StreamRef stream) {

@@ -80,6 +80,23 @@ class BlockPool {
   // Gives every cached block back to the backend, waiting for its events first.
   void release_cache();
 
+  // Private pools, for capturing work into a CUDA graph. A graph replays its kernels on the
+  // addresses they had when captured, so the blocks the captured work used must stay the
+  // graph's for as long as it exists, and the capture must not query or record events.
+  //  - open_private(s): from now on allocations for stream s come from a new private pool (its
+  //    own cache, else the backend; no event is queried, no memory is given back when short).
+  //    Blocks of the main cache are not handed out to it, and frees of other blocks are held
+  //    back, their events recorded only at close_private(). Returns the pool's id (> 0). One
+  //    pool is open at a time.
+  //  - A private block, when freed, goes back to its pool's cache without events (the captured
+  //    work runs in stream order), never to the main cache: replays keep writing there.
+  //  - close_private(): allocations take the main path again; the held-back frees happen.
+  //  - release_private(id): the graph is gone and its work done: the pool's cached blocks go back
+  //    to the backend; its live blocks, when freed later, go to the main cache as any block.
+  int open_private(StreamRef stream);
+  void close_private();
+  void release_private(int id);
+
   // For tests: cached blocks and the events they still wait for.
   size_t cached_blocks();
   size_t pending_events();
@@ -93,6 +110,7 @@ class BlockPool {
     size_t capacity;
     bool counted;
     std::vector<StreamRef> uses;  // the allocating stream first (none for the host), no repeats
+    int pool = 0;                 // the private pool it belongs to; 0: the main one
   };
   struct Cached {
     char* ptr;
@@ -100,7 +118,13 @@ class BlockPool {
   };
   using CachedMap = std::multimap<size_t, Cached>;  // capacity -> block
 
+  struct Private {
+    CachedMap cached;  // no events: its blocks are used in the capturing stream's order
+    bool released = false;
+  };
+
   bool ready_for(Cached& block, StreamRef stream);  // drops the events that have completed
+  void free_locked(char* ptr, Live live) noexcept;
   void take(CachedMap::iterator it, size_t* capacity);
   void give_back(CachedMap::iterator it);
   bool release_ready_locked();
@@ -111,6 +135,10 @@ class BlockPool {
   std::map<char*, Live> live_;  // by address, so an interior pointer finds its block
   CachedMap cached_;
   AllocatorStats stats_;
+  std::map<int, Private> private_;
+  int open_ = 0, next_private_ = 1;
+  StreamRef open_stream_;
+  std::vector<std::pair<char*, Live>> held_frees_;  // main blocks freed while a pool is open
 };
 
 }  // namespace unetcu

@@ -255,3 +255,68 @@ TEST_CASE("allocator statistics (bytes in use, peak, cached), sizes rounded and 
   CHECK(pool.stats().cached_bytes == 0);
   CHECK(be.in_use == 0);
 }
+
+TEST_CASE("a private pool (graph capture) keeps its blocks and touches no event while open") {
+  FakeBackend be;
+  BlockPool pool(be);
+  size_t cap = 0;
+  // A main-cache block, freed on A before the capture: not for the capture.
+  void* before = pool.allocate(4096, kA, &cap);
+  pool.free(before);
+  const size_t events_before = be.events.size();
+  void* kept = pool.allocate(8192, kA, &cap);  // a tensor that lives through the capture
+  const int id = pool.open_private(kA);
+  CHECK(id > 0);
+  CHECK_THROWS_AS(pool.open_private(kA), Error);  // one at a time
+  const int allocs = be.allocations;
+  void* t1 = pool.allocate(4096, kA, &cap);
+  CHECK(t1 != before);                 // the main cache is not handed to the capture
+  CHECK(be.allocations == allocs + 1);  // new memory
+  pool.free(t1);                       // back to the private cache, no event
+  void* t2 = pool.allocate(4096, kA, &cap);
+  CHECK(t2 == t1);                     // reused within the capture (stream order)
+  void* out = pool.allocate(1024, kA, &cap);  // an output the graph leaves alive (a gradient)
+  pool.free(kept);                     // a main block freed during the capture: held back
+  pool.free(t2);
+  CHECK(be.events.size() == events_before);  // nothing recorded while open
+  // Another stream (a copy stream, the host) still uses the main cache while the pool is open.
+  void* other = pool.allocate(4096, kB, &cap);
+  CHECK(other != t1);
+  pool.free(other);
+  pool.close_private();
+  CHECK(be.events.size() > events_before);  // the held-back frees now record their events
+  // After the capture the graph's temporaries stay its own: the main path never gets them.
+  be.reach(kA);
+  be.reach(kB);
+  std::set<void*> handed;
+  for (int i = 0; i < 4; ++i) handed.insert(pool.allocate(4096, kA, &cap));
+  CHECK(handed.count(t1) == 0);
+  CHECK(handed.count(kept) == 0);  // 8192 bytes: not a 4096 match, but freed to the main cache
+  for (void* p : handed) pool.free(p);
+  // Released (the graph destroyed): its cached blocks go back to the backend; its live output
+  // becomes an ordinary block when freed.
+  const int deallocs = be.deallocations;
+  pool.release_private(id);
+  CHECK(be.deallocations == deallocs + 1);  // t1's block
+  pool.free(out);
+  be.reach(kA);
+  void* again = pool.allocate(1024, kA, &cap);
+  CHECK(again == out);  // through the main cache now
+  pool.free(again);
+}
+
+TEST_CASE("a private pool short of memory fails without giving anything back") {
+  FakeBackend be;
+  be.limit = 8192;
+  BlockPool pool(be);
+  size_t cap = 0;
+  void* a = pool.allocate(4096, kA, &cap);
+  pool.free(a);  // cached on the main path, its event not completed
+  pool.open_private(kA);
+  void* b = pool.allocate(4096, kA, &cap);
+  REQUIRE(b != nullptr);
+  CHECK(pool.allocate(4096, kA, &cap) == nullptr);  // no release (it would query and free)
+  CHECK(be.waits == 0);
+  pool.free(b);
+  pool.close_private();
+}
