@@ -162,6 +162,11 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
            "Memory order of the activations: nchw, nhwc (channels-last; cuDNN's tensor-core "
            "convolutions read it without transposes) or auto (nchw). The image is converted "
            "at the first layer and the logits back at the last");
+  app.add_flag("--cuda-graphs", cfg.cuda_graphs,
+               "Single GPU: after two eager steps, capture forward, loss and backward at the "
+               "batch's shape into one CUDA graph and replay it every step (one launch instead of "
+               "hundreds; the optimizer step stays eager); a batch of another shape runs eagerly, "
+               "and so does every step under --profile");
   app.add_flag("--deterministic", cfg.deterministic,
                "CUDA: only deterministic cuDNN convolution algorithms (no atomics, FFT or "
                "Winograd), so repeated runs give the same bits; usually slower");
@@ -246,6 +251,7 @@ void validate(const TrainConfig& c) {
                "--device belongs to --mode single (or, under a launcher, names each process's "
                "device kind); --mode dp and mp take --devices");
   UNETCU_CHECK(c.mode == Mode::DataParallel || !c.sync_bn, "--sync-bn belongs to --mode dp");
+  UNETCU_CHECK(c.mode == Mode::Single || !c.cuda_graphs, "--cuda-graphs belongs to --mode single (one GPU)");
   UNETCU_CHECK(c.allreduce != AllReduceAlgo::Mpi || as_group(c.dist),
                "--allreduce mpi is the transport library's own all-reduce, for ranks in several processes: "
                "start them with mpirun, srun or torchrun (in one process use ring or ps)");
@@ -358,6 +364,8 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
     for (const Device& d : cfg.devices) resolve_device(d.str(), nullptr);  // exists?
     devices = cfg.devices;
   }
+  UNETCU_CHECK(!cfg.cuda_graphs || devices.at(0).is_cuda(), "--cuda-graphs needs a GPU; ",
+               devices.at(0).str(), " runs each step eagerly");
   for (const Device& d : devices) {
     UNETCU_CHECK(d.is_cpu() || cfg.dtype == DType::F32, "--dtype ", dtype_name(cfg.dtype),
                  " is CPU only; ", d.str(), " trains in float32");
@@ -410,6 +418,7 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
   sc.model.dtype = cfg.dtype;
   sc.model.bf16_activations = cfg.precision == Precision::BF16;
   sc.model.format = format;
+  sc.cuda_graphs = cfg.cuda_graphs;
   sc.model.seed = cfg.seed;
   sc.optimizer = {cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay};
   sc.loss = cfg.loss;

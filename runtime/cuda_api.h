@@ -4,6 +4,7 @@
 // queries throws: no CUDA tensor can exist there).
 #pragma once
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -141,6 +142,32 @@ void copy_after(void* dst, int dst_device, const void* src, int src_device, size
 // where the hardware allows; returns whether it does. Idempotent.
 bool enable_peer_access(int a, int b);
 void host_wait(const Event& e);
+
+// A CUDA graph: the work `work` queues on the calling thread's current stream of `device`,
+// captured once (stream capture, relaxed mode) and replayed by launch() on that stream with one
+// call. Nothing runs while capturing. Every allocation the work makes on that stream comes from
+// a private pool of the device's allocator (runtime/block_pool.h): the graph's tensors keep
+// their addresses for every replay, so what the work leaves alive (its outputs) is rewritten
+// by each launch, and what it freed stays reserved for it. What the work reads from outside
+// (inputs, parameters) must outlive the graph and keep its address; what it needs from the
+// host it must not read at run time (a host wait, or a value baked into a kernel argument,
+// is captured once). Destroying the graph waits for its stream, then gives the pool back.
+class Graph {
+ public:
+  Graph();  // none: valid() is false
+  static Graph capture(int device, const std::function<void()>& work);
+  void launch() const;
+  bool valid() const { return impl_ != nullptr; }
+  ~Graph();
+  Graph(Graph&&) noexcept;
+  Graph& operator=(Graph&&) noexcept;
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // cuDNN convolutions may use TF32 tensor cores (PyTorch's default). Tests comparing with the
 // float64 reference at 1e-5 turn it off.

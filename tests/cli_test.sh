@@ -37,6 +37,9 @@ expect_error "larger than --batch-size" --mode mp --devices cpu:0,cpu:1 --split-
 expect_error "makes 2 stages but --devices lists 3" --mode mp --devices cpu:0,cpu:1,cpu:2
 expect_error "not a block" --mode mp --devices cpu:0,cpu:1 --split layer7
 expect_error "--sync-bn belongs to --mode dp" --mode mp --devices cpu:0,cpu:1 --sync-bn
+expect_error "--cuda-graphs belongs to --mode single" --mode dp --devices cpu:0,cpu:1 --cuda-graphs
+expect_error "--cuda-graphs needs a GPU" --device cpu --cuda-graphs --epochs 1 --train-size 8 --val-size 4 --width-divisor 16
+expect_error "--memory-format" --memory-format nhcw
 expect_error "two --devices" --mode mp --devices cpu:0,cpu:1,cpu:0 --split auto
 expect_error "--device belongs to --mode single" --mode dp --devices cpu:0,cpu:1 --device cpu:1
 expect_error "--schedule: unknown schedule 'foo' (expected gpipe or 1f1b)" --schedule foo

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <ostream>
 
+#include "engine/profiler.h"
 #include "engine/tape.h"
 #include "parallel/dist.h"
 #include "planning/split_search.h"
@@ -20,11 +21,64 @@ Tensor on(const Tensor& t, Device device) { return t.device() == device ? t : t.
 
 // ---- one device -----------------------------------------------------------------------------
 
-SingleDevice::SingleDevice(const UNetConfig& model, const OptimizerFactory& make_optimizer, LossKind loss)
+SingleDevice::SingleDevice(const UNetConfig& model, const OptimizerFactory& make_optimizer, LossKind loss,
+                           bool cuda_graphs)
     : TrainingStrategy(loss), device_(model.device), model_(std::make_unique<UNet>(model)),
-      optimizer_(make_optimizer(model_->parameters())) {}
+      optimizer_(make_optimizer(model_->parameters())), cuda_graphs_(cuda_graphs) {
+  UNETCU_CHECK(!cuda_graphs || device_.is_cuda(), "CUDA graphs need a GPU; ", device_.str(), " runs eagerly");
+}
 
-std::string SingleDevice::describe() const { return "one device, " + device_.str(); }
+std::string SingleDevice::describe() const {
+  return "one device, " + device_.str() + (cuda_graphs_ ? ", CUDA graphs" : "");
+}
+
+// Two eager steps first: cuDNN's algorithm search, the optimizer's state and the allocator's
+// cache are all settled before the capture, which can hold none of them.
+constexpr int kEagerStepsBeforeCapture = 2;
+
+Tensor SingleDevice::graph_step(const Batch& b) {
+  if (Profiler::enabled()) return Tensor();  // the profiler times ops on the host: eager
+  if (!captured_) {
+    if (eager_steps_++ < kEagerStepsBeforeCapture) return Tensor();
+    auto c = std::make_unique<Captured>();
+    c->images = b.images.shape();
+    c->masks = b.masks.shape();
+    c->x = Tensor::empty(b.images.shape(), b.images.dtype(), device_, b.images.format());
+    c->target = Tensor::empty(b.masks.shape(), b.masks.dtype(), device_, b.masks.format());
+    // The captured backward writes every gradient (beta 0): there is none before it.
+    optimizer_->zero_grad();
+    // Batch norm counts its batches on the host: what one capture adds, each replay adds.
+    std::vector<std::pair<int64_t*, int64_t>> before;
+    for (const auto& e : model_->state())
+      if (e.counter) before.emplace_back(e.counter, *e.counter);
+    c->graph = cuda::Graph::capture(device_.index, [&] {
+      Tape tape;
+      TapeScope scope(tape);
+      c->loss = segmentation_loss(loss_, model_->forward(c->x), c->target);
+      tape.backward(c->loss);
+    });
+    for (auto& [counter, value] : before) {
+      if (*counter != value) c->counters.emplace_back(counter, *counter - value);
+      *counter = value;  // nothing ran yet: the first launch below counts
+    }
+    for (const Tensor& p : model_->parameters()) {
+      UNETCU_CHECK(p.grad().defined(), "the captured step left a parameter without a gradient");
+      c->grads.push_back(p.grad());
+    }
+    captured_ = std::move(c);
+  }
+  Captured& c = *captured_;
+  if (b.images.shape() != c.images || b.masks.shape() != c.masks) return Tensor();  // eager
+  c.x.copy_(b.images);
+  c.target.copy_(b.masks);
+  c.graph.launch();
+  for (auto& [counter, delta] : c.counters) *counter += delta;
+  // An eager step in between (another shape) may have left gradients of its own: the
+  // optimizer reads the graph's.
+  const auto params = model_->parameters();
+  for (size_t i = 0; i < params.size(); ++i) params[i].impl().grad = c.grads[i].impl_ptr();
+  return c.loss;
+}
 
 PlacedBatch SingleDevice::place(Batch host) {
   PlacedBatch p{host, {{on(host.images, device_), on(host.masks, device_)}}};
@@ -55,9 +109,9 @@ double StepLoss::get() const {
 
 StepLoss SingleDevice::step_async(const PlacedBatch& batch) {
   const Batch& b = batch.parts.at(0);
-  Tape tape;
-  Tensor loss;
-  {
+  Tensor loss = cuda_graphs_ ? graph_step(b) : Tensor();
+  if (!loss.defined()) {
+    Tape tape;
     TapeScope scope(tape);
     loss = segmentation_loss(loss_, model_->forward(b.images), b.masks);
     optimizer_->zero_grad();
@@ -265,7 +319,7 @@ std::unique_ptr<TrainingStrategy> make_strategy(const StrategyConfig& c, const B
       UNetConfig m = c.model;
       m.device = c.devices[0];
       if (m.device.is_cpu() && c.threads > 0) set_cpu_threads(c.threads);
-      return std::make_unique<SingleDevice>(m, make_optimizer, c.loss);
+      return std::make_unique<SingleDevice>(m, make_optimizer, c.loss, c.cuda_graphs);
     }
     case Mode::DataParallel: {
       DataParallelOptions o;

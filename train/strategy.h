@@ -114,7 +114,12 @@ class TrainingStrategy {
 // One model on one device.
 class SingleDevice : public TrainingStrategy {
  public:
-  SingleDevice(const UNetConfig& model, const OptimizerFactory& make_optimizer, LossKind loss);
+  // cuda_graphs (GPUs): after two eager steps at the first batch shape, forward, loss and
+  // backward at that shape are captured into one CUDA graph and replayed each step (the
+  // batch copied into the graph's input tensors first); the optimizer step stays eager (its
+  // step count is a host value). Other batch shapes (a short last batch) run eagerly.
+  SingleDevice(const UNetConfig& model, const OptimizerFactory& make_optimizer, LossKind loss,
+               bool cuda_graphs = false);
   std::string describe() const override;
   std::vector<Device> devices() const override { return {device_}; }
   PlacedBatch place(Batch host) override;
@@ -131,6 +136,18 @@ class SingleDevice : public TrainingStrategy {
   Device device_;
   std::unique_ptr<UNet> model_;
   std::unique_ptr<Optimizer> optimizer_;
+  // CUDA graphs: the captured step at one batch shape.
+  struct Captured {
+    Shape images, masks;          // the shape it was captured at
+    Tensor x, target, loss;       // its input and output tensors (fixed addresses)
+    std::vector<Tensor> grads;    // each parameter's gradient, which every replay rewrites
+    std::vector<std::pair<int64_t*, int64_t>> counters;  // batch counts each replay adds
+    cuda::Graph graph;
+  };
+  bool cuda_graphs_ = false;
+  int eager_steps_ = 0;  // steps run before the capture
+  std::unique_ptr<Captured> captured_;
+  Tensor graph_step(const Batch& b);  // the loss of the step, or undefined: run eagerly
 };
 
 // A replica per device, gradients averaged by all-reduce (parallel/data_parallel.h). A global
@@ -240,6 +257,8 @@ struct StrategyConfig {
   bool search_split = false;    // two stages: profile, predict every cut x split, run the best
   int split_size = 0;           // 0: the whole batch (with search_split: every power of two)
   Schedule schedule = Schedule::GPipe;
+  // Single GPU: capture the training step into a CUDA graph (SingleDevice).
+  bool cuda_graphs = false;
 };
 
 // Builds the strategy. With search_split, `probe` (a host batch of the training batch size) is

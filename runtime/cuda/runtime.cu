@@ -506,6 +506,67 @@ void synchronize(int device) {
 
 std::string device_name(int device) { return device_properties(device).name; }
 
+// ---- graphs (runtime/cuda_api.h) ---------------------------------------------------------
+
+struct Graph::Impl {
+  int device = -1;
+  cudaStream_t stream = nullptr;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  int pool = 0;
+  ~Impl() {
+    QuietDeviceGuard g(device);
+    if (stream) cudaStreamSynchronize(stream);  // no replay may still use the pool
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    if (pool) heap(device).pool.release_private(pool);
+  }
+};
+
+Graph Graph::capture(int device, const std::function<void()>& work) {
+  check_device_index(device);
+  DeviceGuard g(device);
+  auto impl = std::make_unique<Impl>();
+  impl->device = device;
+  impl->stream = current_stream(device);
+  BlockPool& pool = heap(device).pool;
+  impl->pool = pool.open_private(StreamRef{device, impl->stream});
+  cudaError_t st = cudaStreamBeginCapture(impl->stream, cudaStreamCaptureModeRelaxed);
+  if (st != cudaSuccess) {
+    pool.close_private();
+    throw Error(str_cat("cudaStreamBeginCapture on cuda:", device, " failed: ", cudaGetErrorString(st)));
+  }
+  try {
+    work();
+  } catch (...) {
+    cudaGraph_t broken = nullptr;
+    cudaStreamEndCapture(impl->stream, &broken);
+    if (broken) cudaGraphDestroy(broken);
+    pool.close_private();
+    throw;
+  }
+  st = cudaStreamEndCapture(impl->stream, &impl->graph);
+  pool.close_private();
+  UNETCU_CHECK(st == cudaSuccess && impl->graph, "capturing a CUDA graph on cuda:", device, " failed: ",
+               cudaGetErrorString(st), " (the captured work waited for the host, used another "
+               "stream without joining it, or called something a graph cannot hold)");
+  CUDA_CHECK(cudaGraphInstantiate(&impl->exec, impl->graph, 0));
+  Graph graph;
+  graph.impl_ = std::move(impl);
+  return graph;
+}
+
+void Graph::launch() const {
+  UNETCU_CHECK(impl_, "launch of an empty CUDA graph");
+  DeviceGuard g(impl_->device);
+  CUDA_CHECK(cudaGraphLaunch(impl_->exec, impl_->stream));
+}
+
+Graph::Graph() = default;
+Graph::~Graph() = default;
+Graph::Graph(Graph&&) noexcept = default;
+Graph& Graph::operator=(Graph&&) noexcept = default;
+
 // ---- streams and events (runtime/cuda_api.h) -------------------------------------------
 
 // Destructors must not throw: they switch devices with unchecked calls.

@@ -29,6 +29,13 @@ Event Event::record(int) { no_cuda(); }
 void Event::wait(int) const {}  // no event can exist here: waiting on none does nothing
 void Event::record(CUstream_st*) { no_cuda(); }
 void Event::wait_on(CUstream_st*) const { no_cuda(); }
+struct Graph::Impl {};
+Graph Graph::capture(int, const std::function<void()>&) { no_cuda(); }
+void Graph::launch() const { no_cuda(); }
+Graph::Graph() = default;
+Graph::~Graph() = default;
+Graph::Graph(Graph&&) noexcept = default;
+Graph& Graph::operator=(Graph&&) noexcept = default;
 void set_allow_tf32(bool) {}
 bool allow_tf32() { return false; }
 void set_deterministic(bool) {}
