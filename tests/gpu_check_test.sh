@@ -8,18 +8,22 @@
 #      line saying so, the logs packed, the step's processes gone, the steps after it not run;
 #   3. SIGKILL (no trap runs): the rows and the logs of the steps finished before it are there;
 #   4. the comparison with PyTorch from figures the fake steps tell: a cell with both figures
-#      has their ratio, a missing figure says why (no figure, skipped, not run); unetcu fp32
-#      against the TF32 peak, unetcu bf16 NHWC against the bf16 peak and against PyTorch bf16;
+#      has their ratio, a missing figure says why (no figure, skipped, not run, the step's
+#      own reason); unetcu fp32 against the TF32 peak, unetcu bf16 NHWC and unetcu bf16 NHWC
+#      graphs against the bf16 peak and against PyTorch bf16;
 #   5. the real step list with stand-ins on PATH (nvidia-smi shows a GPU, cmake fails, a fake
-#      Python answers as PyTorch's bench would): the steps in their order (each bf16 NHWC
-#      training right after its fp32 one, before PyTorch's eager step), the PyTorch steps'
-#      figures reach the table under the right names, the compile's failure and the missing
-#      build are said; with a Python whose torch has no CUDA (--compare), "skipped: no PyTorch
-#      with CUDA"; and --quick: the two batch-14 trainings, nothing after them;
+#      Python answers as PyTorch's bench would): the steps in their order (the CUDA tests, then
+#      per batch, 14 first, fp32, bf16 NHWC and bf16 NHWC CUDA graphs trainings before
+#      PyTorch's eager step, then the rest), the PyTorch steps' figures reach the table under
+#      the right names, the compile's failure and the missing build are said; with a Python
+#      whose torch has no CUDA (--compare, the same training rows), "skipped: no PyTorch with
+#      CUDA"; and --quick: the fp32 and bf16 NHWC batch-14 trainings, no graphs row, nothing
+#      after them;
 #   6. the real steps in a copy of the script whose CMake "builds" stand-ins: unet_train gets
-#      --precision bf16 --memory-format nhwc in the bf16 rows, their images/s reach the unetcu
-#      bf16 NHWC column (fraction of the bf16 peak, ratios against PyTorch bf16), and a bf16
-#      row that fails says why in its cell and stops none of the steps after it;
+#      --precision bf16 --memory-format nhwc in the bf16 rows and --cuda-graphs besides in the
+#      graphs rows (nowhere else), their images/s reach the unetcu bf16 NHWC and bf16 NHWC
+#      graphs columns (fraction of the bf16 peak, ratios against PyTorch bf16), and a bf16 or
+#      graphs row that fails says why in its cell and stops none of the steps after it;
 #   and each time at most 8 files under $OUT (the device tool brings back no more).
 set -u
 script="$1"
@@ -131,20 +135,24 @@ few_files "$d"
 # ---- 4. the comparison table from faked figures ---------------------------------------------
 d="$tmp/compare"
 GPU_CHECK_RESERVE=0 GPU_CHECK_FAKE_STEPS="train14:0:0:-:IPS_unetcu_14=150 train14bf:0:0:-:IPS_unetcu_bf16_14=900 \
+train14bfg:0:0:-:IPS_unetcu_bf16g_14=1200 \
 pt14:0:0:-:IPS_fp32_14=100,FRAC_fp32_14=0.2,IPS_tf32_14=300,IPS_bf16_14=600,FRAC_bf16_14=0.05 \
 ptc14:0:0:-:WHY_bf16_compile_14=compile-failed train64:0:0:-:unetcu_64 train64bf:0:0:gpu:unetcu_bf16_64 \
+train64bfg:0:0:-:WHY_unetcu_bf16g_64=capture-refused \
 pt64:99:0:-:IPS_fp32_64=50,tf32_64 ptc64:0:0:-:IPS_bf16_compile_64=500" \
   "$script" --deadline 30 --out "$d" > "$tmp/compare.out" 2>&1
 t="$d/table.md"
 if [ -f "$t" ]; then
   has "$t" "## unetcu against PyTorch"
-  has "$t" "| batch | unetcu fp32 | unetcu bf16 NHWC | PyTorch fp32 | PyTorch TF32 | PyTorch bf16 AMP | PyTorch bf16 compiled | unetcu / fp32 | unetcu / TF32 | unetcu / bf16 AMP | unetcu / bf16 compiled | unetcu bf16 / bf16 AMP | unetcu bf16 / bf16 compiled |"
-  has "$t" "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+  has "$t" "| batch | unetcu fp32 | unetcu bf16 NHWC | unetcu bf16 NHWC graphs | PyTorch fp32 | PyTorch TF32 | PyTorch bf16 AMP | PyTorch bf16 compiled | unetcu / fp32 | unetcu / TF32 | unetcu / bf16 AMP | unetcu / bf16 compiled | unetcu bf16 / bf16 AMP | unetcu bf16 / bf16 compiled | unetcu bf16 graphs / bf16 AMP | unetcu bf16 graphs / bf16 compiled |"
+  has "$t" "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+  has "$t" "unetcu bf16 NHWC graphs: the same with --cuda-graphs"
   # 150 img/s x 188 GFLOP = 28.2 TFLOP/s: 5.7% of the TF32 peak (494); 900 x 188 = 169.2 TFLOP/s:
-  # 17.1% of the bf16 peak (989); the ratios 150 / PyTorch, then 900 / PyTorch bf16 (600).
-  has "$t" "| 14 | 150 (5.7%) | 900 (17.1%) | 100 (20.0%) | 300 | 600 (5.0%) | — (compile-failed) | 1.50 | 0.50 | 0.25 | — (no PyTorch figure) | 1.50 | — (no PyTorch figure) |"
-  has "$t" "| 64 | — (no figure in the step's output) | — (skipped: no GPU) | — (skipped: deadline ("
-  has "$t" "| — (not run) | 500 | — (neither figure) | — (neither figure) | — (neither figure) | — (no unetcu figure) | — (neither figure) | — (no unetcu bf16 figure) |"
+  # 17.1% of the bf16 peak (989); 1200 x 188 = 225.6 TFLOP/s: 22.8% of it; the ratios
+  # 150 / PyTorch, then 900 / PyTorch bf16 (600), then 1200 / PyTorch bf16.
+  has "$t" "| 14 | 150 (5.7%) | 900 (17.1%) | 1200 (22.8%) | 100 (20.0%) | 300 | 600 (5.0%) | — (compile-failed) | 1.50 | 0.50 | 0.25 | — (no PyTorch figure) | 1.50 | — (no PyTorch figure) | 2.00 | — (no PyTorch figure) |"
+  has "$t" "| 64 | — (no figure in the step's output) | — (skipped: no GPU) | — (capture-refused) | — (skipped: deadline ("
+  has "$t" "| — (not run) | 500 | — (neither figure) | — (neither figure) | — (neither figure) | — (no unetcu figure) | — (neither figure) | — (no unetcu bf16 figure) | — (neither figure) | — (no unetcu bf16 graphs figure) |"
   lacks "$t" "| 64 | 50"
   has "$t" "ended: finished"
 else
@@ -190,15 +198,19 @@ if [ -f "$t" ]; then
   has "$t" "| train single 512² batch 14 | skipped: no build |"
   has "$t" "| train single bf16 NHWC 512² batch 14 | skipped: no build |"
   has "$t" "| train single bf16 NHWC 512² batch 64 | skipped: no build |"
+  has "$t" "| train single bf16 NHWC CUDA graphs 512² batch 14 | skipped: no build |"
+  has "$t" "| train single bf16 NHWC CUDA graphs 512² batch 64 | skipped: no build |"
   has "$t" "| PyTorch eager 512² batch 14 (fp32, TF32, bf16 AMP) | ok: fp32 70.0 img/s (25.0% of peak), peak 1000 MiB; tf32 140.0"
   has "$t" "| PyTorch bf16 compiled 512² batch 64 | ok: bf16-compile compile failed: fake compiler |"
   has "$t" "PyTorch fake: tools/pytorch_reference.py"
-  has "$t" "| 14 | — (skipped: no build) | — (skipped: no build) | 70.0 (25.0%) | 140.0 (25.0%) | 280.0 (25.0%) | — (compile failed: fake compiler) | — (no unetcu figure) | — (no unetcu figure) | — (no unetcu figure) | — (neither figure) | — (no unetcu bf16 figure) | — (neither figure) |"
-  has "$t" "| 64 | — (skipped: no build) | — (skipped: no build) | 70.0 (25.0%) |"
+  has "$t" "| 14 | — (skipped: no build) | — (skipped: no build) | — (skipped: no build) | 70.0 (25.0%) | 140.0 (25.0%) | 280.0 (25.0%) | — (compile failed: fake compiler) | — (no unetcu figure) | — (no unetcu figure) | — (no unetcu figure) | — (neither figure) | — (no unetcu bf16 figure) | — (neither figure) | — (no unetcu bf16 graphs figure) | — (neither figure) |"
+  has "$t" "| 64 | — (skipped: no build) | — (skipped: no build) | — (skipped: no build) | 70.0 (25.0%) |"
   order=$(steps_of "$t")
   want="device facts,libraries,configure (sm_90, no OpenBLAS/oneDNN),build,CUDA tests (doctest),\
-train single 512² batch 14,train single bf16 NHWC 512² batch 14,PyTorch eager 512² batch 14 (fp32, TF32, bf16 AMP),\
-train single 512² batch 64,train single bf16 NHWC 512² batch 64,PyTorch eager 512² batch 64 (fp32, TF32, bf16 AMP),\
+train single 512² batch 14,train single bf16 NHWC 512² batch 14,train single bf16 NHWC CUDA graphs 512² batch 14,\
+PyTorch eager 512² batch 14 (fp32, TF32, bf16 AMP),\
+train single 512² batch 64,train single bf16 NHWC 512² batch 64,train single bf16 NHWC CUDA graphs 512² batch 64,\
+PyTorch eager 512² batch 64 (fp32, TF32, bf16 AMP),\
 train DP NCCL 1 rank 512² batch 14,train DP as 1 launched process (NCCL_COMM_ID) 512² batch 14,\
 train MP 2 stages 1 GPU 512² batch 30 split 6,unet_bench cuda:0 256² (20 pipelines),\
 PyTorch bf16 compiled 512² batch 14,PyTorch bf16 compiled 512² batch 64"
@@ -214,12 +226,14 @@ t="$d/table.md"
 if [ -f "$t" ]; then
   has "$t" "| PyTorch eager 512² batch 14 (fp32, TF32, bf16 AMP) | skipped: no PyTorch with CUDA (tried: $bin/no-cuda-python) |"
   has "$t" "| PyTorch bf16 compiled 512² batch 64 | skipped: no PyTorch with CUDA |"
-  has "$t" "| 64 | — (skipped: no build) | — (skipped: no build) | — (skipped: no PyTorch with CUDA) |"
+  has "$t" "| 64 | — (skipped: no build) | — (skipped: no build) | — (skipped: no build) | — (skipped: no PyTorch with CUDA) |"
   lacks "$t" "CUDA tests"
   order=$(steps_of "$t")
   want="device facts,libraries,configure (sm_90, no OpenBLAS/oneDNN),build,\
-train single 512² batch 14,train single bf16 NHWC 512² batch 14,PyTorch eager 512² batch 14 (fp32, TF32, bf16 AMP),\
-train single 512² batch 64,train single bf16 NHWC 512² batch 64,PyTorch eager 512² batch 64 (fp32, TF32, bf16 AMP),\
+train single 512² batch 14,train single bf16 NHWC 512² batch 14,train single bf16 NHWC CUDA graphs 512² batch 14,\
+PyTorch eager 512² batch 14 (fp32, TF32, bf16 AMP),\
+train single 512² batch 64,train single bf16 NHWC 512² batch 64,train single bf16 NHWC CUDA graphs 512² batch 64,\
+PyTorch eager 512² batch 64 (fp32, TF32, bf16 AMP),\
 PyTorch bf16 compiled 512² batch 14,PyTorch bf16 compiled 512² batch 64"
   [ "$order" = "$want" ] || bad "--compare run's steps: $order"
 else
@@ -235,6 +249,7 @@ if [ -f "$t" ]; then
 train single 512² batch 14,train single bf16 NHWC 512² batch 14"
   [ "$order" = "$want" ] || bad "--quick run's steps: $order"
   lacks "$t" "## unetcu against PyTorch"
+  lacks "$t" "CUDA graphs"
 else
   bad "no table.md after the --quick run"
 fi
@@ -254,16 +269,20 @@ printf '#!/bin/sh\necho "bench stand-in"\n' > "$2/unet_bench"
 cat > "$2/unet_train" <<'EOF3'
 #!/usr/bin/env bash
 echo "$*" >> "$FAKE_TRAIN_ARGS"
-bs=0 bf16=0 nhwc=0
+bs=0 bf16=0 nhwc=0 graphs=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --batch-size) bs=$2; shift ;;
     --precision) [ "$2" = bf16 ] && bf16=1; shift ;;
     --memory-format) [ "$2" = nhwc ] && nhwc=1; shift ;;
+    --cuda-graphs) graphs=1 ;;
   esac
   shift
 done
-if [ "$bf16$nhwc" = 11 ]; then
+if [ "$bf16$nhwc$graphs" = 111 ]; then
+  [ "$bs" = 64 ] && { echo "epoch 1/3  time 9.0 s  val_dice 0.10  90.0 img/s  peak_mem 60 MiB"; echo "CUDA graphs: capture failed"; exit 1; }
+  r="380 390 410" m=40
+elif [ "$bf16$nhwc" = 11 ]; then
   [ "$bs" = 64 ] && { echo "epoch 1/3  time 9.0 s  val_dice 0.10  90.0 img/s  peak_mem 60 MiB"; echo "CUDA error: out of memory"; exit 1; }
   r="250 300 300" m=50
 else
@@ -284,25 +303,32 @@ if [ -f "$t" ]; then
   has "$t" "| train single 512² batch 14 | ok: 115.0 img/s, peak 100 MiB |"
   has "$t" "| train single bf16 NHWC 512² batch 14 | ok: 300.0 img/s, peak 50 MiB |"
   has "$t" "| train single bf16 NHWC 512² batch 64 | FAILED (exit 1): CUDA error: out of memory |"
+  has "$t" "| train single bf16 NHWC CUDA graphs 512² batch 14 | ok: 400.0 img/s, peak 40 MiB |"
+  has "$t" "| train single bf16 NHWC CUDA graphs 512² batch 64 | FAILED (exit 1): CUDA graphs: capture failed |"
   has "$t" "| PyTorch eager 512² batch 64 (fp32, TF32, bf16 AMP) | ok: fp32 70.0"
   has "$t" "| train MP 2 stages 1 GPU 512² batch 30 split 6 | ok: 115.0 img/s"
   has "$t" "| PyTorch bf16 compiled 512² batch 64 | ok: bf16-compile compile failed: fake compiler |"
-  # 115 x 188 / 494: 4.4%; 300 x 188 / 989: 5.7%; 115 / 70, 140, 280; 300 / 280.
-  has "$t" "| 14 | 115.0 (4.4%) | 300.0 (5.7%) | 70.0 (25.0%) | 140.0 (25.0%) | 280.0 (25.0%) | — (compile failed: fake compiler) | 1.64 | 0.82 | 0.41 | — (no PyTorch figure) | 1.07 | — (no PyTorch figure) |"
-  has "$t" "| 64 | 115.0 (4.4%) | — (FAILED (exit 1): CUDA error: out of memory) | 70.0 (25.0%) |"
-  has "$t" "| 0.41 | — (no PyTorch figure) | — (no unetcu bf16 figure) | — (neither figure) |"
+  # 115 x 188 / 494: 4.4%; 300 x 188 / 989: 5.7%; 400 (the median of 390 and 410) x 188 / 989:
+  # 7.6%; 115 / 70, 140, 280; 300 / 280; 400 / 280.
+  has "$t" "| 14 | 115.0 (4.4%) | 300.0 (5.7%) | 400.0 (7.6%) | 70.0 (25.0%) | 140.0 (25.0%) | 280.0 (25.0%) | — (compile failed: fake compiler) | 1.64 | 0.82 | 0.41 | — (no PyTorch figure) | 1.07 | — (no PyTorch figure) | 1.43 | — (no PyTorch figure) |"
+  has "$t" "| 64 | 115.0 (4.4%) | — (FAILED (exit 1): CUDA error: out of memory) | — (FAILED (exit 1): CUDA graphs: capture failed) | 70.0 (25.0%) |"
+  has "$t" "| 0.41 | — (no PyTorch figure) | — (no unetcu bf16 figure) | — (neither figure) | — (no unetcu bf16 graphs figure) | — (neither figure) |"
   has "$t" "ended: finished"
 else
   bad "no table.md after the run with a stand-in build"
 fi
 for bs in 14 64; do
+  grep -qx -- "--image-size 512 --batch-size $bs --train-size $((bs * 8)) --val-size $bs --epochs 3 --no-progress --device cuda:0 --precision bf16 --memory-format nhwc --cuda-graphs" \
+    "$tmp/train_args" 2>/dev/null || bad "unet_train never ran the bf16 NHWC CUDA graphs row at batch $bs"
   grep -qx -- "--image-size 512 --batch-size $bs --train-size $((bs * 8)) --val-size $bs --epochs 3 --no-progress --device cuda:0 --precision bf16 --memory-format nhwc" \
     "$tmp/train_args" 2>/dev/null || bad "unet_train never ran the bf16 NHWC row at batch $bs"
   grep -qx -- "--image-size 512 --batch-size $bs --train-size $((bs * 8)) --val-size $bs --epochs 3 --no-progress --device cuda:0" \
     "$tmp/train_args" 2>/dev/null || bad "unet_train never ran the fp32 row at batch $bs"
 done
-[ "$(grep -c -- '--precision' "$tmp/train_args" 2>/dev/null)" = 2 ] || bad "--precision outside the two bf16 rows: $(cat "$tmp/train_args")"
-in_archive "$d" 07-train-single-bf16-NHWC-512-batch-14.log 10-train-single-bf16-NHWC-512-batch-64.log
+[ "$(grep -c -- '--precision' "$tmp/train_args" 2>/dev/null)" = 4 ] || bad "--precision outside the four bf16 rows: $(cat "$tmp/train_args")"
+[ "$(grep -c -- '--cuda-graphs' "$tmp/train_args" 2>/dev/null)" = 2 ] || bad "--cuda-graphs outside the two graphs rows: $(cat "$tmp/train_args")"
+in_archive "$d" 07-train-single-bf16-NHWC-512-batch-14.log 08-train-single-bf16-NHWC-CUDA-graphs-512-batch-14.log \
+  11-train-single-bf16-NHWC-512-batch-64.log 12-train-single-bf16-NHWC-CUDA-graphs-512-batch-64.log
 few_files "$d"
 
 if [ "$fail" -ne 0 ]; then

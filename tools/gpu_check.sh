@@ -15,32 +15,36 @@
 #       pipeline stages on one GPU);
 #    6. training at 512x512, 3 short epochs: single GPU with batch 14 (the article's) and 64,
 #       each followed by the same in mixed precision (--precision bf16 --memory-format nhwc:
-#       bfloat16 activations and gradients, channels-last; its own row, whose failure stops
-#       nothing after it), data parallel through NCCL with one rank (batch 14), the same as one
-#       process of a launched job (torchrun's variables, NCCL_COMM_ID), the article's MP run as
-#       two stages on the one GPU (cut after layer3, batch 30, micro-batches of 6): images/s
-#       (median of the epochs after the first, which runs cuDNN's algorithm search) and peak
-#       memory;
+#       bfloat16 activations and gradients, channels-last) and by that again with --cuda-graphs
+#       (after two eager steps forward, loss and backward replayed as one CUDA graph; the
+#       optimizer eager), each its own row whose failure stops nothing after it, the three
+#       before PyTorch's eager step at that batch (batch 14's first: the most valuable figures
+#       when the time runs out); data parallel through NCCL with one rank (batch 14), the same
+#       as one process of a launched job (torchrun's variables, NCCL_COMM_ID), the article's MP
+#       run as two stages on the one GPU (cut after layer3, batch 30, micro-batches of 6):
+#       images/s (median of the epochs after the first, which runs cuDNN's algorithm search)
+#       and peak memory;
 #    7. unet_bench on cuda:0 at 256x256 (two split sizes: 20 pipelines).
 #    PyTorch beside them (tools/pytorch_reference.py bench --device cuda, its own rebuild of the
-#    same model, BCE+Dice, Adam 1e-3, one random batch resident on the GPU): after each pair
-#    of single-GPU trainings (fp32 and bf16 NHWC; 512x512, batch 14 and 64) a step timing
-#    PyTorch eager in fp32 (TF32 off), TF32 and bf16 autocast + channels_last, one mode after
-#    another; after step 7, bf16 under torch.compile at batch 14 and 64 (its own steps: the
-#    compilation takes minutes, and a failure or a compile past the step's limit less 40 s
-#    reads "compile failed: <reason>"). The Python is GPU_CHECK_PYTHON if set, else the first
-#    of python3, /opt/torch/.venv/bin/python3, /usr/bin/python3 whose torch sees a CUDA device;
-#    where none does, those rows read "skipped: no PyTorch with CUDA".
+#    same model, BCE+Dice, Adam 1e-3, one random batch resident on the GPU): after each batch's
+#    three single-GPU trainings (fp32, bf16 NHWC, bf16 NHWC graphs; 512x512, batch 14 and 64)
+#    a step timing PyTorch eager in fp32 (TF32 off), TF32 and bf16 autocast + channels_last,
+#    one mode after another; after step 7, bf16 under torch.compile at batch 14 and 64 (its
+#    own steps: the compilation takes minutes, and a failure or a compile past the step's limit
+#    less 40 s reads "compile failed: <reason>"). The Python is GPU_CHECK_PYTHON if set, else
+#    the first of python3, /opt/torch/.venv/bin/python3, /usr/bin/python3 whose torch sees a
+#    CUDA device; where none does, those rows read "skipped: no PyTorch with CUDA".
 #    At the end table.md gets the comparison: per batch, unetcu's images/s (the single-GPU
-#    training rows: fp32, and bf16 NHWC) and each PyTorch mode's, with the fraction of the
-#    H200's peak each reached (unetcu fp32 against the TF32 peak, unetcu bf16 against the bf16
-#    one), the ratios unetcu fp32 / PyTorch (each mode) and unetcu bf16 / PyTorch bf16 (AMP and
-#    compiled); a figure that is missing says why (the step's result: skipped, FAILED,
-#    interrupted, "compile failed: ...", or "not run").
-# --quick: steps 1-5 and the batch-14 trainings only, fp32 then bf16 NHWC (a few minutes; a
-# second call after a fix; on a machine still warm the build is incremental). No PyTorch rows,
-# no comparison.
-# --compare: steps 1-4, the four single-GPU trainings and the PyTorch steps only, then the
+#    training rows: fp32, bf16 NHWC, bf16 NHWC with CUDA graphs) and each PyTorch mode's, with
+#    the fraction of the H200's peak each reached (unetcu fp32 against the TF32 peak, both
+#    unetcu bf16 columns against the bf16 one), the ratios unetcu fp32 / PyTorch (each mode),
+#    unetcu bf16 / PyTorch bf16 and unetcu bf16 graphs / PyTorch bf16 (AMP and compiled); a
+#    figure that is missing says why (the step's result: skipped, FAILED, interrupted,
+#    "compile failed: ...", or "not run").
+# --quick: steps 1-5 and the batch-14 trainings only, fp32 then bf16 NHWC, no CUDA graphs row
+# (a few minutes; a second call after a fix; on a machine still warm the build is
+# incremental). No PyTorch rows, no comparison.
+# --compare: steps 1-4, the six single-GPU trainings and the PyTorch steps only, then the
 # comparison (each compiled step needs 90 s left to start: under a 600 s command limit, give
 # it --deadline 540).
 # --rehearse: steps 1-4 only, for a machine without a GPU: the cost of everything before the
@@ -63,7 +67,7 @@
 # sleeps (tests/gpu_check_test.sh); needs is -, gpu or pytorch; figures, comma-separated, are
 # what the step would tell the comparison: VAR=VALUE (IPS_<col>_<batch> images/s,
 # FRAC_<col>_<batch> fraction of peak, WHY_<col>_<batch> why missing; col is unetcu,
-# unetcu_bf16, fp32, tf32, bf16 or bf16_compile; VALUE without spaces) or a bare
+# unetcu_bf16, unetcu_bf16g, fp32, tf32, bf16 or bf16_compile; VALUE without spaces) or a bare
 # <col>_<batch> the step is expected to give. A spec with figures makes the run end with the
 # comparison table.
 # GPU_CHECK_FAKE_GPU=1 pretends a GPU is visible for them; GPU_CHECK_RESERVE (default 5) is the
@@ -398,6 +402,11 @@ step_train_single_bf16() {
   TRAIN_FIGURE=unetcu_bf16_$1
   step_train "$1" --device cuda:0 --precision bf16 --memory-format nhwc
 }
+# And that step replayed as a CUDA graph: the comparison's unetcu bf16 NHWC graphs column.
+step_train_single_bf16g() {
+  TRAIN_FIGURE=unetcu_bf16g_$1
+  step_train "$1" --device cuda:0 --precision bf16 --memory-format nhwc --cuda-graphs
+}
 
 # One process of a launched job (torchrun's variables, world 1) on cuda:0: the NCCL rank made
 # across processes (NCCL_COMM_ID: NCCL's own rendezvous; no MPI or Gloo on this machine).
@@ -493,21 +502,24 @@ GFLOP_PER_IMAGE=188  # one training step at 512x512 (tools/pytorch_reference.py 
 TF32_PEAK=494        # TFLOP/s, H200 dense (NVIDIA's datasheet): unetcu's convolutions may use TF32
 BF16_PEAK=989        # TFLOP/s, H200 dense: unetcu's bf16 NHWC rows (bfloat16 tensor cores)
 figure() { local v=$1; echo "${!v:-}"; }
+col_label() {  # unetcu's column as a missing cell names it
+  case "$1" in unetcu_bf16g) echo "unetcu bf16 graphs" ;; *) echo "${1//_/ }" ;; esac
+}
 ips_cell() {  # <col>_<batch>: "images/s (percent of peak)", or why it is missing
   local ips frac why peak=""
   ips=$(figure "IPS_$1") frac=$(figure "FRAC_$1") why=$(figure "WHY_$1")
   if [ -z "$ips" ]; then echo "— (${why:-not run})"; return; fi
-  case "${1%_*}" in unetcu) peak=$TF32_PEAK ;; unetcu_bf16) peak=$BF16_PEAK ;; esac
+  case "${1%_*}" in unetcu) peak=$TF32_PEAK ;; unetcu_bf16|unetcu_bf16g) peak=$BF16_PEAK ;; esac
   if [ -z "$frac" ] && [ -n "$peak" ]; then
     frac=$(awk -v i="$ips" -v g="$GFLOP_PER_IMAGE" -v p="$peak" 'BEGIN { printf "%.4f", i * g / 1e3 / p }')
   fi
   echo "$ips${frac:+ ($(awk -v f="$frac" 'BEGIN { printf "%.1f", 100 * f }')%)}"
 }
-ratio_cell() {  # unetcu's column (unetcu, unetcu_bf16), batch, PyTorch mode
+ratio_cell() {  # unetcu's column (unetcu, unetcu_bf16, unetcu_bf16g), batch, PyTorch mode
   local u p
   u=$(figure "IPS_$1_$2") p=$(figure "IPS_$3_$2")
   if [ -n "$u" ] && [ -n "$p" ]; then awk -v u="$u" -v p="$p" 'BEGIN { printf "%.2f", u / p }'
-  elif [ -n "$p" ]; then echo "— (no ${1//_/ } figure)"
+  elif [ -n "$p" ]; then echo "— (no $(col_label "$1") figure)"
   elif [ -n "$u" ]; then echo "— (no PyTorch figure)"
   else echo "— (neither figure)"; fi
 }
@@ -521,21 +533,22 @@ compare_table() {
   echo "unetcu fp32: the single-GPU training rows above (float32; cuDNN may use TF32: against the TF32 peak)."
   echo "unetcu bf16 NHWC: the rows with --precision bf16 --memory-format nhwc (bfloat16 activations and gradients,"
   echo "float32 math and parameters, channels-last: against the bf16 peak)."
+  echo "unetcu bf16 NHWC graphs: the same with --cuda-graphs (after two eager steps, forward, loss and backward"
+  echo "replayed as one CUDA graph, the optimizer eager: against the bf16 peak)."
   echo "PyTorch ${TORCH_VERSION:-(version not known)}: tools/pytorch_reference.py bench --device cuda, median step, one resident batch."
   echo "unetcu / <mode>: unetcu fp32's images/s over PyTorch's in that mode; unetcu bf16 / <mode>: unetcu bf16 NHWC's"
-  echo "over PyTorch bf16's (autocast + channels_last, eager or compiled). Above 1, unetcu is faster."
-  echo "The bf16 path's goal: unetcu bf16 / bf16 AMP at 1.3 or more."
+  echo "over PyTorch bf16's (autocast + channels_last, eager or compiled); unetcu bf16 graphs / <mode>: unetcu bf16"
+  echo "NHWC graphs' over the same. Above 1, unetcu is faster."
+  echo "The bf16 path's goal: unetcu bf16 / bf16 AMP (eager or graphs) at 1.3 or more."
   echo
-  echo "| batch | unetcu fp32 | unetcu bf16 NHWC | PyTorch fp32 | PyTorch TF32 | PyTorch bf16 AMP | PyTorch bf16 compiled | unetcu / fp32 | unetcu / TF32 | unetcu / bf16 AMP | unetcu / bf16 compiled | unetcu bf16 / bf16 AMP | unetcu bf16 / bf16 compiled |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "| batch | unetcu fp32 | unetcu bf16 NHWC | unetcu bf16 NHWC graphs | PyTorch fp32 | PyTorch TF32 | PyTorch bf16 AMP | PyTorch bf16 compiled | unetcu / fp32 | unetcu / TF32 | unetcu / bf16 AMP | unetcu / bf16 compiled | unetcu bf16 / bf16 AMP | unetcu bf16 / bf16 compiled | unetcu bf16 graphs / bf16 AMP | unetcu bf16 graphs / bf16 compiled |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
   for bs in $COMPARE_BATCHES; do
-    c=$(ips_cell "unetcu_$bs")
-    line="| $bs | ${c//|//}"
-    c=$(ips_cell "unetcu_bf16_$bs")
-    line="$line | ${c//|//}"
-    for m in $COMPARE_MODES; do c=$(ips_cell "${m}_$bs"); line="$line | ${c//|//}"; done
+    line="| $bs"
+    for m in unetcu unetcu_bf16 unetcu_bf16g $COMPARE_MODES; do c=$(ips_cell "${m}_$bs"); line="$line | ${c//|//}"; done
     for m in $COMPARE_MODES; do line="$line | $(ratio_cell unetcu "$bs" "$m")"; done
     for m in bf16 bf16_compile; do line="$line | $(ratio_cell unetcu_bf16 "$bs" "$m")"; done
+    for m in bf16 bf16_compile; do line="$line | $(ratio_cell unetcu_bf16g "$bs" "$m")"; done
     echo "$line |"
   done
 }
@@ -558,10 +571,13 @@ torch_eager() {  # batch: PyTorch's eager modes beside unetcu's single-GPU row
   FEEDS="fp32_$1 tf32_$1 bf16_$1" step "PyTorch eager 512² batch $1 (fp32, TF32, bf16 AMP)" \
     $(($1 > 14 ? 45 : 30)) $(($1 > 14 ? 180 : 150)) pytorch step_torch "$1" fp32,tf32,bf16
 }
-train_single() {  # batch: unetcu's single-GPU rows, fp32 then bf16 NHWC (each fails alone)
+train_single() {  # batch: unetcu's single-GPU rows, fp32, bf16 NHWC, then (not --quick) bf16
+  # NHWC with CUDA graphs; each its own step, failing alone, all with the same time budget
   local need=$(($1 > 14 ? 45 : 40)) cap=$(($1 > 14 ? 180 : 150))
   FEEDS=unetcu_$1 step "train single 512² batch $1" "$need" "$cap" gpu step_train_single "$1"
   FEEDS=unetcu_bf16_$1 step "train single bf16 NHWC 512² batch $1" "$need" "$cap" gpu step_train_single_bf16 "$1"
+  [ "$QUICK" = 1 ] ||
+    FEEDS=unetcu_bf16g_$1 step "train single bf16 NHWC CUDA graphs 512² batch $1" "$need" "$cap" gpu step_train_single_bf16g "$1"
 }
 torch_compiled() {  # batch: PyTorch's bf16 under torch.compile (minutes of compilation)
   FEEDS="bf16_compile_$1" step "PyTorch bf16 compiled 512² batch $1" 90 300 pytorch step_torch "$1" bf16-compile
