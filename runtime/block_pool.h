@@ -93,6 +93,10 @@ class BlockPool {
   //  - close_private(): allocations take the main path again; the held-back frees happen.
   //  - release_private(id): the graph is gone and its work done: the pool's cached blocks go back
   //    to the backend; its live blocks, when freed later, go to the main cache as any block.
+  // A private pool's cached blocks count in cached_bytes (memory held for a graph) but are not
+  // given back by release_cache(). Only the device pools take captures: a pinned block freed
+  // while a capture runs records its events as usual, so pinned memory the capturing stream
+  // uses must not be freed during a capture (the trainer frees batches between steps).
   int open_private(StreamRef stream);
   void close_private();
   void release_private(int id);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <ostream>
 
 #include "engine/profiler.h"
@@ -37,8 +38,13 @@ std::string SingleDevice::describe() const {
 constexpr int kEagerStepsBeforeCapture = 2;
 
 Tensor SingleDevice::graph_step(const Batch& b) {
-  if (Profiler::enabled()) return Tensor();  // the profiler times ops on the host: eager
+  // The profiler times ops on the host; a graph holds train-mode batch norm.
+  if (Profiler::enabled() || !model_->is_training()) return Tensor();
+  if (graph_shape_.empty()) graph_shape_ = b.images.shape();
+  if (b.images.shape() != graph_shape_) return Tensor();  // another shape: eager
   if (!captured_) {
+    // Only at the captured shape: cuDNN's algorithms for it are chosen by then (a search
+    // cannot run inside a capture).
     if (eager_steps_++ < kEagerStepsBeforeCapture) return Tensor();
     auto c = std::make_unique<Captured>();
     c->images = b.images.shape();
@@ -47,16 +53,30 @@ Tensor SingleDevice::graph_step(const Batch& b) {
     c->target = Tensor::empty(b.masks.shape(), b.masks.dtype(), device_, b.masks.format());
     // The captured backward writes every gradient (beta 0): there is none before it.
     optimizer_->zero_grad();
+    // The capture takes memory of its own for everything the step makes; the cache the eager
+    // steps left (their activations, the algorithm search's workspace) goes back first, so the
+    // device holds one step's worth, not two.
+    cuda::synchronize(device_.index);
+    cuda::release_device_cache(device_.index);
     // Batch norm counts its batches on the host: what one capture adds, each replay adds.
     std::vector<std::pair<int64_t*, int64_t>> before;
     for (const auto& e : model_->state())
       if (e.counter) before.emplace_back(e.counter, *e.counter);
-    c->graph = cuda::Graph::capture(device_.index, [&] {
-      Tape tape;
-      TapeScope scope(tape);
-      c->loss = segmentation_loss(loss_, model_->forward(c->x), c->target);
-      tape.backward(c->loss);
-    });
+    try {
+      c->graph = cuda::Graph::capture(device_.index, [&] {
+        Tape tape;
+        TapeScope scope(tape);
+        c->loss = segmentation_loss(loss_, model_->forward(c->x), c->target);
+        tape.backward(c->loss);
+      });
+    } catch (const std::exception& e) {
+      for (auto& [counter, value] : before) *counter = value;
+      optimizer_->zero_grad();  // whatever the failed capture left
+      cuda_graphs_ = false;
+      std::fprintf(stderr, "warning: capturing the training step as a CUDA graph failed, training "
+                           "goes on without graphs: %s\n", e.what());
+      return Tensor();
+    }
     for (auto& [counter, value] : before) {
       if (*counter != value) c->counters.emplace_back(counter, *counter - value);
       *counter = value;  // nothing ran yet: the first launch below counts

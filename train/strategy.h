@@ -114,10 +114,12 @@ class TrainingStrategy {
 // One model on one device.
 class SingleDevice : public TrainingStrategy {
  public:
-  // cuda_graphs (GPUs): after two eager steps at the first batch shape, forward, loss and
+  // cuda_graphs (GPUs): after two eager steps at the first batch's shape, forward, loss and
   // backward at that shape are captured into one CUDA graph and replayed each step (the
   // batch copied into the graph's input tensors first); the optimizer step stays eager (its
-  // step count is a host value). Other batch shapes (a short last batch) run eagerly.
+  // step count is a host value). Other batch shapes (a short last batch), steps in eval mode
+  // and profiled steps run eagerly; a capture that fails says why once and training goes on
+  // eagerly.
   SingleDevice(const UNetConfig& model, const OptimizerFactory& make_optimizer, LossKind loss,
                bool cuda_graphs = false);
   std::string describe() const override;
@@ -131,6 +133,7 @@ class SingleDevice : public TrainingStrategy {
   Module& model() override { return *model_; }
   std::vector<Optimizer*> optimizers() override { return {optimizer_.get()}; }
   UNet& unet() { return *model_; }
+  bool graph_captured() const { return captured_ != nullptr; }  // cuda_graphs: replaying now
 
  private:
   Device device_;
@@ -145,7 +148,8 @@ class SingleDevice : public TrainingStrategy {
     cuda::Graph graph;
   };
   bool cuda_graphs_ = false;
-  int eager_steps_ = 0;  // steps run before the capture
+  Shape graph_shape_;    // the first batch's images: the shape captured
+  int eager_steps_ = 0;  // steps run at that shape before the capture
   std::unique_ptr<Captured> captured_;
   Tensor graph_step(const Batch& b);  // the loss of the step, or undefined: run eagerly
 };

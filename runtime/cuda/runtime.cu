@@ -51,7 +51,12 @@ static bool sync_after_launch() {
 
 void check_launch(cudaStream_t stream, const char* what, const char* file, int line) {
   cudaError_t err = cudaGetLastError();
-  if (err == cudaSuccess && sync_after_launch()) err = cudaStreamSynchronize(stream);
+  if (err == cudaSuccess && sync_after_launch()) {
+    // Not while the stream is being captured into a graph: a wait would end the capture.
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    err = cudaStreamIsCapturing(stream, &capturing);
+    if (err == cudaSuccess && capturing == cudaStreamCaptureStatusNone) err = cudaStreamSynchronize(stream);
+  }
   if (err != cudaSuccess)
     throw_error("CUDA", what, file, line,
                 std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err));
@@ -542,11 +547,13 @@ Graph Graph::capture(int device, const std::function<void()>& work) {
     cudaGraph_t broken = nullptr;
     cudaStreamEndCapture(impl->stream, &broken);
     if (broken) cudaGraphDestroy(broken);
+    cudaGetLastError();  // the capture's error must not surface at an unrelated later launch
     pool.close_private();
     throw;
   }
   st = cudaStreamEndCapture(impl->stream, &impl->graph);
   pool.close_private();
+  if (st != cudaSuccess) cudaGetLastError();
   UNETCU_CHECK(st == cudaSuccess && impl->graph, "capturing a CUDA graph on cuda:", device, " failed: ",
                cudaGetErrorString(st), " (the captured work waited for the host, used another "
                "stream without joining it, or called something a graph cannot hold)");
@@ -559,6 +566,10 @@ Graph Graph::capture(int device, const std::function<void()>& work) {
 void Graph::launch() const {
   UNETCU_CHECK(impl_, "launch of an empty CUDA graph");
   DeviceGuard g(impl_->device);
+  // The caller's copies before and reads after are on its current stream: the graph must be
+  // replayed on that same stream to be ordered with them.
+  UNETCU_CHECK(current_stream(impl_->device) == impl_->stream,
+               "a CUDA graph is launched on the stream it was captured on, not the current one");
   CUDA_CHECK(cudaGraphLaunch(impl_->exec, impl_->stream));
 }
 

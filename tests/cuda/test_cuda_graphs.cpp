@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <vector>
 
 #include "data/synthetic.h"
 #include "runtime/cuda_api.h"
@@ -39,26 +40,33 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 TEST_CASE("a training step replayed as a CUDA graph equals the eager step, bit for bit") {
   SyntheticSegmentation data(64, 3);
   const Batch full = data.batch({0, 1, 2, 3}), other = data.batch({4, 5, 6, 7}), short_batch = data.batch({8, 9});
+  // 2 eager steps, the capture and its first replay, replays on new data, a short batch
+  // (eager), and replays after it; and a short batch third (the capture waits for a third
+  // step at the first batch's shape, never capturing the short one).
+  const std::vector<std::vector<const Batch*>> orders = {
+      {&full, &other, &full, &other, &full, &short_batch, &other, &full},
+      {&full, &other, &short_batch, &full, &other, &full}};
   for (bool mixed : {false, true}) {
-    CAPTURE(mixed);
-    SingleDevice eager(gpu_model(mixed), optimizer_factory({}), LossKind::BCEDice, false);
-    SingleDevice graph(gpu_model(mixed), optimizer_factory({}), LossKind::BCEDice, true);
-    CHECK(graph.describe().find("CUDA graphs") != std::string::npos);
-    // 2 eager steps, the capture and its first replay, replays on new data, a short batch
-    // (eager), and replays after it.
-    const Batch* order[] = {&full, &other, &full, &other, &full, &short_batch, &other, &full};
-    for (size_t k = 0; k < std::size(order); ++k) {
-      CAPTURE(k);
-      const double le = eager.step(eager.place(*order[k]));
-      const double lg = graph.step(graph.place(*order[k]));
-      CHECK(std::memcmp(&le, &lg, sizeof le) == 0);
-    }
-    const auto se = eager.model().state(), sg = graph.model().state();
-    REQUIRE(se.size() == sg.size());
-    for (size_t i = 0; i < se.size(); ++i) {
-      CAPTURE(se[i].name);
-      if (se[i].counter) CHECK(*se[i].counter == *sg[i].counter);
-      if (se[i].tensor.defined()) CHECK(same_bits(se[i].tensor, sg[i].tensor));
+    for (size_t o = 0; o < orders.size(); ++o) {
+      CAPTURE(mixed);
+      CAPTURE(o);
+      SingleDevice eager(gpu_model(mixed), optimizer_factory({}), LossKind::BCEDice, false);
+      SingleDevice graph(gpu_model(mixed), optimizer_factory({}), LossKind::BCEDice, true);
+      CHECK(graph.describe().find("CUDA graphs") != std::string::npos);
+      for (size_t k = 0; k < orders[o].size(); ++k) {
+        CAPTURE(k);
+        const double le = eager.step(eager.place(*orders[o][k]));
+        const double lg = graph.step(graph.place(*orders[o][k]));
+        CHECK(std::memcmp(&le, &lg, sizeof le) == 0);
+        CHECK(graph.graph_captured() == (k >= 2 + (o == 1)));  // captured, not fallen back
+      }
+      const auto se = eager.model().state(), sg = graph.model().state();
+      REQUIRE(se.size() == sg.size());
+      for (size_t i = 0; i < se.size(); ++i) {
+        CAPTURE(se[i].name);
+        if (se[i].counter) CHECK(*se[i].counter == *sg[i].counter);
+        if (se[i].tensor.defined()) CHECK(same_bits(se[i].tensor, sg[i].tensor));
+      }
     }
   }
 }
@@ -70,4 +78,5 @@ TEST_CASE("a step replayed as a CUDA graph takes no GPU memory from the system")
   CHECK(system_allocations_after_warmup(s, b, 4, 5, [] {
           return cuda::device_memory_stats(0).system_allocations;
         }) == 0);
+  CHECK(s.graph_captured());
 }
