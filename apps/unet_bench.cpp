@@ -142,6 +142,8 @@ struct ProcessBenchOptions {
   int image, batch, mp_batch, epoch_images, epochs, warmup, width_divisor, threads;
   std::vector<int> splits;
   std::string out_dir;
+  bool bf16 = false;
+  MemoryFormat format = MemoryFormat::NCHW;
 };
 
 int bench_across_processes(const DistEnv& env, ProcessBenchOptions o) {
@@ -160,6 +162,8 @@ int bench_across_processes(const DistEnv& env, ProcessBenchOptions o) {
   UNetConfig mc;
   mc.width_divisor = o.width_divisor;
   mc.device = Device::cpu(0);
+  mc.bf16_activations = o.bf16;
+  mc.format = o.format;
   SyntheticSegmentation data(o.image, 1);
   const int max_batch = std::max(o.batch * W, o.mp_batch);
   data.enable_cache(max_batch);
@@ -173,11 +177,12 @@ int bench_across_processes(const DistEnv& env, ProcessBenchOptions o) {
   std::vector<Device> local;  // W CPU devices in process 0: the proxies for W processes
   for (int d = 0; d < W; ++d) local.push_back(Device::cpu(d));
   std::printf("%s\nprocesses: %d (%s, transport %s), %d threads each, on %s\n"
-              "image %dx%d, width/%d; single and DP batch %d per process, MP batch %d; epoch = %d images; "
+              "image %dx%d, width/%d, %s %s; single and DP batch %d per process, MP batch %d; epoch = %d images; "
               "%d timed epochs after %d warm-up steps\n\n",
               kernels::cpu::cpu_gemm_line().c_str(), W, env.launcher.c_str(), world->transport().c_str(),
               o.threads, machine_description({Device::cpu(0)}).c_str(), o.image, o.image, o.width_divisor,
-              o.batch, o.mp_batch, o.epoch_images, o.epochs, o.warmup);
+              o.bf16 ? "bf16" : "float32", format_name(o.format), o.batch, o.mp_batch, o.epoch_images,
+              o.epochs, o.warmup);
   std::fflush(stdout);
 
   // Process 0 alone: the model's inputs and the one-device baseline; the others wait.
@@ -342,6 +347,7 @@ int main(int argc, char** argv) {
   std::string devices_s = "cpu:0,cpu:1", splits_s, out_dir = "bench_out";
   int image = 64, batch = 4, mp_batch = 0, epoch_images = 0, epochs = 2, warmup = 1;
   int width_divisor = 1, threads = 0, mp_steps = 2;
+  std::string precision = "fp32", memory_format = "nchw";
   CLI::App app{"unet_bench: the article's Table 1 and Table 2 on the given devices"};
   app.add_option("--devices", devices_s, "Devices, e.g. cpu:0,cpu:1 or cuda:0,cuda:1 (MP uses the first two; one device: two stages on it)")->capture_default_str();
   app.add_option("--image-size", image, "Image size")->capture_default_str();
@@ -353,6 +359,9 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "Untimed steps first")->capture_default_str();
   app.add_option("--mp-steps", mp_steps, "Timed steps per Table 1 cell")->capture_default_str();
   app.add_option("--width-divisor", width_divisor, "Model width divisor (1: the real model)")->capture_default_str();
+  app.add_option("--precision", precision, "fp32 (GPUs: TF32 convolutions allowed), or bf16 (mixed precision, "
+                 "as unet_train --precision bf16)")->capture_default_str();
+  app.add_option("--memory-format", memory_format, "nchw, or nhwc (channels-last)")->capture_default_str();
   app.add_option("--threads", threads, "CPU threads per device (0: cores / devices)")->capture_default_str();
   app.add_option("--out", out_dir, "Folder for table1/table2 .md/.csv and bench.json")->capture_default_str();
   bool plot = false;
@@ -362,10 +371,16 @@ int main(int argc, char** argv) {
                "matplotlib is installed (tools/setup.sh --plots)");
   CLI11_PARSE(app, argc, argv);
   try {
+    UNETCU_CHECK(precision == "fp32" || precision == "bf16", "--precision: fp32 or bf16, got '", precision, "'");
+    UNETCU_CHECK(memory_format == "nchw" || memory_format == "nhwc", "--memory-format: nchw or nhwc, got '",
+                 memory_format, "'");
+    const bool bf16 = precision == "bf16";
+    const MemoryFormat format = memory_format == "nhwc" ? MemoryFormat::NHWC : MemoryFormat::NCHW;
     // Started by a launcher: the benchmark across processes (one CPU device each).
     const DistEnv env = detect_dist(DistMode::Auto);
     if (env.multi()) {
-      ProcessBenchOptions po{image, batch, mp_batch, epoch_images, epochs, warmup, width_divisor, threads, {}, out_dir};
+      ProcessBenchOptions po{image, batch, mp_batch, epoch_images, epochs, warmup, width_divisor, threads, {}, out_dir,
+                             bf16, format};
       UNETCU_CHECK(batch >= 1 && epochs >= 1 && warmup >= 0 && mp_batch >= 0, "bad sizes");
       UNETCU_CHECK(image >= 32 && image % 32 == 0, "--image-size must be a multiple of 32");
       const int mpb = mp_batch ? mp_batch : batch * env.world;
@@ -431,6 +446,8 @@ int main(int argc, char** argv) {
 
     UNetConfig mc;
     mc.width_divisor = width_divisor;
+    mc.bf16_activations = bf16;
+    mc.format = format;
     SyntheticSegmentation data(image, 1);
     const int max_batch = std::max(batch * N, mp_batch);
     data.enable_cache(max_batch);
@@ -442,10 +459,10 @@ int main(int argc, char** argv) {
     const OptimizerFactory adam = optimizer_factory({});
     const std::string machine = machine_description(devices);
     std::printf("%s\n", kernels::cpu::cpu_gemm_line().c_str());
-    std::printf("machine: %s\nimage %dx%d, width/%d; single and DP batch %d per device, MP batch %d; "
+    std::printf("machine: %s\nimage %dx%d, width/%d, %s %s; single and DP batch %d per device, MP batch %d; "
                 "epoch = %d images; %d timed epochs after %d warm-up steps; %d threads per CPU device\n\n",
-                machine.c_str(), image, image, width_divisor, batch, mp_batch, epoch_images, epochs,
-                warmup, threads);
+                machine.c_str(), image, image, width_divisor, bf16 ? "bf16" : "float32", format_name(format),
+                batch, mp_batch, epoch_images, epochs, warmup, threads);
     std::fflush(stdout);
 
     // The performance model's inputs, measured here before the timed runs: per-block times on
@@ -600,6 +617,7 @@ int main(int argc, char** argv) {
     const double base = rows[0].mean();
     json << "{\n  \"machine\": " << json_str(machine) << ",\n  \"devices\": " << json_str(devices_s)
          << ",\n  \"image_size\": " << image << ",\n  \"width_divisor\": " << width_divisor
+         << ",\n  \"precision\": " << json_str(precision) << ",\n  \"memory_format\": " << json_str(memory_format)
          << ",\n  \"batch_size\": " << batch << ",\n  \"mp_batch\": " << mp_batch
          << ",\n  \"epoch_images\": " << epoch_images << ",\n  \"table1\": [";
     for (size_t i = 0; i < plans.size(); ++i)
