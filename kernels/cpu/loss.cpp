@@ -8,26 +8,11 @@
 #include "kernels/cpu/parallel.h"
 #include "kernels/launchers.h"
 #include "kernels/bodies/loss.h"
+#include "kernels/loss_target.h"
 
 namespace unetcu::kernels::cpu {
 namespace {
 
-LossTargetIndex target_index(const TensorRef& logits, const TensorRef& target) {
-  LossTargetIndex ti{false, {}, {}};
-  if (logits.format() != target.format()) {
-    ti.logits = logits.dims4(), ti.target = target.dims4();
-    ti.remap = ti.logits.C > 1 && ti.logits.H * ti.logits.W > 1;
-  }
-  return ti;
-}
-
-// Runs the statement with X bound to the logits' storage type and Tt to the target's.
-#define UNETCU_DISPATCH_LOSS(logits, target, ...)   \
-  UNETCU_DISPATCH_STORAGE((logits).dtype(), X, {    \
-    UNETCU_DISPATCH_STORAGE((target).dtype(), Tt, { \
-      __VA_ARGS__;                                  \
-    });                                             \
-  })
 
 template <class X, class Tt>
 void dice_sums_impl(const X* x, const Tt* t, const LossTargetIndex& ti, int64_t n, double* out) {

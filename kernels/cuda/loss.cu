@@ -12,6 +12,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/launchers.h"
 #include "kernels/bodies/loss.h"
+#include "kernels/loss_target.h"
 
 namespace unetcu::kernels::cuda {
 namespace {
@@ -89,22 +90,6 @@ __global__ void dice_backward_kernel(const X* x, const Tt* t, LossTargetIndex ti
   }
 }
 
-LossTargetIndex target_index(const TensorRef& logits, const TensorRef& target) {
-  LossTargetIndex ti{false, {}, {}};
-  if (logits.format() != target.format()) {
-    ti.logits = logits.dims4(), ti.target = target.dims4();
-    ti.remap = ti.logits.C > 1 && ti.logits.H * ti.logits.W > 1;
-  }
-  return ti;
-}
-
-// Runs the statement with X bound to the logits' storage type and Tt to the target's.
-#define UNETCU_DISPATCH_LOSS(logits, target, ...)   \
-  UNETCU_DISPATCH_STORAGE((logits).dtype(), X, {    \
-    UNETCU_DISPATCH_STORAGE((target).dtype(), Tt, { \
-      __VA_ARGS__;                                  \
-    });                                             \
-  })
 
 }  // namespace
 
