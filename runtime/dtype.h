@@ -1,5 +1,5 @@
 // Element types. float64 is the reference for gradient checks; float32 is what trains;
-// bfloat16 is the storage of activations under mixed precision (--precision bf16), computed in
+// bfloat16 is the storage of activations under mixed precision, computed in
 // float32 (kernels/bodies/bf16.h).
 #pragma once
 #include <cstddef>

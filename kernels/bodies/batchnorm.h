@@ -4,21 +4,13 @@
 // bf16); every body computes in T = acc_t<S> (float for bf16), which is also the type of the
 // per-channel tensors (gamma, beta, mean, invstd, the running statistics and the parameter
 // gradients). The launchers widen each stored value to T, call these bodies, and round once
-// when they store (bn_store). The sums of a channel are double whatever S is.
+// when they store (store(), bodies/elementwise.h). The sums of a channel are double whatever S is.
 #pragma once
 #include "kernels/bodies/bf16.h"
 #include "kernels/bodies/common.h"
 #include "kernels/bodies/elementwise.h"
 
 namespace unetcu::kernels {
-
-// Stores a computed activation value (or gradient) into storage type S, rounding once:
-// beta 0 writes (the destination may hold garbage), beta 1 adds to the destination in T.
-// For float and double this is store() of bodies/elementwise.h.
-template <class S> HD void bn_store(S* dst, acc_t<S> value, acc_t<S> beta) {
-  using T = acc_t<S>;
-  *dst = to_storage<S>(beta == T(0) ? value : T(*dst) + value);
-}
 
 template <class T> HD T bn_normalize(T x, T mean, T invstd, T gamma, T beta) {
   return (x - mean) * invstd * gamma + beta;

@@ -290,14 +290,14 @@ void grad_apply(const S* gy, const S* y, const S* x, const acc_t<S>* gamma,
         if constexpr (kFused) {
           const T dy = T(gy[i]), yv = T(y[i]);
           if (gx)
-            bn_store(gx + i,
+            store(gx + i,
                      bn_relu_backward_dx(dy, yv, T(x[i]), k.mean, k.invstd, k.gamma_invstd, inv_m,
                                          k.sum_g, k.sum_g_xhat, training),
                      beta_x);
-          if (gr) bn_store(gr + i, kernels::relu_backward(dy, yv), beta_r);
+          if (gr) store(gr + i, kernels::relu_backward(dy, yv), beta_r);
         } else {
           const T dy = T(gy[i]);
-          bn_store(gx + i,
+          store(gx + i,
                    training ? bn_backward_train(dy, (T(x[i]) - k.mean) * k.invstd, k.gamma_invstd,
                                                 inv_m, k.sum_g, k.sum_g_xhat)
                             : dy * k.gamma_invstd,

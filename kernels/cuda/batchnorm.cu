@@ -354,13 +354,13 @@ template <class S, bool kFused> struct GradApplyOp {
     if constexpr (kFused) {
       const T yv = T(y[i]);
       if (dx)
-        bn_store(dx + i,
+        store(dx + i,
                  bn_relu_backward_dx(g, yv, T(x[i]), k.mean, k.invstd, k.gamma_invstd, inv_m,
                                      k.sum_g, k.sum_g_xhat, training),
                  beta_x);
-      if (dr) bn_store(dr + i, kernels::relu_backward(g, yv), beta_r);
+      if (dr) store(dr + i, kernels::relu_backward(g, yv), beta_r);
     } else {
-      bn_store(dx + i,
+      store(dx + i,
                training ? bn_backward_train(g, (T(x[i]) - k.mean) * k.invstd, k.gamma_invstd, inv_m,
                                             k.sum_g, k.sum_g_xhat)
                         : g * k.gamma_invstd,
