@@ -92,6 +92,10 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
   add_enum(app, "--allreduce", cfg.allreduce, kAllReduceNames,
            "--mode dp: ring (reduce-scatter + all-gather), ps (reduce to rank 0, broadcast back), or "
            "mpi (the transport library's own all-reduce, MPI_Allreduce or Gloo's; ranks in several processes)");
+  add_enum(app, "--allreduce-precision", cfg.bf16_allreduce, kAllReducePrecisionNames,
+           "--mode dp and dp+mp: full (the gradients' own dtype) or bf16 (each bucket rounded to "
+           "bfloat16 for the all-reduce and widened back: half the bytes on the wire, the mean "
+           "rounded to about 2-3 significant digits; ring or ps)");
   add_enum(app, "--dist", cfg.dist, kDistNames,
            "Process group: auto (from mpirun's, SLURM's or torchrun's environment when present), "
            "mpi, env (SLURM/torchrun variables), none (one process). Several processes: --mode dp "
@@ -252,6 +256,11 @@ void validate(const TrainConfig& c) {
                "device kind); --mode dp and mp take --devices");
   UNETCU_CHECK(c.mode == Mode::DataParallel || !c.sync_bn, "--sync-bn belongs to --mode dp");
   UNETCU_CHECK(c.mode == Mode::Single || !c.cuda_graphs, "--cuda-graphs belongs to --mode single (one GPU)");
+  UNETCU_CHECK(!c.bf16_allreduce || c.mode == Mode::DataParallel || c.mode == Mode::DataPipeline,
+               "--allreduce-precision belongs to --mode dp and dp+mp");
+  UNETCU_CHECK(!c.bf16_allreduce || c.allreduce != AllReduceAlgo::Mpi,
+               "--allreduce-precision bf16 needs --allreduce ring or ps: the transport library's own "
+               "all-reduce has no bfloat16 sum");
   UNETCU_CHECK(c.allreduce != AllReduceAlgo::Mpi || as_group(c.dist),
                "--allreduce mpi is the transport library's own all-reduce, for ranks in several processes: "
                "start them with mpirun, srun or torchrun (in one process use ring or ps)");
@@ -424,6 +433,7 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
   sc.loss = cfg.loss;
   sc.threads = cfg.threads;
   sc.allreduce = cfg.allreduce;
+  sc.bf16_allreduce = cfg.bf16_allreduce;
   sc.sync_bn = cfg.sync_bn;
   sc.collective_timeout = cfg.collective_timeout;
   sc.across_processes = group;

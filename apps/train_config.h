@@ -65,6 +65,7 @@ struct TrainConfig {
   Mode mode = Mode::Single;
   std::vector<Device> devices;     // dp: one per replica; mp: one per stage
   AllReduceAlgo allreduce = AllReduceAlgo::Ring;
+  bool bf16_allreduce = false;     // dp, dp+mp: gradients averaged in bfloat16
   bool sync_bn = false;
   double collective_timeout = kDefaultCollectiveTimeout;  // seconds
   DistMode dist = DistMode::Auto;  // process group from the launcher's environment

@@ -31,6 +31,8 @@ enum class ReduceOp { Sum, Average };
 enum class AllReduceAlgo { Ring, ParameterServer, Mpi };
 inline constexpr NamedValue<AllReduceAlgo> kAllReduceNames[] = {
     {"ring", AllReduceAlgo::Ring}, {"ps", AllReduceAlgo::ParameterServer}, {"mpi", AllReduceAlgo::Mpi}};
+// The dtype data parallelism's gradients travel in: their own (full) or bfloat16 (true).
+inline constexpr NamedValue<bool> kAllReducePrecisionNames[] = {{"full", false}, {"bf16", true}};
 
 // An all-reduce in flight. wait(): on CPU ranks, blocks until it is done; on a GPU, makes the
 // calling thread's current stream wait for it (no host wait).
@@ -45,7 +47,9 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // In place on `t` (contiguous, float32 or float64). Blocks until this rank's part is done.
+  // In place on `t` (contiguous, float32, float64 or bfloat16). Blocks until this rank's part
+  // is done. bfloat16 is added in float32 and each partial sum rounded to bfloat16 (NCCL's
+  // arithmetic): the mean of N ranks carries up to N + 1 roundings of 2^-8.
   virtual void all_reduce(Tensor& t, ReduceOp op) = 0;
   virtual void broadcast(Tensor& t, int root) = 0;
   // The result lands in root's tensor; other ranks' tensors are left as they were.

@@ -76,9 +76,18 @@ struct Group {
   std::vector<DType> dtypes;
 };
 
+// dst += src. Each sum is computed in acc_t<T> and rounded once to T when stored: bfloat16
+// buffers are added in float32 and rounded at every step of the ring, as NCCL does.
 template <class T>
 void add_into(T* dst, const T* src, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+  using A = kernels::acc_t<T>;
+  for (int64_t i = 0; i < n; ++i) dst[i] = kernels::to_storage<T>(A(dst[i]) + A(src[i]));
+}
+
+template <class T>
+void divide(T* x, int64_t n, int by) {
+  using A = kernels::acc_t<T>;
+  for (int64_t i = 0; i < n; ++i) x[i] = kernels::to_storage<T>(A(x[i]) / A(by));
 }
 
 class CpuRingCommunicator : public Communicator {
@@ -90,9 +99,9 @@ class CpuRingCommunicator : public Communicator {
   void all_reduce(Tensor& t, ReduceOp op) override {
     publish(t, "all_reduce");
     if (g_->algo == AllReduceAlgo::Ring)
-      UNETCU_DISPATCH_FLOAT(t.dtype(), T, ring_all_reduce<T>(op));
+      UNETCU_DISPATCH_STORAGE(t.dtype(), T, ring_all_reduce<T>(op));
     else
-      UNETCU_DISPATCH_FLOAT(t.dtype(), T, ps_all_reduce<T>(op));
+      UNETCU_DISPATCH_STORAGE(t.dtype(), T, ps_all_reduce<T>(op));
     sync();  // nobody leaves while a neighbour may still read its buffer
   }
 
@@ -106,7 +115,7 @@ class CpuRingCommunicator : public Communicator {
   void reduce(Tensor& t, int root, ReduceOp op) override {
     publish(t, "reduce");
     check_root(root);
-    if (rank_ == root) UNETCU_DISPATCH_FLOAT(t.dtype(), T, sum_at_root<T>(op));
+    if (rank_ == root) UNETCU_DISPATCH_STORAGE(t.dtype(), T, sum_at_root<T>(op));
     sync();
   }
 
@@ -168,7 +177,7 @@ class CpuRingCommunicator : public Communicator {
     const int owned = (rank_ + 1) % N;
     if (op == ReduceOp::Average) {
       const int64_t b = ring_chunk_begin(L, N, owned), e = ring_chunk_begin(L, N, owned + 1);
-      for (int64_t i = b; i < e; ++i) mine[i] /= T(N);
+      divide(mine + b, e - b, N);
       sync();
     }
     // All-gather: in step s, copy the finished chunk (r - s) from the left.
@@ -196,7 +205,7 @@ class CpuRingCommunicator : public Communicator {
     for (int r = 0; r < g_->size; ++r)
       if (r != rank_) add_into(mine, buf<T>(r), L);
     if (op == ReduceOp::Average)
-      for (int64_t i = 0; i < L; ++i) mine[i] /= T(g_->size);
+      divide(mine, L, g_->size);
   }
 
   // One step of a collective: wait for every rank (or the watchdog's timeout).

@@ -54,6 +54,7 @@ struct DataParallel::Replica {
   std::vector<Bucket> buckets;
   std::vector<int> bucket_of;  // per parameter
   std::vector<Tensor> flat;    // per bucket, on the replica's device: the gradients live here
+  std::vector<Tensor> low;     // per bucket with bf16_allreduce: the bfloat16 copy that travels
   // per step
   std::vector<int> ready_in_bucket;
   std::vector<std::unique_ptr<Work>> work;
@@ -95,6 +96,9 @@ DataParallel::DataParallel(const UNetConfig& model_cfg, const DataParallelOption
   for (const Device& d : options.devices)
     UNETCU_CHECK(d.kind == options.devices[0].kind,
                  "data parallelism: the replicas must be all on CPU devices or all on GPUs");
+  UNETCU_CHECK(!options.bf16_allreduce || options.algo != AllReduceAlgo::Mpi,
+               "data parallelism: the MPI library's own all-reduce has no bfloat16 sum; bfloat16 "
+               "gradients take the ring or ps all-reduce");
   if (options_.threads_per_replica <= 0)
     options_.threads_per_replica = std::max(1, omp_get_num_procs() / N);
   std::vector<std::unique_ptr<Communicator>> grad_comms, ctrl_comms;
@@ -144,6 +148,7 @@ DataParallel::DataParallel(const UNetConfig& model_cfg, const DataParallelOption
     for (size_t k = 0; k < rep->buckets.size(); ++k) {
       const Bucket& b = rep->buckets[k];
       rep->flat.push_back(Tensor::zeros({b.numel}, model_cfg.dtype, rep->device));
+      if (options.bf16_allreduce) rep->low.push_back(Tensor::zeros({b.numel}, DType::BF16, rep->device));
       // Each parameter's gradient is a view into its bucket: backward accumulates into it.
       for (size_t j = 0; j < b.params.size(); ++j) {
         rep->bucket_of[b.params[j]] = int(k);
@@ -275,7 +280,12 @@ std::vector<double> DataParallel::step(const std::vector<Batch>& shards, LossKin
 
     // A finished bucket: its gradients are already in its buffer; reduce it in place.
     auto launch = [&](size_t k) {
-      rep.work[k] = rep.grad_comm->all_reduce_async(rep.flat[k], ReduceOp::Average);
+      if (options_.bf16_allreduce) {
+        rep.low[k].copy_(rep.flat[k]);  // rounded once, on the compute stream
+        rep.work[k] = rep.grad_comm->all_reduce_async(rep.low[k], ReduceOp::Average);
+      } else {
+        rep.work[k] = rep.grad_comm->all_reduce_async(rep.flat[k], ReduceOp::Average);
+      }
       if (log) event("allreduce bucket " + std::to_string(k));
     };
     auto launch_ready = [&] {
@@ -308,7 +318,10 @@ std::vector<double> DataParallel::step(const std::vector<Batch>& shards, LossKin
     }
     // Buckets with a parameter no node used are still reduced, in order, on every rank.
     while (rep.next_launch < rep.buckets.size()) launch(rep.next_launch++);
-    for (size_t k = 0; k < rep.buckets.size(); ++k) rep.work[k]->wait();
+    for (size_t k = 0; k < rep.buckets.size(); ++k) {
+      rep.work[k]->wait();
+      if (options_.bf16_allreduce) rep.flat[k].copy_(rep.low[k]);
+    }
     rep.opt->step();
     losses[r] = loss.item();
   });

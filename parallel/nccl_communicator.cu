@@ -18,8 +18,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// bfloat16: NCCL adds in float32 and rounds each partial sum to bfloat16, as the CPU ring.
 ncclDataType_t nccl_type(const Tensor& t) {
-  return t.dtype() == DType::F32 ? ncclFloat32 : ncclFloat64;
+  switch (t.dtype()) {
+    case DType::F32: return ncclFloat32;
+    case DType::F64: return ncclFloat64;
+    case DType::BF16: return ncclBfloat16;
+  }
+  throw Error(str_cat("NCCL: no collective for ", dtype_name(t.dtype())));
 }
 
 class NcclWork : public Work {

@@ -8,6 +8,19 @@ namespace unetcu {
 
 namespace {
 
+// As parallel/cpu_ring.cpp: sums in acc_t<T>, rounded once to T when stored (bfloat16 buffers
+// are added in float32 and rounded at every step of the ring).
+template <class T>
+void add_into(T* dst, const T* src, int64_t n) {
+  using A = kernels::acc_t<T>;
+  for (int64_t i = 0; i < n; ++i) dst[i] = kernels::to_storage<T>(A(dst[i]) + A(src[i]));
+}
+template <class T>
+void divide(T* x, int64_t n, int by) {
+  using A = kernels::acc_t<T>;
+  for (int64_t i = 0; i < n; ++i) x[i] = kernels::to_storage<T>(A(x[i]) / A(by));
+}
+
 class ProcessCommunicator : public Communicator {
  public:
   ProcessCommunicator(std::shared_ptr<ProcessGroup> group, AllReduceAlgo algo)
@@ -20,7 +33,9 @@ class ProcessCommunicator : public Communicator {
 
   void all_reduce(Tensor& t, ReduceOp op) override {
     check(t, "all_reduce");
-    UNETCU_DISPATCH_FLOAT(t.dtype(), T, {
+    UNETCU_CHECK(algo_ != AllReduceAlgo::Mpi || t.dtype() != DType::BF16, "the ", group_->transport(),
+                 " library's own all-reduce has no bfloat16 sum: bfloat16 gradients take the ring or ps all-reduce");
+    UNETCU_DISPATCH_STORAGE(t.dtype(), T, {
       if (algo_ == AllReduceAlgo::Ring)
         ring<T>(t.data<T>(), t.numel(), op);
       else if (algo_ == AllReduceAlgo::ParameterServer)
@@ -35,7 +50,7 @@ class ProcessCommunicator : public Communicator {
   }
   void reduce(Tensor& t, int root, ReduceOp op) override {
     check(t, "reduce");
-    UNETCU_DISPATCH_FLOAT(t.dtype(), T, sum_at<T>(t.data<T>(), t.numel(), root, op));
+    UNETCU_DISPATCH_STORAGE(t.dtype(), T, sum_at<T>(t.data<T>(), t.numel(), root, op));
   }
   void barrier() override { group_->barrier(); }
   void abort() override { group_->abort(1); }
@@ -71,11 +86,12 @@ class ProcessCommunicator : public Communicator {
       const int64_t rb = ring_chunk_begin(L, N, cr), re = ring_chunk_begin(L, N, cr + 1);
       group_->send_recv(mine + sb, size_t(se - sb) * sizeof(T), right, recv.data(),
                         size_t(re - rb) * sizeof(T), left, s);
-      for (int64_t i = 0; i < re - rb; ++i) mine[rb + i] += recv[size_t(i)];
+      add_into(mine + rb, recv.data(), re - rb);
     }
     if (op == ReduceOp::Average) {
       const int owned = mod(rank_ + 1);
-      for (int64_t i = ring_chunk_begin(L, N, owned); i < ring_chunk_begin(L, N, owned + 1); ++i) mine[i] /= T(N);
+      const int64_t b = ring_chunk_begin(L, N, owned);
+      divide(mine + b, ring_chunk_begin(L, N, owned + 1) - b, N);
     }
     for (int s = 0; s < N - 1; ++s) {
       const int cs = mod(rank_ + 1 - s), cr = mod(rank_ - s);
@@ -95,10 +111,9 @@ class ProcessCommunicator : public Communicator {
       for (int r = 0; r < size_; ++r) {
         if (r == root) continue;
         group_->recv(recv.data(), size_t(L) * sizeof(T), r, 7);
-        for (int64_t i = 0; i < L; ++i) mine[i] += recv[size_t(i)];
+        add_into(mine, recv.data(), L);
       }
-      if (op == ReduceOp::Average)
-        for (int64_t i = 0; i < L; ++i) mine[i] /= T(size_);
+      if (op == ReduceOp::Average) divide(mine, L, size_);
     } else {
       group_->send(mine, size_t(L) * sizeof(T), root, 7);
     }
@@ -106,9 +121,8 @@ class ProcessCommunicator : public Communicator {
   // The transport library's own all-reduce (its algorithm, its order of additions), then the mean.
   template <class T>
   void native(T* mine, int64_t L, ReduceOp op) {
-    group_->all_reduce_sum(mine, L, sizeof(T) == 4 ? DType::F32 : DType::F64);
-    if (op == ReduceOp::Average)
-      for (int64_t i = 0; i < L; ++i) mine[i] /= T(size_);
+    group_->all_reduce_sum(mine, L, dtype_of<T>());
+    if (op == ReduceOp::Average) divide(mine, L, size_);
   }
   template <class T>
   void ps(T* mine, int64_t L, ReduceOp op) {

@@ -82,6 +82,9 @@ ProcessPipeline::ProcessPipeline(const UNetConfig& model_cfg, const ProcessPipel
   ctrl_ = options.world->duplicate();
   pipe_ = options.world->split(replica_);  // ordered by world rank: rank s is stage s
   std::shared_ptr<ProcessGroup> same_stage = options.world->split(stage_);  // rank r is replica r
+  UNETCU_CHECK(!options.bf16_allreduce || options.algo != AllReduceAlgo::Mpi,
+               "pipeline across processes: the MPI library's own all-reduce has no bfloat16 sum; "
+               "bfloat16 gradients take the ring or ps all-reduce");
   if (replicas_ > 1) grads_ = make_process_communicator(same_stage, options.algo);
 }
 
@@ -313,7 +316,14 @@ double ProcessPipeline::step(const std::vector<Batch>& micro_batches, LossKind l
                    p.grad().nbytes());
       at += p.numel();
     }
-    grads_->all_reduce(flat, ReduceOp::Average);
+    if (options_.bf16_allreduce) {
+      Tensor low = Tensor::empty({n}, DType::BF16, Device::cpu());
+      low.copy_(flat);
+      grads_->all_reduce(low, ReduceOp::Average);
+      flat.copy_(low);
+    } else {
+      grads_->all_reduce(flat, ReduceOp::Average);
+    }
     at = 0;
     for (const Tensor& p : stage_params_) {
       if (!p.grad().defined()) p.impl().grad = Tensor::zeros(p.shape(), dt, dev).impl_ptr();

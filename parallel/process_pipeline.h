@@ -47,6 +47,7 @@ struct ProcessPipelineOptions {
   std::shared_ptr<ProcessGroup> world;
   int stages = 2;                   // S; R = world->size() / S
   AllReduceAlgo algo = AllReduceAlgo::Ring;  // the stage gradients' average over the replicas
+  bool bf16_allreduce = false;      // ... in bfloat16 (as DataParallelOptions::bf16_allreduce)
 };
 
 class ProcessPipeline {

@@ -6,7 +6,7 @@
 #  - a run resumed from its epoch-1 checkpoint ends with the bytes of the uninterrupted run;
 #  - data x pipeline (--mode dp+mp): 2 stages x 2 replicas and 3 stages x 1 equal one device
 #    accumulating over the same micro-batches (dist_pipeline_check, float64), and unet_train
-#    runs it with one epoch line from process 0;
+#    runs it with one epoch line from process 0 (and with bfloat16 gradients);
 #  - a stage that fails ends every process with its message.
 set -u
 train="$1" check="$2"
@@ -69,6 +69,18 @@ if [ "$(grep -c '^epoch ' "$d/dpmp.log")" -eq 2 ] && grep -q "2 stages x 2 data-
   echo "ok: unet_train --mode dp+mp on 2 x 2 processes"
 else
   echo "FAIL: dp+mp log"; cat "$d/dpmp.log"; fail=1
+fi
+# The same with bfloat16 gradients between the replicas: it runs, says so, and ends elsewhere.
+"${mpi[@]}" -np 4 "$train" --mode dp+mp --pipeline-stages 2 --batch-size 3 --split-size 2 "${common[@]}" \
+  --checkpoint "$d/dpmp_full.safetensors" > "$d/dpmp_full.log" 2>&1 &&
+"${mpi[@]}" -np 4 "$train" --mode dp+mp --pipeline-stages 2 --batch-size 3 --split-size 2 "${common[@]}" \
+  --allreduce-precision bf16 --checkpoint "$d/dpmp16.safetensors" > "$d/dpmp16.log" 2>&1 \
+  || { echo "FAIL: unet_train --mode dp+mp --allreduce-precision bf16"; cat "$d/dpmp_full.log" "$d/dpmp16.log"; fail=1; }
+if grep -q "ring bf16 all-reduce" "$d/dpmp16.log" && [ "$(grep -c '^epoch ' "$d/dpmp16.log")" -eq 2 ] &&
+   ! cmp -s "$d/dpmp_full.safetensors" "$d/dpmp16.safetensors"; then
+  echo "ok: unet_train --mode dp+mp --allreduce-precision bf16"
+else
+  echo "FAIL: dp+mp with bf16 gradients"; cat "$d/dpmp16.log"; fail=1
 fi
 msg=$("${mpi[@]}" -np 3 "$train" --mode dp+mp --pipeline-stages 2 "${common[@]}" 2>&1) && { echo "FAIL: 3 processes in 2-stage pipelines accepted"; fail=1; }
 grep -q "does not divide the 3 processes" <<<"$msg" || { echo "FAIL: message for 3 processes of 2 stages: $msg"; fail=1; }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Data parallelism across processes (mpirun): 2 and 3 processes, ring and ps, write the same
-# checkpoint bytes (model and optimizer state) as the same run with the replicas as threads of
-# one process; a rank that fails ends every rank, with its message, in bounded time.
+# Data parallelism across processes (mpirun): 2 and 3 processes, ring and ps (and 3 with
+# bfloat16 gradients), write the same checkpoint bytes (model and optimizer state) as the same
+# run with the replicas as threads of one process; a rank that fails ends every rank, with its message, in bounded time.
 set -u
 train="$1"
 if ! command -v mpirun >/dev/null; then echo "SKIPPED: no mpirun (tools/setup.sh installs Open MPI)"; exit 77; fi
@@ -46,6 +46,22 @@ fi
 msg=$("$train" --mode dp --devices cpu:0,cpu:1 --allreduce mpi "${common[@]}" --dist none 2>&1) \
   && { echo "FAIL: --allreduce mpi in one process accepted"; fail=1; }
 grep -q "several processes" <<<"$msg" || { echo "FAIL: --allreduce mpi message: $msg"; fail=1; }
+# Gradients in bfloat16 (--allreduce-precision bf16): the processes' ring rounds each partial
+# sum at the same places as the threads' ring, so the bytes still agree.
+for algo in ring ps; do
+  "$train" --mode dp --devices cpu:0,cpu:1,cpu:2 --allreduce $algo --allreduce-precision bf16 "${common[@]}" \
+    --dist none --checkpoint "$d/threads.safetensors" > "$d/threads.log" 2>&1 || { echo "FAIL: in-process bf16 $algo"; cat "$d/threads.log"; exit 1; }
+  grep -q "$algo bf16 all-reduce" "$d/threads.log" || { echo "FAIL: bf16 $algo: the strategy line does not say bf16"; cat "$d/threads.log"; fail=1; }
+  timeout 300 "${mpi[@]}" -np 3 "$train" --mode dp --allreduce $algo --allreduce-precision bf16 "${common[@]}" \
+    --checkpoint "$d/procs.safetensors" > "$d/procs.log" 2>&1 || { echo "FAIL: mpirun -np 3 bf16 $algo"; cat "$d/procs.log"; fail=1; continue; }
+  cmp -s "$d/threads.safetensors" "$d/procs.safetensors" || { echo "FAIL: -np 3 bf16 $algo: model differs"; fail=1; }
+  cmp -s "$d/threads.safetensors.train" "$d/procs.safetensors.train" || { echo "FAIL: -np 3 bf16 $algo: optimizer state differs"; fail=1; }
+  echo "ok: -np 3 $algo with bf16 gradients equals 3 replicas in one process"
+done
+# ... and differ from the full-precision run: the flag is not ignored.
+"$train" --mode dp --devices cpu:0,cpu:1,cpu:2 --allreduce ps "${common[@]}" --dist none \
+  --checkpoint "$d/full.safetensors" > "$d/full.log" 2>&1 || { echo "FAIL: in-process full ps"; cat "$d/full.log"; exit 1; }
+cmp -s "$d/threads.safetensors" "$d/full.safetensors" && { echo "FAIL: bf16 gradients changed nothing"; fail=1; }
 # Rank 1 alone resumes from a file that does not exist: its error ends both ranks.
 timeout 120 "${mpi[@]}" -np 2 bash -c 'extra=(); [ "$OMPI_COMM_WORLD_RANK" = 1 ] && extra=(--resume '"$d"'/nope.safetensors);
   exec "$0" --mode dp "$@" "${extra[@]}"' "$train" "${common[@]}" > "$d/fail.log" 2>&1

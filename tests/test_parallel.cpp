@@ -1,6 +1,7 @@
 // Data parallelism on CPU devices: the ring/PS all-reduce, contracts 4 and 6 of the design,
 // overlap of gradient buckets with backward.
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -93,6 +94,43 @@ TEST_CASE("CPU communicator: broadcast, reduce, barrier, mismatched sizes refuse
   std::vector<Tensor> bad = {Tensor::zeros({4}), Tensor::zeros({5}), Tensor::zeros({4})};
   CHECK_THROWS_WITH(on_ranks(N, [&](int r) { comms[r]->all_reduce(bad[r], ReduceOp::Sum); }),
                     doctest::Contains("ranks disagree"));
+}
+
+// bfloat16 all-reduce, NCCL's arithmetic: each addition in float32 (relative error 2^-24),
+// rounded to bfloat16 (2^-8). The owner of an element adds the N values in some order, each
+// partial sum bounded by S = sum_r |x_r|, then divides: the mean is off by at most
+// (N - 1)·u'·S/N + u'·S/N = u'·S with u' = 2^-8 + 2^-24, times (1 + u')^N for the errors
+// carried along. A sum that missed or doubled a rank would be off by |x_r|, far more.
+TEST_CASE("CPU all-reduce in bfloat16 (ring and PS): the mean within one rounding of the sum of magnitudes, the same on every rank") {
+  const double u = std::ldexp(1.0, -8) + std::ldexp(1.0, -24);
+  Rng rng(5);
+  for (AllReduceAlgo algo : {AllReduceAlgo::Ring, AllReduceAlgo::ParameterServer}) {
+    for (int N : {2, 3, 4, 5}) {
+      for (int64_t L : {int64_t(1), int64_t(N + 1), int64_t(1000)}) {
+        CAPTURE(int(algo));
+        CAPTURE(N);
+        CAPTURE(L);
+        auto comms = make_cpu_communicators(N, algo);
+        std::vector<Tensor> bufs(N);
+        for (int r = 0; r < N; ++r) bufs[r] = random_tensor({L}, rng, -1, 1, DType::BF16);
+        std::vector<double> mean(size_t(L), 0.0), mag(size_t(L), 0.0);
+        for (int r = 0; r < N; ++r)
+          for (int64_t i = 0; i < L; ++i) {
+            mean[size_t(i)] += bufs[r].at(i) / N;
+            mag[size_t(i)] += std::fabs(bufs[r].at(i));
+          }
+        on_ranks(N, [&](int r) { comms[r]->all_reduce_async(bufs[r], ReduceOp::Average)->wait(); });
+        double worst = 0;
+        for (int64_t i = 0; i < L; ++i) {
+          const double err = std::fabs(bufs[0].at(i) - mean[size_t(i)]);
+          REQUIRE(err <= u * std::pow(1 + u, N) * mag[size_t(i)]);
+          worst = std::max(worst, err / mag[size_t(i)]);
+        }
+        for (int r = 1; r < N; ++r) REQUIRE(std::memcmp(bufs[r].raw(), bufs[0].raw(), bufs[0].nbytes()) == 0);
+        if (L == 1000) MESSAGE("bf16 mean of ", N, " ranks: worst error ", worst, " of the sum of magnitudes");
+      }
+    }
+  }
 }
 
 namespace {
@@ -281,6 +319,63 @@ TEST_CASE("ps and ring all-reduce give the same parameters") {
   // Two ranks: a + b either way, so the results are bit-identical.
   const auto a = runs[0]->replica(0).parameters(), b = runs[1]->replica(0).parameters();
   for (size_t i = 0; i < a.size(); ++i) CHECK(std::memcmp(a[i].raw(), b[i].raw(), a[i].nbytes()) == 0);
+}
+
+// --allreduce-precision bf16 on two replicas: each replica's gradient g_r is rounded to
+// bfloat16 (error u·|g_r|), the two are added in float32 and rounded (u·|g0 + g1|), and halved
+// exactly: the mean is within 2u(1 + u)·(|g0| + |g1|)/2 of (g0 + g1)/2, u = 2^-8 (+ 2^-24 for
+// the float32 addition). g_r comes from a one-replica run on shard r from the same start.
+TEST_CASE("data parallel with bfloat16 all-reduce: gradients within two roundings of the exact mean, replicas identical") {
+  SyntheticSegmentation data(kImage, 13);
+  const auto shards = shards_for(data, 0, 2, 2);
+  auto grads_of = [](DataParallel& dp) {
+    std::vector<std::vector<double>> out;
+    for (const Tensor& p : dp.replica(0).parameters()) out.push_back(p.grad().to_vector());
+    return out;
+  };
+  std::vector<std::vector<std::vector<double>>> own;  // g_r, one replica on shard r
+  for (int r = 0; r < 2; ++r) {
+    DataParallelOptions o;
+    o.devices = {Device::cpu(0)};
+    DataParallel one(small_model(), o, make_sgd);
+    one.step({shards[size_t(r)]}, LossKind::BCEDice);
+    own.push_back(grads_of(one));
+  }
+  DataParallelOptions o;
+  o.devices = {Device::cpu(0), Device::cpu(1)};
+  o.bf16_allreduce = true;
+  o.first_bucket_bytes = 4096;  // several buckets
+  o.bucket_bytes = 64 << 10;
+  DataParallel dp(small_model(), o, make_sgd);
+  dp.step(shards, LossKind::BCEDice);
+  const auto got = grads_of(dp);
+  const double u = std::ldexp(1.0, -8) + std::ldexp(1.0, -24);
+  double err2 = 0, norm2 = 0;
+  int64_t checked = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    for (size_t k = 0; k < got[i].size(); ++k) {
+      const double g0 = own[0][i][k], g1 = own[1][i][k], mean = (g0 + g1) / 2, mag = (std::fabs(g0) + std::fabs(g1)) / 2;
+      // The float64 gradients of one replica in the two runs agree to ~1e-12 (another thread
+      // count may order a reduction differently): far below the bfloat16 bound.
+      REQUIRE(std::fabs(got[i][k] - mean) <= 2 * u * (1 + u) * mag + 1e-12 * mag + 1e-300);
+      // The mean really travelled in bfloat16: it is a bfloat16 value, widened.
+      REQUIRE(double(bf16(got[i][k])) == got[i][k]);
+      err2 += (got[i][k] - mean) * (got[i][k] - mean);
+      norm2 += mean * mean;
+      ++checked;
+    }
+  CHECK(checked > 1000);
+  MESSAGE("bf16 all-reduce, 2 replicas: relative L2 error of the mean gradient ", std::sqrt(err2 / norm2));
+  for (int step = 1; step < 3; ++step) dp.step(shards_for(data, step, 2, 2), LossKind::BCEDice);
+  CHECK(replicas_identical(dp));
+}
+
+TEST_CASE("data parallel: the MPI library's all-reduce is refused for bfloat16 gradients, by name") {
+  DataParallelOptions o;
+  o.devices = {Device::cpu(0)};
+  o.algo = AllReduceAlgo::Mpi;
+  o.bf16_allreduce = true;
+  CHECK_THROWS_WITH(DataParallel(small_model(), o, make_sgd), doctest::Contains("no bfloat16 sum"));
 }
 
 TEST_CASE("gradient buckets: the first bucket's all-reduce starts before backward ends") {

@@ -159,11 +159,11 @@ std::string DataParallelStrategy::describe() const {
   if (o.across_processes)
     return "data parallel across processes, " + std::to_string(dp_.global_size()) +
            " ranks (this one: rank " + std::to_string(dp_.global_rank()) + " on " + o.devices[0].str() +
-           "), " + name_of(kAllReduceNames, o.algo) + " all-reduce over " +
+           "), " + name_of(kAllReduceNames, o.algo) + (o.bf16_allreduce ? " bf16" : "") + " all-reduce over " +
            (o.devices[0].is_cuda() ? std::string("NCCL") : process_group_transport()) +
            (o.sync_bn ? ", synchronized BN" : "");
   return "data parallel, " + std::to_string(dp_.size()) + " replicas on " + device_list_str(o.devices) +
-         ", " + name_of(kAllReduceNames, o.algo) + " all-reduce" + (o.sync_bn ? ", synchronized BN" : "");
+         ", " + name_of(kAllReduceNames, o.algo) + (o.bf16_allreduce ? " bf16" : "") + " all-reduce" + (o.sync_bn ? ", synchronized BN" : "");
 }
 
 PlacedBatch DataParallelStrategy::place(Batch host) {
@@ -240,7 +240,8 @@ std::string ProcessPipelineStrategy::describe() const {
        o.device.str() + "), cut after " + cuts + ", micro-batches of " + std::to_string(o.split_size) +
        ", " + name_of(kScheduleNames, o.schedule) + " schedule; BN statistics per micro-batch";
   if (pipe_.replicas() > 1)
-    s += std::string("; each stage's gradients averaged over its replicas by ") + name_of(kAllReduceNames, o.algo) + " all-reduce";
+    s += std::string("; each stage's gradients averaged over its replicas by ") + name_of(kAllReduceNames, o.algo) +
+         (o.bf16_allreduce ? " bf16" : "") + " all-reduce";
   return s;
 }
 
@@ -345,6 +346,7 @@ std::unique_ptr<TrainingStrategy> make_strategy(const StrategyConfig& c, const B
       DataParallelOptions o;
       o.devices = c.devices;
       o.algo = c.allreduce;
+      o.bf16_allreduce = c.bf16_allreduce;
       o.sync_bn = c.sync_bn;
       o.collective_timeout = c.collective_timeout;
       o.across_processes = c.across_processes;
@@ -368,6 +370,7 @@ std::unique_ptr<TrainingStrategy> make_strategy(const StrategyConfig& c, const B
         o.world = world_process_group(c.collective_timeout);
         o.stages = c.pipeline_stages > 0 ? c.pipeline_stages : o.world->size();
         o.algo = c.allreduce;
+        o.bf16_allreduce = c.bf16_allreduce;
         return std::make_unique<ProcessPipelineStrategy>(c.model, o, make_optimizer, c.loss);
       }
       UNETCU_CHECK(c.mode == Mode::Pipeline, "data x pipeline parallelism runs one stage per process: "

@@ -250,6 +250,7 @@ struct StrategyConfig {
   int threads = 0;              // DP/MP on CPU devices: threads per device (0: cores / N)
   // DP
   AllReduceAlgo allreduce = AllReduceAlgo::Ring;
+  bool bf16_allreduce = false;  // DP, DP+MP: gradients averaged in bfloat16
   bool sync_bn = false;
   double collective_timeout = kDefaultCollectiveTimeout;  // seconds, data parallel
   // One replica (DP) or one stage (MP, DP+MP) per process of a job of several processes.

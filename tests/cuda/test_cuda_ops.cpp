@@ -444,6 +444,49 @@ TEST_CASE("data parallelism through NCCL with one GPU rank equals the single-GPU
   }
 }
 
+// One rank: NCCL's bfloat16 average of one buffer is the buffer, so the gradients the optimizer
+// sees are the single-GPU step's, rounded once to bfloat16 (u = 2^-8), plus float32 noise.
+TEST_CASE("bfloat16 all-reduce through NCCL with one GPU rank: the single-GPU gradients rounded once") {
+  Setup setup;
+  FRESH_RNG(rng);
+  UNetConfig c;
+  c.width_divisor = 8;
+  c.seed = 6;
+  c.device = kGpu;
+  DataParallelOptions o;
+  o.devices = {kGpu};
+  o.bf16_allreduce = true;
+  o.first_bucket_bytes = 4096;  // several buckets, each through NCCL
+  o.bucket_bytes = 64 << 10;
+  DataParallel dp(c, o, make_sgd);
+  UNet single(c);
+  Batch b{random64({2, 3, 64, 64}, rng, -2, 2).to(DType::F32), Tensor::empty({2, 1, 64, 64})};
+  for (int64_t i = 0; i < b.masks.numel(); ++i) b.masks.set(i, rng.uniform() < 0.4);
+  dp.step({b}, LossKind::BCEDice);
+  Tape tape;
+  Tensor loss;
+  {
+    TapeScope s(tape);
+    loss = segmentation_loss(LossKind::BCEDice, single.forward(b.images.to(kGpu)), b.masks.to(kGpu));
+  }
+  tape.backward(loss);
+  const auto pa = dp.replica(0).parameters(), pb = single.parameters();
+  const double u = std::ldexp(1.0, -8);
+  int64_t bad = 0, n = 0;
+  for (size_t i = 0; i < pa.size(); ++i) {
+    const auto got = pa[i].grad().to_vector(), want = pb[i].grad().to_vector();
+    double scale = 0;
+    for (double w : want) scale = std::max(scale, std::fabs(w));
+    for (size_t k = 0; k < got.size(); ++k, ++n) {
+      const bool is_bf16 = double(bf16(got[k])) == got[k];
+      const bool close = std::fabs(got[k] - want[k]) <= u * std::fabs(want[k]) + 1e-5 * scale;
+      bad += !(is_bf16 && close);
+    }
+  }
+  CHECK(n > 1000);
+  CHECK(bad == 0);
+}
+
 TEST_CASE("two pipeline stages on one GPU (two streams) equal the single-GPU step") {
   Setup setup;
   FRESH_RNG(rng);
