@@ -1,13 +1,16 @@
 // Element types and memory formats (runtime/dtype.h, kernels/bodies/bf16.h, engine/tensor.h):
 // bfloat16 rounds to nearest even as CUDA and oneDNN do; an NHWC tensor keeps its elements
 // where channels-last puts them while element access stays in logical order; convert changes
-// dtype and format forward and back (its gradient summed in the source's dtype).
+// dtype and format forward and back (its gradient summed in the source's dtype); the division
+// by invariant integers the CUDA kernels index with equals / and %.
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
 
 #include "engine/ops.h"
+#include "engine/random.h"
+#include "kernels/bodies/layout.h"
 #include "engine/ops/op_util.h"
 #include "testing.h"
 
@@ -144,4 +147,80 @@ TEST_CASE("an op without a bfloat16 or NHWC kernel says so") {
   ops_detail::check_backend("an_op", h, {true, false});
   CHECK(sigmoid(x).format() == MemoryFormat::NHWC);
   CHECK(sigmoid(h).dtype() == DType::BF16);
+}
+
+// The CUDA kernels' index math (kernels/bodies/divide.h): one multiply-high, an add and a shift
+// must give n / d exactly for every n < 2^32 and every divisor up to 2^31. Checked at the
+// numerators where an error would show first (multiples of d and their neighbours, up to
+// 2^32 - 1), at random ones, and exhaustively over [0, 2^21) for a few divisors.
+TEST_CASE("Div32 divides like / for numerators below 2^32 and divisors up to 2^31") {
+  using kernels::Div32;
+  Rng rng(17);
+  std::vector<uint64_t> divisors;
+  for (uint64_t d = 1; d <= 2048; ++d) divisors.push_back(d);
+  for (int k = 11; k <= 31; ++k) {
+    const uint64_t p = uint64_t(1) << k;
+    for (uint64_t d : {p - 1, p, p + 1, p + p / 2, p - p / 3}) divisors.push_back(d);
+  }
+  for (int k = 0; k < 2000; ++k) divisors.push_back(1 + uint64_t(rng.uniform(0, 2147483647.0)));
+  int64_t checked = 0;
+  for (uint64_t d64 : divisors) {
+    if (d64 > (uint64_t(1) << 31)) continue;
+    const uint32_t d = uint32_t(d64);
+    const Div32 div(d);
+    auto check = [&](uint64_t n64) {
+      if (n64 > 0xffffffffull) return;
+      const uint32_t n = uint32_t(n64);
+      if (div.div(n) != n / d || div.mod(n) != n % d) {
+        FAIL_CHECK("Div32(" << d << ") of " << n << ": " << div.div(n) << " r " << div.mod(n));
+      }
+      ++checked;
+    };
+    for (uint64_t n : {uint64_t(0), uint64_t(1), d64 - 1, d64, d64 + 1, uint64_t(0x7fffffff), uint64_t(0x80000000),
+                       uint64_t(0xfffffffe), uint64_t(0xffffffff)})
+      check(n);
+    const uint64_t top = 0xffffffffull / d64;
+    for (uint64_t q : {uint64_t(1), uint64_t(2), top / 2, top - 1, top})
+      for (int delta = -1; delta <= 1; ++delta) check(q * d64 + uint64_t(int64_t(delta)));
+    for (int k = 0; k < 64; ++k) check(uint64_t(rng.uniform(0, 4294967295.0)));
+  }
+  for (uint32_t d : {3u, 7u, 641u, 1000u, 0x7fffffffu, 0x80000000u})
+    for (uint32_t n = 0; n < (1u << 21); ++n) {
+      const Div32 div(d);
+      if (div.div(n) != n / d) FAIL_CHECK("Div32(" << d << ") of " << n);
+      ++checked;
+    }
+  CHECK(checked > 1000000);
+}
+
+TEST_CASE("Dims4Div walks memory indices to coordinates as Dims4 does, 32- and 64-bit, both formats") {
+  using namespace unetcu::kernels;
+  Rng rng(23);
+  for (int trial = 0; trial < 200; ++trial) {
+    const Dims4 d{1 + int64_t(rng.uniform(0, 5)), 1 + int64_t(rng.uniform(0, 70)), 1 + int64_t(rng.uniform(0, 40)),
+                  1 + int64_t(rng.uniform(0, 40)), trial % 2 == 1};
+    const Dims4Div<uint32_t> d32(d);
+    const Dims4Div<int64_t> d64(d);
+    const int64_t numel = d.N * d.C * d.H * d.W;
+    for (int k = 0; k < 50; ++k) {
+      const int64_t i = std::min<int64_t>(numel - 1, int64_t(rng.uniform(0, double(numel))));
+      int64_t n, c, h, w;
+      coords_of(d, i, &n, &c, &h, &w);
+      uint32_t n32, c32, h32, w32;
+      coords_of(d32, uint32_t(i), &n32, &c32, &h32, &w32);
+      int64_t n6, c6, h6, w6;
+      coords_of(d64, i, &n6, &c6, &h6, &w6);
+      REQUIRE(n32 == n);
+      REQUIRE(c32 == c);
+      REQUIRE(h32 == h);
+      REQUIRE(w32 == w);
+      REQUIRE((n6 == n && c6 == c && h6 == h && w6 == w));
+      REQUIRE(offset_of(d32, n32, c32, h32, w32) == i);
+      REQUIRE(offset_of(d64, n, c, h, w) == i);
+      REQUIRE(channel_of(d32, uint32_t(i)) == channel_of(d, i));
+      REQUIRE(channel_of(d64, i) == channel_of(d, i));
+    }
+  }
+  CHECK(index_fits_32(0x7fffffff));
+  CHECK(!index_fits_32(int64_t(1) << 31));
 }

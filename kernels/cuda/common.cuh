@@ -9,6 +9,7 @@
 #include "runtime/cuda/runtime.cuh"
 #include "runtime/tensor_ref.h"
 #include "kernels/bodies/common.h"
+#include "kernels/bodies/divide.h"
 
 namespace unetcu::kernels::cuda {
 
@@ -22,6 +23,20 @@ inline int blocks_for(int64_t n) {
 
 #define GRID_STRIDE(i, n) \
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
+
+// A grid-stride loop with index type I (uint32_t or int64_t, see with_index_type).
+#define GRID_STRIDE_I(I, i, n) \
+  for (I i = I(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += I(gridDim.x) * blockDim.x)
+
+// Calls f(I()) with I = uint32_t when no index of the launch reaches `largest` >= 2^31
+// (32-bit index math and Divider<uint32_t>, kernels/bodies/divide.h), else with int64_t.
+template <class F>
+void with_index_type(int64_t largest, F&& f) {
+  if (index_fits_32(largest))
+    f(uint32_t());
+  else
+    f(int64_t());
+}
 
 // Sets the tensor's device for the scope and gives its current stream.
 struct Launch {

@@ -358,10 +358,11 @@ Choice<typename D::Algo>& chosen(Plan& p, cudnnHandle_t h, int device, const Con
 // ---- bias: add and gradient for any dtype and format -----------------------------------
 
 // y[i] += b[channel of i], in the compute type, rounded once.  y: [N, O, OH, OW] in d's format.
-template <class S>
-__global__ void bias_add_kernel(S* y, const S* b, Dims4 d, int64_t n) {
+// Index type I: 32-bit with dividers where the tensor allows (kernels/bodies/divide.h).
+template <class S, class I>
+__global__ void bias_add_kernel(S* y, const S* b, Dims4Div<I> d, I n) {
   using A = acc_t<S>;
-  GRID_STRIDE(i, n) y[i] = to_storage<S>(A(y[i]) + A(b[channel_of(d, i)]));
+  GRID_STRIDE_I(I, i, n) y[i] = to_storage<S>(A(y[i]) + A(b[channel_of(d, i)]));
 }
 
 // Memory index of channel c of pixel p (p = (n*H + h)*W + w).
@@ -456,8 +457,11 @@ void conv2d_forward(const TensorRef& x, const TensorRef& w, const TensorRef& b, 
   if (b.defined() && !float32_nchw(data)) {
     const int64_t n = y.numel();
     UNETCU_DISPATCH_STORAGE(y.dtype(), S, {
-      bias_add_kernel<S><<<blocks_for(n), kThreads, 0, l.stream>>>(y.data<S>(), b.data<S>(),
-                                                                   y.dims4(), n);
+      with_index_type(n, [&](auto index) {
+        using I = decltype(index);
+        bias_add_kernel<S, I><<<blocks_for(n), kThreads, 0, l.stream>>>(y.data<S>(), b.data<S>(),
+                                                                        Dims4Div<I>(y.dims4()), I(n));
+      });
     });
   }
   CUDA_CHECK_LAUNCH(l.stream, "conv2d_forward");

@@ -14,10 +14,11 @@ __global__ void convert_kernel(const S* s, D* d, int64_t n, bool acc) {
 }
 
 // Walks the destination in memory order; reads the source through its own layout.
-template <class S, class D>
-__global__ void convert_layout_kernel(const S* s, Dims4 ds, D* d, Dims4 dd, int64_t n, bool acc) {
-  GRID_STRIDE(i, n) {
-    int64_t nn, c, h, w;
+// Index type I: 32-bit with dividers where the tensor allows (kernels/bodies/divide.h).
+template <class S, class D, class I>
+__global__ void convert_layout_kernel(const S* s, Dims4Div<I> ds, D* d, Dims4Div<I> dd, I n, bool acc) {
+  GRID_STRIDE_I(I, i, n) {
+    I nn, c, h, w;
     coords_of(dd, i, &nn, &c, &h, &w);
     convert_one(s + offset_of(ds, nn, c, h, w), d + i, acc);
   }
@@ -35,8 +36,11 @@ void convert(const TensorRef& src, const TensorRef& dst, double beta) {
       if (src.format() == dst.format())
         convert_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(src.data<S>(), dst.data<D>(), n, acc);
       else
-        convert_layout_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
-            src.data<S>(), src.dims4(), dst.data<D>(), dst.dims4(), n, acc);
+        with_index_type(n, [&](auto index) {
+          using I = decltype(index);
+          convert_layout_kernel<S, D, I><<<blocks_for(n), kThreads, 0, l.stream>>>(
+              src.data<S>(), Dims4Div<I>(src.dims4()), dst.data<D>(), Dims4Div<I>(dst.dims4()), I(n), acc);
+        });
     });
   });
   CUDA_CHECK_LAUNCH(l.stream, "convert");

@@ -1,4 +1,5 @@
-// CUDA max pooling over kernels/bodies/pool.h. Backward is a gather: each input element sums the
+// CUDA max pooling over kernels/bodies/pool.h, with 32-bit index math and dividers where the
+// tensors allow (kernels/bodies/divide.h). Backward is a gather: each input element sums the
 // gradients of the output windows whose argmax (recomputed from x) it is, so there are no
 // atomics and the result is deterministic. One thread per element in memory order, in NCHW or
 // NHWC (where neighbouring threads take neighbouring channels of a pixel, so reads coalesce);
@@ -12,18 +13,21 @@ namespace unetcu::kernels::cuda {
 namespace {
 
 // The first element of plane (n, c) of a [N, C, rows, cols] tensor and the distance between
-// its pixels: 1 in NCHW, C in NHWC.
-__device__ int64_t plane_base(const Dims4& d, int64_t n, int64_t c) {
-  return d.nhwc ? n * d.H * d.W * d.C + c : (n * d.C + c) * d.H * d.W;
+// its pixels: 1 in NCHW, C in NHWC. Index type I: see with_index_type.
+template <class I>
+__device__ I plane_base(const Dims4Div<I>& d, I n, I c) {
+  const I C = I(d.C.d), H = I(d.H.d), W = I(d.W.d);
+  return d.nhwc ? n * H * W * C + c : (n * C + c) * H * W;
 }
-__device__ int64_t pixel_stride(const Dims4& d) { return d.nhwc ? d.C : 1; }
+template <class I>
+__device__ I pixel_stride(const Dims4Div<I>& d) { return d.nhwc ? I(d.C.d) : I(1); }
 
 // y over its elements in memory order; the window read in x's plane of the same (n, c).
-template <class S>
-__global__ void maxpool_forward_kernel(const S* x, Dims4 dx, S* y, Dims4 dy, PoolGeometry g,
-                                       int64_t n) {
-  GRID_STRIDE(i, n) {
-    int64_t nn, c, oh, ow;
+template <class S, class I>
+__global__ void maxpool_forward_kernel(const S* x, Dims4Div<I> dx, S* y, Dims4Div<I> dy, PoolGeometry g,
+                                       I n) {
+  GRID_STRIDE_I(I, i, n) {
+    I nn, c, oh, ow;
     coords_of(dy, i, &nn, &c, &oh, &ow);
     const S* p = x + plane_base(dx, nn, c);
     const int64_t stride = pixel_stride(dx);
@@ -33,23 +37,28 @@ __global__ void maxpool_forward_kernel(const S* x, Dims4 dx, S* y, Dims4 dy, Poo
 }
 
 // grad_x over its elements in memory order: the sum of grad_y over the windows covering the
-// element whose argmax it is, in output order, then written or accumulated by beta.
-template <class S>
-__global__ void maxpool_backward_kernel(const S* gy, Dims4 dy, const S* x, Dims4 dx, S* gx,
-                                        acc_t<S> beta, PoolGeometry g, int64_t n) {
+// element whose argmax it is, in output order, then written or accumulated by beta. The
+// window bounds divide by the strides through dividers (sh, sw).
+template <class S, class I>
+__global__ void maxpool_backward_kernel(const S* gy, Dims4Div<I> dy, const S* x, Dims4Div<I> dx, S* gx,
+                                        acc_t<S> beta, PoolGeometry g, Divider<I> sh, Divider<I> sw,
+                                        I n) {
   using A = acc_t<S>;
-  GRID_STRIDE(i, n) {
-    int64_t nn, c, ih, iw;
+  GRID_STRIDE_I(I, i, n) {
+    I nn, c, ih, iw;
     coords_of(dx, i, &nn, &c, &ih, &iw);
     const S* p = x + plane_base(dx, nn, c);
     const S* gp = gy + plane_base(dy, nn, c);
     const int64_t stride = pixel_stride(dx);  // the same in grad_y (one format)
-    const int64_t self = ih * g.W + iw;
-    // Output rows whose window covers ih: oh*sh - ph <= ih <= oh*sh - ph + kh - 1.
-    const int64_t oh_lo = max(int64_t(0), (ih + g.ph - g.kh + g.sh) / g.sh);
-    const int64_t oh_hi = min(g.OH - 1, (ih + g.ph) / g.sh);
-    const int64_t ow_lo = max(int64_t(0), (iw + g.pw - g.kw + g.sw) / g.sw);
-    const int64_t ow_hi = min(g.OW - 1, (iw + g.pw) / g.sw);
+    const int64_t self = int64_t(ih) * g.W + int64_t(iw);
+    // Output rows whose window covers ih: oh*sh - ph <= ih <= oh*sh - ph + kh - 1, so
+    // oh >= ceil((ih + ph - kh + 1) / sh) = floor((ih + ph - kh + sh) / sh) (0 when negative)
+    // and oh <= floor((ih + ph) / sh).
+    const int64_t lo_h = int64_t(ih) + g.ph - g.kh + g.sh, lo_w = int64_t(iw) + g.pw - g.kw + g.sw;
+    const int64_t oh_lo = lo_h < 0 ? 0 : int64_t(sh.div(I(lo_h)));
+    const int64_t oh_hi = min(g.OH - 1, int64_t(sh.div(I(int64_t(ih) + g.ph))));
+    const int64_t ow_lo = lo_w < 0 ? 0 : int64_t(sw.div(I(lo_w)));
+    const int64_t ow_hi = min(g.OW - 1, int64_t(sw.div(I(int64_t(iw) + g.pw))));
     A acc = 0;
     for (int64_t oh = oh_lo; oh <= oh_hi; ++oh)
       for (int64_t ow = ow_lo; ow <= ow_hi; ++ow)
@@ -65,8 +74,11 @@ void maxpool_forward(const TensorRef& x, const TensorRef& y, const PoolGeometry&
   if (n == 0) return;
   Launch l(x);
   UNETCU_DISPATCH_STORAGE(x.dtype(), S, {
-    maxpool_forward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
-        x.data<S>(), x.dims4(), y.data<S>(), y.dims4(), g, n);
+    with_index_type(std::max(x.numel(), n), [&](auto index) {
+      using I = decltype(index);
+      maxpool_forward_kernel<S, I><<<blocks_for(n), kThreads, 0, l.stream>>>(
+          x.data<S>(), Dims4Div<I>(x.dims4()), y.data<S>(), Dims4Div<I>(y.dims4()), g, I(n));
+    });
   });
   CUDA_CHECK_LAUNCH(l.stream, "maxpool_forward");
 }
@@ -76,10 +88,14 @@ void maxpool_backward(const TensorRef& grad_y, const TensorRef& x, const TensorR
   const int64_t n = x.numel();
   if (n == 0) return;
   Launch l(x);
+  // Window bounds reach (H + ph) / sh: within the index range too.
   UNETCU_DISPATCH_STORAGE(x.dtype(), S, {
-    maxpool_backward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
-        grad_y.data<S>(), grad_y.dims4(), x.data<S>(), x.dims4(), grad_x.data<S>(),
-        acc_t<S>(beta), g, n);
+    with_index_type(std::max({n, grad_y.numel(), g.H + g.ph + g.sh, g.W + g.pw + g.sw}), [&](auto index) {
+      using I = decltype(index);
+      maxpool_backward_kernel<S, I><<<blocks_for(n), kThreads, 0, l.stream>>>(
+          grad_y.data<S>(), Dims4Div<I>(grad_y.dims4()), x.data<S>(), Dims4Div<I>(x.dims4()),
+          grad_x.data<S>(), acc_t<S>(beta), g, Divider<I>(g.sh), Divider<I>(g.sw), I(n));
+    });
   });
   CUDA_CHECK_LAUNCH(l.stream, "maxpool_backward");
 }

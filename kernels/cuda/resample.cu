@@ -2,7 +2,9 @@
 // fused (upsample into the concat buffer), templated on the storage type: copies move elements
 // as they are, 2×2 gradient sums are formed in the compute type (float for bfloat16) and
 // rounded once. NCHW kernels walk planes and rows; NHWC kernels take one element per thread in
-// memory order, so neighbouring threads move neighbouring channels of a pixel.
+// memory order, so neighbouring threads move neighbouring channels of a pixel. Kernels that walk
+// a flat index take their coordinates through dividers in index type I (32-bit where the
+// tensors allow, kernels/bodies/divide.h): no division instruction per element.
 #include "kernels/cuda/common.cuh"
 #include "kernels/bodies/elementwise.h"
 #include "kernels/launchers.h"
@@ -14,38 +16,42 @@ namespace {
 // ---- NCHW ----
 
 // y [planes, 2H, 2W] from x [planes, H, W].
-template <class S>
-__global__ void upsample_forward_kernel(const S* x, S* y, int64_t H, int64_t W, int64_t n) {
-  GRID_STRIDE(i, n) {
-    const int64_t OW = 2 * W, ow = i % OW, oh = (i / OW) % (2 * H), plane = i / (OW * 2 * H);
+// d_ow divides by 2W, d_oh by 2H.
+template <class S, class I>
+__global__ void upsample_forward_kernel(const S* x, S* y, I H, I W, Divider<I> d_ow, Divider<I> d_oh,
+                                        I n) {
+  GRID_STRIDE_I(I, i, n) {
+    const I row = d_ow.div(i), ow = i - row * (2 * W);  // row = plane * 2H + oh
+    const I plane = d_oh.div(row), oh = row - plane * (2 * H);
     y[i] = x[plane * H * W + upsample2x_source(oh, ow, W)];
   }
 }
 
-template <class S>
-__global__ void upsample_backward_kernel(const S* gy, S* gx, acc_t<S> beta, int64_t H, int64_t W,
-                                         int64_t n) {
-  GRID_STRIDE(i, n) {
-    const int64_t w = i % W, h = (i / W) % H, plane = i / (W * H), OW = 2 * W;
-    const S* g_top = gy + (plane * 2 * H + 2 * h) * OW;
+// d_w divides by W. Input row (plane, h) = row plane * H + h reads grad_y rows 2 * row and
+// 2 * row + 1.
+template <class S, class I>
+__global__ void upsample_backward_kernel(const S* gy, S* gx, acc_t<S> beta, I W, Divider<I> d_w, I n) {
+  GRID_STRIDE_I(I, i, n) {
+    const I row = d_w.div(i), w = i - row * W, OW = 2 * W;
+    const S* g_top = gy + 2 * row * OW;
     store(gx + i, upsample2x_grad_at(g_top, g_top + OW, w), beta);
   }
 }
 
 // x [N, Cx, HW] -> channels [off, off + Cx) of y [N, Cy, HW] (and back, with beta).
-template <class S>
-__global__ void concat_forward_kernel(const S* x, S* y, int64_t Cx, int64_t Cy, int64_t off,
-                                      int64_t HW, int64_t n) {
-  GRID_STRIDE(i, n) {
-    const int64_t q = i % (Cx * HW), s = i / (Cx * HW);
+// d_image divides by Cx * HW (one image of x).
+template <class S, class I>
+__global__ void concat_forward_kernel(const S* x, S* y, Divider<I> d_image, I Cy, I off, I HW, I n) {
+  GRID_STRIDE_I(I, i, n) {
+    const I s = d_image.div(i), q = i - s * I(d_image.d);
     y[(s * Cy + off) * HW + q] = x[i];
   }
 }
-template <class S>
-__global__ void concat_backward_kernel(const S* gy, S* gx, acc_t<S> beta, int64_t Cx, int64_t Cy,
-                                       int64_t off, int64_t HW, int64_t n) {
-  GRID_STRIDE(i, n) {
-    const int64_t q = i % (Cx * HW), s = i / (Cx * HW);
+template <class S, class I>
+__global__ void concat_backward_kernel(const S* gy, S* gx, acc_t<S> beta, Divider<I> d_image, I Cy,
+                                       I off, I HW, I n) {
+  GRID_STRIDE_I(I, i, n) {
+    const I s = d_image.div(i), q = i - s * I(d_image.d);
     store(gx + i, acc_t<S>(gy[(s * Cy + off) * HW + q]), beta);
   }
 }
@@ -110,55 +116,62 @@ __global__ void upsample_concat_backward_kernel(const S* gy, S* gx, acc_t<S> bet
 // ---- NHWC: [N, rows, cols, C], one element per thread in memory order ----
 
 // y [N, 2H, 2W, C] from x [N, H, W, C].
-template <class S>
-__global__ void upsample_forward_nhwc_kernel(const S* x, S* y, int64_t C, int64_t H, int64_t W,
-                                             int64_t n) {
-  GRID_STRIDE(i, n) {
-    const int64_t OW = 2 * W, c = i % C, pix = i / C, ow = pix % OW, row = pix / OW;  // n*2H+oh
-    const int64_t img = row / (2 * H), oh = row - img * 2 * H;
+// d_c divides by C, d_ow by 2W, d_oh by 2H.
+template <class S, class I>
+__global__ void upsample_forward_nhwc_kernel(const S* x, S* y, I C, I H, I W, Divider<I> d_c,
+                                             Divider<I> d_ow, Divider<I> d_oh, I n) {
+  GRID_STRIDE_I(I, i, n) {
+    const I pix = d_c.div(i), c = i - pix * C;
+    const I row = d_ow.div(pix), ow = pix - row * (2 * W);  // row = n * 2H + oh
+    const I img = d_oh.div(row), oh = row - img * (2 * H);
     y[i] = x[((img * H + (oh >> 1)) * W + (ow >> 1)) * C + c];
   }
 }
 
-template <class S>
-__global__ void upsample_backward_nhwc_kernel(const S* gy, S* gx, acc_t<S> beta, int64_t C,
-                                              int64_t W, int64_t n) {
-  GRID_STRIDE(i, n) {
-    const int64_t c = i % C, pix = i / C, w = pix % W, row = pix / W;  // row = n * H + h
-    const int64_t OWC = 2 * W * C;
+// d_c divides by C, d_w by W.
+template <class S, class I>
+__global__ void upsample_backward_nhwc_kernel(const S* gy, S* gx, acc_t<S> beta, I C, I W,
+                                              Divider<I> d_c, Divider<I> d_w, I n) {
+  GRID_STRIDE_I(I, i, n) {
+    const I pix = d_c.div(i), c = i - pix * C;
+    const I row = d_w.div(pix), w = pix - row * W;  // row = n * H + h
+    const I OWC = 2 * W * C;
     const S* g_top = gy + 2 * row * OWC;  // grad_y row 2h of image n
     store(gx + i, upsample2x_block_sum(g_top, g_top + OWC, 2 * w * C + c, C), beta);
   }
 }
 
 // x [pixels, Cx] -> channels [off, off + Cx) of y [pixels, Cy] (and back, with beta).
-template <class S>
-__global__ void concat_forward_nhwc_kernel(const S* x, S* y, int64_t Cx, int64_t Cy, int64_t off,
-                                           int64_t n) {
-  GRID_STRIDE(i, n) {
-    const int64_t c = i % Cx, pix = i / Cx;
+// d_cx divides by Cx.
+template <class S, class I>
+__global__ void concat_forward_nhwc_kernel(const S* x, S* y, Divider<I> d_cx, I Cy, I off, I n) {
+  GRID_STRIDE_I(I, i, n) {
+    const I pix = d_cx.div(i), c = i - pix * I(d_cx.d);
     y[pix * Cy + off + c] = x[i];
   }
 }
-template <class S>
-__global__ void concat_backward_nhwc_kernel(const S* gy, S* gx, acc_t<S> beta, int64_t Cx,
-                                            int64_t Cy, int64_t off, int64_t n) {
-  GRID_STRIDE(i, n) {
-    const int64_t c = i % Cx, pix = i / Cx;
+template <class S, class I>
+__global__ void concat_backward_nhwc_kernel(const S* gy, S* gx, acc_t<S> beta, Divider<I> d_cx, I Cy,
+                                            I off, I n) {
+  GRID_STRIDE_I(I, i, n) {
+    const I pix = d_cx.div(i), c = i - pix * I(d_cx.d);
     store(gx + i, acc_t<S>(gy[pix * Cy + off + c]), beta);
   }
 }
 
 // y [N, 2H, 2W, Cx + Cs]: channel c < Cx of a pixel from x's source pixel, the rest from
 // skip's same pixel.
-template <class S>
-__global__ void upsample_concat_forward_nhwc_kernel(const S* x, const S* skip, S* y, int64_t Cx,
-                                                    int64_t Cs, int64_t H, int64_t W, int64_t n) {
-  const int64_t C = Cx + Cs, OW = 2 * W;
-  GRID_STRIDE(i, n) {
-    const int64_t c = i % C, pix = i / C;
+// d_c divides by Cx + Cs, d_ow by 2W, d_oh by 2H.
+template <class S, class I>
+__global__ void upsample_concat_forward_nhwc_kernel(const S* x, const S* skip, S* y, I Cx, I Cs, I H,
+                                                    I W, Divider<I> d_c, Divider<I> d_ow,
+                                                    Divider<I> d_oh, I n) {
+  const I C = Cx + Cs;
+  GRID_STRIDE_I(I, i, n) {
+    const I pix = d_c.div(i), c = i - pix * C;
     if (c < Cx) {
-      const int64_t ow = pix % OW, row = pix / OW, img = row / (2 * H), oh = row - img * 2 * H;
+      const I row = d_ow.div(pix), ow = pix - row * (2 * W);  // row = n * 2H + oh
+      const I img = d_oh.div(row), oh = row - img * (2 * H);
       y[i] = x[((img * H + (oh >> 1)) * W + (ow >> 1)) * Cx + c];
     } else {
       y[i] = skip[pix * Cs + (c - Cx)];
@@ -168,19 +181,22 @@ __global__ void upsample_concat_forward_nhwc_kernel(const S* x, const S* skip, S
 
 // Elements [0, nx) are grad_x's [N, H, W, Cx] (2×2 block sums), [nx, nx + ns) grad_skip's
 // [N, 2H, 2W, Cs] (copies); an absent gradient has no elements.
-template <class S>
-__global__ void upsample_concat_backward_nhwc_kernel(const S* gy, S* gx, acc_t<S> beta_x,
-                                                     int64_t nx, S* gs, acc_t<S> beta_skip,
-                                                     int64_t ns, int64_t Cx, int64_t Cs,
-                                                     int64_t W) {
-  const int64_t C = Cx + Cs, OWC = 2 * W * C;
-  GRID_STRIDE(i, nx + ns) {
+// d_cx divides by Cx, d_w by W, d_cs by Cs.
+template <class S, class I>
+__global__ void upsample_concat_backward_nhwc_kernel(const S* gy, S* gx, acc_t<S> beta_x, I nx, S* gs,
+                                                     acc_t<S> beta_skip, I ns, I Cx, I Cs, I W,
+                                                     Divider<I> d_cx, Divider<I> d_w,
+                                                     Divider<I> d_cs) {
+  const I C = Cx + Cs, OWC = 2 * W * C;
+  GRID_STRIDE_I(I, i, nx + ns) {
     if (i < nx) {
-      const int64_t c = i % Cx, pix = i / Cx, w = pix % W, row = pix / W;  // row = n * H + h
+      const I pix = d_cx.div(i), c = i - pix * Cx;
+      const I row = d_w.div(pix), w = pix - row * W;  // row = n * H + h
       const S* g_top = gy + 2 * row * OWC;
       store(gx + i, upsample2x_block_sum(g_top, g_top + OWC, 2 * w * C + c, C), beta_x);
     } else {
-      const int64_t j = i - nx, c = j % Cs, pix = j / Cs;
+      const I j = i - nx;
+      const I pix = d_cs.div(j), c = j - pix * Cs;
       store(gs + j, acc_t<S>(gy[pix * C + Cx + c]), beta_skip);
     }
   }
@@ -198,12 +214,17 @@ void upsample2x_forward(const TensorRef& x, const TensorRef& y) {
   if (n == 0) return;
   Launch l(x);
   UNETCU_DISPATCH_STORAGE(x.dtype(), S, {
-    if (x.nhwc())
-      upsample_forward_nhwc_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
-          x.data<S>(), y.data<S>(), x.dim(1), x.dim(2), x.dim(3), n);
-    else
-      upsample_forward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
-          x.data<S>(), y.data<S>(), x.dim(2), x.dim(3), n);
+    with_index_type(n, [&](auto index) {
+      using I = decltype(index);
+      const int64_t C = x.dim(1), H = x.dim(2), W = x.dim(3);
+      const Divider<I> d_ow(2 * W), d_oh(2 * H);
+      if (x.nhwc())
+        upsample_forward_nhwc_kernel<S, I><<<blocks_for(n), kThreads, 0, l.stream>>>(
+            x.data<S>(), y.data<S>(), I(C), I(H), I(W), Divider<I>(C), d_ow, d_oh, I(n));
+      else
+        upsample_forward_kernel<S, I><<<blocks_for(n), kThreads, 0, l.stream>>>(
+            x.data<S>(), y.data<S>(), I(H), I(W), d_ow, d_oh, I(n));
+    });
   });
   CUDA_CHECK_LAUNCH(l.stream, "upsample2x_forward");
 }
@@ -213,12 +234,17 @@ void upsample2x_backward(const TensorRef& grad_y, const TensorRef& grad_x, doubl
   if (n == 0) return;
   Launch l(grad_x);
   UNETCU_DISPATCH_STORAGE(grad_x.dtype(), S, {
-    if (grad_x.nhwc())
-      upsample_backward_nhwc_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
-          grad_y.data<S>(), grad_x.data<S>(), acc_t<S>(beta), grad_x.dim(1), grad_x.dim(3), n);
-    else
-      upsample_backward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
-          grad_y.data<S>(), grad_x.data<S>(), acc_t<S>(beta), grad_x.dim(2), grad_x.dim(3), n);
+    with_index_type(grad_y.numel(), [&](auto index) {  // the kernels index grad_y (4n)
+      using I = decltype(index);
+      const int64_t C = grad_x.dim(1), W = grad_x.dim(3);
+      if (grad_x.nhwc())
+        upsample_backward_nhwc_kernel<S, I><<<blocks_for(n), kThreads, 0, l.stream>>>(
+            grad_y.data<S>(), grad_x.data<S>(), acc_t<S>(beta), I(C), I(W), Divider<I>(C),
+            Divider<I>(W), I(n));
+      else
+        upsample_backward_kernel<S, I><<<blocks_for(n), kThreads, 0, l.stream>>>(
+            grad_y.data<S>(), grad_x.data<S>(), acc_t<S>(beta), I(W), Divider<I>(W), I(n));
+    });
   });
   CUDA_CHECK_LAUNCH(l.stream, "upsample2x_backward");
 }
@@ -228,12 +254,16 @@ void concat_forward_part(const TensorRef& x, const TensorRef& y, int64_t channel
   if (n == 0) return;
   Launch l(x);
   UNETCU_DISPATCH_STORAGE(x.dtype(), S, {
-    if (x.nhwc())
-      concat_forward_nhwc_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
-          x.data<S>(), y.data<S>(), x.dim(1), y.dim(1), channel_offset, n);
-    else
-      concat_forward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
-          x.data<S>(), y.data<S>(), x.dim(1), y.dim(1), channel_offset, x.dim(2) * x.dim(3), n);
+    with_index_type(y.numel(), [&](auto index) {
+      using I = decltype(index);
+      const int64_t Cx = x.dim(1), Cy = y.dim(1), HW = x.dim(2) * x.dim(3);
+      if (x.nhwc())
+        concat_forward_nhwc_kernel<S, I><<<blocks_for(n), kThreads, 0, l.stream>>>(
+            x.data<S>(), y.data<S>(), Divider<I>(Cx), I(Cy), I(channel_offset), I(n));
+      else
+        concat_forward_kernel<S, I><<<blocks_for(n), kThreads, 0, l.stream>>>(
+            x.data<S>(), y.data<S>(), Divider<I>(Cx * HW), I(Cy), I(channel_offset), I(HW), I(n));
+    });
   });
   CUDA_CHECK_LAUNCH(l.stream, "concat_forward_part");
 }
@@ -244,14 +274,18 @@ void concat_backward_part(const TensorRef& grad_y, const TensorRef& grad_x, int6
   if (n == 0) return;
   Launch l(grad_x);
   UNETCU_DISPATCH_STORAGE(grad_x.dtype(), S, {
-    if (grad_x.nhwc())
-      concat_backward_nhwc_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
-          grad_y.data<S>(), grad_x.data<S>(), acc_t<S>(beta), grad_x.dim(1), grad_y.dim(1),
-          channel_offset, n);
-    else
-      concat_backward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
-          grad_y.data<S>(), grad_x.data<S>(), acc_t<S>(beta), grad_x.dim(1), grad_y.dim(1),
-          channel_offset, grad_x.dim(2) * grad_x.dim(3), n);
+    with_index_type(grad_y.numel(), [&](auto index) {
+      using I = decltype(index);
+      const int64_t Cx = grad_x.dim(1), Cy = grad_y.dim(1), HW = grad_x.dim(2) * grad_x.dim(3);
+      if (grad_x.nhwc())
+        concat_backward_nhwc_kernel<S, I><<<blocks_for(n), kThreads, 0, l.stream>>>(
+            grad_y.data<S>(), grad_x.data<S>(), acc_t<S>(beta), Divider<I>(Cx), I(Cy),
+            I(channel_offset), I(n));
+      else
+        concat_backward_kernel<S, I><<<blocks_for(n), kThreads, 0, l.stream>>>(
+            grad_y.data<S>(), grad_x.data<S>(), acc_t<S>(beta), Divider<I>(Cx * HW), I(Cy),
+            I(channel_offset), I(HW), I(n));
+    });
   });
   CUDA_CHECK_LAUNCH(l.stream, "concat_backward_part");
 }
@@ -262,9 +296,13 @@ void upsample2x_concat_forward(const TensorRef& x, const TensorRef& skip, const 
   Launch l(y);
   UNETCU_DISPATCH_STORAGE(x.dtype(), S, {
     if (y.nhwc()) {
-      upsample_concat_forward_nhwc_kernel<<<blocks_for(y.numel()), kThreads, 0, l.stream>>>(
-          x.data<S>(), skip.data<S>(), y.data<S>(), x.dim(1), skip.dim(1), x.dim(2), x.dim(3),
-          y.numel());
+      with_index_type(y.numel(), [&](auto index) {
+        using I = decltype(index);
+        const int64_t Cx = x.dim(1), Cs = skip.dim(1), H = x.dim(2), W = x.dim(3);
+        upsample_concat_forward_nhwc_kernel<S, I><<<blocks_for(y.numel()), kThreads, 0, l.stream>>>(
+            x.data<S>(), skip.data<S>(), y.data<S>(), I(Cx), I(Cs), I(H), I(W), Divider<I>(Cx + Cs),
+            Divider<I>(2 * W), Divider<I>(2 * H), I(y.numel()));
+      });
     } else {
       const dim3 grid(grid_dim(OH), grid_dim(planes));
       upsample_concat_forward_kernel<<<grid, row_threads(OW), 0, l.stream>>>(
@@ -288,9 +326,12 @@ void upsample2x_concat_backward(const TensorRef& grad_y, const TensorRef& grad_x
     if (grad_y.nhwc()) {
       const int64_t nx = gx ? grad_x.numel() : 0, ns = gs ? grad_skip.numel() : 0;
       if (nx + ns > 0)
-        upsample_concat_backward_nhwc_kernel<<<blocks_for(nx + ns), kThreads, 0, l.stream>>>(
-            grad_y.data<S>(), gx, acc_t<S>(beta_x), nx, gs, acc_t<S>(beta_skip), ns, Cx, Cs,
-            OW / 2);
+        with_index_type(grad_y.numel(), [&](auto index) {  // nx + ns <= grad_y's elements
+          using I = decltype(index);
+          upsample_concat_backward_nhwc_kernel<S, I><<<blocks_for(nx + ns), kThreads, 0, l.stream>>>(
+              grad_y.data<S>(), gx, acc_t<S>(beta_x), I(nx), gs, acc_t<S>(beta_skip), I(ns), I(Cx),
+              I(Cs), I(OW / 2), Divider<I>(Cx), Divider<I>(OW / 2), Divider<I>(Cs));
+        });
     } else {
       const dim3 grid(grid_dim(OH), grid_dim(planes));
       upsample_concat_backward_kernel<<<grid, row_threads(OW), 0, l.stream>>>(
