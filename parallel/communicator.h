@@ -49,7 +49,9 @@ class Communicator {
   virtual int size() const = 0;
   // In place on `t` (contiguous, float32, float64 or bfloat16). Blocks until this rank's part
   // is done. bfloat16 is added in float32 and each partial sum rounded to bfloat16 (NCCL's
-  // arithmetic): the mean of N ranks carries up to N + 1 roundings of 2^-8.
+  // arithmetic). Average divides the sum here (the CPU rings); NCCL's premultiplies each rank's
+  // values by 1/N rounded to the dtype, biased in bfloat16 unless N is a power of two: to
+  // average bfloat16 alike everywhere, sum and divide in float32 afterwards.
   virtual void all_reduce(Tensor& t, ReduceOp op) = 0;
   virtual void broadcast(Tensor& t, int root) = 0;
   // The result lands in root's tensor; other ranks' tensors are left as they were.

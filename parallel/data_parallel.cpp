@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "engine/tape.h"
+#include "kernels/launchers.h"
 #include "parallel/nccl_communicator.h"
 #include "parallel/worker_pool.h"
 
@@ -281,8 +282,10 @@ std::vector<double> DataParallel::step(const std::vector<Batch>& shards, LossKin
     // A finished bucket: its gradients are already in its buffer; reduce it in place.
     auto launch = [&](size_t k) {
       if (options_.bf16_allreduce) {
-        rep.low[k].copy_(rep.flat[k]);  // rounded once, on the compute stream
-        rep.work[k] = rep.grad_comm->all_reduce_async(rep.low[k], ReduceOp::Average);
+        // Rounded once on the compute stream, summed in bfloat16, divided in float32 below:
+        // NCCL's average premultiplies by 1/N rounded to bfloat16 (biased for N = 3, 6, ...).
+        rep.low[k].copy_(rep.flat[k]);
+        rep.work[k] = rep.grad_comm->all_reduce_async(rep.low[k], ReduceOp::Sum);
       } else {
         rep.work[k] = rep.grad_comm->all_reduce_async(rep.flat[k], ReduceOp::Average);
       }
@@ -320,7 +323,10 @@ std::vector<double> DataParallel::step(const std::vector<Batch>& shards, LossKin
     while (rep.next_launch < rep.buckets.size()) launch(rep.next_launch++);
     for (size_t k = 0; k < rep.buckets.size(); ++k) {
       rep.work[k]->wait();
-      if (options_.bf16_allreduce) rep.flat[k].copy_(rep.low[k]);
+      if (options_.bf16_allreduce) {
+        rep.flat[k].copy_(rep.low[k]);  // widened exactly, then the mean in float32
+        UNETCU_LAUNCH(rep.device, axpby, rep.flat[k], 1.0 / rep.grad_comm->size(), rep.flat[k], 0.0);
+      }
     }
     rep.opt->step();
     losses[r] = loss.item();

@@ -36,10 +36,11 @@ struct DataParallelOptions {
   AllReduceAlgo algo = AllReduceAlgo::Ring;
   bool sync_bn = false;
   // Gradients all-reduced in bfloat16 (PyTorch DDP's bf16_compress_hook): each bucket is
-  // rounded to a bfloat16 copy, averaged (additions in float32, every partial sum rounded to
-  // bfloat16), and widened back into the float32 bucket before the optimizer step. Half the
-  // bytes on the wire, up to N + 1 roundings of 2^-8 on the mean of N replicas. Not with the
-  // MPI library's own all-reduce (it has no bfloat16 sum).
+  // rounded to a bfloat16 copy, summed (additions in float32, every partial sum rounded to
+  // bfloat16), widened back into the float32 bucket and divided by N there, before the
+  // optimizer step. Half the bytes on the wire; the mean of N replicas is off by at most
+  // 2^-8 (1 + 2^-8)^N times the mean of their magnitudes. Not with the MPI library's own
+  // all-reduce (it has no bfloat16 sum).
   bool bf16_allreduce = false;
   size_t bucket_bytes = size_t(25) << 20;
   size_t first_bucket_bytes = size_t(1) << 20;

@@ -7,6 +7,7 @@
 
 #include "engine/profiler.h"
 #include "engine/tape.h"
+#include "kernels/launchers.h"
 #include "parallel/process_communicator.h"
 
 namespace unetcu {
@@ -319,8 +320,9 @@ double ProcessPipeline::step(const std::vector<Batch>& micro_batches, LossKind l
     if (options_.bf16_allreduce) {
       Tensor low = Tensor::empty({n}, DType::BF16, Device::cpu());
       low.copy_(flat);
-      grads_->all_reduce(low, ReduceOp::Average);
+      grads_->all_reduce(low, ReduceOp::Sum);  // summed in bfloat16, divided in float32
       flat.copy_(low);
+      UNETCU_LAUNCH(Device::cpu(), axpby, flat, 1.0 / grads_->size(), flat, 0.0);
     } else {
       grads_->all_reduce(flat, ReduceOp::Average);
     }

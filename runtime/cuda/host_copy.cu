@@ -10,6 +10,9 @@ Event copy_to_host_async(void* pinned_dst, const void* src, int device, size_t b
   DeviceGuard g(device);
   cudaStream_t s = current_stream(device);
   CUDA_CHECK(cudaMemcpyAsync(pinned_dst, src, bytes, cudaMemcpyDeviceToHost, s));
+  // The pinned block is used by this stream: freed before the copy is done (a pending step loss
+  // dropped on an error path), it is not handed out again until then.
+  record_stream(pinned_dst, Device::cpu(), device, s);
   Event done(device);
   done.record(s);
   return done;
