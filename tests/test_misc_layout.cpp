@@ -181,6 +181,11 @@ std::vector<Case> layout_cases(Rng& rng, Values values) {
                      return max_pool2d(v[0], Pool2dOptions::square(3, 2, 1));
                    },
                    {ties}, {true}, true});
+  cases.push_back({"max_pool2d ties and NaN, 3x3/1 pad 1",
+                   [](const std::vector<Tensor>& v) {
+                     return max_pool2d(v[0], Pool2dOptions::square(3, 1, 1));
+                   },
+                   {ties}, {true}, true});
   cases.push_back({"max_pool2d 2x2/2",
                    [](const std::vector<Tensor>& v) {
                      return max_pool2d(v[0], Pool2dOptions::square(2, 2, 0));

@@ -295,7 +295,10 @@ TEST_CASE("max_pool2d: ResNet's 3x3/2 pad 1 and general windows, forward and gra
   };
   const Case cases[] = {{{2, 3, 9, 8}, Pool2dOptions::square(3, 2, 1)},
                         {{2, 2, 6, 7}, Pool2dOptions::square(2, 2, 0)},
-                        {{1, 3, 7, 9}, Pool2dOptions{3, 2, 1, 2, 1, 0}}};
+                        {{1, 3, 7, 9}, Pool2dOptions{3, 2, 1, 2, 1, 0}},
+                        // Column strides 1 and 3: the CPU's other interior paths.
+                        {{2, 2, 7, 9}, Pool2dOptions{2, 3, 2, 1, 0, 1}},
+                        {{1, 2, 8, 11}, Pool2dOptions{2, 2, 2, 3, 0, 1}}};
   Rng rng(6);
   for (const Case& c : cases) {
     // Distinct values (a shuffled ramp): no ties, and every gap is far above h.

@@ -28,8 +28,42 @@ Inside inside(int64_t in, int64_t out, int k, int s, int p) {
   return {lo, hi};
 }
 
-// f(oh, ow, k) for every output of an NCHW plane, k the argmax's flat index in the plane (-1:
-// none).
+// The argmax of the windows of outputs [ow0, ow1) of row oh, every one wholly inside the
+// plane, with column stride kSw: the window's taps are the outer loops, in the order
+// maxpool_argmax_inside takes them, and the outputs the inner one, which the compiler
+// vectorises (the comparisons selects). Each output compares the same taps in the same order,
+// so the argmax is maxpool_argmax_inside's. Then f(oh, ow, k) in ow order.
+template <int kSw, class T, class F>
+void argmax_row_inside(const T* plane, const PoolGeometry& g, int64_t oh, int64_t ih0, int64_t ow0,
+                       int64_t ow1, F&& f) {
+  using A = acc_t<T>;
+  constexpr int64_t kBlock = 64;
+  A best_v[kBlock];
+  int64_t best_k[kBlock];
+  for (int64_t b0 = ow0; b0 < ow1; b0 += kBlock) {
+    const int64_t n = std::min(kBlock, ow1 - b0);
+    const int64_t k0 = ih0 * g.W + b0 * kSw - g.pw;  // tap (0, 0) of output b0
+    for (int64_t j = 0; j < n; ++j) {
+      best_k[j] = k0 + j * kSw;
+      best_v[j] = A(plane[k0 + j * kSw]);
+    }
+    for (int i = 0; i < g.kh; ++i)
+      for (int t = i == 0 ? 1 : 0; t < g.kw; ++t) {
+        const int64_t kt = k0 + i * g.W + t;
+        const T* r = plane + kt;
+        for (int64_t j = 0; j < n; ++j) {
+          const A v = A(r[j * kSw]);
+          const bool take = pool_takes(v, best_v[j]);
+          best_v[j] = take ? v : best_v[j];
+          best_k[j] = take ? kt + j * kSw : best_k[j];
+        }
+      }
+    for (int64_t j = 0; j < n; ++j) f(oh, b0 + j, best_k[j]);
+  }
+}
+
+// f(oh, ow, k) for every output of an NCHW plane, in row order, k the argmax's flat index in
+// the plane (-1: none).
 template <class T, class F>
 void for_each_argmax(const T* plane, const PoolGeometry& g, F&& f) {
   const Inside rows = inside(g.H, g.OH, g.kh, g.sh, g.ph);
@@ -41,8 +75,14 @@ void for_each_argmax(const T* plane, const PoolGeometry& g, F&& f) {
     }
     for (int64_t ow = 0; ow < cols.lo; ++ow) f(oh, ow, maxpool_argmax(plane, g, oh, ow));
     const int64_t ih0 = oh * g.sh - g.ph;
-    for (int64_t ow = cols.lo; ow < cols.hi; ++ow)
-      f(oh, ow, maxpool_argmax_inside(plane, g, ih0, ow * g.sw - g.pw));
+    if (g.sw == 2) {
+      argmax_row_inside<2>(plane, g, oh, ih0, cols.lo, cols.hi, f);
+    } else if (g.sw == 1) {
+      argmax_row_inside<1>(plane, g, oh, ih0, cols.lo, cols.hi, f);
+    } else {
+      for (int64_t ow = cols.lo; ow < cols.hi; ++ow)
+        f(oh, ow, maxpool_argmax_inside(plane, g, ih0, ow * g.sw - g.pw));
+    }
     for (int64_t ow = cols.hi; ow < g.OW; ++ow) f(oh, ow, maxpool_argmax(plane, g, oh, ow));
   }
 }
