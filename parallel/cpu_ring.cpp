@@ -16,6 +16,7 @@
 #include "engine/profiler.h"
 #include "parallel/comm_thread.h"
 #include "parallel/communicator.h"
+#include "parallel/reduce_math.h"
 
 namespace unetcu {
 
@@ -76,19 +77,6 @@ struct Group {
   std::vector<DType> dtypes;
 };
 
-// dst += src. Each sum is computed in acc_t<T> and rounded once to T when stored: bfloat16
-// buffers are added in float32 and rounded at every step of the ring, as NCCL does.
-template <class T>
-void add_into(T* dst, const T* src, int64_t n) {
-  using A = kernels::acc_t<T>;
-  for (int64_t i = 0; i < n; ++i) dst[i] = kernels::to_storage<T>(A(dst[i]) + A(src[i]));
-}
-
-template <class T>
-void divide(T* x, int64_t n, int by) {
-  using A = kernels::acc_t<T>;
-  for (int64_t i = 0; i < n; ++i) x[i] = kernels::to_storage<T>(A(x[i]) / A(by));
-}
 
 class CpuRingCommunicator : public Communicator {
  public:
@@ -171,13 +159,13 @@ class CpuRingCommunicator : public Communicator {
     for (int s = 0; s < N - 1; ++s) {
       const int c = ((rank_ - s - 1) % N + N) % N;
       const int64_t b = ring_chunk_begin(L, N, c), e = ring_chunk_begin(L, N, c + 1);
-      add_into(mine + b, from_left + b, e - b);
+      reduce_add_into(mine + b, from_left + b, e - b);
       sync();
     }
     const int owned = (rank_ + 1) % N;
     if (op == ReduceOp::Average) {
       const int64_t b = ring_chunk_begin(L, N, owned), e = ring_chunk_begin(L, N, owned + 1);
-      divide(mine + b, e - b, N);
+      reduce_divide(mine + b, e - b, N);
       sync();
     }
     // All-gather: in step s, copy the finished chunk (r - s) from the left.
@@ -203,9 +191,9 @@ class CpuRingCommunicator : public Communicator {
     const int64_t L = g_->counts[rank_];
     T* mine = buf<T>(rank_);
     for (int r = 0; r < g_->size; ++r)
-      if (r != rank_) add_into(mine, buf<T>(r), L);
+      if (r != rank_) reduce_add_into(mine, buf<T>(r), L);
     if (op == ReduceOp::Average)
-      divide(mine, L, g_->size);
+      reduce_divide(mine, L, g_->size);
   }
 
   // One step of a collective: wait for every rank (or the watchdog's timeout).

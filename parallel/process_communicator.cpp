@@ -3,23 +3,12 @@
 #include <vector>
 
 #include "parallel/comm_thread.h"
+#include "parallel/reduce_math.h"
 
 namespace unetcu {
 
 namespace {
 
-// As parallel/cpu_ring.cpp: sums in acc_t<T>, rounded once to T when stored (bfloat16 buffers
-// are added in float32 and rounded at every step of the ring).
-template <class T>
-void add_into(T* dst, const T* src, int64_t n) {
-  using A = kernels::acc_t<T>;
-  for (int64_t i = 0; i < n; ++i) dst[i] = kernels::to_storage<T>(A(dst[i]) + A(src[i]));
-}
-template <class T>
-void divide(T* x, int64_t n, int by) {
-  using A = kernels::acc_t<T>;
-  for (int64_t i = 0; i < n; ++i) x[i] = kernels::to_storage<T>(A(x[i]) / A(by));
-}
 
 class ProcessCommunicator : public Communicator {
  public:
@@ -86,12 +75,12 @@ class ProcessCommunicator : public Communicator {
       const int64_t rb = ring_chunk_begin(L, N, cr), re = ring_chunk_begin(L, N, cr + 1);
       group_->send_recv(mine + sb, size_t(se - sb) * sizeof(T), right, recv.data(),
                         size_t(re - rb) * sizeof(T), left, s);
-      add_into(mine + rb, recv.data(), re - rb);
+      reduce_add_into(mine + rb, recv.data(), re - rb);
     }
     if (op == ReduceOp::Average) {
       const int owned = mod(rank_ + 1);
       const int64_t b = ring_chunk_begin(L, N, owned);
-      divide(mine + b, ring_chunk_begin(L, N, owned + 1) - b, N);
+      reduce_divide(mine + b, ring_chunk_begin(L, N, owned + 1) - b, N);
     }
     for (int s = 0; s < N - 1; ++s) {
       const int cs = mod(rank_ + 1 - s), cr = mod(rank_ - s);
@@ -111,9 +100,9 @@ class ProcessCommunicator : public Communicator {
       for (int r = 0; r < size_; ++r) {
         if (r == root) continue;
         group_->recv(recv.data(), size_t(L) * sizeof(T), r, 7);
-        add_into(mine, recv.data(), L);
+        reduce_add_into(mine, recv.data(), L);
       }
-      if (op == ReduceOp::Average) divide(mine, L, size_);
+      if (op == ReduceOp::Average) reduce_divide(mine, L, size_);
     } else {
       group_->send(mine, size_t(L) * sizeof(T), root, 7);
     }
@@ -122,7 +111,7 @@ class ProcessCommunicator : public Communicator {
   template <class T>
   void native(T* mine, int64_t L, ReduceOp op) {
     group_->all_reduce_sum(mine, L, dtype_of<T>());
-    if (op == ReduceOp::Average) divide(mine, L, size_);
+    if (op == ReduceOp::Average) reduce_divide(mine, L, size_);
   }
   template <class T>
   void ps(T* mine, int64_t L, ReduceOp op) {

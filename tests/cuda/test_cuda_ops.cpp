@@ -444,8 +444,9 @@ TEST_CASE("data parallelism through NCCL with one GPU rank equals the single-GPU
   }
 }
 
-// One rank: NCCL's bfloat16 average of one buffer is the buffer, so the gradients the optimizer
-// sees are the single-GPU step's, rounded once to bfloat16 (u = 2^-8), plus float32 noise.
+// One rank: NCCL's bfloat16 sum of one buffer is the buffer (then divided by 1), so the
+// gradients the optimizer sees are the single-GPU step's, rounded once to bfloat16 (u = 2^-8),
+// plus float32 noise.
 TEST_CASE("bfloat16 all-reduce through NCCL with one GPU rank: the single-GPU gradients rounded once") {
   Setup setup;
   FRESH_RNG(rng);
