@@ -97,7 +97,8 @@ int main(int argc, char** argv) {
                                 {"fp32 NHWC", DType::F32, MemoryFormat::NHWC},
                                 {"bf16 NCHW", DType::BF16, MemoryFormat::NCHW},
                                 {"bf16 NHWC", DType::BF16, MemoryFormat::NHWC}};
-    const char* layers[] = {"conv 3x3 C->C", "batch_norm_relu", "max_pool 3x3/2", "upsample2x_concat"};
+    const char* layers[] = {"conv 3x3 C->C", "conv 3x3 C->1 + bias", "batch_norm_relu",
+                            "max_pool 3x3/2", "upsample2x_concat"};
     for (const char* layer : layers) {
       double base = 0;
       for (const Variant& v : variants) {
@@ -107,17 +108,21 @@ int main(int argc, char** argv) {
         std::function<Tensor()> f;
         std::vector<Tensor> leaves = {x};
         Tensor w, gamma, beta, rm, rv, low;
-        if (name.rfind("conv", 0) == 0) {
+        if (name == "conv 3x3 C->C") {
           w = random_on({C, C, 3, 3}, rng, v, dev).set_requires_grad(true);
-          leaves.push_back(w);
+          leaves = {x, w};
           f = [&] { return conv2d(x, w, Tensor(), Conv2dOptions{1, 1, 1, 1}); };
+        } else if (name.rfind("conv", 0) == 0) {  // the segmentation head: one output channel
+          w = random_on({1, C, 3, 3}, rng, v, dev).set_requires_grad(true);
+          beta = Tensor::full({1}, 0.1, v.dtype, dev).set_requires_grad(true);  // the bias
+          leaves = {x, w, beta};
+          f = [&] { return conv2d(x, w, beta, Conv2dOptions{1, 1, 1, 1}); };
         } else if (name == "batch_norm_relu") {
           gamma = Tensor::full({C}, 1.0, DType::F32, dev).set_requires_grad(true);
           beta = Tensor::zeros({C}, DType::F32, dev).set_requires_grad(true);
           rm = Tensor::zeros({C}, DType::F32, dev);
           rv = Tensor::full({C}, 1.0, DType::F32, dev);
-          leaves.push_back(gamma);
-          leaves.push_back(beta);
+          leaves = {x, gamma, beta};
           f = [&] { return batch_norm_relu(x, gamma, beta, rm, rv, true); };
         } else if (name.rfind("max_pool", 0) == 0) {
           f = [&] { return max_pool2d(x, Pool2dOptions::square(3, 2, 1)); };

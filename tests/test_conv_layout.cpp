@@ -6,11 +6,13 @@
 //  - bfloat16 against the float32 op on the same bfloat16-rounded inputs, element by element,
 //    within the bound of one bfloat16 rounding of the output plus float32 accumulation, on
 //    oneDNN's bfloat16 kernels and on the float32 fallbacks (oneDNN float32, im2col);
-//  - float64 NHWC gradients against central finite differences.
+//  - float64 NHWC gradients against central finite differences;
+//  - the direct path for few output channels (conv_narrow.h) against im2col + GEMM.
 #include <cmath>
 
 #include "engine/ops.h"
 #include "kernels/cpu/conv_dnnl.h"
+#include "kernels/cpu/conv_narrow.h"
 #include "kernels/launchers.h"
 #include "testing.h"
 
@@ -108,6 +110,7 @@ struct ConvSettings {
   ~ConvSettings() {
     kernels::cpu::set_cpu_conv_impl(impl);
     kernels::cpu::set_onednn_bf16_allowed(true);
+    kernels::cpu::set_narrow_conv_allowed(true);
   }
 };
 
@@ -315,4 +318,56 @@ TEST_CASE("conv2d float64 NHWC gradients equal finite differences") {
           {x, w, b}, go);
     }
   }
+}
+
+TEST_CASE("conv2d with few output channels runs directly and equals im2col + GEMM in both layouts") {
+  // The direct path (kernels/cpu/conv_narrow.h) against the im2col + GEMM reference (the
+  // direct path switched off): float64 to 1e-12 (sums of the same products in another order),
+  // float32 to 1e-5 of the float64 reference; output, and the three gradients written and
+  // then accumulated (beta = 1, run()'s second pass), with x and w in either layout. bfloat16
+  // on this path is held to one rounding by the bfloat16 test above (its head-shaped case).
+  ConvSettings restore;
+  kernels::cpu::set_cpu_conv_impl(CpuConvImpl::Im2col);
+  const std::vector<ConvCase> cases = {
+      {{2, 16, 20, 18}, {1, 16, 3, 3}, {1, 1, 1, 1}, true},  // the segmentation head
+      {{3, 5, 9, 7}, {2, 5, 3, 2}, {1, 1, 0, 1}, true},      // non-square kernel, mixed padding
+      {{2, 3, 6, 11}, {4, 3, 1, 1}, {1, 1, 0, 0}, false},    // 1x1
+      {{1, 4, 5, 6}, {3, 4, 5, 5}, {1, 1, 2, 2}, true},      // kernel as tall as the input
+      {{2, 2, 4, 3}, {1, 2, 1, 1}, {1, 1, 1, 2}, true},      // border outputs of padding alone
+      {{1, 3, 3, 4}, {2, 3, 3, 5}, {1, 1, 2, 3}, false},     // more padding than kernel
+  };
+  const std::pair<MemoryFormat, MemoryFormat> layouts[] = {{MemoryFormat::NCHW, MemoryFormat::NCHW},
+                                                           {MemoryFormat::NHWC, MemoryFormat::NHWC},
+                                                           {MemoryFormat::NHWC, MemoryFormat::NCHW},
+                                                           {MemoryFormat::NCHW, MemoryFormat::NHWC}};
+  Rng rng(74);
+  for (const ConvCase& c : cases) {
+    CAPTURE(shape_str(c.x));
+    CAPTURE(shape_str(c.w));
+    const Tensor x = random_tensor(c.x, rng), w = random_tensor(c.w, rng);
+    const Tensor b = c.bias ? random_tensor({c.w[0]}, rng) : Tensor();
+    const Tensor gy = random_tensor(conv2d(x, w, b, c.opt).shape(), rng);
+    const Shape& ys = gy.shape();
+    const kernels::ConvGeometry g{c.x[0], c.x[1], c.x[2], c.x[3], c.w[0], ys[2], ys[3],
+                                  int(c.w[2]), int(c.w[3]), c.opt.stride_h, c.opt.stride_w,
+                                  c.opt.pad_h, c.opt.pad_w};
+    kernels::cpu::set_narrow_conv_allowed(false);
+    CHECK_FALSE(kernels::cpu::narrow_conv_takes(g));
+    const std::vector<Pass> want =
+        run(x, w, b, gy, c.opt, DType::F64, MemoryFormat::NCHW, MemoryFormat::NCHW);
+    kernels::cpu::set_narrow_conv_allowed(true);
+    REQUIRE(kernels::cpu::narrow_conv_takes(g));
+    for (DType dtype : {DType::F64, DType::F32}) {
+      CAPTURE(dtype_name(dtype));
+      for (auto [xf, wf] : layouts) {
+        CAPTURE(format_name(xf));
+        CAPTURE(format_name(wf));
+        check_close(run(x, w, b, gy, c.opt, dtype, xf, wf), want, dtype == DType::F64 ? 1e-12 : 1e-5);
+      }
+    }
+  }
+  // Not taken: stride 2, or more output channels than kNarrowConvMaxOutputs.
+  CHECK_FALSE(kernels::cpu::narrow_conv_takes({2, 16, 20, 18, 1, 10, 9, 3, 3, 2, 2, 1, 1}));
+  CHECK_FALSE(kernels::cpu::narrow_conv_takes(
+      {2, 16, 20, 18, kernels::cpu::kNarrowConvMaxOutputs + 1, 20, 18, 3, 3, 1, 1, 1, 1}));
 }

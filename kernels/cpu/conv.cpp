@@ -1,5 +1,6 @@
-// CPU convolution. Float32 and bfloat16 run on oneDNN where the build has it (conv_dnnl.h,
-// either memory format); float64, and whatever oneDNN does not take, runs here on im2col +
+// CPU convolution. A few output channels at stride 1 (the segmentation head) run directly
+// (conv_narrow.h). Otherwise float32 and bfloat16 run on oneDNN where the build has it
+// (conv_dnnl.h, either memory format); float64, and whatever oneDNN does not take, runs here on im2col +
 // GEMM (OpenBLAS) in NCHW, other dtypes and formats converted to it and back (the end of this
 // file).
 //
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "kernels/cpu/conv_dnnl.h"
+#include "kernels/cpu/conv_narrow.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/launchers.h"
 #include "kernels/cpu/workspace.h"
@@ -506,6 +508,7 @@ bool conv2d_uses_bands(const ConvGeometry& g, DType dtype) {
 
 void conv2d_forward(const TensorRef& x, const TensorRef& w, const TensorRef& b, const TensorRef& y,
                     const ConvGeometry& g) {
+  if (narrow_conv_takes(g)) return narrow_conv2d_forward(x, w, b, y, g);
   if (onednn_takes(x) && onednn_conv2d_forward(x, w, b, y, g)) return;
   if (plain(x, w)) {
     UNETCU_DISPATCH_FLOAT(x.dtype(), T, forward_impl<T>(x.data<T>(), w.data<T>(),
@@ -524,6 +527,8 @@ void conv2d_forward(const TensorRef& x, const TensorRef& w, const TensorRef& b, 
 void conv2d_backward(const TensorRef& grad_y, const TensorRef& x, const TensorRef& w,
                      const TensorRef& grad_x, double beta_x, const TensorRef& grad_w, double beta_w,
                      const TensorRef& grad_b, double beta_b, const ConvGeometry& g) {
+  if (narrow_conv_takes(g))
+    return narrow_conv2d_backward(grad_y, x, w, grad_x, beta_x, grad_w, beta_w, grad_b, beta_b, g);
   const bool data_or_weights = grad_x.defined() || grad_w.defined();
   if (data_or_weights && onednn_takes(x) &&
       onednn_conv2d_backward(grad_y, x, w, grad_x, beta_x, grad_w, beta_w, g)) {
