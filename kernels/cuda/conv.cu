@@ -33,10 +33,13 @@
 // gradient, which is written (beta = 0) unless the input already has one (e.g. a residual
 // input read by both the block and its downsample conv).
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <tuple>
+#include <vector>
 
 #include "runtime/algo_cache.h"
 #include "runtime/cuda_api.h"
@@ -143,8 +146,9 @@ bool excluded_when_deterministic(cudnnConvolutionBwdFilterAlgo_t a) {
          a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
 }
 
-// Find: runs every algorithm of the direction on (in1, in2) into out, within the workspace.
-// Workspace: the size cuDNN asks for one algorithm.
+// Find: runs every algorithm of the direction on (in1, in2) into out, within the workspace,
+// listing up to `cap` results (max_count: how many it may list, an algorithm once per math
+// type). Workspace: the size cuDNN asks for one algorithm.
 struct Forward {
   using Algo = cudnnConvolutionFwdAlgo_t;
   using Perf = cudnnConvolutionFwdAlgoPerf_t;
@@ -154,9 +158,13 @@ struct Forward {
   static Choice<Algo>& choice(Plan& p) { return p.fwd; }
   // in1 = x, in2 = w, out = y
   static void find(cudnnHandle_t h, Plan& p, const void* in1, const void* in2, void* out,
-                   Perf* res, int* n, void* ws, size_t ws_bytes) {
+                   Perf* res, int cap, int* n, void* ws, size_t ws_bytes) {
     CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, p.x.d, in1, p.w.d, in2, p.fwd.conv.d,
-                                                       p.y.d, out, kCount, n, res, ws, ws_bytes));
+                                                       p.y.d, out, cap, n, res, ws, ws_bytes));
+  }
+  static int max_count(cudnnHandle_t h) {
+    int m = 0;
+    return cudnnGetConvolutionForwardAlgorithmMaxCount(h, &m) == CUDNN_STATUS_SUCCESS ? m : 0;
   }
   static cudnnStatus_t workspace(cudnnHandle_t h, Plan& p, Algo a, size_t* bytes) {
     return cudnnGetConvolutionForwardWorkspaceSize(h, p.x.d, p.w.d, p.fwd.conv.d, p.y.d, a, bytes);
@@ -172,10 +180,14 @@ struct BackwardData {
   static Choice<Algo>& choice(Plan& p) { return p.bwd_data; }
   // in1 = w, in2 = dy, out = scratch dx
   static void find(cudnnHandle_t h, Plan& p, const void* in1, const void* in2, void* out,
-                   Perf* res, int* n, void* ws, size_t ws_bytes) {
+                   Perf* res, int cap, int* n, void* ws, size_t ws_bytes) {
     CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(h, p.w.d, in1, p.y.d, in2,
-                                                            p.bwd_data.conv.d, p.x.d, out, kCount,
+                                                            p.bwd_data.conv.d, p.x.d, out, cap,
                                                             n, res, ws, ws_bytes));
+  }
+  static int max_count(cudnnHandle_t h) {
+    int m = 0;
+    return cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &m) == CUDNN_STATUS_SUCCESS ? m : 0;
   }
   static cudnnStatus_t workspace(cudnnHandle_t h, Plan& p, Algo a, size_t* bytes) {
     return cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w.d, p.y.d, p.bwd_data.conv.d, p.x.d,
@@ -192,10 +204,14 @@ struct BackwardFilter {
   static Choice<Algo>& choice(Plan& p) { return p.bwd_filter; }
   // in1 = x, in2 = dy, out = scratch dw
   static void find(cudnnHandle_t h, Plan& p, const void* in1, const void* in2, void* out,
-                   Perf* res, int* n, void* ws, size_t ws_bytes) {
+                   Perf* res, int cap, int* n, void* ws, size_t ws_bytes) {
     CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, p.x.d, in1, p.y.d, in2,
                                                               p.bwd_filter.conv.d, p.w.d, out,
-                                                              kCount, n, res, ws, ws_bytes));
+                                                              cap, n, res, ws, ws_bytes));
+  }
+  static int max_count(cudnnHandle_t h) {
+    int m = 0;
+    return cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &m) == CUDNN_STATUS_SUCCESS ? m : 0;
   }
   static cudnnStatus_t workspace(cudnnHandle_t h, Plan& p, Algo a, size_t* bytes) {
     return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x.d, p.y.d, p.bwd_filter.conv.d,
@@ -268,29 +284,54 @@ size_t search_workspace_bytes(int device) {
   return bytes[device] = std::min<size_t>(free_b / 4, size_t(1) << 30);
 }
 
+// Every result of a search, for an error message: algorithm, status, math type,
+// determinism, workspace, time.
+template <class D>
+std::string results_line(const typename D::Perf* results, int count) {
+  std::string s;
+  for (int i = 0; i < count; ++i) {
+    const auto& r = results[i];
+    s += str_cat(i ? "; " : "", "algo ", int(r.algo), " ", cudnnGetErrorString(r.status), " math ",
+                 int(r.mathType), r.determinism == CUDNN_DETERMINISTIC ? " deterministic" : "",
+                 " ", r.memory, " B ", r.time, " ms");
+  }
+  return s.empty() ? "none" : s;
+}
+
+// The fastest usable result (cuDNN lists the fastest first). Usable: it ran; no tensor-core
+// math where it is not allowed; with `deterministic`, deterministic and neither FFT nor
+// Winograd, or, when no such algorithm ran, any deterministic one (said on stderr: their
+// rounding is looser, but a run that can go on is worth more than an error).
 template <class D>
 typename D::Perf pick(const typename D::Perf* results, int count, const Data& data, bool tf32,
                       bool deterministic, const ConvGeometry& g) {
-  const typename D::Perf* chosen = nullptr;
-  for (int i = 0; i < count && !chosen; ++i) {  // cuDNN lists the fastest first
-    const auto& r = results[i];
-    if (r.status != CUDNN_STATUS_SUCCESS) continue;
-    if (deterministic &&
-        (r.determinism != CUDNN_DETERMINISTIC || excluded_when_deterministic(r.algo)))
-      continue;
-    chosen = &r;
-  }
   const std::string shape = str_cat(dtype_name(data.type), " ", format_name(data.format),
                                     " input ", g.N, "x", g.C, "x", g.H, "x", g.W, ", weight ", g.O,
-                                    "x", g.C, "x", g.kh, "x", g.kw);
+                                    "x", g.C, "x", g.kh, "x", g.kw, " stride ", g.sh, "x", g.sw,
+                                    " padding ", g.ph, "x", g.pw);
+  const auto first = [&](bool allow_fft_winograd) -> const typename D::Perf* {
+    for (int i = 0; i < count; ++i) {
+      const auto& r = results[i];
+      if (r.status != CUDNN_STATUS_SUCCESS) continue;
+      if (!tensor_cores_allowed(data, tf32) && tensor_op_math(r.mathType)) continue;
+      if (deterministic && (r.determinism != CUDNN_DETERMINISTIC ||
+                            (!allow_fft_winograd && excluded_when_deterministic(r.algo))))
+        continue;
+      return &r;
+    }
+    return nullptr;
+  };
+  const typename D::Perf* chosen = first(false);
+  if (!chosen && deterministic && (chosen = first(true)))
+    std::fprintf(stderr,
+                 "unetcu: no deterministic %s algorithm without FFT or Winograd for %s; using "
+                 "deterministic algorithm %d (its rounding differs)\n",
+                 D::kWhat, shape.c_str(), int(chosen->algo));
   if (!chosen)
     throw Error(str_cat("cuDNN found no usable ", D::kWhat, " algorithm for ", shape,
-                        deterministic ? " among the deterministic ones (no atomics, FFT or Winograd)"
-                                      : ""));
-  if (!tensor_cores_allowed(data, tf32) && tensor_op_math(chosen->mathType))
-    throw Error(str_cat("cuDNN chose ", D::kWhat, " algorithm ", int(chosen->algo), " for ", shape,
-                        " with tensor-core math (cudnnMathType_t ", int(chosen->mathType),
-                        ") although TF32 is off: its float32 results would lose precision"));
+                        deterministic ? " among the deterministic ones" : "",
+                        tensor_cores_allowed(data, tf32) ? "" : " without tensor-core math",
+                        " (search results: ", results_line<D>(results, count), ")"));
   return *chosen;
 }
 
@@ -321,19 +362,32 @@ void choose(Plan& p, cudnnHandle_t h, int device, const ConvGeometry& g, bool tf
   }
   CUDNN_CHECK(cudnnSetConvolutionMathType(c.conv.d, search_math(data, tf32)));
   const size_t want = search_workspace_bytes(device);
-  unetcu::cuda::DeviceBuffer ws(device, want, /*optional=*/true);
-  typename D::Perf results[D::kCount];
+  // Optional: when memory is short, half as much, down to 16 MiB, then none.
+  size_t got = want;
+  std::optional<unetcu::cuda::DeviceBuffer> ws;
+  ws.emplace(device, got, /*optional=*/true);
+  while (!ws->get() && got > (size_t(16) << 20)) {
+    got /= 2;
+    ws.reset();
+    ws.emplace(device, got, /*optional=*/true);
+  }
+  std::vector<typename D::Perf> results(size_t(std::max(D::max_count(h), D::kCount)));
   int n = 0;
-  D::find(h, p, in1, in2, out, results, &n, ws.get(), ws.get() ? want : 0);
-  const typename D::Perf perf = pick<D>(results, n, data, tf32, deterministic, g);
+  D::find(h, p, in1, in2, out, results.data(), int(results.size()), &n, ws->get(),
+          ws->get() ? got : 0);
+  const typename D::Perf perf = pick<D>(results.data(), n, data, tf32, deterministic, g);
   c.algo = perf.algo;
   c.math = run_math(data, tf32, perf.mathType);
-  c.workspace = perf.memory;
   CUDNN_CHECK(cudnnSetConvolutionMathType(c.conv.d, c.math));
+  // The workspace for the math type it will run with (FMA where the search measured DEFAULT).
+  size_t need = 0;
+  c.workspace = D::workspace(h, p, c.algo, &need) == CUDNN_STATUS_SUCCESS
+                    ? std::max(perf.memory, need)
+                    : perf.memory;
   c.chosen = true;
   // A search that had to do without its workspace (memory was short) may have missed the
   // fastest algorithm: good for this process, not worth keeping for the next.
-  if (ws.get() || want == 0)
+  if ((ws->get() && got == want) || want == 0)
     disk_cache().store(key, ConvAlgoChoice{int(perf.algo), int(perf.mathType),
                                            perf.determinism == CUDNN_DETERMINISTIC});
 }
@@ -348,6 +402,17 @@ Choice<typename D::Algo>& chosen(Plan& p, cudnnHandle_t h, int device, const Con
   std::lock_guard<std::mutex> lock(p.search_mutex);
   Choice<typename D::Algo>& c = D::choice(p);
   if (!c.chosen) {
+    // The search runs kernels and reads the free memory: not inside a graph capture, whose
+    // warm-up steps choose every algorithm first. A new shape there is an error that says so.
+    cudaStream_t stream = nullptr;
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    if (cudnnGetStream(h, &stream) == CUDNN_STATUS_SUCCESS &&
+        cudaStreamIsCapturing(stream, &capturing) == cudaSuccess &&
+        capturing != cudaStreamCaptureStatusNone)
+      throw Error(str_cat("a ", D::kWhat, " of a shape not seen in the eager steps (input ", g.N,
+                          "x", g.C, "x", g.H, "x", g.W, ", weight ", g.O, "x", g.C, "x", g.kh, "x",
+                          g.kw, ") came up while capturing a CUDA graph: its algorithm must be "
+                          "chosen before the capture"));
     unetcu::cuda::DeviceBuffer scratch(device, scratch_bytes);
     choose<D>(p, h, device, g, tf32, deterministic, in1, in2, scratch_bytes ? scratch.get() : out);
   }
