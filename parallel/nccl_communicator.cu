@@ -137,11 +137,20 @@ struct NcclGroup {
         }
         ++i;
       }
-      for (size_t r = 0; why.empty() && r < comms.size(); ++r) {
-        ncclResult_t st = ncclSuccess;
-        if (ncclCommGetAsyncError(comms[r], &st) == ncclSuccess && st != ncclSuccess &&
-            st != ncclInProgress)
-          why = str_cat("NCCL error on rank ", first_rank + int(r), ": ", ncclGetErrorString(st));
+      // The communicators' asynchronous errors, polled only while no call is under way (the
+      // round is skipped otherwise): ncclCommGetAsyncError must not run beside another
+      // thread's on the same communicator. settle() polls it after every call, and the first
+      // poll to see a non-blocking group finished joins and frees NCCL's group job, unlocked;
+      // two at once free it twice. Nor may it run while abort() frees the communicator.
+      // try_to_lock: a caller holding `calls` shared may be waiting for pending_mu in track().
+      if (why.empty()) {
+        std::unique_lock<std::shared_mutex> idle(calls, std::try_to_lock);
+        for (size_t r = 0; idle.owns_lock() && !aborted && why.empty() && r < comms.size(); ++r) {
+          ncclResult_t st = ncclSuccess;
+          if (ncclCommGetAsyncError(comms[r], &st) == ncclSuccess && st != ncclSuccess &&
+              st != ncclInProgress)
+            why = str_cat("NCCL error on rank ", first_rank + int(r), ": ", ncclGetErrorString(st));
+        }
       }
       if (!why.empty()) {
         lock.unlock();  // abort takes `calls`; a caller holding it may be waiting to track()
@@ -159,12 +168,16 @@ struct NcclGroup {
     pending_cv.notify_all();
     if (watchdog.joinable()) watchdog.join();
     if (aborted) return;  // ncclCommAbort released them
+    int previous = 0;
+    const bool restore = cudaGetDevice(&previous) == cudaSuccess;
     ncclGroupStart();
     for (size_t r = 0; r < comms.size(); ++r) {
       cudaSetDevice(devices[r]);
       ncclCommFinalize(comms[r]);
     }
     ncclGroupEnd();
+    if (restore) cudaSetDevice(previous);  // the caller's device, as every guard leaves it
+    cudaGetLastError();  // a failure above is not the next launch's error
     for (ncclComm_t c : comms) {  // non-blocking: finalize completes asynchronously
       ncclResult_t st = ncclInProgress;
       const auto t0 = Clock::now();
