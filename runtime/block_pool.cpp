@@ -229,10 +229,11 @@ void BlockPool::release_private(int id) {
 
 void BlockPool::forget_stream(StreamRef stream) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [ptr, live] : live_) {
-    auto& uses = live.uses;
-    uses.erase(std::remove(uses.begin(), uses.end(), stream), uses.end());
-  }
+  const auto forget = [&](Live& live) {
+    live.uses.erase(std::remove(live.uses.begin(), live.uses.end(), stream), live.uses.end());
+  };
+  for (auto& [ptr, live] : live_) forget(live);
+  for (auto& [ptr, live] : held_frees_) forget(live);  // their events come at close_private()
 }
 
 AllocatorStats BlockPool::stats() {

@@ -153,6 +153,21 @@ TEST_CASE("a destroyed stream is forgotten: no event is recorded on it later") {
   CHECK(host == on_b);  // nothing of B's is pending
 }
 
+TEST_CASE("a stream destroyed while a capture holds frees back is forgotten there too") {
+  FakeBackend be;
+  BlockPool pool(be);
+  size_t c = 0;
+  void* on_a = pool.allocate(2048, kA, &c);
+  pool.record_use(on_a, kB);
+  pool.open_private(kA);
+  pool.free(on_a);  // main pool, held back until the capture closes
+  CHECK(be.events.empty());
+  pool.forget_stream(kB);  // B synchronised and destroyed meanwhile
+  pool.close_private();
+  CHECK(pool.pending_events() == 1);  // only A's
+  for (FakeEvent* e : be.events) CHECK(e->stream != kB);
+}
+
 TEST_CASE("pinned-style host blocks: reused only after the asynchronous copy's event") {
   FakeBackend be;
   BlockPool pool(be);

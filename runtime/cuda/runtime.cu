@@ -105,6 +105,9 @@ class QuietDeviceGuard {
     int now = -1;
     if (previous_ >= 0 && cudaGetDevice(&now) == cudaSuccess && now != previous_)
       cudaSetDevice(previous_);
+    // The unchecked calls of the scope leave no error behind for the next launch's check
+    // (cudaGetLastError) to report as its own.
+    cudaGetLastError();
   }
   QuietDeviceGuard(const QuietDeviceGuard&) = delete;
   QuietDeviceGuard& operator=(const QuietDeviceGuard&) = delete;
@@ -620,6 +623,7 @@ Event::Event(int device) {
     cudaSetDevice(device);
     cudaEventDestroy(p);
     cudaSetDevice(prev);
+    cudaGetLastError();  // unchecked (a deleter): no error left for the next launch's check
   });
 }
 
