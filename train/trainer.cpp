@@ -23,6 +23,10 @@ namespace unetcu {
 
 namespace {
 
+// A non-finite loss as a message names it: "nan" whatever its sign bit (which depends on the
+// operations that made it), "inf" or "-inf".
+const char* non_finite_name(double v) { return std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf"; }
+
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -192,7 +196,7 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
     auto settle = [&] {
       if (!pending.valid()) return;
       const double loss = pending.get();
-      UNETCU_CHECK(std::isfinite(loss), "loss is not finite (", loss, ") at epoch ", epoch,
+      UNETCU_CHECK(std::isfinite(loss), "loss is not finite (", non_finite_name(loss), ") at epoch ", epoch,
                    " step ", pending_step + 1, "; lower the learning rate", kept);
       loss_sum += loss * double(pending_batch.size());
       seen += pending_batch.size();
@@ -266,7 +270,7 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
       counts.add(logits, masks);
     }
     st.val_loss = val_loss / double(val_n);
-    UNETCU_CHECK(std::isfinite(st.val_loss), "validation loss is not finite (", st.val_loss,
+    UNETCU_CHECK(std::isfinite(st.val_loss), "validation loss is not finite (", non_finite_name(st.val_loss),
                  ") after epoch ", epoch, "; lower the learning rate", kept);
     st.val_iou = counts.iou();
     st.val_dice = counts.dice();
