@@ -78,6 +78,8 @@ int main(int argc, char** argv) {
   app.add_option("--reps", reps, "Timed repetitions")->capture_default_str();
   app.add_option("--shape", shape, "N C H W of the layers' input")->expected(4)->capture_default_str();
   app.add_option("--device", device, "cpu or cuda:K")->capture_default_str();
+  std::string only;
+  app.add_option("--layer", only, "Only the layers whose name starts with this (e.g. conv, upsample)");
   CLI11_PARSE(app, argc, argv);
   try {
     UNETCU_CHECK(threads >= 1 && warmup >= 0 && reps >= 1, "--threads and --reps must be at least 1, "
@@ -100,6 +102,7 @@ int main(int argc, char** argv) {
     const char* layers[] = {"conv 3x3 C->C", "conv 3x3 C->1 + bias", "batch_norm_relu",
                             "max_pool 3x3/2", "upsample2x_concat"};
     for (const char* layer : layers) {
+      if (std::string(layer).rfind(only, 0) != 0) continue;
       double base = 0;
       for (const Variant& v : variants) {
         Rng rng(1);
