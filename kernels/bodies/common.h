@@ -14,6 +14,16 @@
 
 namespace unetcu::kernels {
 
+#if !defined(__CUDA_ARCH__)
+// The bodies' unqualified sqrt, exp, log1p and fabs: on the host, <cmath>'s float overloads
+// (otherwise sqrt(float) is C's double sqrt, and a float body computes in double on the CPU
+// and in float on the GPU, whose device overloads take float).
+using std::exp;
+using std::fabs;
+using std::log1p;
+using std::sqrt;
+#endif
+
 // Output size of a sliding window (conv, pooling) along one axis.
 HD int64_t window_out_size(int64_t in, int64_t k, int64_t stride, int64_t pad, int64_t dilation) {
   return (in + 2 * pad - dilation * (k - 1) - 1) / stride + 1;
