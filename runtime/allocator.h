@@ -9,7 +9,7 @@ namespace unetcu {
 
 struct AllocatorStats {
   size_t current_bytes = 0;  // in tensors now
-  size_t peak_bytes = 0;     // most ever in tensors at once
+  size_t peak_bytes = 0;     // most ever in tensors at once, with the memory CUDA graphs keep
   size_t cached_bytes = 0;   // freed blocks kept for reuse
   // Blocks taken from the system (the cache had none to give): after a training step's first
   // run at a fixed shape, none (a step that still allocates from the system cannot be

@@ -95,6 +95,7 @@ void* BlockPool::allocate(size_t bytes, StreamRef stream, size_t* capacity, bool
       p = it->second.ptr;
       *capacity = it->first;
       stats_.cached_bytes -= it->first;
+      graph_bytes_ -= it->first;
       cache.erase(it);
     } else {
       p = static_cast<char*>(backend_.allocate(want));
@@ -132,7 +133,7 @@ void* BlockPool::allocate(size_t bytes, StreamRef stream, size_t* capacity, bool
   if (!stream.is_host()) live.uses.push_back(stream);
   if (counted) {
     stats_.current_bytes += *capacity;
-    stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.current_bytes);
+    stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.current_bytes + graph_bytes_);
   }
   return p;
 }
@@ -162,6 +163,7 @@ void BlockPool::free(void* ptr) noexcept {
     if (pit != private_.end() && !pit->second.released) {
       pit->second.cached.emplace(live.capacity, Cached{static_cast<char*>(ptr), {}});
       stats_.cached_bytes += live.capacity;
+      graph_bytes_ += live.capacity;
       return;
     }
     live.pool = 0;  // its graph is gone: an ordinary block now
@@ -217,6 +219,7 @@ void BlockPool::release_private(int id) {
   for (auto& [size, block] : it->second.cached) {
     backend_.deallocate(block.ptr, size);
     stats_.cached_bytes -= size;
+    graph_bytes_ -= size;
   }
   it->second.cached.clear();
   bool live = false;
@@ -243,7 +246,7 @@ AllocatorStats BlockPool::stats() {
 
 void BlockPool::reset_peak() {
   std::lock_guard<std::mutex> lock(mu_);
-  stats_.peak_bytes = stats_.current_bytes;
+  stats_.peak_bytes = stats_.current_bytes + graph_bytes_;
 }
 
 void BlockPool::release_cache() {

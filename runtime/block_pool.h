@@ -94,7 +94,9 @@ class BlockPool {
   //  - release_private(id): the graph is gone and its work done: the pool's cached blocks go back
   //    to the backend; its live blocks, when freed later, go to the main cache as any block.
   // A private pool's cached blocks count in cached_bytes (memory held for a graph) but are not
-  // given back by release_cache(). Only the device pools take captures: a pinned block freed
+  // given back by release_cache(); they also count in peak_bytes beside current_bytes, since
+  // every replay of the graph writes them (after reset_peak, an epoch of replays would
+  // otherwise report only the memory outside its graph). Only the device pools take captures: a pinned block freed
   // while a capture runs records its events as usual, so pinned memory the capturing stream
   // uses must not be freed during a capture (the trainer frees batches between steps).
   int open_private(StreamRef stream);
@@ -142,6 +144,7 @@ class BlockPool {
   std::map<int, Private> private_;
   int open_ = 0, next_private_ = 1;
   StreamRef open_stream_;
+  size_t graph_bytes_ = 0;  // in the caches of private pools not yet released
   std::vector<std::pair<char*, Live>> held_frees_;  // main blocks freed while a pool is open
 };
 

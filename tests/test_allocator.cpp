@@ -168,6 +168,28 @@ TEST_CASE("a stream destroyed while a capture holds frees back is forgotten ther
   for (FakeEvent* e : be.events) CHECK(e->stream != kB);
 }
 
+TEST_CASE("the peak counts the blocks a captured graph keeps for its replays") {
+  FakeBackend be;
+  BlockPool pool(be);
+  size_t act = 0, out = 0;
+  const int id = pool.open_private(kA);
+  void* activation = pool.allocate(1 << 20, kA, &act);  // made and freed inside the capture
+  void* result = pool.allocate(1 << 16, kA, &out);      // still alive after it
+  pool.free(activation);
+  pool.close_private();
+  pool.reset_peak();  // a new epoch of replays: they write both blocks
+  CHECK(pool.stats().current_bytes == out);
+  CHECK(pool.stats().peak_bytes == act + out);
+  size_t c = 0;
+  void* eager = pool.allocate(1 << 10, kB, &c);
+  CHECK(pool.stats().peak_bytes == act + out + c);
+  pool.free(eager);
+  pool.free(result);
+  pool.release_private(id);  // the graph is gone
+  pool.reset_peak();
+  CHECK(pool.stats().peak_bytes == 0);
+}
+
 TEST_CASE("pinned-style host blocks: reused only after the asynchronous copy's event") {
   FakeBackend be;
   BlockPool pool(be);
