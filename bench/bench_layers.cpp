@@ -1,5 +1,6 @@
-// Times the UNet's layer kinds one by one — 3×3 convolution, fused batch norm + ReLU, 3×3/2
-// max-pool, ×2 upsample into the concat buffer — forward and backward, in float32 NCHW,
+// Times the UNet's layer kinds one by one — 3×3 convolution (C -> C, and C -> 1 with a bias as
+// the segmentation head), fused batch norm + ReLU, 3×3/2 max-pool, ×2 upsample into the
+// concat buffer — forward and backward, in float32 NCHW,
 // float32 NHWC, bf16 NCHW and bf16 NHWC, on the CPU (or --device cuda:0): median of the timed
 // repetitions after warm-up, one table row per layer and variant. Shows where channels-last and
 // bfloat16 storage pay and where they cost.
@@ -16,6 +17,7 @@
 #include "engine/random.h"
 #include "engine/tape.h"
 #include "kernels/cpu/conv_dnnl.h"
+#include "kernels/cpu/conv_narrow.h"
 #include "kernels/cpu/cpu_select.h"
 #include "runtime/cuda_api.h"
 #include "bench/bench_util.h"
@@ -99,7 +101,10 @@ int main(int argc, char** argv) {
                                 {"fp32 NHWC", DType::F32, MemoryFormat::NHWC},
                                 {"bf16 NCHW", DType::BF16, MemoryFormat::NCHW},
                                 {"bf16 NHWC", DType::BF16, MemoryFormat::NHWC}};
-    const char* layers[] = {"conv 3x3 C->C", "conv 3x3 C->1 + bias", "batch_norm_relu",
+    // The head's conv twice on the CPU: on its direct path (kernels/cpu/conv_narrow.h) and,
+    // "(library)", on oneDNN or im2col + GEMM as every other convolution.
+    const char* layers[] = {"conv 3x3 C->C", "conv 3x3 C->1 + bias",
+                            "conv 3x3 C->1 + bias (library)", "batch_norm_relu",
                             "max_pool 3x3/2", "upsample2x_concat"};
     for (const char* layer : layers) {
       if (std::string(layer).rfind(only, 0) != 0) continue;
@@ -134,7 +139,9 @@ int main(int argc, char** argv) {
           leaves = {low, x};
           f = [&] { return upsample_nearest2x_concat(low, x); };
         }
+        kernels::cpu::set_narrow_conv_allowed(name.find("(library)") == std::string::npos);
         const auto [fw, bw] = time_layer(f, dev, warmup, reps, leaves);
+        kernels::cpu::set_narrow_conv_allowed(true);
         if (v.dtype == DType::F32 && v.format == MemoryFormat::NCHW) base = fw + bw;
         std::printf("| %s | %s | %.2f | %.2f | %.2f | %.2fx |\n", layer, v.name, fw * 1e3, bw * 1e3,
                     (fw + bw) * 1e3, base / (fw + bw));

@@ -3,7 +3,8 @@
 // as on a C -> C one (their kernels block over output channels; the GEMM is a matrix-vector
 // product), so here each output row is built from shifted input rows, one vector loop per
 // tap, in either memory format and every dtype (float32, float64, bfloat16 stored and
-// computed in float32).
+// computed in float32). conv.cpp sends NCHW convolutions here, and NHWC ones only where oneDNN
+// does not take them (its channels-last kernels are as fast, and faster in bfloat16).
 //
 // Arithmetic: outputs and data gradients sum in the compute type (float, double for float64)
 // in the order c, kh, kw; weight and bias gradients sum each output row in the compute type,
