@@ -261,10 +261,61 @@ void forward_eval(const S* x, const acc_t<S>* gamma, const acc_t<S>* beta,
   normalize(x, gamma, beta, run_mean, invstd.data(), y, d);
 }
 
-// The constants of a backward element pass.
-template <class T> struct GradConsts {
-  T mean, invstd, gamma_invstd, sum_g, sum_g_xhat;
-};
+// Values of a block of the backward's elementwise pass: formed into an array by a loop free
+// of branches (which the compiler vectorises), then stored, written or accumulated.
+constexpr int64_t kApplyBlock = 256;
+
+// dst[k] = v[k] for k < n, written (beta 0) or added in the compute type and rounded once: as
+// store() element by element, the beta test once per block.
+template <class S>
+void store_block(S* dst, const acc_t<S>* v, int64_t n, acc_t<S> beta) {
+  using T = acc_t<S>;
+  if (beta == T(0)) {
+    for (int64_t k = 0; k < n; ++k) dst[k] = to_storage<S>(v[k]);
+  } else {
+    for (int64_t k = 0; k < n; ++k) dst[k] = to_storage<S>(T(dst[k]) + v[k]);
+  }
+}
+
+template <bool kFused, bool kTraining, class S>
+void grad_apply_blocks(const S* gy, const S* y, const S* x, const acc_t<S>* mean,
+                       const acc_t<S>* invstd, const acc_t<S>* gi, const acc_t<S>* sg,
+                       const acc_t<S>* sgx, acc_t<S> inv_m, S* gx, acc_t<S> beta_x, S* gr,
+                       acc_t<S> beta_r, const Geo& d) {
+  using T = acc_t<S>;
+  // The values of the n elements from memory index i0 on, channel chan(j) for the j-th.
+  const auto block = [&](int64_t i0, int64_t n, auto chan) {
+    T dx[kApplyBlock], dr[kApplyBlock];
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t c = chan(j), i = i0 + j;
+      const T dy = T(gy[i]);
+      if constexpr (kFused) {
+        const T yv = T(y[i]);
+        dx[j] = bn_relu_backward_dx(dy, yv, T(x[i]), mean[c], invstd[c], gi[c], inv_m, sg[c],
+                                    sgx[c], kTraining);
+        dr[j] = kernels::relu_backward(dy, yv);
+      } else if constexpr (kTraining) {
+        dx[j] = bn_backward_train(dy, (T(x[i]) - mean[c]) * invstd[c], gi[c], inv_m, sg[c], sgx[c]);
+      } else {
+        dx[j] = dy * gi[c];
+      }
+    }
+    if (gx) store_block(gx + i0, dx, n, beta_x);
+    if (kFused && gr) store_block(gr + i0, dr, n, beta_r);
+  };
+  if (!d.nhwc) {  // per plane, the channel fixed
+    parallel_for(d.N * d.C, [&](int64_t nc) {
+      const int64_t c = nc % d.C;
+      for (int64_t q0 = 0; q0 < d.HW; q0 += kApplyBlock)
+        block(nc * d.HW + q0, std::min(kApplyBlock, d.HW - q0), [c](int64_t) { return c; });
+    }, grain_for(d, d.N * d.C));
+  } else {  // per pixel, the channel innermost
+    parallel_for(d.pixels(), [&](int64_t p) {
+      for (int64_t c0 = 0; c0 < d.C; c0 += kApplyBlock)
+        block(p * d.C + c0, std::min(kApplyBlock, d.C - c0), [c0](int64_t j) { return c0 + j; });
+    }, grain_for(d, d.pixels()));
+  }
+}
 
 // dx (and, fused, the residual's gradient) from the channel sums [2, C] (absent where not
 // needed). kFused: g = relu_backward(dy, y), and gr = g.
@@ -283,27 +334,12 @@ void grad_apply(const S* gy, const S* y, const S* x, const acc_t<S>* gamma,
       sgx[c] = T(sums[d.C + c]);
     }
   }
-  for_each_element(
-      d,
-      [&](int64_t c) { return GradConsts<T>{mean[c], invstd[c], gi[c], sg[c], sgx[c]}; },
-      [&](const GradConsts<T>& k, int64_t i) {
-        if constexpr (kFused) {
-          const T dy = T(gy[i]), yv = T(y[i]);
-          if (gx)
-            store(gx + i,
-                     bn_relu_backward_dx(dy, yv, T(x[i]), k.mean, k.invstd, k.gamma_invstd, inv_m,
-                                         k.sum_g, k.sum_g_xhat, training),
-                     beta_x);
-          if (gr) store(gr + i, kernels::relu_backward(dy, yv), beta_r);
-        } else {
-          const T dy = T(gy[i]);
-          store(gx + i,
-                   training ? bn_backward_train(dy, (T(x[i]) - k.mean) * k.invstd, k.gamma_invstd,
-                                                inv_m, k.sum_g, k.sum_g_xhat)
-                            : dy * k.gamma_invstd,
-                   beta_x);
-        }
-      });
+  if (training)
+    grad_apply_blocks<kFused, true>(gy, y, x, mean, invstd, gi.data(), sg.data(), sgx.data(),
+                                    inv_m, gx, beta_x, gr, beta_r, d);
+  else
+    grad_apply_blocks<kFused, false>(gy, y, x, mean, invstd, gi.data(), sg.data(), sgx.data(),
+                                     inv_m, gx, beta_x, gr, beta_r, d);
 }
 
 // dgamma = sum(g * xhat), dbeta = sum(g) from the sums [2, C]; each absent or written or
