@@ -85,6 +85,42 @@ inline void store_row(S* dst, const acc_t<S>* v, int64_t n, double beta) {
   }
 }
 
+// Input rows in the compute type, every channel of one row together (rows[c][iw + pw], an
+// NHWC row transposed as it is read), padded with zeros; row ih of image n is kept in slot
+// ih % kh while a thread's next output rows read it again.
+template <class S>
+class RowCache {
+ public:
+  RowCache(const S* x, const ConvGeometry& g, bool hwc)
+      : x_(x), g_(g), hwc_(hwc), row_len_(g.W + 2 * g.pw), slot_len_(g.C * row_len_),
+        rows_(static_cast<size_t>(g.kh * slot_len_)), held_(static_cast<size_t>(g.kh), -1) {}
+  int64_t row_len() const { return row_len_; }
+  // Row ih of image n: channel c at [c * row_len()].
+  const acc_t<S>* get(int64_t n, int64_t ih) {
+    const int64_t slot = ih % g_.kh, key = n * g_.H + ih;
+    acc_t<S>* r = rows_.data() + slot * slot_len_;
+    if (held_[size_t(slot)] != key) {
+      const int64_t C = g_.C, H = g_.H, W = g_.W;
+      if (!hwc_) {
+        for (int64_t c = 0; c < C; ++c)
+          load_padded<S>(r + c * row_len_, x_ + ((n * C + c) * H + ih) * W, W, g_.pw, row_len_);
+      } else {
+        load_transposed<S>(r, x_ + (n * H + ih) * W * C, W, C, g_.pw, row_len_);
+      }
+      held_[size_t(slot)] = key;
+    }
+    return r;
+  }
+
+ private:
+  const S* x_;
+  const ConvGeometry& g_;
+  bool hwc_;
+  int64_t row_len_, slot_len_;
+  std::vector<acc_t<S>> rows_;
+  std::vector<int64_t> held_;  // n * H + ih of each slot
+};
+
 // ---- forward --------------------------------------------------------------------------
 
 template <class S>
@@ -104,12 +140,8 @@ void forward(const TensorRef& x, const TensorRef& w, const TensorRef& b, const T
   const int64_t items = g.N * OH;
 #pragma omp parallel
   {
-    // rows[slot][c][iw + pw]: input row ih in slot ih % kh, every channel (an NHWC row
-    // transposed as it is read), kept while the thread's next output rows read it again;
-    // acc[o][ow]: the output row.
-    const int64_t slot_len = C * row_len;
-    std::vector<A> rows(static_cast<size_t>(kh * slot_len)), acc(static_cast<size_t>(O * OW));
-    std::vector<int64_t> held(static_cast<size_t>(kh), -1);  // n * H + ih of each slot
+    RowCache<S> rows(xp, g, hwc);
+    std::vector<A> acc(static_cast<size_t>(O * OW));  // acc[o][ow]: the output row
 #pragma omp for schedule(static)
     for (int64_t it = 0; it < items; ++it) {
       const int64_t n = it / OH, oh = it % OH;
@@ -119,17 +151,7 @@ void forward(const TensorRef& x, const TensorRef& w, const TensorRef& b, const T
       for (int64_t i = 0; i < kh; ++i) {
         const int64_t ih = oh - ph + i;
         if (ih < 0 || ih >= H) continue;
-        const int64_t slot = ih % kh;
-        A* r = rows.data() + slot * slot_len;
-        if (held[size_t(slot)] != n * H + ih) {
-          if (!hwc) {
-            for (int64_t c = 0; c < C; ++c)
-              load_padded<S>(r + c * row_len, xp + ((n * C + c) * H + ih) * W, W, pw, row_len);
-          } else {
-            load_transposed<S>(r, xp + (n * H + ih) * W * C, W, C, pw, row_len);
-          }
-          held[size_t(slot)] = n * H + ih;
-        }
+        const A* r = rows.get(n, ih);
         for (int64_t c = 0; c < C; ++c) {
           const A* rc = r + c * row_len;
           for (int64_t o = 0; o < O; ++o) {
@@ -192,9 +214,7 @@ void backward_weights(const TensorRef& grad_y, const TensorRef& x, const TensorR
 #pragma omp parallel num_threads(threads)
   {
     double* part = partial.data() + size_t(omp_get_thread_num()) * size_t(stride);
-    const int64_t slot_len = C * row_len;  // input rows cached as in forward
-    std::vector<A> rows(static_cast<size_t>(want_w ? kh * slot_len : 0));
-    std::vector<int64_t> held(static_cast<size_t>(kh), -1);
+    RowCache<S> rows(xp, g, hwc);  // input rows, as in forward
     std::vector<A> gy_rows(static_cast<size_t>(O * OW));
 #pragma omp for schedule(static)
     for (int64_t it = 0; it < items; ++it) {
@@ -212,17 +232,7 @@ void backward_weights(const TensorRef& grad_y, const TensorRef& x, const TensorR
       for (int64_t i = 0; i < kh; ++i) {
         const int64_t ih = oh - ph + i;
         if (ih < 0 || ih >= H) continue;
-        const int64_t slot = ih % kh;
-        A* r = rows.data() + slot * slot_len;
-        if (held[size_t(slot)] != n * H + ih) {
-          if (!hwc) {
-            for (int64_t c = 0; c < C; ++c)
-              load_padded<S>(r + c * row_len, xp + ((n * C + c) * H + ih) * W, W, pw, row_len);
-          } else {
-            load_transposed<S>(r, xp + (n * H + ih) * W * C, W, C, pw, row_len);
-          }
-          held[size_t(slot)] = n * H + ih;
-        }
+        const A* r = rows.get(n, ih);
         for (int64_t c = 0; c < C; ++c) {
           const A* rc = r + c * row_len;
           for (int64_t o = 0; o < O; ++o) {
