@@ -169,15 +169,16 @@ struct NcclGroup {
     if (watchdog.joinable()) watchdog.join();
     if (aborted) return;  // ncclCommAbort released them
     int previous = 0;
-    const bool restore = cudaGetDevice(&previous) == cudaSuccess;
+    bool ok = cudaGetDevice(&previous) == cudaSuccess;
+    const bool restore = ok;
     ncclGroupStart();
     for (size_t r = 0; r < comms.size(); ++r) {
-      cudaSetDevice(devices[r]);
+      ok = cudaSetDevice(devices[r]) == cudaSuccess && ok;
       ncclCommFinalize(comms[r]);
     }
     ncclGroupEnd();
-    if (restore) cudaSetDevice(previous);  // the caller's device, as every guard leaves it
-    cudaGetLastError();  // a failure above is not the next launch's error
+    if (restore) ok = cudaSetDevice(previous) == cudaSuccess && ok;  // the caller's device
+    if (!ok) cudaGetLastError();  // a failure here is not the next launch's error
     for (ncclComm_t c : comms) {  // non-blocking: finalize completes asynchronously
       ncclResult_t st = ncclInProgress;
       const auto t0 = Clock::now();

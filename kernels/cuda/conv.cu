@@ -13,8 +13,10 @@
 //    reference computes). Two runs, two streams or two replicas then give the same bits.
 //  - otherwise the fastest that ran.
 //  - float32 with TF32 off: the search runs with CUDNN_FMA_MATH, the chosen algorithm must
-//    report FMA (or default) math, and it runs with CUDNN_FMA_MATH; a tensor-core choice is an
-//    error rather than a silent loss of float32 precision.
+//    report FMA (or default) math, and it runs with CUDNN_FMA_MATH; tensor-core results are
+//    passed over rather than a silent loss of float32 precision.
+//  - when the deterministic setting leaves nothing, a deterministic FFT or Winograd result
+//    (never an atomics one) is taken, with a note on stderr: a run that can go on.
 //  - bfloat16: tensor cores are what it is for (their bfloat16 products are exact in float32
 //    and they sum in float32): the search runs with CUDNN_TENSOR_OP_MATH and the choice runs
 //    with the math type it was measured with, whatever the TF32 setting.
@@ -126,21 +128,27 @@ Plan& plan_for(int device, const ConvGeometry& g, const Data& data, bool tf32, b
 
 // ---- the directions, each with its cuDNN calls -----------------------------------------
 
-// Which algorithms the deterministic setting leaves out: FFT and Winograd variants (looser
-// rounding) and those cuDNN's header marks non-deterministic (they accumulate with atomics).
-bool excluded_when_deterministic(cudnnConvolutionFwdAlgo_t a) {
+// The algorithms cuDNN's header marks non-deterministic (they accumulate with atomics): never
+// under the deterministic setting.
+bool uses_atomics(cudnnConvolutionFwdAlgo_t) { return false; }
+bool uses_atomics(cudnnConvolutionBwdDataAlgo_t a) { return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0; }
+bool uses_atomics(cudnnConvolutionBwdFilterAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3;
+}
+// FFT and Winograd variants (looser rounding): left out under the deterministic setting while
+// any other deterministic algorithm ran.
+bool fft_or_winograd(cudnnConvolutionFwdAlgo_t a) {
   return a == CUDNN_CONVOLUTION_FWD_ALGO_FFT || a == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
          a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD || a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
 }
-bool excluded_when_deterministic(cudnnConvolutionBwdDataAlgo_t a) {
-  return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT ||
+bool fft_or_winograd(cudnnConvolutionBwdDataAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT ||
          a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING ||
          a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD ||
          a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
 }
-bool excluded_when_deterministic(cudnnConvolutionBwdFilterAlgo_t a) {
-  return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3 ||
-         a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT ||
+bool fft_or_winograd(cudnnConvolutionBwdFilterAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT ||
          a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING ||
          a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD ||
          a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
@@ -314,8 +322,8 @@ typename D::Perf pick(const typename D::Perf* results, int count, const Data& da
       const auto& r = results[i];
       if (r.status != CUDNN_STATUS_SUCCESS) continue;
       if (!tensor_cores_allowed(data, tf32) && tensor_op_math(r.mathType)) continue;
-      if (deterministic && (r.determinism != CUDNN_DETERMINISTIC ||
-                            (!allow_fft_winograd && excluded_when_deterministic(r.algo))))
+      if (deterministic && (r.determinism != CUDNN_DETERMINISTIC || uses_atomics(r.algo) ||
+                            (!allow_fft_winograd && fft_or_winograd(r.algo))))
         continue;
       return &r;
     }
@@ -346,9 +354,11 @@ void choose(Plan& p, cudnnHandle_t h, int device, const ConvGeometry& g, bool tf
     // Checked again, not trusted: the file may have been edited, or written by a cuDNN that
     // had other algorithms. Anything doubtful is searched instead.
     const auto algo = typename D::Algo(hit->algo);
+    // Under the deterministic key an FFT or Winograd entry comes from a search that found
+    // nothing else (pick's last resort): the same choice the search would make again.
     const bool fits = hit->algo >= 0 && hit->algo < D::kCount &&
                       (tensor_cores_allowed(data, tf32) || !tensor_op_math(hit->math_type)) &&
-                      (!deterministic || (hit->deterministic && !excluded_when_deterministic(algo)));
+                      (!deterministic || (hit->deterministic && !uses_atomics(algo)));
     size_t ws = 0;
     const cudnnMathType_t math = run_math(data, tf32, hit->math_type);
     if (fits && cudnnSetConvolutionMathType(c.conv.d, math) == CUDNN_STATUS_SUCCESS &&
@@ -480,6 +490,9 @@ void bias_grad(const TensorRef& gy, const TensorRef& gb, double beta, cudaStream
     bias_grad_finish_kernel<S><<<blocks_for(d.C), kThreads, 0, stream>>>(part, chunks, d.C,
                                                                          gb.data<S>(), beta != 0);
   });
+  // Checked here, before `partial` goes back to the allocator: a launch error is the thread's
+  // last error only until the next CUDA call clears or replaces it.
+  CUDA_CHECK_LAUNCH(stream, "conv2d bias gradient");
 }
 
 // t as cuDNN is given it, in `format`: t itself (or absent), or a copy in that format (device

@@ -98,21 +98,27 @@ void check_device_index(int device) {
 class QuietDeviceGuard {
  public:
   explicit QuietDeviceGuard(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ != device) cudaSetDevice(device);
+    if (cudaGetDevice(&previous_) != cudaSuccess) {
+      previous_ = -1;
+      failed_ = true;
+    }
+    if (previous_ != device && cudaSetDevice(device) != cudaSuccess) failed_ = true;
   }
   ~QuietDeviceGuard() {
     int now = -1;
-    if (previous_ >= 0 && cudaGetDevice(&now) == cudaSuccess && now != previous_)
-      cudaSetDevice(previous_);
-    // The unchecked calls of the scope leave no error behind for the next launch's check
-    // (cudaGetLastError) to report as its own.
-    cudaGetLastError();
+    if (previous_ >= 0 && cudaGetDevice(&now) == cudaSuccess && now != previous_ &&
+        cudaSetDevice(previous_) != cudaSuccess)
+      failed_ = true;
+    // A failure of the guard's own calls is not left for the next launch's check
+    // (cudaGetLastError) to report as its own. Only then: clearing always would also erase a
+    // launch error made before the guard and not yet checked.
+    if (failed_) cudaGetLastError();
   }
   QuietDeviceGuard(const QuietDeviceGuard&) = delete;
   QuietDeviceGuard& operator=(const QuietDeviceGuard&) = delete;
 
  private:
+  bool failed_ = false;
   int previous_ = -1;
 };
 }  // namespace
@@ -620,10 +626,10 @@ Event::Event(int device) {
   event_ = std::shared_ptr<CUevent_st>(e, [device](cudaEvent_t p) {
     int prev = 0;
     cudaGetDevice(&prev);
-    cudaSetDevice(device);
-    cudaEventDestroy(p);
-    cudaSetDevice(prev);
-    cudaGetLastError();  // unchecked (a deleter): no error left for the next launch's check
+    bool ok = cudaSetDevice(device) == cudaSuccess;
+    ok = cudaEventDestroy(p) == cudaSuccess && ok;
+    ok = cudaSetDevice(prev) == cudaSuccess && ok;
+    if (!ok) cudaGetLastError();  // a deleter's failure is not the next launch's error
   });
 }
 
