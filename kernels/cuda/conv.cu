@@ -48,6 +48,7 @@
 #include "kernels/bodies/bf16.h"
 #include "kernels/bodies/layout.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/conv_pick.h"
 #include "kernels/cuda/cudnn_util.cuh"
 #include "kernels/launchers.h"
 
@@ -128,32 +129,6 @@ Plan& plan_for(int device, const ConvGeometry& g, const Data& data, bool tf32, b
 
 // ---- the directions, each with its cuDNN calls -----------------------------------------
 
-// The algorithms cuDNN's header marks non-deterministic (they accumulate with atomics): never
-// under the deterministic setting.
-bool uses_atomics(cudnnConvolutionFwdAlgo_t) { return false; }
-bool uses_atomics(cudnnConvolutionBwdDataAlgo_t a) { return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0; }
-bool uses_atomics(cudnnConvolutionBwdFilterAlgo_t a) {
-  return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3;
-}
-// FFT and Winograd variants (looser rounding): left out under the deterministic setting while
-// any other deterministic algorithm ran.
-bool fft_or_winograd(cudnnConvolutionFwdAlgo_t a) {
-  return a == CUDNN_CONVOLUTION_FWD_ALGO_FFT || a == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
-         a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD || a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
-}
-bool fft_or_winograd(cudnnConvolutionBwdDataAlgo_t a) {
-  return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT ||
-         a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING ||
-         a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD ||
-         a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
-}
-bool fft_or_winograd(cudnnConvolutionBwdFilterAlgo_t a) {
-  return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT ||
-         a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING ||
-         a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD ||
-         a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
-}
-
 // Find: runs every algorithm of the direction on (in1, in2) into out, within the workspace,
 // listing up to `cap` results (max_count: how many it may list, an algorithm once per math
 // type). Workspace: the size cuDNN asks for one algorithm.
@@ -229,9 +204,6 @@ struct BackwardFilter {
 
 // ---- choosing -------------------------------------------------------------------------
 
-bool tensor_op_math(int math) {
-  return math == CUDNN_TENSOR_OP_MATH || math == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
-}
 
 // Whether tensor-core math may run: float32 with TF32 on, and bfloat16 always.
 bool tensor_cores_allowed(const Data& data, bool tf32) { return tf32 || data.bf16(); }
@@ -292,24 +264,7 @@ size_t search_workspace_bytes(int device) {
   return bytes[device] = std::min<size_t>(free_b / 4, size_t(1) << 30);
 }
 
-// Every result of a search, for an error message: algorithm, status, math type,
-// determinism, workspace, time.
-template <class D>
-std::string results_line(const typename D::Perf* results, int count) {
-  std::string s;
-  for (int i = 0; i < count; ++i) {
-    const auto& r = results[i];
-    s += str_cat(i ? "; " : "", "algo ", int(r.algo), " ", cudnnGetErrorString(r.status), " math ",
-                 int(r.mathType), r.determinism == CUDNN_DETERMINISTIC ? " deterministic" : "",
-                 " ", r.memory, " B ", r.time, " ms");
-  }
-  return s.empty() ? "none" : s;
-}
-
-// The fastest usable result (cuDNN lists the fastest first). Usable: it ran; no tensor-core
-// math where it is not allowed; with `deterministic`, deterministic and neither FFT nor
-// Winograd, or, when no such algorithm ran, any deterministic one (said on stderr: their
-// rounding is looser, but a run that can go on is worth more than an error).
+// The direction's choice among the search results (conv_pick.h), for this plan's shape.
 template <class D>
 typename D::Perf pick(const typename D::Perf* results, int count, const Data& data, bool tf32,
                       bool deterministic, const ConvGeometry& g) {
@@ -317,30 +272,8 @@ typename D::Perf pick(const typename D::Perf* results, int count, const Data& da
                                     " input ", g.N, "x", g.C, "x", g.H, "x", g.W, ", weight ", g.O,
                                     "x", g.C, "x", g.kh, "x", g.kw, " stride ", g.sh, "x", g.sw,
                                     " padding ", g.ph, "x", g.pw);
-  const auto first = [&](bool allow_fft_winograd) -> const typename D::Perf* {
-    for (int i = 0; i < count; ++i) {
-      const auto& r = results[i];
-      if (r.status != CUDNN_STATUS_SUCCESS) continue;
-      if (!tensor_cores_allowed(data, tf32) && tensor_op_math(r.mathType)) continue;
-      if (deterministic && (r.determinism != CUDNN_DETERMINISTIC || uses_atomics(r.algo) ||
-                            (!allow_fft_winograd && fft_or_winograd(r.algo))))
-        continue;
-      return &r;
-    }
-    return nullptr;
-  };
-  const typename D::Perf* chosen = first(false);
-  if (!chosen && deterministic && (chosen = first(true)))
-    std::fprintf(stderr,
-                 "unetcu: no deterministic %s algorithm without FFT or Winograd for %s; using "
-                 "deterministic algorithm %d (its rounding differs)\n",
-                 D::kWhat, shape.c_str(), int(chosen->algo));
-  if (!chosen)
-    throw Error(str_cat("cuDNN found no usable ", D::kWhat, " algorithm for ", shape,
-                        deterministic ? " among the deterministic ones" : "",
-                        tensor_cores_allowed(data, tf32) ? "" : " without tensor-core math",
-                        " (search results: ", results_line<D>(results, count), ")"));
-  return *chosen;
+  return pick_result(results, count, tensor_cores_allowed(data, tf32), deterministic, D::kWhat,
+                     shape);
 }
 
 // Chooses the direction's algorithm (once per plan): the on-disk cache, else the search.
