@@ -4,8 +4,10 @@ namespace unetcu {
 
 void SegmentationCounts::add(const Tensor& logits_in, const Tensor& masks_in) {
   check_same_shape("SegmentationCounts::add", logits_in, masks_in);
-  check_same_dtype_device("SegmentationCounts::add", logits_in, masks_in);
-  // Counted on the host: a GPU's logits come back once per evaluation batch.
+  UNETCU_CHECK(logits_in.dtype() == masks_in.dtype(), "SegmentationCounts::add: logits are ",
+               dtype_name(logits_in.dtype()), ", masks ", dtype_name(masks_in.dtype()));
+  // Counted on the host: a GPU's logits come back once per evaluation batch (the masks may be
+  // given as the host copy they were uploaded from).
   const Tensor logits = logits_in.device().is_cpu() ? logits_in : logits_in.to(Device::cpu());
   const Tensor masks = masks_in.device().is_cpu() ? masks_in : masks_in.to(Device::cpu());
   const int64_t n = logits.numel();

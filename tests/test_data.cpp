@@ -12,6 +12,7 @@
 
 #include "data/dataset.h"
 #include "data/image_io.h"
+#include "data/metrics.h"
 #include "testing.h"
 
 using namespace unetcu;
@@ -549,4 +550,29 @@ TEST_CASE("16-bit grayscale PNG: written and read back sample for sample") {
   CHECK(back == v);
   std::remove(path.c_str());
   CHECK_THROWS_WITH(save_png16(path, w, h, std::vector<uint16_t>(3)), doctest::Contains("3 samples"));
+}
+
+TEST_CASE("segmentation counts: IoU, Dice and accuracy from pixels, logit > 0 against mask > 0.5") {
+  // pred (logit > 0): 1 0 1 0 1 0; truth (mask > 0.5): 1 1 0 0 1 0 -> TP 2, FP 1, FN 1, TN 2.
+  const Tensor logits = Tensor::from_vector({1, 1, 2, 3}, {1, -1, 2, -2, 0.5, 0}, DType::F32);
+  const Tensor masks = Tensor::from_vector({1, 1, 2, 3}, {1, 0.75, 0.5, 0, 1, 0}, DType::F32);
+  SegmentationCounts c;
+  c.add(logits, masks);
+  CHECK(c.tp == 2);
+  CHECK(c.fp == 1);
+  CHECK(c.fn == 1);
+  CHECK(c.tn == 2);
+  CHECK(c.iou() == doctest::Approx(0.5).epsilon(1e-15));
+  CHECK(c.dice() == doctest::Approx(4.0 / 6.0).epsilon(1e-15));
+  CHECK(c.accuracy() == doctest::Approx(4.0 / 6.0).epsilon(1e-15));
+  c.add(logits, masks);  // sums over batches before dividing
+  CHECK(c.tp == 4);
+  CHECK(c.iou() == doctest::Approx(0.5).epsilon(1e-15));
+
+  SegmentationCounts empty;
+  CHECK(empty.iou() == 1.0);  // nothing to find and nothing predicted
+  CHECK_THROWS_WITH_AS(c.add(logits, Tensor::zeros({1, 1, 3, 2}, DType::F32)),
+                       doctest::Contains("SegmentationCounts::add"), Error);
+  CHECK_THROWS_WITH_AS(c.add(logits, Tensor::zeros({1, 1, 2, 3}, DType::F64)),
+                       doctest::Contains("logits are float32, masks float64"), Error);
 }

@@ -267,7 +267,7 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
       const Tensor logits = strategy.infer(host.images);
       const Tensor masks = host.masks.device() == out_dev ? host.masks : host.masks.to(out_dev);
       val_loss += segmentation_loss(strategy.loss_kind(), logits, masks).item() * double(hi - lo);
-      counts.add(logits, masks);
+      counts.add(logits, host.masks);  // the masks' host copy: no round trip through the GPU
     }
     st.val_loss = val_loss / double(val_n);
     UNETCU_CHECK(std::isfinite(st.val_loss), "validation loss is not finite (", non_finite_name(st.val_loss),

@@ -59,11 +59,13 @@ __global__ void maxpool_backward_kernel(const S* gy, Dims4Div<I> dy, const S* x,
     const int64_t oh_hi = min(g.OH - 1, int64_t(sh.div(I(int64_t(ih) + g.ph))));
     const int64_t ow_lo = lo_w < 0 ? 0 : int64_t(sw.div(I(lo_w)));
     const int64_t ow_hi = min(g.OW - 1, int64_t(sw.div(I(int64_t(iw) + g.pw))));
-    A acc = 0;
+    // Accumulating, the sum starts from grad_x's value, as the CPU's scatter adds each window
+    // onto it: the same float additions in the same order, so both backends agree bit for bit.
+    A acc = beta == A(0) ? A(0) : A(gx[i]);
     for (int64_t oh = oh_lo; oh <= oh_hi; ++oh)
       for (int64_t ow = ow_lo; ow <= ow_hi; ++ow)
         if (maxpool_argmax(p, g, oh, ow, stride) == self) acc += A(gp[(oh * g.OW + ow) * stride]);
-    store(gx + i, acc, beta);
+    gx[i] = to_storage<S>(acc);
   }
 }
 
