@@ -96,7 +96,14 @@ struct NcclGroup {
   bool stop = false;
   std::thread watchdog;
 
-  void start_watchdog() { watchdog = std::thread([this] { watch_loop(); }); }
+  // The watchdog queries events on the group's first device, so that it opens no context on
+  // CUDA's default device 0 (the process may not use GPU 0 at all).
+  void start_watchdog() {
+    watchdog = std::thread([this] {
+      cuda::QuietDeviceGuard on(devices.empty() ? 0 : devices[0]);
+      watch_loop();
+    });
+  }
 
   void abort(const std::string& why) {
     std::unique_lock<std::shared_mutex> lock(calls);
@@ -168,17 +175,17 @@ struct NcclGroup {
     pending_cv.notify_all();
     if (watchdog.joinable()) watchdog.join();
     if (aborted) return;  // ncclCommAbort released them
-    int previous = 0;
-    bool ok = cudaGetDevice(&previous) == cudaSuccess;
-    const bool restore = ok;
-    ncclGroupStart();
-    for (size_t r = 0; r < comms.size(); ++r) {
-      ok = cudaSetDevice(devices[r]) == cudaSuccess && ok;
-      ncclCommFinalize(comms[r]);
+    {
+      cuda::QuietDeviceGuard restore(devices[0]);  // puts the caller's device back afterwards
+      bool ok = true;
+      ncclGroupStart();
+      for (size_t r = 0; r < comms.size(); ++r) {
+        ok = cudaSetDevice(devices[r]) == cudaSuccess && ok;
+        ncclCommFinalize(comms[r]);
+      }
+      ncclGroupEnd();
+      if (!ok) cudaGetLastError();  // a failure here is not the next launch's error
     }
-    ncclGroupEnd();
-    if (restore) ok = cudaSetDevice(previous) == cudaSuccess && ok;  // the caller's device
-    if (!ok) cudaGetLastError();  // a failure here is not the next launch's error
     for (ncclComm_t c : comms) {  // non-blocking: finalize completes asynchronously
       ncclResult_t st = ncclInProgress;
       const auto t0 = Clock::now();

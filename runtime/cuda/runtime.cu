@@ -62,13 +62,30 @@ void check_launch(cudaStream_t stream, const char* what, const char* file, int l
                 std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err));
 }
 
+struct CudaDeviceCalls {
+  static bool get(int* device) { return cudaGetDevice(device) == cudaSuccess; }
+  static bool set(int device) { return cudaSetDevice(device) == cudaSuccess; }
+};
+
 DeviceGuard::DeviceGuard(int device) {
-  CUDA_CHECK(cudaGetDevice(&previous_));
-  if (previous_ != device) CUDA_CHECK(cudaSetDevice(device));
+  if (!choice_.enter(device)) {
+    const cudaError_t err = cudaGetLastError();
+    throw_error("CUDA", "cudaSetDevice", __FILE__, __LINE__,
+                str_cat("cannot use cuda:", device, ": ", cudaGetErrorName(err), ": ",
+                        cudaGetErrorString(err)));
+  }
 }
 DeviceGuard::~DeviceGuard() {
-  int now = -1;
-  if (cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
+  if (!choice_.leave()) cudaGetLastError();  // a destructor's failure is not the next launch's
+}
+
+QuietDeviceGuard::QuietDeviceGuard(int device) { failed_ = !choice_.enter(device); }
+QuietDeviceGuard::~QuietDeviceGuard() {
+  if (!choice_.leave()) failed_ = true;
+  // A failure of the guard's own calls is not left for the next launch's check
+  // (cudaGetLastError) to report as its own. Only then: clearing always would also erase a
+  // launch error made before the guard and not yet checked.
+  if (failed_) cudaGetLastError();
 }
 
 // ---- contexts and streams ------------------------------------------------------------
@@ -84,6 +101,10 @@ Contexts& contexts() {
   static Contexts* c = new Contexts();  // never destroyed: handles outlive static teardown
   return *c;
 }
+// The first device this process made a context for (its training device), -1 before: pinned
+// host memory is allocated there, so a loader thread that never chose a device does not open
+// a context on GPU 0 (CUDA's default) by allocating.
+std::atomic<int> g_first_device{-1};
 
 thread_local cudaStream_t t_stream_override[kMaxDevices] = {};
 
@@ -92,35 +113,6 @@ void check_device_index(int device) {
   UNETCU_CHECK(device >= 0 && device < n && device < kMaxDevices, "cuda:", device,
                " does not exist (", n, " GPU(s) visible)");
 }
-
-// Switches to `device` for the scope without checking (for noexcept paths: destructors, the
-// allocator's free); a failure shows up in the CUDA call that follows.
-class QuietDeviceGuard {
- public:
-  explicit QuietDeviceGuard(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) {
-      previous_ = -1;
-      failed_ = true;
-    }
-    if (previous_ != device && cudaSetDevice(device) != cudaSuccess) failed_ = true;
-  }
-  ~QuietDeviceGuard() {
-    int now = -1;
-    if (previous_ >= 0 && cudaGetDevice(&now) == cudaSuccess && now != previous_ &&
-        cudaSetDevice(previous_) != cudaSuccess)
-      failed_ = true;
-    // A failure of the guard's own calls is not left for the next launch's check
-    // (cudaGetLastError) to report as its own. Only then: clearing always would also erase a
-    // launch error made before the guard and not yet checked.
-    if (failed_) cudaGetLastError();
-  }
-  QuietDeviceGuard(const QuietDeviceGuard&) = delete;
-  QuietDeviceGuard& operator=(const QuietDeviceGuard&) = delete;
-
- private:
-  bool failed_ = false;
-  int previous_ = -1;
-};
 }  // namespace
 
 DeviceContext& context(int device) {
@@ -133,6 +125,8 @@ DeviceContext& context(int device) {
   ctx->device = device;
   ctx->stream = Stream(device);
   c.ctx[device] = std::move(ctx);
+  int none = -1;
+  g_first_device.compare_exchange_strong(none, device);
   return *c.ctx[device];
 }
 
@@ -334,6 +328,20 @@ class DeviceMemory : public CudaEvents {
 class PinnedMemory : public CudaEvents {
  public:
   void* allocate(size_t bytes) override {
+    const int device = g_first_device.load();
+    if (device < 0) return allocate_here(bytes);
+    QuietDeviceGuard g(device);
+    return allocate_here(bytes);
+  }
+  void deallocate(void* ptr, size_t) noexcept override {
+    const int device = g_first_device.load();
+    if (device < 0) return free_here(ptr);
+    QuietDeviceGuard g(device);
+    free_here(ptr);
+  }
+
+ private:
+  static void* allocate_here(size_t bytes) {
     void* p = nullptr;
     const cudaError_t err = cudaMallocHost(&p, bytes);
     if (err != cudaSuccess) {
@@ -343,7 +351,7 @@ class PinnedMemory : public CudaEvents {
     }
     return p;
   }
-  void deallocate(void* ptr, size_t) noexcept override {
+  static void free_here(void* ptr) noexcept {
     if (cudaFreeHost(ptr) != cudaSuccess) cudaGetLastError();
   }
 };
@@ -624,12 +632,9 @@ Event::Event(int device) {
   cudaEvent_t e;
   CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   event_ = std::shared_ptr<CUevent_st>(e, [device](cudaEvent_t p) {
-    int prev = 0;
-    cudaGetDevice(&prev);
-    bool ok = cudaSetDevice(device) == cudaSuccess;
-    ok = cudaEventDestroy(p) == cudaSuccess && ok;
-    ok = cudaSetDevice(prev) == cudaSuccess && ok;
-    if (!ok) cudaGetLastError();  // a deleter's failure is not the next launch's error
+    QuietDeviceGuard g(device);
+    // A deleter's failure is not the next launch's error.
+    if (cudaEventDestroy(p) != cudaSuccess) cudaGetLastError();
   });
 }
 

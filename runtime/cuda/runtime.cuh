@@ -10,6 +10,7 @@
 #include <string>
 
 #include "runtime/common.h"
+#include "runtime/cuda/device_choice.h"
 #include "runtime/cuda_api.h"
 
 namespace unetcu::cuda {
@@ -48,7 +49,11 @@ namespace unetcu::cuda {
 void check_launch(cudaStream_t stream, const char* what, const char* file, int line);
 #define CUDA_CHECK_LAUNCH(stream, what) ::unetcu::cuda::check_launch(stream, what, __FILE__, __LINE__)
 
-// Sets the current device for the scope and restores the previous one.
+// Sets the current device for the scope; afterwards the thread is back on the device it had,
+// or, on a thread that had none, stays on this one (runtime/cuda/device_choice.h: putting back
+// CUDA's default device 0 would open a context on GPU 0 in a run on another GPU). Throws where
+// the device cannot be set.
+struct CudaDeviceCalls;  // cudaGetDevice and cudaSetDevice, for DeviceChoice
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device);
@@ -57,7 +62,22 @@ class DeviceGuard {
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
-  int previous_;
+  DeviceChoice<CudaDeviceCalls> choice_;
+};
+
+// The same without throwing, for noexcept paths (destructors, deleters, the allocator's free,
+// watchdog threads): a failure shows up in the CUDA call that follows, and the guard clears
+// CUDA's error only where its own calls failed.
+class QuietDeviceGuard {
+ public:
+  explicit QuietDeviceGuard(int device);
+  ~QuietDeviceGuard();
+  QuietDeviceGuard(const QuietDeviceGuard&) = delete;
+  QuietDeviceGuard& operator=(const QuietDeviceGuard&) = delete;
+
+ private:
+  DeviceChoice<CudaDeviceCalls> choice_;
+  bool failed_ = false;
 };
 
 // One per device: its default compute stream.
