@@ -20,7 +20,7 @@ struct FakeCuda {
   static std::mutex mu;
   static std::set<int> opened;      // devices whose context a set opened
   static int sets;                  // set calls
-  static int refused;               // a device set refuses (-1: none)
+  static int refused;               // a device whose set fails after making it current (-1: none)
 
   static bool get(int* device) {
     *device = current;
@@ -29,10 +29,9 @@ struct FakeCuda {
   static bool set(int device) {
     std::lock_guard<std::mutex> lock(mu);
     ++sets;
-    if (device == refused) return false;
-    current = device;
+    current = device;  // CUDA binds the device's context before it may fail
     opened.insert(device);
-    return true;
+    return device != refused;
   }
   static void reset() {
     std::lock_guard<std::mutex> lock(mu);
@@ -122,24 +121,41 @@ TEST_CASE("a device guard sets nothing when the device is already current") {
   CHECK(FakeCuda::opened.empty());
 }
 
-TEST_CASE("a device guard that cannot set its device leaves the thread's device as it was") {
+TEST_CASE("a device guard that cannot set its device puts back the thread's device, never GPU 0") {
   on_fresh_thread([&] {
     FakeCuda::refused = 7;
     Guard g;
     CHECK_FALSE(g.enter(7));
     CHECK(thread_device() == -1);
-    CHECK(g.leave());  // nothing to put back
-    CHECK(FakeCuda::current == 0);
+    CHECK(g.leave());  // nothing to put back: the thread had no device
 
     Guard first;
     REQUIRE(first.enter(2));
     CHECK(first.leave());
     Guard refused;
     CHECK_FALSE(refused.enter(7));
+    CHECK(FakeCuda::current == 2);  // the failed set had made 7 current
     CHECK(thread_device() == 2);
     CHECK(refused.leave());
     CHECK(FakeCuda::current == 2);
     CHECK(thread_device() == 2);
   });
-  CHECK(FakeCuda::opened == std::set<int>{2});
+  CHECK(FakeCuda::opened == std::set<int>{2, 7});  // 7 by the failed sets; 0 never
+}
+
+TEST_CASE("a device guard opened inside a raw cudaSetDevice puts back the raw device") {
+  on_fresh_thread([&] {
+    Guard outer;
+    REQUIRE(outer.enter(2));
+    FakeCuda::set(6);  // one rank of NCCL's per-rank loop
+    {
+      Guard inner;  // e.g. an event freed inside the loop
+      REQUIRE(inner.enter(4));
+      CHECK(inner.leave());
+    }
+    CHECK(FakeCuda::current == 6);  // the loop goes on on its rank's device
+    CHECK(outer.leave());
+    CHECK(FakeCuda::current == 2);
+    CHECK(thread_device() == 2);
+  });
 }

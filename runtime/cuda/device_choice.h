@@ -8,8 +8,10 @@
 // a failure where GPU 0 is taken in exclusive-process mode. The rules:
 //  - a thread starts with no device; the first guard's device becomes the thread's device, and
 //    the thread stays on it when that guard ends (nothing is put back, so nothing else opens);
-//  - a guard inside another, or on a thread that has its device, puts back the device it found;
+//  - a guard inside another, or on a thread that has its device, puts back the device it found
+//    current;
 //  - a raw set inside a guard (NCCL's per-rank loops) is undone when the guard ends;
+//  - a set that fails goes back to the thread's device, if it has one;
 //  - get never opens a context, so the guard reads the current device to skip a needless set.
 #pragma once
 
@@ -27,14 +29,23 @@ template <class Api>
 class DeviceChoice {
  public:
   bool enter(int device) {
-    previous_ = thread_device();
-    if (!set_if_needed(device)) return false;  // the thread's device stays as it was
+    int now = -1;
+    const bool known = Api::get(&now);
+    // What to put back: the device current now, which differs from the thread's device inside
+    // a raw set (a guard opened within NCCL's per-rank loops returns to the rank's device).
+    previous_ = thread_device() < 0 ? -1 : known ? now : thread_device();
+    if (!(known && now == device) && !Api::set(device)) {
+      // cudaSetDevice may make the device current and then fail (a device taken in
+      // exclusive-process mode): back to the thread's device, never to CUDA's default.
+      if (previous_ >= 0) Api::set(previous_);
+      return false;  // the thread's device stays as it was
+    }
     device_ = device;
     thread_device() = device;
     return true;
   }
-  // Puts back the device the thread had; a thread that had none keeps the entered one (after
-  // an enter that failed, it keeps whatever is current).
+  // Puts back the device current at enter on a thread that had a device; a thread that had
+  // none keeps the entered one (after an enter that failed, it keeps whatever is current).
   bool leave() {
     const int back = previous_ >= 0 ? previous_ : device_;  // a first guard's device stays
     if (back < 0) return true;
