@@ -56,6 +56,7 @@ struct DataParallel::Replica {
   std::vector<int> bucket_of;  // per parameter
   std::vector<Tensor> flat;    // per bucket, on the replica's device: the gradients live here
   std::vector<Tensor> low;     // per bucket with bf16_allreduce: the bfloat16 copy that travels
+  Tensor buffers;              // the BN running statistics, packed (pack_buffers)
   // per step
   std::vector<int> ready_in_bucket;
   std::vector<std::unique_ptr<Work>> work;
@@ -83,6 +84,32 @@ static std::vector<Bucket> make_buckets(const std::vector<Tensor>& params, size_
     b.numel += (params[i].numel() + kGradAlignElements - 1) / kGradAlignElements * kGradAlignElements;
   }
   return out;
+}
+
+Tensor pack_buffers(const Module& model) {
+  std::vector<Tensor> buffers;
+  for (const StateEntry& e : model.state())
+    if (!e.is_parameter && e.tensor.defined()) buffers.push_back(e.tensor);
+  if (buffers.empty()) return Tensor();
+  int64_t total = 0;
+  std::vector<int64_t> offsets;
+  for (const Tensor& b : buffers) {
+    UNETCU_CHECK(b.dtype() == buffers[0].dtype() && b.device() == buffers[0].device(),
+                 "pack_buffers: buffers of one model differ in dtype or device (",
+                 dtype_name(b.dtype()), " on ", b.device().str(), ", ", dtype_name(buffers[0].dtype()),
+                 " on ", buffers[0].device().str(), ")");
+    offsets.push_back(total);
+    total += (b.numel() + kGradAlignElements - 1) / kGradAlignElements * kGradAlignElements;
+  }
+  Tensor flat = Tensor::zeros({total}, buffers[0].dtype(), buffers[0].device());
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    Tensor slot = flat.view_at(offsets[i], buffers[i].shape());
+    slot.copy_(buffers[i]);
+    // Re-pointed in the shared TensorImpl, so the module's own handle reads the slot.
+    buffers[i].impl().storage = slot.impl().storage;
+    buffers[i].impl().offset = slot.impl().offset;
+  }
+  return flat;
 }
 
 DataParallel::DataParallel(const UNetConfig& model_cfg, const DataParallelOptions& options,
@@ -139,6 +166,7 @@ DataParallel::DataParallel(const UNetConfig& model_cfg, const DataParallelOption
     cfg.device = rep->device;
     rep->model = std::make_unique<UNet>(cfg);
     rep->params = rep->model->parameters();
+    rep->buffers = pack_buffers(*rep->model);
     rep->opt = make_optimizer(rep->params);
     rep->grad_comm = std::move(grad_comms[r]);
     rep->ctrl_comm = std::move(ctrl_comms[r]);
@@ -167,10 +195,11 @@ void DataParallel::replicate_rank0() {
   run([&](int r) {
     Replica& rep = *replicas_[r];
     for (const StateEntry& e : rep.model->state()) {
-      if (!e.tensor.defined()) continue;
+      if (!e.is_parameter || !e.tensor.defined()) continue;
       Tensor t = e.tensor;
       rep.ctrl_comm->broadcast(t, 0);
     }
+    if (rep.buffers.defined()) rep.ctrl_comm->broadcast(rep.buffers, 0);
     for (size_t i = 0; i < rep.params.size(); ++i) {
       const Optimizer::ParamState st = rep.opt->param_state(i);
       for (const auto& [name, tensor] : st.tensors) {
@@ -265,12 +294,7 @@ std::vector<double> DataParallel::step(const std::vector<Batch>& shards, LossKin
       events_.push_back(e);
     };
     // BN running statistics follow rank 0 (they are synchronized anyway with --sync-bn).
-    if (!options_.sync_bn)
-      for (const StateEntry& e : rep.model->state())
-        if (!e.is_parameter && e.tensor.defined()) {
-          Tensor t = e.tensor;
-          rep.ctrl_comm->broadcast(t, 0);
-        }
+    if (!options_.sync_bn && rep.buffers.defined()) rep.ctrl_comm->broadcast(rep.buffers, 0);
     auto on_device = [&](const Tensor& t) { return t.device() == rep.device ? t : t.to(rep.device); };
     const Tensor images = on_device(shards[r].images);
     const Tensor masks = on_device(shards[r].masks);

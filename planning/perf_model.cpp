@@ -12,6 +12,7 @@
 
 #include "engine/tape.h"
 #include "parallel/communicator.h"
+#include "parallel/data_parallel.h"
 #include "parallel/worker_pool.h"
 #include "runtime/cuda_api.h"
 
@@ -318,12 +319,10 @@ StepCosts measure_step_costs(const UNetConfig& model, const std::vector<Device>&
   if (N > 1) c.grad_zero_s = timed(N, [&](int r) { buckets[r].fill_(0.0); });
   if (N > 1 && cpu) {
     auto comms = make_cpu_communicators(N, AllReduceAlgo::Ring);
+    std::vector<Tensor> packed(N);  // as DataParallel keeps them: one broadcast a step
+    for (int r = 0; r < N; ++r) packed[r] = pack_buffers(*models[r]);
     c.bn_broadcast_s = timed(N, [&](int r) {
-      for (const StateEntry& e : models[r]->state())
-        if (!e.is_parameter && e.tensor.defined()) {
-          Tensor t = e.tensor;
-          comms[r]->broadcast(t, 0);
-        }
+      if (packed[r].defined()) comms[r]->broadcast(packed[r], 0);
     });
     const long cores = sysconf(_SC_NPROCESSORS_ONLN);
     c.comm_overlaps_compute = long(std::max(1, threads)) * N < cores;

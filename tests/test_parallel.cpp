@@ -263,6 +263,74 @@ TEST_CASE("contract 4: DP on N CPU devices equals one device accumulating over t
   }
 }
 
+namespace {
+std::vector<Tensor> buffers_of(const Module& m) {
+  std::vector<Tensor> out;
+  for (const StateEntry& e : m.state())
+    if (!e.is_parameter && e.tensor.defined()) out.push_back(e.tensor);
+  return out;
+}
+}  // namespace
+
+TEST_CASE("pack_buffers: the BN running statistics become views of one flat buffer, values kept, updates land in it") {
+  UNet model(small_model());
+  const std::vector<Tensor> buffers = buffers_of(model);
+  REQUIRE(buffers.size() > 40);  // two per batch norm
+  std::vector<std::vector<double>> before;
+  for (const Tensor& b : buffers) before.push_back(b.to_vector());
+  Tensor flat = pack_buffers(model);
+  REQUIRE(flat.defined());
+  std::vector<double> outside = flat.to_vector();  // the padding between slots
+  const char* lo = static_cast<const char*>(flat.raw());
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    CAPTURE(i);
+    CHECK(buffers[i].same_storage(flat));
+    CHECK(buffers[i].to_vector() == before[i]);
+    const char* at = static_cast<const char*>(buffers[i].raw());
+    REQUIRE(at >= lo);
+    REQUIRE(at + buffers[i].nbytes() <= lo + flat.nbytes());
+    CHECK((at - lo) % 256 == 0);
+    const int64_t first = (at - lo) / int64_t(sizeof(double));
+    for (int64_t k = 0; k < buffers[i].numel(); ++k) outside[size_t(first + k)] = 0;
+  }
+  for (double v : outside) REQUIRE(v == 0.0);
+  // The module's own handles read and write the slots: a training forward's update lands in
+  // the flat buffer, and a write to it reaches every buffer.
+  const std::vector<double> flat_before = flat.to_vector();
+  SyntheticSegmentation data(kImage, 4);
+  model.train();
+  model.forward(data.batch({0, 1}, DType::F64).images);
+  CHECK(flat.to_vector() != flat_before);
+  for (const Tensor& b : buffers_of(model)) CHECK(b.same_storage(flat));
+  flat.fill_(0.5);
+  for (const Tensor& b : buffers_of(model))
+    for (double v : b.to_vector()) REQUIRE(v == 0.5);
+}
+
+TEST_CASE("data parallel: every step starts from rank 0's BN running statistics, broadcast in one buffer") {
+  DataParallelOptions o;
+  o.devices = {Device::cpu(0), Device::cpu(1), Device::cpu(2)};
+  DataParallel dp(small_model(), o, make_sgd);
+  for (int r = 0; r < dp.size(); ++r) {  // packed: all in one storage
+    const std::vector<Tensor> b = buffers_of(dp.replica(r));
+    for (const Tensor& t : b) REQUIRE(t.same_storage(b.front()));
+  }
+  // Replicas 1 and 2 drift; the same shard everywhere then leaves them equal to rank 0 only
+  // if the step began by overwriting theirs with rank 0's.
+  for (int r = 1; r < dp.size(); ++r)
+    for (Tensor b : buffers_of(dp.replica(r))) b.fill_(7.0);
+  SyntheticSegmentation data(kImage, 4);
+  const Batch shard = data.batch({0, 1}, DType::F64);
+  dp.step({shard, shard, shard}, LossKind::BCE);
+  const std::vector<Tensor> b0 = buffers_of(dp.replica(0));
+  for (int r = 1; r < dp.size(); ++r) {
+    const std::vector<Tensor> br = buffers_of(dp.replica(r));
+    REQUIRE(br.size() == b0.size());
+    for (size_t i = 0; i < b0.size(); ++i) REQUIRE(br[i].to_vector() == b0[i].to_vector());
+  }
+  for (double v : b0.front().to_vector()) REQUIRE(v != 7.0);  // rank 0's own, not the drift
+}
+
 TEST_CASE("contract 4 with synchronized BN: DP on N x b equals one device on the whole batch") {
   // BCE is a mean over pixels, so the mean of the replicas' losses is the whole batch's loss
   // (Dice over a shard is not Dice over the batch, hence BCE here).
