@@ -294,6 +294,9 @@ std::vector<double> DataParallel::step(const std::vector<Batch>& shards, LossKin
       events_.push_back(e);
     };
     // BN running statistics follow rank 0 (they are synchronized anyway with --sync-bn).
+    for (const StateEntry& e : rep.model->state())  // a buffer moved out would miss the broadcast
+      UNETCU_CHECK(e.is_parameter || !e.tensor.defined() || e.tensor.same_storage(rep.buffers),
+                   "data parallelism: BN buffer ", e.name, " was moved out of its packed buffer");
     if (!options_.sync_bn && rep.buffers.defined()) rep.ctrl_comm->broadcast(rep.buffers, 0);
     auto on_device = [&](const Tensor& t) { return t.device() == rep.device ? t : t.to(rep.device); };
     const Tensor images = on_device(shards[r].images);

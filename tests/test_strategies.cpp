@@ -132,6 +132,11 @@ TEST_CASE("a checkpoint moves between strategies with its optimizer state") {
       for (size_t k = 0; k < sa.counters.size(); ++k) REQUIRE(*sa.counters[k].second == *sb.counters[k].second);
       REQUIRE(a.params()[i].to_vector() == b.params()[i].to_vector());
     }
+    const auto s0 = dp.replica(0).state(), sr = dp.replica(r).state();  // BN statistics too
+    REQUIRE(s0.size() == sr.size());
+    for (size_t i = 0; i < s0.size(); ++i)
+      if (!s0[i].is_parameter && s0[i].tensor.defined())
+        REQUIRE(s0[i].tensor.to_vector() == sr[i].tensor.to_vector());
   }
   // The runs continue from it: single mode resumes the DP checkpoint, DP a single-mode one.
   TrainConfig single = small_run(Mode::Single);

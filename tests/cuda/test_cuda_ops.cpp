@@ -440,6 +440,12 @@ TEST_CASE("data parallelism through NCCL with one GPU rank equals the single-GPU
     CHECK(std::fabs(dp_loss - loss.item()) <= tol * std::fabs(loss.item()));
     const auto pa = dp.replica(0).parameters(), pb = single.parameters();
     for (size_t i = 0; i < pa.size(); ++i) CHECK(rel(pa[i], pb[i]) < tol);
+    // The BN running statistics, which data parallelism keeps packed in one buffer: the
+    // kernels update them through their slots.
+    const auto sa = dp.replica(0).state(), sb = single.state();
+    REQUIRE(sa.size() == sb.size());
+    for (size_t i = 0; i < sa.size(); ++i)
+      if (!sa[i].is_parameter && sa[i].tensor.defined()) CHECK(rel(sa[i].tensor, sb[i].tensor) < tol);
   }
   }
 }
