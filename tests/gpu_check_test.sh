@@ -20,8 +20,9 @@
 #      CUDA"; and --quick: the fp32 and bf16 NHWC batch-14 trainings, no graphs row, nothing
 #      after them;
 #   6. the real steps in a copy of the script whose CMake "builds" stand-ins: unet_train gets
-#      --precision bf16 --memory-format nhwc in the bf16 rows and --cuda-graphs besides in the
-#      graphs rows (nowhere else), their images/s reach the unetcu bf16 NHWC and bf16 NHWC
+#      --precision bf16 --memory-format nhwc in the bf16 rows and the profile row (there with
+#      --profile and UNETCU_CUDA_SYNC=1, its row naming the five largest ops), and --cuda-graphs
+#      besides in the graphs rows (nowhere else), their images/s reach the unetcu bf16 NHWC and bf16 NHWC
 #      graphs columns (fraction of the bf16 peak, ratios against PyTorch bf16), and a bf16 or
 #      graphs row that fails says why in its cell and stops none of the steps after it;
 #   and each time at most 8 files under $OUT (the device tool brings back no more).
@@ -214,6 +215,7 @@ train single 512² batch 14,train single bf16 NHWC 512² batch 14,train single b
 PyTorch eager 512² batch 14 (fp32, TF32, bf16 AMP),\
 train single 512² batch 64,train single bf16 NHWC 512² batch 64,train single bf16 NHWC CUDA graphs 512² batch 64,\
 PyTorch eager 512² batch 64 (fp32, TF32, bf16 AMP),\
+profile bf16 NHWC 512² batch 14 (UNETCU_CUDA_SYNC=1),\
 train DP NCCL 1 rank 512² batch 14,train DP as 1 launched process (NCCL_COMM_ID) 512² batch 14,\
 train MP 2 stages 1 GPU 512² batch 30 split 6,unet_bench cuda:0 256² (20 pipelines),\
 PyTorch bf16 compiled 512² batch 14,PyTorch bf16 compiled 512² batch 64"
@@ -275,6 +277,16 @@ echo "$*" >> "$FAKE_TRAIN_ARGS"
 bs=0 bf16=0 nhwc=0 graphs=0
 while [ $# -gt 0 ]; do
   case "$1" in
+    --profile)
+      echo "profiled with UNETCU_CUDA_SYNC=${UNETCU_CUDA_SYNC:-unset}" >> "$FAKE_TRAIN_ARGS"
+      printf 'epoch 1/1  time 1.0 s  val_dice 0.50  50 img/s\n\nprofile (9 ranges; trace in %s):\n' "$2"
+      echo "| op | calls | total ms | mean ms | share | GFLOP/s | GB/s |"
+      echo "|---|---|---|---|---|---|---|"
+      for r in "conv2d.backward 50.0%" "conv2d 30.0%" "batch_norm_relu 10.0%" "adam 5.0%" "convert 3.0%" "add 2.0%"; do
+        echo "| ${r% *} | 4 | 1.0 | 0.25 | ${r#* } | 1.00 | 1.00 |"
+      done
+      printf '\n| block (its ops) | calls | total ms | mean ms | share | GFLOP/s | GB/s |\n'
+      exit 0 ;;
     --batch-size) bs=$2; shift ;;
     --precision) [ "$2" = bf16 ] && bf16=1; shift ;;
     --memory-format) [ "$2" = nhwc ] && nhwc=1; shift ;;
@@ -310,6 +322,7 @@ if [ -f "$t" ]; then
   has "$t" "| train single bf16 NHWC CUDA graphs 512² batch 64 | FAILED (exit 1): CUDA graphs: capture failed |"
   has "$t" "| PyTorch eager 512² batch 64 (fp32, TF32, bf16 AMP) | ok: fp32 70.0"
   has "$t" "| train MP 2 stages 1 GPU 512² batch 30 split 6 | ok: 115.0 img/s"
+  has "$t" "| profile bf16 NHWC 512² batch 14 (UNETCU_CUDA_SYNC=1) | ok: conv2d.backward 50.0%, conv2d 30.0%, batch_norm_relu 10.0%, adam 5.0%, convert 3.0% |"
   has "$t" "| PyTorch bf16 compiled 512² batch 64 | ok: bf16-compile compile failed: fake compiler |"
   # 115 x 188 / 494: 4.4%; 300 x 188 / 989: 5.7%; 400 (the median of 390 and 410) x 188 / 989:
   # 7.6%; 115 / 70, 140, 280; 300 / 280; 400 / 280.
@@ -328,7 +341,10 @@ for bs in 14 64; do
   grep -qx -- "--image-size 512 --batch-size $bs --train-size $((bs * 8)) --val-size $bs --epochs 3 --no-progress --device cuda:0" \
     "$tmp/train_args" 2>/dev/null || bad "unet_train never ran the fp32 row at batch $bs"
 done
-[ "$(grep -c -- '--precision' "$tmp/train_args" 2>/dev/null)" = 4 ] || bad "--precision outside the four bf16 rows: $(cat "$tmp/train_args")"
+grep -qE -- "^--image-size 512 --batch-size 14 --train-size 56 --val-size 1 --epochs 1 --no-progress --device cuda:0 --precision bf16 --memory-format nhwc --profile [^ ]+/profile.json$" \
+  "$tmp/train_args" 2>/dev/null || bad "unet_train never ran the profile row"
+grep -qx "profiled with UNETCU_CUDA_SYNC=1" "$tmp/train_args" 2>/dev/null || bad "the profile row ran without UNETCU_CUDA_SYNC=1"
+[ "$(grep -c -- '--precision' "$tmp/train_args" 2>/dev/null)" = 5 ] || bad "--precision outside the four bf16 rows and the profile: $(cat "$tmp/train_args")"
 [ "$(grep -c -- '--cuda-graphs' "$tmp/train_args" 2>/dev/null)" = 2 ] || bad "--cuda-graphs outside the two graphs rows: $(cat "$tmp/train_args")"
 in_archive "$d" 07-train-single-bf16-NHWC-512-batch-14.log 08-train-single-bf16-NHWC-CUDA-graphs-512-batch-14.log \
   11-train-single-bf16-NHWC-512-batch-64.log 12-train-single-bf16-NHWC-CUDA-graphs-512-batch-64.log

@@ -23,7 +23,9 @@
 #       as one process of a launched job (torchrun's variables, NCCL_COMM_ID), the article's MP
 #       run as two stages on the one GPU (cut after layer3, batch 30, micro-batches of 6):
 #       images/s (median of the epochs after the first, which runs cuDNN's algorithm search)
-#       and peak memory;
+#       and peak memory; before the DP row, the bf16 NHWC step at batch 14 profiled op by op
+#       (--profile, UNETCU_CUDA_SYNC=1: real GPU times; the five largest ops in the row, the
+#       tables in its log);
 #    7. unet_bench on cuda:0 at 256x256 (two split sizes: 20 pipelines).
 #    PyTorch beside them (tools/pytorch_reference.py bench --device cuda, its own rebuild of the
 #    same model, BCE+Dice, Adam 1e-3, one random batch resident on the GPU): after each batch's
@@ -408,6 +410,22 @@ step_train_single_bf16g() {
   step_train "$1" --device cuda:0 --precision bf16 --memory-format nhwc --cuda-graphs
 }
 
+# Where the bf16 NHWC step's time goes, op by op: unet_train --profile with UNETCU_CUDA_SYNC=1
+# (each op waits for its kernels, so its time is the GPU's, not the queueing), 4 steps at the
+# batch and one validation image, after the training rows filled the on-disk algorithm cache
+# (no cuDNN search inside; the first step's cold allocations are). The per-op and per-block
+# tables are in the step's log; the row names the five largest ops and their shares.
+step_profile_bf16() {
+  UNETCU_CUDA_SYNC=1 "$B/unet_train" --image-size 512 --batch-size "$1" --train-size $(($1 * 4)) --val-size 1 \
+    --epochs 1 --no-progress --device cuda:0 --precision bf16 --memory-format nhwc --profile "$WORK/profile.json" ||
+    { say "$(grep -vE '^(epoch|$)' "$LOG" | tail -1)"; return 1; }
+  local top
+  top=$(sed -n '/^| op | calls/,/^$/p' "$LOG" | sed -n '3,7p' |
+    awk -F'|' '{gsub(/^ +| +$/, "", $2); gsub(/ /, "", $6); printf "%s%s %s", (NR > 1 ? ", " : ""), $2, $6}')
+  [ -n "$top" ] || { say "no per-op table in the output"; return 1; }
+  say "$top"
+}
+
 # One process of a launched job (torchrun's variables, world 1) on cuda:0: the NCCL rank made
 # across processes (NCCL_COMM_ID: NCCL's own rendezvous; no MPI or Gloo on this machine).
 step_train_launched() {
@@ -605,6 +623,7 @@ else
     train_single 64
     torch_eager 64
     if [ "$COMPARE_ONLY" = 0 ]; then
+      step "profile bf16 NHWC 512² batch 14 (UNETCU_CUDA_SYNC=1)" 30 120 gpu step_profile_bf16 14
       step "train DP NCCL 1 rank 512² batch 14" 40 150 gpu step_train 14 --mode dp --devices cuda:0
       step "train DP as 1 launched process (NCCL_COMM_ID) 512² batch 14" 40 150 gpu step_train_launched 14
       step "train MP 2 stages 1 GPU 512² batch 30 split 6" 40 150 gpu \
