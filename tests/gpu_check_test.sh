@@ -59,7 +59,8 @@ running() {  # a zombie is dead: one left to an init that reaps late counts as e
 
 # ---- 1. the deadline ------------------------------------------------------------------------
 # 8 s: on a loaded machine the script has taken 1.5 s to reach its first step, which left a
-# 3 s deadline too little for "long" (needs 1 s) to start at all.
+# 3 s deadline too little for "long" (needs 1 s) to start at all; the run may end 2.5 s past
+# the deadline (the step's stop, the last row, the logs packed, on such a machine).
 deadline=8
 d="$tmp/deadline"
 t0=$(now)
@@ -85,7 +86,7 @@ else
   bad "no table.md after the deadline run"
 fi
 [ "$rc" -ne 0 ] || bad "a run with a FAILED step exited 0"
-[ "$ms" -lt $((deadline * 1000 + 1500)) ] || bad "a $deadline s deadline took $ms ms"
+[ "$ms" -lt $((deadline * 1000 + 2500)) ] || bad "a $deadline s deadline took $ms ms"
 in_archive "$d" 01-first.log 02-second.log 05-last.log 06-long.log
 few_files "$d"
 
@@ -341,7 +342,7 @@ for bs in 14 64; do
   grep -qx -- "--image-size 512 --batch-size $bs --train-size $((bs * 8)) --val-size $bs --epochs 3 --no-progress --device cuda:0" \
     "$tmp/train_args" 2>/dev/null || bad "unet_train never ran the fp32 row at batch $bs"
 done
-grep -qE -- "^--image-size 512 --batch-size 14 --train-size 56 --val-size 1 --epochs 1 --no-progress --device cuda:0 --precision bf16 --memory-format nhwc --profile [^ ]+/profile.json$" \
+grep -qE -- "^--image-size 512 --batch-size 14 --train-size 112 --val-size 14 --epochs 1 --no-progress --device cuda:0 --precision bf16 --memory-format nhwc --profile [^ ]+/profile.json$" \
   "$tmp/train_args" 2>/dev/null || bad "unet_train never ran the profile row"
 grep -qx "profiled with UNETCU_CUDA_SYNC=1" "$tmp/train_args" 2>/dev/null || bad "the profile row ran without UNETCU_CUDA_SYNC=1"
 [ "$(grep -c -- '--precision' "$tmp/train_args" 2>/dev/null)" = 5 ] || bad "--precision outside the four bf16 rows and the profile: $(cat "$tmp/train_args")"

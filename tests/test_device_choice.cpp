@@ -3,6 +3,7 @@
 // runs on a fresh thread: a thread starts on CUDA's default device 0 with no device chosen.
 #include <doctest/doctest.h>
 
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <set>
@@ -48,11 +49,21 @@ int FakeCuda::refused = -1;
 
 using Guard = DeviceChoice<FakeCuda>;
 
-// Runs `body` on a fresh thread (its own thread-local device state) and waits for it.
+// Runs `body` on a fresh thread (its own thread-local device state) and waits for it. A
+// failing REQUIRE throws on that thread: the exception is carried back and rethrown here, so
+// doctest reports it instead of std::terminate ending the test program.
 void on_fresh_thread(const std::function<void()>& body) {
   FakeCuda::reset();
-  std::thread t(body);
+  std::exception_ptr failure;
+  std::thread t([&] {
+    try {
+      body();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  });
   t.join();
+  if (failure) std::rethrow_exception(failure);
 }
 
 }  // namespace

@@ -411,12 +411,13 @@ step_train_single_bf16g() {
 }
 
 # Where the bf16 NHWC step's time goes, op by op: unet_train --profile with UNETCU_CUDA_SYNC=1
-# (each op waits for its kernels, so its time is the GPU's, not the queueing), 4 steps at the
-# batch and one validation image, after the training rows filled the on-disk algorithm cache
-# (no cuDNN search inside; the first step's cold allocations are). The per-op and per-block
-# tables are in the step's log; the row names the five largest ops and their shares.
+# (each op waits for its kernels, so its time is the GPU's, not the queueing), 8 steps and one
+# validation batch at the batch size of a training row that ran before, whose shapes filled
+# the on-disk algorithm cache (so no cuDNN search inside; the first step's cold allocations
+# and kernel loads are, an eighth of the sample). The per-op and per-block tables are in the
+# step's log (the trace file is not kept); the row names the five largest ops and their shares.
 step_profile_bf16() {
-  UNETCU_CUDA_SYNC=1 "$B/unet_train" --image-size 512 --batch-size "$1" --train-size $(($1 * 4)) --val-size 1 \
+  UNETCU_CUDA_SYNC=1 "$B/unet_train" --image-size 512 --batch-size "$1" --train-size $(($1 * 8)) --val-size "$1" \
     --epochs 1 --no-progress --device cuda:0 --precision bf16 --memory-format nhwc --profile "$WORK/profile.json" ||
     { say "$(grep -vE '^(epoch|$)' "$LOG" | tail -1)"; return 1; }
   local top

@@ -11,7 +11,7 @@
 //  - a guard inside another, or on a thread that has its device, puts back the device it found
 //    current;
 //  - a raw set inside a guard (NCCL's per-rank loops) is undone when the guard ends;
-//  - a set that fails goes back to the thread's device, if it has one;
+//  - a set that fails goes back to the device current at entry, on a thread that has a device;
 //  - get never opens a context, so the guard reads the current device to skip a needless set.
 #pragma once
 
@@ -36,7 +36,7 @@ class DeviceChoice {
     previous_ = thread_device() < 0 ? -1 : known ? now : thread_device();
     if (!(known && now == device) && !Api::set(device)) {
       // cudaSetDevice may make the device current and then fail (a device taken in
-      // exclusive-process mode): back to the thread's device, never to CUDA's default.
+      // exclusive-process mode): back to the device current at entry, never to CUDA's default.
       if (previous_ >= 0) Api::set(previous_);
       return false;  // the thread's device stays as it was
     }
