@@ -95,7 +95,8 @@ if command -v python3 >/dev/null; then
   python3 -c 'import socket, sys, time
 s = socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(); time.sleep(300)' "$port" &
   holder=$!
-  sleep 0.5
+  # Until the holder listens (else the ranks would meet at the next port without it held).
+  for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
   for r in 0 1; do
     TORCHELASTIC_USE_AGENT_STORE=True start_rank $r 2 "$port" "$d/agent.$r.log" "${common[@]}"
     pids[$r]=$!
@@ -134,10 +135,12 @@ else
   echo "ok: a rank that never arrives: $(grep -m1 'rendezvous at' "$d/alone.log")"
 fi
 
-# Rank 1 stops (SIGSTOP) in the middle of training: rank 0's call times out after 2 s and ends
+# Rank 1 stops (SIGSTOP) in the middle of training: rank 0's call times out after 10 s and ends
 # it with a message naming rank 0 and the call; rank 1, let go, finds rank 0 gone and ends too.
+# (The timeout holds from the start, rendezvous included: 10 s, so that a loaded machine's
+# start-up skew between the two ranks cannot fire it early.)
 long=(--width-divisor 16 --image-size 64 --train-size 12 --val-size 4 --batch-size 2 --epochs 500
-      --threads 1 --no-progress --collective-timeout 2)
+      --threads 1 --no-progress --collective-timeout 10)
 port=$(free_port)
 start_rank 0 2 "$port" "$d/stop.0.log" "${long[@]}"
 p0=$!
@@ -154,7 +157,7 @@ else
   wait $p1; rc1=$?
   if [ $rc0 -eq 0 ] || [ $rc0 -eq 124 ] || [ $rc1 -eq 0 ] || [ $rc1 -eq 124 ]; then
     echo "FAIL: a stopped rank gave rank 0 rc $rc0, rank 1 rc $rc1"; cat "$d/stop.0.log" "$d/stop.1.log"; fail=1
-  elif ! grep -q "collective timed out: rank 0 waited 2 s in" "$d/stop.0.log"; then
+  elif ! grep -q "collective timed out: rank 0 waited 10 s in" "$d/stop.0.log"; then
     echo "FAIL: no timeout message"; cat "$d/stop.0.log"; fail=1
   else
     echo "ok: a stopped rank ends the job: $(grep -m1 'timed out' "$d/stop.0.log")"

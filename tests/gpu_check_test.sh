@@ -86,7 +86,8 @@ else
   bad "no table.md after the deadline run"
 fi
 [ "$rc" -ne 0 ] || bad "a run with a FAILED step exited 0"
-[ "$ms" -lt $((deadline * 1000 + 2500)) ] || bad "a $deadline s deadline took $ms ms"
+# Well short of "long"'s 30 s: it was stopped at the deadline (slack for a loaded machine).
+[ "$ms" -lt $((deadline * 1000 + 10000)) ] || bad "a $deadline s deadline took $ms ms"
 in_archive "$d" 01-first.log 02-second.log 05-last.log 06-long.log
 few_files "$d"
 
@@ -94,8 +95,8 @@ few_files "$d"
 d="$tmp/term"
 GPU_CHECK_FAKE_STEPS="a:0:0.1 b:0:0.1 slow:0:30 after:0:0.1" "$script" --deadline 60 --out "$d" > "$tmp/term.out" 2>&1 &
 pid=$!
-for _ in $(seq 50); do grep -q '^-> slow' "$tmp/term.out" 2>/dev/null && break; sleep 0.1; done
-sleep 0.3
+# The step runs once its log names its sleep (waits on the success path only: generous).
+for _ in $(seq 300); do grep -qs '^sleep pid' "$tmp"/gpu_check.*/logs/03-slow.log && break; sleep 0.1; done
 t0=$(now)
 kill -TERM "$pid"
 wait "$pid"
@@ -112,7 +113,7 @@ else
   bad "no table.md after SIGTERM"
 fi
 [ "$rc" -ne 0 ] || bad "a run killed by TERM exited 0"
-[ "$ms" -lt 3000 ] || bad "the run took $ms ms to end after TERM"
+[ "$ms" -lt 15000 ] || bad "the run took $ms ms to end after TERM"  # not the step's 30 s
 in_archive "$d" 01-a.log 02-b.log 03-slow.log
 sleeper=$(tar xzOf "$d/gpu_check_logs.tar.gz" logs/03-slow.log 2>/dev/null | sed -n 's/^sleep pid //p')
 if [ -z "$sleeper" ]; then bad "the interrupted step's log is empty"
@@ -121,11 +122,15 @@ few_files "$d"
 
 # ---- 3. SIGKILL mid-step: no trap, but every finished step was already recorded --------------
 d="$tmp/kill"
-GPU_CHECK_FAKE_STEPS="a:0:0.1 b:0:0.1 slow:0:2 after:0:0.1" "$script" --deadline 60 --out "$d" > "$tmp/kill.out" 2>&1 &
+GPU_CHECK_FAKE_STEPS="a:0:0.1 b:0:0.1 slow:0:30 after:0:0.1" "$script" --deadline 60 --out "$d" > "$tmp/kill.out" 2>&1 &
 pid=$!
-for _ in $(seq 50); do grep -q '^-> slow' "$tmp/kill.out" 2>/dev/null && break; sleep 0.1; done
+for _ in $(seq 300); do grep -q '^-> slow' "$tmp/kill.out" 2>/dev/null && break; sleep 0.1; done
 kill -KILL "$pid"
 wait "$pid" 2>/dev/null
+# No trap ran: the step's sleep is left behind; end it once it has named itself.
+for _ in $(seq 300); do grep -qs '^sleep pid' "$tmp"/gpu_check.*/logs/03-slow.log && break; sleep 0.1; done
+orphan=$(sed -n 's/^sleep pid //p' "$tmp"/gpu_check.*/logs/03-slow.log 2>/dev/null | head -1)
+[ -n "$orphan" ] && kill "$orphan" 2>/dev/null
 t="$d/table.md"
 if [ -f "$t" ]; then
   has "$t" "| a | ok: slept 0.1 s |"

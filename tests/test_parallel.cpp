@@ -514,7 +514,9 @@ TEST_CASE("CPU communicator: async all-reduces queue up while another group runs
   std::thread waiter([&] {
     CHECK_THROWS_WITH(comms[0]->all_reduce(t, ReduceOp::Sum), doctest::Contains("aborted"));
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // Time for the waiter to block in the all-reduce (were it late, the abort would stop it on
+  // entry: the test still passes, proving less).
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
   comms[1]->abort();
   waiter.join();
 }
