@@ -59,8 +59,8 @@ running() {  # a zombie is dead: one left to an init that reaps late counts as e
 
 # ---- 1. the deadline ------------------------------------------------------------------------
 # 8 s: on a loaded machine the script has taken 1.5 s to reach its first step, which left a
-# 3 s deadline too little for "long" (needs 1 s) to start at all; the run may end 2.5 s past
-# the deadline (the step's stop, the last row, the logs packed, on such a machine).
+# 3 s deadline too little for "long" (needs 1 s) to start at all. The end is checked against
+# the deadline with room for such a machine (the step's stop, the last row, the logs packed).
 deadline=8
 d="$tmp/deadline"
 t0=$(now)
