@@ -68,6 +68,9 @@ struct DataParallel::Replica {
 // bias alone, 1 element, would leave every later gradient of its bucket 4-byte aligned). The
 // padding stays zero and is averaged harmlessly.
 constexpr int64_t kGradAlignElements = 64;
+static int64_t aligned_numel(int64_t n) {  // n rounded up to whole 256-byte steps
+  return (n + kGradAlignElements - 1) / kGradAlignElements * kGradAlignElements;
+}
 
 static std::vector<Bucket> make_buckets(const std::vector<Tensor>& params, size_t first_bytes,
                                         size_t bytes) {
@@ -81,7 +84,7 @@ static std::vector<Bucket> make_buckets(const std::vector<Tensor>& params, size_
     Bucket& b = out.back();
     b.params.push_back(i);
     b.offsets.push_back(b.numel);
-    b.numel += (params[i].numel() + kGradAlignElements - 1) / kGradAlignElements * kGradAlignElements;
+    b.numel += aligned_numel(params[i].numel());
   }
   return out;
 }
@@ -99,7 +102,7 @@ Tensor pack_buffers(const Module& model) {
                  dtype_name(b.dtype()), " on ", b.device().str(), ", ", dtype_name(buffers[0].dtype()),
                  " on ", buffers[0].device().str(), ")");
     offsets.push_back(total);
-    total += (b.numel() + kGradAlignElements - 1) / kGradAlignElements * kGradAlignElements;
+    total += aligned_numel(b.numel());
   }
   Tensor flat = Tensor::zeros({total}, buffers[0].dtype(), buffers[0].device());
   for (size_t i = 0; i < buffers.size(); ++i) {

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <new>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -328,26 +329,8 @@ class DeviceMemory : public CudaEvents {
 class PinnedMemory : public CudaEvents {
  public:
   void* allocate(size_t bytes) override {
-    const int device = home();
-    if (device < 0) return allocate_here(bytes);
-    QuietDeviceGuard g(device);
-    return allocate_here(bytes);
-  }
-  void deallocate(void* ptr, size_t) noexcept override {
-    const int device = home();
-    if (device < 0) return free_here(ptr);
-    QuietDeviceGuard g(device);
-    free_here(ptr);
-  }
-
- private:
-  // The process's training device; before any context, the thread's own device (-1: none,
-  // and then CUDA's current device serves).
-  static int home() {
-    const int first = g_first_device.load();
-    return first >= 0 ? first : thread_device();
-  }
-  static void* allocate_here(size_t bytes) {
+    std::optional<QuietDeviceGuard> g;
+    if (const int device = home(); device >= 0) g.emplace(device);
     void* p = nullptr;
     const cudaError_t err = cudaMallocHost(&p, bytes);
     if (err != cudaSuccess) {
@@ -357,8 +340,18 @@ class PinnedMemory : public CudaEvents {
     }
     return p;
   }
-  static void free_here(void* ptr) noexcept {
+  void deallocate(void* ptr, size_t) noexcept override {
+    std::optional<QuietDeviceGuard> g;
+    if (const int device = home(); device >= 0) g.emplace(device);
     if (cudaFreeHost(ptr) != cudaSuccess) cudaGetLastError();
+  }
+
+ private:
+  // The process's training device; before any context, the thread's own device (-1: none,
+  // and then CUDA's current device serves).
+  static int home() {
+    const int first = g_first_device.load();
+    return first >= 0 ? first : thread_device();
   }
 };
 
