@@ -1,0 +1,819 @@
+// The CUDA emulator's runtime (include/cuda_runtime.h, include/emu_device.h): devices, memory,
+// streams, events, graphs and the kernel launch, on the CPU. See README.md for what it checks
+// and what it cannot.
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <thread>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
+// ---- devices, errors ----------------------------------------------------------------------
+
+namespace unetcu_emu {
+namespace {
+
+constexpr int kMaxDevices = 16;
+constexpr size_t kDeviceBytes = size_t(16) << 30;  // what cudaMemGetInfo reports as the total
+
+int device_count() {
+  static const int n = [] {
+    const char* s = std::getenv("UNETCU_EMU_DEVICES");
+    const int v = s ? std::atoi(s) : 2;
+    return v < 0 ? 0 : (v > kMaxDevices ? kMaxDevices : v);
+  }();
+  return n;
+}
+
+thread_local int t_device = 0;
+thread_local cudaError_t t_last_error = cudaSuccess;
+
+cudaError_t fail(cudaError_t e) {
+  t_last_error = e;
+  return e;
+}
+
+[[noreturn]] void die(const std::string& what) {
+  std::fprintf(stderr, "CUDA emulator: %s\n", what.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+// ---- memory: every allocation known, so copies and kernel arguments can be checked ----------
+
+struct Allocation {
+  size_t bytes;
+  int device;  // -1: pinned host memory
+};
+std::mutex g_mem_mutex;
+std::map<uintptr_t, Allocation> g_allocations;
+size_t g_device_bytes[kMaxDevices] = {};
+
+// The allocation holding p (one past its end counts), or nullptr.
+const Allocation* find_allocation(const void* p, uintptr_t* base = nullptr) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  auto it = g_allocations.upper_bound(a);
+  if (it == g_allocations.begin()) return nullptr;
+  --it;
+  if (a > it->first + it->second.bytes) return nullptr;
+  if (base) *base = it->first;
+  return &it->second;
+}
+
+void* allocate(size_t bytes, int device) {
+  void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
+  if (!p) return nullptr;
+  std::lock_guard<std::mutex> lock(g_mem_mutex);
+  g_allocations[reinterpret_cast<uintptr_t>(p)] = {bytes, device};
+  if (device >= 0) g_device_bytes[device] += bytes;
+  return p;
+}
+
+cudaError_t release(void* p, bool pinned) {
+  if (!p) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(g_mem_mutex);
+  auto it = g_allocations.find(reinterpret_cast<uintptr_t>(p));
+  if (it == g_allocations.end() || (it->second.device < 0) != pinned) return fail(cudaErrorInvalidValue);
+  if (it->second.device >= 0) g_device_bytes[it->second.device] -= it->second.bytes;
+  g_allocations.erase(it);
+  std::free(p);
+  return cudaSuccess;
+}
+
+// Where p points: a device (>= 0), pinned host memory (-1), or other host memory (-2).
+int where(const void* p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(g_mem_mutex);
+  uintptr_t base = 0;
+  const Allocation* a = find_allocation(p, &base);
+  if (!a) return -2;
+  if (reinterpret_cast<uintptr_t>(p) + bytes > base + a->bytes)
+    die("a copy of " + std::to_string(bytes) + " bytes runs past the end of its allocation");
+  return a->device;
+}
+
+// ---- streams, events, graphs ----------------------------------------------------------------
+//
+// A stream is a queue and a host thread that runs its work in order, so work is asynchronous
+// to the issuing thread as on a GPU: a host read that does not wait for its copy, or a block
+// reused before the work using it is done, can be seen. An event is a position in a stream's
+// queue.
+
+struct Graph {
+  std::vector<std::function<void()>> work;
+};
+
+struct Queue {
+  int device = 0;
+  std::mutex m;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> pending;
+  uint64_t issued = 0, done = 0;
+  bool stop = false;
+  std::thread worker;
+
+  explicit Queue(int d) : device(d) {
+    worker = std::thread([this] { run(); });
+  }
+  ~Queue() {
+    {
+      std::lock_guard<std::mutex> l(m);
+      stop = true;
+    }
+    cv.notify_all();
+    worker.join();
+  }
+  void run() {
+    t_device = device;
+    for (;;) {
+      std::function<void()> w;
+      {
+        std::unique_lock<std::mutex> l(m);
+        cv.wait(l, [&] { return stop || !pending.empty(); });
+        if (pending.empty()) return;
+        w = std::move(pending.front());
+        pending.pop_front();
+      }
+      w();
+      {
+        std::lock_guard<std::mutex> l(m);
+        ++done;
+      }
+      cv.notify_all();
+    }
+  }
+  uint64_t push(std::function<void()> w) {
+    uint64_t seq;
+    {
+      std::lock_guard<std::mutex> l(m);
+      pending.push_back(std::move(w));
+      seq = ++issued;
+    }
+    cv.notify_all();
+    return seq;
+  }
+  uint64_t position() {
+    std::lock_guard<std::mutex> l(m);
+    return issued;
+  }
+  bool reached(uint64_t seq) {
+    std::lock_guard<std::mutex> l(m);
+    return done >= seq;
+  }
+  void wait_for(uint64_t seq) {
+    std::unique_lock<std::mutex> l(m);
+    cv.wait(l, [&] { return done >= seq; });
+  }
+  void drain() { wait_for(position()); }
+};
+
+// Every live queue, for the device-wide synchronisation of cudaFree and cudaFreeHost.
+std::mutex g_queues_mutex;
+std::vector<std::weak_ptr<Queue>> g_queues;
+
+std::shared_ptr<Queue> new_queue(int device) {
+  auto q = std::make_shared<Queue>(device);
+  std::lock_guard<std::mutex> lock(g_queues_mutex);
+  g_queues.erase(std::remove_if(g_queues.begin(), g_queues.end(), [](auto& w) { return w.expired(); }),
+                 g_queues.end());
+  g_queues.push_back(q);
+  return q;
+}
+
+// Waits for the work of every stream of `device` (every device: -1).
+void synchronize_device(int device) {
+  std::vector<std::shared_ptr<Queue>> live;
+  {
+    std::lock_guard<std::mutex> lock(g_queues_mutex);
+    for (auto& w : g_queues)
+      if (auto q = w.lock(); q && (device < 0 || q->device == device)) live.push_back(q);
+  }
+  for (auto& q : live) q->drain();
+}
+
+struct Stream {
+  std::shared_ptr<Queue> queue;
+  Graph* capture = nullptr;  // the graph being captured into, or nullptr
+  bool invalidated = false;
+  int device() const { return queue->device; }
+};
+
+}  // namespace
+}  // namespace unetcu_emu
+
+struct CUstream_st : unetcu_emu::Stream {};
+struct CUevent_st {
+  int device;
+  std::shared_ptr<unetcu_emu::Queue> queue;  // where it was last recorded, at position seq
+  uint64_t seq = 0;
+  unetcu_emu::Graph* captured_in = nullptr;  // last recorded inside a capture
+};
+struct CUgraph_st : unetcu_emu::Graph {};
+struct CUgraphExec_st : unetcu_emu::Graph {};
+struct cudnnContext {};
+
+namespace unetcu_emu {
+namespace {
+
+// Each device's default stream (cudaStream_t nullptr; as a stream of its own, without the
+// legacy stream's synchronisation with the others: the engine issues no work to it).
+Stream* default_stream(int device) {
+  static std::mutex m;
+  static CUstream_st streams[kMaxDevices];
+  std::lock_guard<std::mutex> lock(m);
+  Stream* s = &streams[device];
+  if (!s->queue) s->queue = new_queue(device);
+  return s;
+}
+Stream* resolve(cudaStream_t s) { return s ? static_cast<Stream*>(s) : default_stream(t_device); }
+
+// Queues `work` on the stream, or appends it to the graph the stream is capturing.
+cudaError_t issue(cudaStream_t stream, std::function<void()> work) {
+  Stream* s = resolve(stream);
+  if (s->device() != t_device) return fail(cudaErrorInvalidResourceHandle);
+  if (s->capture) {
+    s->capture->work.push_back(std::move(work));
+  } else {
+    s->queue->push([w = std::move(work)] {
+      try {
+        w();
+      } catch (const std::exception& e) {
+        die(std::string("stream work threw: ") + e.what());
+      }
+    });
+  }
+  return cudaSuccess;
+}
+
+// A synchronising call on a capturing stream invalidates the capture, as CUDA does.
+cudaError_t no_sync_in_capture(Stream* s) {
+  if (!s->capture) return cudaSuccess;
+  s->invalidated = true;
+  return fail(cudaErrorStreamCaptureUnsupported);
+}
+
+}  // namespace
+
+void enqueue(cudaStream_t stream, std::function<void()> work) {
+  const cudaError_t e = issue(stream, std::move(work));
+  if (e != cudaSuccess) die(std::string("enqueue: ") + cudaGetErrorString(e));
+}
+
+}  // namespace unetcu_emu
+
+using namespace unetcu_emu;
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = device_count();
+  if (*count == 0) return fail(cudaErrorNoDevice);
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* device) {
+  *device = t_device;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+  if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
+  t_device = device;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
+  *prop = cudaDeviceProp{};
+  std::snprintf(prop->name, sizeof prop->name, "CUDA emulator on the CPU (device %d)", device);
+  prop->totalGlobalMem = kDeviceBytes;
+  prop->major = 9;
+  prop->minor = 0;
+  prop->multiProcessorCount = 132;
+  prop->warpSize = 32;
+  prop->maxThreadsPerBlock = 1024;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceCanAccessPeer(int* can, int device, int peer) {
+  if (device < 0 || device >= device_count() || peer < 0 || peer >= device_count())
+    return fail(cudaErrorInvalidDevice);
+  *can = device != peer;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned) {
+  static std::mutex m;
+  static bool enabled[kMaxDevices][kMaxDevices] = {};
+  if (peer < 0 || peer >= device_count() || peer == t_device) return fail(cudaErrorInvalidDevice);
+  std::lock_guard<std::mutex> lock(m);
+  if (enabled[t_device][peer]) return fail(cudaErrorPeerAccessAlreadyEnabled);
+  enabled[t_device][peer] = true;
+  return cudaSuccess;
+}
+cudaError_t cudaGetLastError() {
+  const cudaError_t e = t_last_error;
+  t_last_error = cudaSuccess;
+  return e;
+}
+cudaError_t cudaPeekAtLastError() { return t_last_error; }
+const char* cudaGetErrorName(cudaError_t err) {
+  switch (err) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorPeerAccessAlreadyEnabled: return "cudaErrorPeerAccessAlreadyEnabled";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureUnmatched: return "cudaErrorStreamCaptureUnmatched";
+    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
+    case cudaErrorStreamCaptureIsolation: return "cudaErrorStreamCaptureIsolation";
+    case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+  }
+  return "cudaErrorUnknown";
+}
+const char* cudaGetErrorString(cudaError_t err) {
+  switch (err) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected (emulator: UNETCU_EMU_DEVICES=0)";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorNotReady: return "device not ready";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    default: return cudaGetErrorName(err);
+  }
+}
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  std::lock_guard<std::mutex> lock(g_mem_mutex);
+  *total_bytes = kDeviceBytes;
+  const size_t used = g_device_bytes[t_device];
+  *free_bytes = used < kDeviceBytes ? kDeviceBytes - used : 0;
+  return cudaSuccess;
+}
+cudaError_t cudaMalloc(void** ptr, size_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    if (g_device_bytes[t_device] + bytes > kDeviceBytes) return fail(cudaErrorMemoryAllocation);
+  }
+  *ptr = allocate(bytes, t_device);
+  return *ptr ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+}
+// Both synchronise the device (all devices for pinned memory), as CUDA's do.
+cudaError_t cudaFree(void* ptr) {
+  if (!ptr) return cudaSuccess;
+  synchronize_device(where(ptr, 0));
+  return release(ptr, false);
+}
+cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
+  *ptr = allocate(bytes, -1);
+  return *ptr ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+}
+cudaError_t cudaFreeHost(void* ptr) {
+  synchronize_device(-1);
+  return release(ptr, true);
+}
+
+// A copy's ends must be where its kind says: a device's memory for a device end, host memory
+// (pinned or not) for a host end. A device end on another device than the stream's is an error
+// except in a peer copy.
+// Returns where p is (see where()).
+static int check_copy_end(const void* p, size_t bytes, bool device_end, const char* what) {
+  const int w = where(p, bytes);
+  if (device_end ? w < 0 : w >= 0)
+    die(std::string("cudaMemcpyAsync: the ") + what + " is " +
+        (w >= 0 ? "device memory" : "host memory") + " but the copy's kind says otherwise");
+  return w;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream) {
+  if (bytes == 0) return cudaSuccess;
+  const bool dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  const bool src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  if (kind == cudaMemcpyDefault) die("cudaMemcpyAsync: cudaMemcpyDefault is not emulated");
+  const int wd = check_copy_end(dst, bytes, dst_dev, "destination");
+  const int ws = check_copy_end(src, bytes, src_dev, "source");
+  // With pageable host memory at either end the copy is synchronous, as CUDA's is: it waits
+  // for the stream's earlier work and is done when the call returns.
+  if (wd == -2 || ws == -2) {
+    Stream* s = resolve(stream);
+    if (s->capture) return no_sync_in_capture(s);
+    if (const cudaError_t e = issue(stream, [=] { std::memmove(dst, src, bytes); })) return e;
+    s->queue->drain();
+    return cudaSuccess;
+  }
+  return issue(stream, [=] { std::memmove(dst, src, bytes); });
+}
+cudaError_t cudaMemcpyPeerAsync(void* dst, int dst_device, const void* src, int src_device,
+                                size_t bytes, cudaStream_t stream) {
+  if (bytes == 0) return cudaSuccess;
+  if (where(dst, bytes) != dst_device || where(src, bytes) != src_device)
+    die("cudaMemcpyPeerAsync: a pointer is not on the device named for it");
+  return issue(stream, [=] { std::memmove(dst, src, bytes); });
+}
+cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t stream) {
+  if (bytes == 0) return cudaSuccess;
+  if (where(ptr, bytes) != t_device) die("cudaMemsetAsync: the pointer is not the current device's memory");
+  return issue(stream, [=] { std::memset(ptr, value, bytes); });
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
+  auto* s = new CUstream_st();
+  s->queue = new_queue(t_device);
+  *stream = s;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  if (!stream) return fail(cudaErrorInvalidResourceHandle);
+  delete stream;  // its queue runs what is pending, held by the events recorded on it
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  Stream* s = resolve(stream);
+  if (const cudaError_t e = no_sync_in_capture(s)) return e;
+  s->queue->drain();
+  return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
+  Stream* s = resolve(stream);
+  if (!event) return fail(cudaErrorInvalidResourceHandle);
+  if (s->capture || event->captured_in) {
+    // Inside a capture only captured events can be waited on; waiting on one joins the capture.
+    if (!event->captured_in || (s->capture && s->capture != event->captured_in)) {
+      if (s->capture) s->invalidated = true;
+      return fail(cudaErrorStreamCaptureIsolation);
+    }
+    s->capture = event->captured_in;
+    return cudaSuccess;
+  }
+  if (!event->queue || event->queue == s->queue) return cudaSuccess;
+  auto q = event->queue;
+  const uint64_t seq = event->seq;
+  s->queue->push([q, seq] { q->wait_for(seq); });
+  return cudaSuccess;
+}
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
+  if (!stream) return fail(cudaErrorStreamCaptureUnsupported);  // not on the legacy stream
+  Stream* s = resolve(stream);
+  if (s->capture) return fail(cudaErrorInvalidValue);
+  s->capture = new CUgraph_st();
+  s->invalidated = false;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  Stream* s = resolve(stream);
+  *graph = nullptr;
+  if (!s->capture) return fail(cudaErrorStreamCaptureUnmatched);
+  auto* g = static_cast<CUgraph_st*>(s->capture);
+  s->capture = nullptr;
+  if (s->invalidated) {
+    delete g;
+    return fail(cudaErrorStreamCaptureInvalidated);
+  }
+  *graph = g;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  Stream* s = resolve(stream);
+  *status = !s->capture ? cudaStreamCaptureStatusNone
+                        : (s->invalidated ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive);
+  return cudaSuccess;
+}
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_data) {
+  return issue(stream, [=] { fn(user_data); });
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
+  *event = new CUevent_st{t_device, nullptr, 0, nullptr};
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  if (!event) return fail(cudaErrorInvalidResourceHandle);
+  delete event;
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  Stream* s = resolve(stream);
+  if (!event || event->device != s->device()) return fail(cudaErrorInvalidResourceHandle);
+  event->captured_in = s->capture;
+  event->queue = s->capture ? nullptr : s->queue;
+  event->seq = s->capture ? 0 : s->queue->position();
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  if (!event) return fail(cudaErrorInvalidResourceHandle);
+  if (event->captured_in) return fail(cudaErrorCapturedEvent);
+  if (event->queue && !event->queue->reached(event->seq)) return fail(cudaErrorNotReady);
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  if (!event) return fail(cudaErrorInvalidResourceHandle);
+  if (event->captured_in) return fail(cudaErrorCapturedEvent);
+  if (event->queue) event->queue->wait_for(event->seq);
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  if (!graph) return fail(cudaErrorInvalidValue);
+  auto* e = new CUgraphExec_st();
+  e->work = graph->work;
+  *exec = e;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  if (!exec) return fail(cudaErrorInvalidValue);
+  return issue(stream, [exec] {
+    for (auto& w : exec->work) w();
+  });
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
+  return cudaSuccess;
+}
+
+cudnnStatus_t cudnnCreate(cudnnHandle_t* handle) {
+  *handle = new cudnnContext();
+  return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnDestroy(cudnnHandle_t handle) {
+  delete handle;
+  return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnSetStream(cudnnHandle_t handle, cudaStream_t) {
+  return handle ? CUDNN_STATUS_SUCCESS : CUDNN_STATUS_BAD_PARAM;
+}
+const char* cudnnGetErrorString(cudnnStatus_t status) {
+  return status == CUDNN_STATUS_SUCCESS ? "CUDNN_STATUS_SUCCESS" : "CUDNN_STATUS_BAD_PARAM";
+}
+
+// ---- kernels: blocks one after another; a block's threads in a loop or as fibers ------------
+
+namespace unetcu_emu {
+
+thread_local Coords t_coords;
+
+namespace {
+
+// Context switch: saves the callee-saved registers and the floating-point control words on
+// the current stack, stores its pointer in *from, and continues on the stack `to`.
+#if defined(__x86_64__)
+extern "C" void unetcu_emu_switch(void** from, void* to);
+asm(R"(
+  .text
+  .globl unetcu_emu_switch
+  .type unetcu_emu_switch,@function
+unetcu_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size unetcu_emu_switch,.-unetcu_emu_switch
+)");
+#endif
+
+constexpr size_t kFiberStack = 64 * 1024;
+enum class State { Runnable, AtBlockBarrier, AtWarpBarrier, Done };
+
+struct Fiber {
+  State state = State::Runnable;
+  void* sp = nullptr;
+  uint3 thread{};
+  unsigned shuffles = 0;  // shuffles done: the parity picks the exchange slot
+#if !defined(__x86_64__)
+  ucontext_t ctx;
+#endif
+};
+
+struct BlockRun {
+  const char* name = nullptr;
+  const std::function<void()>* body = nullptr;
+  std::vector<Fiber> fibers;
+  std::vector<char> stacks;
+  void* scheduler_sp = nullptr;
+#if !defined(__x86_64__)
+  ucontext_t scheduler_ctx;
+#endif
+  int current = -1;
+  int live = 0;
+  std::vector<uint64_t> exchange;  // [warp][parity][lane]
+};
+thread_local BlockRun* t_run = nullptr;  // the block running as fibers on this thread
+thread_local const char* t_sequential = nullptr;  // the kernel running barrier-free
+
+void to_scheduler(BlockRun* r) {
+#if defined(__x86_64__)
+  unetcu_emu_switch(&r->fibers[r->current].sp, r->scheduler_sp);
+#else
+  swapcontext(&r->fibers[r->current].ctx, &r->scheduler_ctx);
+#endif
+}
+
+void fiber_main() {
+  BlockRun* r = t_run;
+  try {
+    (*r->body)();
+  } catch (...) {
+    die(std::string("kernel ") + r->name + " threw");
+  }
+  r->fibers[r->current].state = State::Done;
+  --r->live;
+  to_scheduler(r);
+  die("a finished fiber was resumed");
+}
+
+void resume(BlockRun* r, int i) {
+  r->current = i;
+  t_coords.thread = r->fibers[i].thread;
+#if defined(__x86_64__)
+  unetcu_emu_switch(&r->scheduler_sp, r->fibers[i].sp);
+#else
+  swapcontext(&r->scheduler_ctx, &r->fibers[i].ctx);
+#endif
+}
+
+std::string block_name(const char* kernel) {
+  const uint3 b = t_coords.block;
+  return std::string("kernel ") + kernel + ", block (" + std::to_string(b.x) + ", " +
+         std::to_string(b.y) + ", " + std::to_string(b.z) + ")";
+}
+
+void run_block_fibers(BlockRun& r, int threads) {
+  const dim3 bd = t_coords.block_dim;
+  r.fibers.assign(size_t(threads), Fiber());
+  if (r.stacks.size() < size_t(threads) * kFiberStack) r.stacks.resize(size_t(threads) * kFiberStack);
+  r.exchange.assign(size_t((threads + 31) / 32) * 64, 0);
+  for (int i = 0; i < threads; ++i) {
+    Fiber& f = r.fibers[size_t(i)];
+    f.thread = {unsigned(i) % bd.x, (unsigned(i) / bd.x) % bd.y, unsigned(i) / (bd.x * bd.y)};
+    char* base = r.stacks.data() + size_t(i) * kFiberStack;
+#if defined(__x86_64__)
+    uintptr_t top = (reinterpret_cast<uintptr_t>(base) + kFiberStack) & ~uintptr_t(15);
+    void** slot = reinterpret_cast<void**>(top - 16);  // 16-aligned: fiber_main starts as if called
+    *slot = reinterpret_cast<void*>(&fiber_main);
+    uint64_t* frame = reinterpret_cast<uint64_t*>(slot) - 7;  // control words, 6 registers
+    std::memset(frame, 0, 7 * sizeof(uint64_t));
+    uint32_t mxcsr;
+    uint16_t fpucw;
+    asm volatile("stmxcsr %0" : "=m"(mxcsr));
+    asm volatile("fnstcw %0" : "=m"(fpucw));
+    std::memcpy(frame, &mxcsr, 4);
+    std::memcpy(reinterpret_cast<char*>(frame) + 4, &fpucw, 2);
+    f.sp = frame;
+#else
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = base;
+    f.ctx.uc_stack.ss_size = kFiberStack;
+    f.ctx.uc_link = nullptr;
+    makecontext(&f.ctx, fiber_main, 0);
+#endif
+  }
+  r.live = threads;
+  t_run = &r;
+  while (r.live > 0) {
+    for (int i = 0; i < threads; ++i)
+      if (r.fibers[size_t(i)].state == State::Runnable) resume(&r, i);
+    if (r.live == 0) break;
+    // Every live thread waits at a barrier: release a warp whose live lanes all wait at a
+    // shuffle, else the block if every live thread waits at __syncthreads.
+    bool released = false;
+    for (int w = 0; w * 32 < threads; ++w) {
+      bool all = true, any = false;
+      for (int i = w * 32; i < std::min(threads, w * 32 + 32); ++i) {
+        const State s = r.fibers[size_t(i)].state;
+        if (s == State::Done) continue;
+        any = true;
+        all = all && s == State::AtWarpBarrier;
+      }
+      if (any && all) {
+        for (int i = w * 32; i < std::min(threads, w * 32 + 32); ++i)
+          if (r.fibers[size_t(i)].state == State::AtWarpBarrier) r.fibers[size_t(i)].state = State::Runnable;
+        released = true;
+      }
+    }
+    if (released) continue;
+    bool all_block = true;
+    for (auto& f : r.fibers) all_block = all_block && (f.state == State::Done || f.state == State::AtBlockBarrier);
+    if (!all_block)
+      die(block_name(r.name) + ": its threads wait at different barriers (a __syncthreads or a "
+          "shuffle not reached by every thread): this deadlocks on a GPU");
+    for (auto& f : r.fibers)
+      if (f.state == State::AtBlockBarrier) f.state = State::Runnable;
+  }
+  t_run = nullptr;
+}
+
+}  // namespace
+
+void syncthreads() {
+  BlockRun* r = t_run;
+  if (!r)
+    die(std::string("kernel ") + (t_sequential ? t_sequential : "?") +
+        " calls __syncthreads but was translated as barrier-free (runtime/cuda/emu/translate.py)");
+  r->fibers[size_t(r->current)].state = State::AtBlockBarrier;
+  to_scheduler(r);
+}
+
+uint64_t shuffle_down(uint64_t bits, unsigned mask, unsigned delta, int width) {
+  BlockRun* r = t_run;
+  if (!r)
+    die(std::string("kernel ") + (t_sequential ? t_sequential : "?") +
+        " shuffles but was translated as barrier-free (runtime/cuda/emu/translate.py)");
+  if (mask != 0xffffffffu || width != 32) die(block_name(r->name) + ": only full-warp shuffles are emulated");
+  const int i = r->current, warp = i / 32, lane = i % 32;
+  Fiber& f = r->fibers[size_t(i)];
+  uint64_t* slots = r->exchange.data() + size_t(warp) * 64 + (f.shuffles & 1) * 32;
+  ++f.shuffles;
+  slots[lane] = bits;
+  f.state = State::AtWarpBarrier;
+  to_scheduler(r);
+  const int src = lane + int(delta);
+  const int lanes = std::min(32, int(r->fibers.size()) - warp * 32);
+  return src < lanes ? slots[src] : bits;
+}
+
+void submit(const char* name, const Config& c, bool barriers, const void* const* pointers,
+            int npointers, std::function<void()> body) {
+  const uint64_t threads = uint64_t(c.block.x) * c.block.y * c.block.z;
+  if (threads == 0 || threads > 1024 || c.block.z > 64 || c.grid.x == 0 || c.grid.y == 0 ||
+      c.grid.z == 0 || c.grid.y > 65535 || c.grid.z > 65535 || c.shared > 48 * 1024) {
+    fail(cudaErrorInvalidConfiguration);
+    return;
+  }
+  for (int k = 0; k < npointers; ++k) {
+    if (!pointers[k]) continue;
+    const int w = where(pointers[k], 0);
+    if (w != t_device)
+      die(std::string("kernel ") + name + ": pointer argument " + std::to_string(k + 1) + " is " +
+          (w == -2 ? "host memory" : w == -1 ? "pinned host memory" : "cuda:" + std::to_string(w) + "'s memory") +
+          ", launched on cuda:" + std::to_string(t_device));
+  }
+  auto run = [name, c, barriers, body = std::move(body)] {
+    const Coords saved = t_coords;
+    t_coords.block_dim = c.block;
+    t_coords.grid_dim = c.grid;
+    static thread_local BlockRun fiber_block;
+    for (unsigned bz = 0; bz < c.grid.z; ++bz)
+      for (unsigned by = 0; by < c.grid.y; ++by)
+        for (unsigned bx = 0; bx < c.grid.x; ++bx) {
+          t_coords.block = {bx, by, bz};
+          if (barriers) {
+            fiber_block.name = name;
+            fiber_block.body = &body;
+            run_block_fibers(fiber_block, int(c.block.x * c.block.y * c.block.z));
+            continue;
+          }
+          t_sequential = name;
+          for (unsigned tz = 0; tz < c.block.z; ++tz)
+            for (unsigned ty = 0; ty < c.block.y; ++ty)
+              for (unsigned tx = 0; tx < c.block.x; ++tx) {
+                t_coords.thread = {tx, ty, tz};
+                body();
+              }
+          t_sequential = nullptr;
+        }
+    t_coords = saved;
+  };
+  issue(c.stream, std::move(run));
+}
+
+}  // namespace unetcu_emu
+
+#include <nccl.h>
+
+ncclResult_t ncclGetVersion(int* version) {
+  *version = 0;
+  return ncclInvalidUsage;
+}
+const char* ncclGetErrorString(ncclResult_t result) {
+  return result == ncclSuccess ? "no error" : "NCCL is not part of the CUDA emulator build";
+}
