@@ -1,7 +1,9 @@
 // The CUDA emulator's own checks (runtime/cuda/emu/README.md), in the emulator build only:
 // a block's barriers and warp shuffles give the block sum, a launch CUDA rejects fails, a
 // synchronisation inside a stream capture invalidates it, and a stream's work is asynchronous
-// to the host (an event is not reached while the stream is held).
+// to the host (an event is not reached while the stream is held); a capture over two streams
+// keeps the dependencies its events make, replays independent work in another order than it
+// was issued in, and refuses to end with a stream not joined back.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -70,4 +72,78 @@ TEST_CASE("CUDA emulator: block sums through barriers and shuffles, rejected lau
   CHECK(cudaStreamDestroy(s) == cudaSuccess);
   CHECK(cudaFree(x) == cudaSuccess);
   CHECK(cudaFree(out) == cudaSuccess);
+}
+
+TEST_CASE("CUDA emulator: a capture over two streams, forked and joined by events") {
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  cudaStream_t s0, s1;
+  REQUIRE(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking) == cudaSuccess);
+  cudaEvent_t fork, join;
+  REQUIRE(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming) == cudaSuccess);
+  REQUIRE(cudaEventCreateWithFlags(&join, cudaEventDisableTiming) == cudaSuccess);
+  unsigned char* cell;
+  REQUIRE(cudaMalloc(reinterpret_cast<void**>(&cell), 1) == cudaSuccess);
+  // Writes 1 on s0, then 2 on s1, the second after an event of the first when `ordered`;
+  // returns the replay's result.
+  auto run = [&](bool ordered) {
+    cudaStreamCaptureStatus status;
+    REQUIRE(cudaStreamBeginCapture(s0, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+    REQUIRE(cudaEventRecord(fork, s0) == cudaSuccess);
+    REQUIRE(cudaStreamWaitEvent(s1, fork, 0) == cudaSuccess);
+    CHECK(cudaStreamIsCapturing(s1, &status) == cudaSuccess);
+    CHECK(status == cudaStreamCaptureStatusActive);
+    REQUIRE(cudaMemsetAsync(cell, 1, 1, s0) == cudaSuccess);
+    if (ordered) {
+      REQUIRE(cudaEventRecord(fork, s0) == cudaSuccess);
+      REQUIRE(cudaStreamWaitEvent(s1, fork, 0) == cudaSuccess);
+    }
+    REQUIRE(cudaMemsetAsync(cell, 2, 1, s1) == cudaSuccess);
+    REQUIRE(cudaEventRecord(join, s1) == cudaSuccess);
+    REQUIRE(cudaStreamWaitEvent(s0, join, 0) == cudaSuccess);
+    cudaGraph_t g = nullptr;
+    REQUIRE(cudaStreamEndCapture(s0, &g) == cudaSuccess);
+    CHECK(cudaStreamIsCapturing(s1, &status) == cudaSuccess);
+    CHECK(status == cudaStreamCaptureStatusNone);
+    cudaGraphExec_t exec;
+    REQUIRE(cudaGraphInstantiate(&exec, g, 0) == cudaSuccess);
+    REQUIRE(cudaMemsetAsync(cell, 0, 1, s0) == cudaSuccess);
+    REQUIRE(cudaGraphLaunch(exec, s0) == cudaSuccess);
+    unsigned char out = 9;
+    REQUIRE(cudaMemcpyAsync(&out, cell, 1, cudaMemcpyDeviceToHost, s0) == cudaSuccess);
+    CHECK(cudaGraphExecDestroy(exec) == cudaSuccess);
+    CHECK(cudaGraphDestroy(g) == cudaSuccess);
+    return int(out);
+  };
+  CHECK(run(true) == 2);   // the event orders them: s0's write, then s1's
+  CHECK(run(false) == 1);  // no dependency: the replay ran them in the other order
+
+  // A fork never joined back: the capture cannot end, and both streams leave it.
+  REQUIRE(cudaStreamBeginCapture(s0, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+  REQUIRE(cudaEventRecord(fork, s0) == cudaSuccess);
+  REQUIRE(cudaStreamWaitEvent(s1, fork, 0) == cudaSuccess);
+  REQUIRE(cudaMemsetAsync(cell, 2, 1, s1) == cudaSuccess);
+  cudaGraph_t g = nullptr;
+  CHECK(cudaStreamEndCapture(s0, &g) == cudaErrorStreamCaptureUnjoined);
+  CHECK(g == nullptr);
+  cudaGetLastError();
+  cudaStreamCaptureStatus status;
+  CHECK(cudaStreamIsCapturing(s1, &status) == cudaSuccess);
+  CHECK(status == cudaStreamCaptureStatusNone);
+  // Ending it on the joined stream instead of its origin is refused too.
+  REQUIRE(cudaStreamBeginCapture(s0, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+  REQUIRE(cudaEventRecord(fork, s0) == cudaSuccess);
+  REQUIRE(cudaStreamWaitEvent(s1, fork, 0) == cudaSuccess);
+  CHECK(cudaStreamEndCapture(s1, &g) == cudaErrorStreamCaptureUnmatched);
+  cudaGetLastError();
+  REQUIRE(cudaEventRecord(join, s1) == cudaSuccess);
+  REQUIRE(cudaStreamWaitEvent(s0, join, 0) == cudaSuccess);
+  CHECK(cudaStreamEndCapture(s0, &g) == cudaSuccess);
+  CHECK(cudaGraphDestroy(g) == cudaSuccess);
+
+  CHECK(cudaEventDestroy(fork) == cudaSuccess);
+  CHECK(cudaEventDestroy(join) == cudaSuccess);
+  CHECK(cudaStreamDestroy(s0) == cudaSuccess);
+  CHECK(cudaStreamDestroy(s1) == cudaSuccess);
+  CHECK(cudaFree(cell) == cudaSuccess);
 }

@@ -110,8 +110,18 @@ int where(const void* p, size_t bytes) {
 // reused before the work using it is done, can be seen. An event is a position in a stream's
 // queue.
 
+// A capture's work as a graph: each node depends on the node issued before it on its stream
+// and on the nodes an event it waited for stood behind, as CUDA's stream capture records it.
+struct Stream;
 struct Graph {
-  std::vector<std::function<void()>> work;
+  struct Node {
+    std::function<void()> work;
+    std::vector<size_t> deps;
+  };
+  std::mutex m;  // several host threads may issue into the streams of one capture
+  std::vector<Node> nodes;
+  std::vector<Stream*> streams;  // every stream in the capture, the origin first
+  bool invalidated = false;
 };
 
 struct Queue {
@@ -206,6 +216,7 @@ struct Stream {
   std::shared_ptr<Queue> queue;
   Graph* capture = nullptr;  // the graph being captured into, or nullptr
   bool invalidated = false;
+  std::vector<size_t> tail;  // in a capture: the nodes the stream's next node depends on
   int device() const { return queue->device; }
 };
 
@@ -218,9 +229,13 @@ struct CUevent_st {
   std::shared_ptr<unetcu_emu::Queue> queue;  // where it was last recorded, at position seq
   uint64_t seq = 0;
   unetcu_emu::Graph* captured_in = nullptr;  // last recorded inside a capture
+  std::vector<size_t> captured_tail;         // there: the nodes it stands behind
 };
 struct CUgraph_st : unetcu_emu::Graph {};
-struct CUgraphExec_st : unetcu_emu::Graph {};
+// An instantiated graph: its nodes in the order a replay runs them.
+struct CUgraphExec_st {
+  std::vector<std::function<void()>> order;
+};
 struct cudnnContext {};
 
 namespace unetcu_emu {
@@ -243,7 +258,17 @@ cudaError_t issue(cudaStream_t stream, std::function<void()> work) {
   Stream* s = resolve(stream);
   if (s->device() != t_device) return fail(cudaErrorInvalidResourceHandle);
   if (s->capture) {
-    s->capture->work.push_back(std::move(work));
+    Graph* g = s->capture;
+    std::lock_guard<std::mutex> lock(g->m);
+    // A replay runs every node on the launching stream's thread: each as its own device's.
+    g->nodes.push_back({[d = s->device(), w = std::move(work)] {
+                          const int saved = t_device;
+                          t_device = d;
+                          w();
+                          t_device = saved;
+                        },
+                        s->tail});
+    s->tail = {g->nodes.size() - 1};
   } else {
     s->queue->push([w = std::move(work)] {
       try {
@@ -260,7 +285,56 @@ cudaError_t issue(cudaStream_t stream, std::function<void()> work) {
 cudaError_t no_sync_in_capture(Stream* s) {
   if (!s->capture) return cudaSuccess;
   s->invalidated = true;
+  s->capture->invalidated = true;
   return fail(cudaErrorStreamCaptureUnsupported);
+}
+
+// Every node `tail` depends on, itself included.
+std::vector<char> ancestors(const Graph& g, const std::vector<size_t>& tail) {
+  std::vector<char> seen(g.nodes.size(), 0);
+  std::vector<size_t> todo = tail;
+  while (!todo.empty()) {
+    const size_t n = todo.back();
+    todo.pop_back();
+    if (seen[n]) continue;
+    seen[n] = 1;
+    for (size_t d : g.nodes[n].deps) todo.push_back(d);
+  }
+  return seen;
+}
+
+// The order a replay runs the nodes in: one that keeps every dependency but not the issue
+// order, so that work captured on two streams without an event between them runs in another
+// order than it was issued in (of the nodes ready, the one issued last runs first). On one
+// stream that is the issue order.
+std::vector<std::function<void()>> replay_order(const Graph& g) {
+  const size_t n = g.nodes.size();
+  std::vector<size_t> waiting(n, 0);
+  std::vector<std::vector<size_t>> after(n);
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<size_t> deps = g.nodes[i].deps;
+    std::sort(deps.begin(), deps.end());
+    deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
+    waiting[i] = deps.size();
+    for (size_t d : deps) after[d].push_back(i);
+  }
+  std::vector<size_t> ready;  // a max-heap of node ids
+  for (size_t i = 0; i < n; ++i)
+    if (!waiting[i]) ready.push_back(i);
+  std::make_heap(ready.begin(), ready.end());
+  std::vector<std::function<void()>> order;
+  while (!ready.empty()) {
+    std::pop_heap(ready.begin(), ready.end());
+    const size_t i = ready.back();
+    ready.pop_back();
+    order.push_back(g.nodes[i].work);
+    for (size_t j : after[i])
+      if (--waiting[j] == 0) {
+        ready.push_back(j);
+        std::push_heap(ready.begin(), ready.end());
+      }
+  }
+  return order;  // deps point only to earlier nodes: every node is in it
 }
 
 }  // namespace
@@ -335,6 +409,7 @@ const char* cudaGetErrorName(cudaError_t err) {
     case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
     case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
     case cudaErrorStreamCaptureUnmatched: return "cudaErrorStreamCaptureUnmatched";
+    case cudaErrorStreamCaptureUnjoined: return "cudaErrorStreamCaptureUnjoined";
     case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
     case cudaErrorStreamCaptureIsolation: return "cudaErrorStreamCaptureIsolation";
     case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
@@ -352,6 +427,7 @@ const char* cudaGetErrorString(cudaError_t err) {
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorNotReady: return "device not ready";
     case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureUnjoined: return "capture sequence contains a fork that was not joined to the primary stream";
     default: return cudaGetErrorName(err);
   }
 }
@@ -451,10 +527,21 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   if (s->capture || event->captured_in) {
     // Inside a capture only captured events can be waited on; waiting on one joins the capture.
     if (!event->captured_in || (s->capture && s->capture != event->captured_in)) {
-      if (s->capture) s->invalidated = true;
+      if (s->capture) {
+        s->invalidated = true;
+        s->capture->invalidated = true;
+      }
       return fail(cudaErrorStreamCaptureIsolation);
     }
-    s->capture = event->captured_in;
+    Graph* g = event->captured_in;
+    std::lock_guard<std::mutex> lock(g->m);
+    if (!s->capture) {  // joins: its next node comes after what the event stands behind
+      s->capture = g;
+      s->invalidated = false;
+      s->tail.clear();
+      g->streams.push_back(s);
+    }
+    s->tail.insert(s->tail.end(), event->captured_tail.begin(), event->captured_tail.end());
     return cudaSuccess;
   }
   if (!event->queue || event->queue == s->queue) return cudaSuccess;
@@ -468,18 +555,36 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
   Stream* s = resolve(stream);
   if (s->capture) return fail(cudaErrorInvalidValue);
   s->capture = new CUgraph_st();
+  s->capture->streams.push_back(s);
   s->invalidated = false;
+  s->tail.clear();
   return cudaSuccess;
 }
+// Ends the capture on its origin stream. Every stream that joined it must have been joined
+// back: its last node an ancestor of the origin's (an event recorded on it, waited for by the
+// origin), else cudaErrorStreamCaptureUnjoined, as CUDA. Every stream leaves the capture.
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
   Stream* s = resolve(stream);
   *graph = nullptr;
   if (!s->capture) return fail(cudaErrorStreamCaptureUnmatched);
   auto* g = static_cast<CUgraph_st*>(s->capture);
-  s->capture = nullptr;
-  if (s->invalidated) {
+  if (g->streams.front() != s) return fail(cudaErrorStreamCaptureUnmatched);  // not its origin
+  cudaError_t result = cudaSuccess;
+  {
+    std::lock_guard<std::mutex> lock(g->m);
+    const std::vector<char> joined = ancestors(*g, s->tail);
+    for (Stream* other : g->streams)
+      for (size_t n : other->tail)
+        if (!joined[n]) result = cudaErrorStreamCaptureUnjoined;
+    if (g->invalidated) result = cudaErrorStreamCaptureInvalidated;
+    for (Stream* other : g->streams) {
+      other->capture = nullptr;
+      other->tail.clear();
+    }
+  }
+  if (result != cudaSuccess) {
     delete g;
-    return fail(cudaErrorStreamCaptureInvalidated);
+    return fail(result);
   }
   *graph = g;
   return cudaSuccess;
@@ -494,7 +599,7 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_
   return issue(stream, [=] { fn(user_data); });
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
-  *event = new CUevent_st{t_device, nullptr, 0, nullptr};
+  *event = new CUevent_st{t_device, nullptr, 0, nullptr, {}};
   return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
@@ -508,6 +613,11 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   event->captured_in = s->capture;
   event->queue = s->capture ? nullptr : s->queue;
   event->seq = s->capture ? 0 : s->queue->position();
+  event->captured_tail.clear();
+  if (s->capture) {
+    std::lock_guard<std::mutex> lock(s->capture->m);
+    event->captured_tail = s->tail;
+  }
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t event) {
@@ -525,14 +635,15 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
   if (!graph) return fail(cudaErrorInvalidValue);
   auto* e = new CUgraphExec_st();
-  e->work = graph->work;
+  std::lock_guard<std::mutex> lock(graph->m);
+  e->order = replay_order(*graph);
   *exec = e;
   return cudaSuccess;
 }
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
   if (!exec) return fail(cudaErrorInvalidValue);
   return issue(stream, [exec] {
-    for (auto& w : exec->work) w();
+    for (auto& w : exec->order) w();
   });
 }
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {

@@ -40,6 +40,7 @@ enum cudaError_t {
   cudaErrorStreamCaptureUnsupported = 900,
   cudaErrorStreamCaptureInvalidated = 901,
   cudaErrorStreamCaptureUnmatched = 903,
+  cudaErrorStreamCaptureUnjoined = 904,
   cudaErrorStreamCaptureIsolation = 905,
   cudaErrorStreamCaptureImplicit = 906,
   cudaErrorCapturedEvent = 907,
