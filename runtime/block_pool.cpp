@@ -87,10 +87,18 @@ void* BlockPool::allocate(size_t bytes, StreamRef stream, size_t* capacity, bool
   const size_t want = round_size(bytes);
   std::lock_guard<std::mutex> lock(mu_);
   char* p = nullptr;
-  const int pool = open_ && stream == open_stream_ ? open_ : 0;
+  const int pool = open_ && std::find(open_streams_.begin(), open_streams_.end(), stream) != open_streams_.end()
+                       ? open_ : 0;
   if (pool) {  // a capture: the private pool's cache, else new memory; no event is touched
     CachedMap& cache = private_.at(pool).cached;
     auto it = cache.lower_bound(want);
+    // Only a block no other stream of the capture used.
+    const auto only_here = [&](const Cached& c) {
+      for (StreamRef u : c.uses)
+        if (u != stream) return false;
+      return true;
+    };
+    while (it != cache.end() && it->first <= want + want / 8 && !only_here(it->second)) ++it;
     if (it != cache.end() && it->first <= want + want / 8) {
       p = it->second.ptr;
       *capacity = it->first;
@@ -161,7 +169,7 @@ void BlockPool::free(void* ptr) noexcept {
   if (live.pool) {
     auto pit = private_.find(live.pool);
     if (pit != private_.end() && !pit->second.released) {
-      pit->second.cached.emplace(live.capacity, Cached{static_cast<char*>(ptr), {}});
+      pit->second.cached.emplace(live.capacity, Cached{static_cast<char*>(ptr), {}, std::move(live.uses)});
       stats_.cached_bytes += live.capacity;
       graph_bytes_ += live.capacity;
       return;
@@ -176,7 +184,7 @@ void BlockPool::free(void* ptr) noexcept {
 }
 
 void BlockPool::free_locked(char* ptr, Live live) noexcept {
-  Cached block{ptr, {}};
+  Cached block{ptr, {}, {}};
   for (StreamRef s : live.uses) {
     void* e = backend_.record(s);
     if (!e) {
@@ -192,12 +200,13 @@ void BlockPool::free_locked(char* ptr, Live live) noexcept {
   stats_.cached_bytes += live.capacity;
 }
 
-int BlockPool::open_private(StreamRef stream) {
+int BlockPool::open_private(const std::vector<StreamRef>& streams) {
   std::lock_guard<std::mutex> lock(mu_);
   UNETCU_CHECK(!open_, "a private pool is already open (one capture at a time per device)");
-  UNETCU_CHECK(!stream.is_host(), "a private pool belongs to a stream");
+  UNETCU_CHECK(!streams.empty(), "a private pool belongs to streams");
+  for (StreamRef s : streams) UNETCU_CHECK(!s.is_host(), "a private pool belongs to streams, not the host");
   open_ = next_private_++;
-  open_stream_ = stream;
+  open_streams_ = streams;
   private_[open_];
   return open_;
 }
@@ -205,7 +214,7 @@ int BlockPool::open_private(StreamRef stream) {
 void BlockPool::close_private() {
   std::lock_guard<std::mutex> lock(mu_);
   open_ = 0;
-  open_stream_ = StreamRef{};
+  open_streams_.clear();
   std::vector<std::pair<char*, Live>> held = std::move(held_frees_);
   held_frees_.clear();
   for (auto& [ptr, live] : held) free_locked(ptr, std::move(live));

@@ -83,13 +83,17 @@ class BlockPool {
   // Private pools, for capturing work into a CUDA graph. A graph replays its kernels on the
   // addresses they had when captured, so the blocks the captured work used must stay the
   // graph's for as long as it exists, and the capture must not query or record events.
-  //  - open_private(s): from now on allocations for stream s come from a new private pool (its
-  //    own cache, else the backend; no event is queried, no memory is given back when short).
-  //    Blocks of the main cache are not handed out to it, and frees of other blocks are held
-  //    back, their events recorded only at close_private(). Returns the pool's id (> 0). One
-  //    pool is open at a time.
-  //  - A private block, when freed, goes back to its pool's cache without events (the captured
-  //    work runs in stream order), never to the main cache: replays keep writing there.
+  //  - open_private(streams): from now on allocations for those streams (every stream a
+  //    capture spans on this device) come from a new private pool (its own cache, else the
+  //    backend; no event is queried, no memory is given back when short). Blocks of the main
+  //    cache are not handed out to it, and frees of other blocks are held back, their events
+  //    recorded only at close_private(). Returns the pool's id (> 0). One pool is open at a
+  //    time.
+  //  - A private block, when freed, goes back to its pool's cache without events, never to the
+  //    main cache: replays keep writing there. Inside the capture it is handed out again only
+  //    for the one stream that used it: the captured work runs in that stream's order, while
+  //    two streams' work is ordered only where an event joins them, so a block another stream
+  //    used stays unused until the graph is gone.
   //  - close_private(): allocations take the main path again; the held-back frees happen.
   //  - release_private(id): the graph is gone and its work done: the pool's cached blocks go back
   //    to the backend; its live blocks, when freed later, go to the main cache as any block.
@@ -99,7 +103,8 @@ class BlockPool {
   // otherwise report only the memory outside its graph). Only the device pools take captures: a pinned block freed
   // while a capture runs records its events as usual, so pinned memory the capturing stream
   // uses must not be freed during a capture (the trainer frees batches between steps).
-  int open_private(StreamRef stream);
+  int open_private(const std::vector<StreamRef>& streams);
+  int open_private(StreamRef stream) { return open_private(std::vector<StreamRef>{stream}); }
   void close_private();
   void release_private(int id);
 
@@ -121,11 +126,12 @@ class BlockPool {
   struct Cached {
     char* ptr;
     std::vector<Pending> pending;
+    std::vector<StreamRef> uses;  // a private pool's block: the streams that used it
   };
   using CachedMap = std::multimap<size_t, Cached>;  // capacity -> block
 
   struct Private {
-    CachedMap cached;  // no events: its blocks are used in the capturing stream's order
+    CachedMap cached;  // no events: its blocks are reused only in one stream's order
     bool released = false;
   };
 
@@ -143,7 +149,7 @@ class BlockPool {
   AllocatorStats stats_;
   std::map<int, Private> private_;
   int open_ = 0, next_private_ = 1;
-  StreamRef open_stream_;
+  std::vector<StreamRef> open_streams_;
   size_t graph_bytes_ = 0;  // in the caches of private pools not yet released
   std::vector<std::pair<char*, Live>> held_frees_;  // main blocks freed while a pool is open
 };

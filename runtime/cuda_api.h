@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "runtime/allocator.h"
 #include "runtime/device.h"
@@ -152,10 +153,23 @@ void host_wait(const Event& e);
 // (inputs, parameters) must outlive the graph and keep its address; what it needs from the
 // host it must not read at run time (a host wait, or a value baked into a kernel argument,
 // is captured once). Destroying the graph waits for its stream, then gives the pool back.
+//
+// The overload over several streams captures what any thread queues on them while `work` runs
+// (a pipeline's stage threads, each on its stage's stream, on one GPU or several) into one
+// graph. The first stream is the origin: the capture begins there, the others join it at once
+// through an event and are joined back through events at the end, so the graph's work on
+// every stream follows what was queued on the origin before a launch, and what is queued on
+// the origin after it waits for all of it. The work itself orders the streams with events
+// (cuda::Event's record/wait, which inside the capture become the graph's edges). Each device
+// the streams are on gives the capture a private pool; a block one stream freed is reused
+// inside the capture only by that stream (block_pool.h). launch() replays on the origin, under
+// a StreamScope of it; the other streams must wait for an event recorded on the origin after
+// the launch before they read what the graph wrote.
 class Graph {
  public:
   Graph();  // none: valid() is false
   static Graph capture(int device, const std::function<void()>& work);
+  static Graph capture(const std::vector<const Stream*>& streams, const std::function<void()>& work);
   void launch() const;
   bool valid() const { return impl_ != nullptr; }
   ~Graph();
@@ -163,9 +177,9 @@ class Graph {
   Graph& operator=(Graph&&) noexcept;
   Graph(const Graph&) = delete;
   Graph& operator=(const Graph&) = delete;
+  struct Impl;  // the backend's (runtime/cuda/runtime.cu)
 
  private:
-  struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 

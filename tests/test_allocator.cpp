@@ -70,8 +70,9 @@ struct FakeBackend : BlockBackend {
   }
 };
 
-int g_stream_tags[3];
+int g_stream_tags[4];
 const StreamRef kA{0, &g_stream_tags[0]}, kB{0, &g_stream_tags[1]}, kPeer{1, &g_stream_tags[2]};
+const StreamRef kC{0, &g_stream_tags[3]};
 const StreamRef kHost{};
 
 }  // namespace
@@ -356,4 +357,39 @@ TEST_CASE("a private pool short of memory fails without giving anything back") {
   CHECK(be.waits == 0);
   pool.free(b);
   pool.close_private();
+}
+
+TEST_CASE("a private pool over two streams (a pipeline's capture) reuses a block only on the stream that used it") {
+  FakeBackend be;
+  BlockPool pool(be);
+  size_t cap = 0;
+  pool.open_private({kA, kB});
+  const size_t events_before = be.events.size();
+  void* a = pool.allocate(4096, kA, &cap);  // used on A only
+  void* ab = pool.allocate(4096, kA, &cap);  // made on A, read by B (a stage's output, copied)
+  pool.record_use(ab, kB);
+  void* b = pool.allocate(4096, kB, &cap);  // made on B
+  pool.free(a);
+  pool.free(ab);
+  pool.free(b);
+  CHECK(be.events.size() == events_before);  // no event inside the capture
+  // B's work is ordered after A's only where an event joins them: A's block is not for B.
+  void* for_b = pool.allocate(4096, kB, &cap);
+  CHECK(for_b == b);
+  void* for_a = pool.allocate(4096, kA, &cap);
+  CHECK(for_a == a);
+  // The block both streams used: for neither, new memory instead.
+  const int allocs = be.allocations;
+  void* more_a = pool.allocate(4096, kA, &cap);
+  void* more_b = pool.allocate(4096, kB, &cap);
+  CHECK(more_a != ab);
+  CHECK(more_b != ab);
+  CHECK(be.allocations == allocs + 2);
+  // A stream outside the capture takes the main path.
+  void* other = pool.allocate(4096, kC, &cap);
+  CHECK(other != ab);
+  for (void* p : {for_a, for_b, more_a, more_b, other}) pool.free(p);
+  pool.close_private();
+  CHECK_THROWS_AS(pool.open_private(std::vector<StreamRef>{}), Error);
+  CHECK_THROWS_AS(pool.open_private({kA, StreamRef{}}), Error);  // the host is no stream
 }

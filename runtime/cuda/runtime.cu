@@ -531,51 +531,119 @@ std::string device_name(int device) { return device_properties(device).name; }
 
 struct Graph::Impl {
   int device = -1;
-  cudaStream_t stream = nullptr;
+  cudaStream_t stream = nullptr;  // the origin: launches go there
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
-  int pool = 0;
+  std::vector<std::pair<int, int>> pools;  // (device, private pool id)
   ~Impl() {
-    QuietDeviceGuard g(device);
-    if (stream) cudaStreamSynchronize(stream);  // no replay may still use the pool
-    if (exec) cudaGraphExecDestroy(exec);
-    if (graph) cudaGraphDestroy(graph);
-    if (pool) heap(device).pool.release_private(pool);
+    {
+      QuietDeviceGuard g(device);
+      // A replay's work on every stream it spans ends before the launch on the origin does.
+      if (stream) cudaStreamSynchronize(stream);
+      if (exec) cudaGraphExecDestroy(exec);
+      if (graph) cudaGraphDestroy(graph);
+    }
+    for (auto [d, id] : pools) heap(d).pool.release_private(id);
   }
 };
 
-Graph Graph::capture(int device, const std::function<void()>& work) {
-  check_device_index(device);
-  DeviceGuard g(device);
-  auto impl = std::make_unique<Impl>();
-  impl->device = device;
-  impl->stream = current_stream(device);
-  BlockPool& pool = heap(device).pool;
-  impl->pool = pool.open_private(StreamRef{device, impl->stream});
-  cudaError_t st = cudaStreamBeginCapture(impl->stream, cudaStreamCaptureModeRelaxed);
-  if (st != cudaSuccess) {
-    pool.close_private();
-    throw Error(str_cat("cudaStreamBeginCapture on cuda:", device, " failed: ", cudaGetErrorString(st)));
+namespace {
+
+struct CaptureStream {
+  int device;
+  cudaStream_t stream;
+};
+
+// The capture behind both Graph::capture overloads: `streams` (the origin first, no repeats)
+// joined by events into one capture for as long as `work` runs.
+Graph::Impl* capture_streams(const std::vector<CaptureStream>& streams, const std::function<void()>& work) {
+  const CaptureStream origin = streams.at(0);
+  auto impl = std::make_unique<Graph::Impl>();
+  impl->device = origin.device;
+  impl->stream = origin.stream;
+  // A private pool on each device the capture spans, for all of its streams there.
+  std::map<int, std::vector<StreamRef>> by_device;
+  for (const CaptureStream& c : streams) by_device[c.device].push_back(StreamRef{c.device, c.stream});
+  std::vector<int> open;
+  const auto close_pools = [&] {
+    for (int d : open) heap(d).pool.close_private();
+  };
+  try {
+    for (const auto& [d, refs] : by_device) {
+      impl->pools.emplace_back(d, heap(d).pool.open_private(refs));
+      open.push_back(d);
+    }
+  } catch (...) {
+    close_pools();
+    throw;
   }
+  DeviceGuard g(origin.device);
+  cudaError_t st = cudaStreamBeginCapture(origin.stream, cudaStreamCaptureModeRelaxed);
+  if (st != cudaSuccess) {
+    close_pools();
+    throw Error(str_cat("cudaStreamBeginCapture on cuda:", origin.device, " failed: ", cudaGetErrorString(st)));
+  }
+  // Fork: every other stream joins the capture behind the origin's start; join: the origin
+  // waits for each of them at the end (CUDA refuses to end a capture with a stream not joined
+  // back). Unchecked: a failure here shows as the capture's own failure below.
+  std::vector<cudaEvent_t> events;
+  const auto link = [&](const CaptureStream& from, const CaptureStream& to) {
+    QuietDeviceGuard on(from.device);
+    cudaEvent_t e = nullptr;
+    if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) return;
+    events.push_back(e);
+    cudaEventRecord(e, from.stream);
+    QuietDeviceGuard there(to.device);
+    cudaStreamWaitEvent(to.stream, e, 0);
+  };
+  for (size_t i = 1; i < streams.size(); ++i) link(origin, streams[i]);
+  const auto end = [&](cudaGraph_t* out) {
+    for (size_t i = 1; i < streams.size(); ++i) link(streams[i], origin);
+    const cudaError_t e = cudaStreamEndCapture(origin.stream, out);
+    for (cudaEvent_t ev : events) cudaEventDestroy(ev);
+    close_pools();
+    return e;
+  };
   try {
     work();
   } catch (...) {
     cudaGraph_t broken = nullptr;
-    cudaStreamEndCapture(impl->stream, &broken);
+    end(&broken);
     if (broken) cudaGraphDestroy(broken);
     cudaGetLastError();  // the capture's error must not surface at an unrelated later launch
-    pool.close_private();
     throw;
   }
-  st = cudaStreamEndCapture(impl->stream, &impl->graph);
-  pool.close_private();
+  st = end(&impl->graph);
   if (st != cudaSuccess) cudaGetLastError();
-  UNETCU_CHECK(st == cudaSuccess && impl->graph, "capturing a CUDA graph on cuda:", device, " failed: ",
+  UNETCU_CHECK(st == cudaSuccess && impl->graph, "capturing a CUDA graph on cuda:", origin.device, " failed: ",
                cudaGetErrorString(st), " (the captured work waited for the host, used another "
                "stream without joining it, or called something a graph cannot hold)");
   CUDA_CHECK(cudaGraphInstantiate(&impl->exec, impl->graph, 0));
+  return impl.release();
+}
+
+}  // namespace
+
+Graph Graph::capture(int device, const std::function<void()>& work) {
+  check_device_index(device);
+  DeviceGuard g(device);
   Graph graph;
-  graph.impl_ = std::move(impl);
+  graph.impl_.reset(capture_streams({{device, current_stream(device)}}, work));
+  return graph;
+}
+
+Graph Graph::capture(const std::vector<const Stream*>& streams, const std::function<void()>& work) {
+  std::vector<CaptureStream> cs;
+  for (const Stream* s : streams) {
+    UNETCU_CHECK(s && s->get(), "a CUDA graph capture over a stream that does not exist");
+    check_device_index(s->device());
+    bool seen = false;
+    for (const CaptureStream& c : cs) seen = seen || c.stream == s->get();
+    if (!seen) cs.push_back({s->device(), s->get()});
+  }
+  UNETCU_CHECK(!cs.empty(), "a CUDA graph capture needs a stream");
+  Graph graph;
+  graph.impl_.reset(capture_streams(cs, work));
   return graph;
 }
 

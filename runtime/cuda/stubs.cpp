@@ -31,6 +31,7 @@ void Event::record(CUstream_st*) { no_cuda(); }
 void Event::wait_on(CUstream_st*) const { no_cuda(); }
 struct Graph::Impl {};
 Graph Graph::capture(int, const std::function<void()>&) { no_cuda(); }
+Graph Graph::capture(const std::vector<const Stream*>&, const std::function<void()>&) { no_cuda(); }
 void Graph::launch() const { no_cuda(); }
 Graph::Graph() = default;
 Graph::~Graph() = default;
