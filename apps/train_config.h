@@ -61,7 +61,7 @@ struct TrainConfig {
   Precision precision = Precision::Auto;
   FormatChoice memory_format = FormatChoice::Auto;
   bool deterministic = false;      // CUDA: only deterministic cuDNN convolution algorithms
-  bool cuda_graphs = false;        // single GPU: replay the training step as a CUDA graph
+  bool cuda_graphs = false;        // GPUs (single, mp): replay the training step as a CUDA graph
   Mode mode = Mode::Single;
   std::vector<Device> devices;     // dp: one per replica; mp: one per stage
   AllReduceAlgo allreduce = AllReduceAlgo::Ring;

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdio>
+#include <exception>
 #include <map>
 
 #include "engine/profiler.h"
@@ -78,6 +80,8 @@ Pipeline::Pipeline(const UNetConfig& model_cfg, const PipelineOptions& options,
         cuda::enable_peer_access(options.devices[a].index, options.devices[b].index);
   UNETCU_CHECK(options.split_size >= 1, "model parallelism: the split size must be at least 1, got ",
                options.split_size);
+  UNETCU_CHECK(!options.cuda_graphs || options.devices[0].is_cuda(),
+               "CUDA graphs need GPU stages; ", device_list_str(options.devices), " run eagerly");
   UNetConfig cfg = model_cfg;
   cfg.device = options.devices[0];
   model_ = std::make_unique<UNet>(cfg);
@@ -167,8 +171,10 @@ std::vector<Transfer> Pipeline::transfers() const {
 // backward(s, m) wait for what they need from the other stages.
 class Pipeline::Run {
  public:
-  Run(Pipeline& p, const std::vector<Batch>& micro_batches, LossKind loss)
-      : p_(p), loss_kind_(loss), S_(p.stages()), M_(int(micro_batches.size())),
+  // capturing: queued into a CUDA graph over the stages' streams (Pipeline::graph_step), so
+  // nothing waits for a stream.
+  Run(Pipeline& p, const std::vector<Batch>& micro_batches, LossKind loss, bool capturing = false)
+      : p_(p), loss_kind_(loss), capturing_(capturing), S_(p.stages()), M_(int(micro_batches.size())),
         inputs_(micro_batches), mb_(S_), fwd_done_(S_, std::vector<char>(M_, 0)),
         bwd_done_(fwd_done_), fwd_event_(S_, std::vector<cuda::Event>(M_)),
         bwd_event_(fwd_event_) {
@@ -190,7 +196,8 @@ class Pipeline::Run {
       else
         backward(st, a.micro_batch);
     }
-    if (st.dev.is_cuda()) cuda::synchronize(st.dev.index);  // the end of the step: this stream
+    // The end of the step: this stream (a capture ends with the origin waiting for it).
+    if (st.dev.is_cuda() && !capturing_) cuda::synchronize(st.dev.index);
     st.keep_alive.clear();
   }
 
@@ -208,6 +215,8 @@ class Pipeline::Run {
     for (int m = 0; m < M_; ++m) l += mb_[S_ - 1][m].loss.item();
     return l;
   }
+  // Micro-batch m's weighted loss, on the last stage's device.
+  const Tensor& micro_batch_loss(int m) const { return mb_[S_ - 1][m].loss; }
 
  private:
   struct MicroBatch {
@@ -339,6 +348,7 @@ class Pipeline::Run {
 
   Pipeline& p_;
   LossKind loss_kind_;
+  bool capturing_;
   const int S_, M_;
   const std::vector<Batch>& inputs_;
   std::vector<double> weight_;
@@ -351,19 +361,8 @@ class Pipeline::Run {
   bool failed_ = false;
 };
 
-double Pipeline::step(const std::vector<Batch>& micro_batches, LossKind loss_kind) {
-  UNETCU_CHECK(!micro_batches.empty(), "model parallelism: a step needs at least one micro-batch");
-  const int S = stages();
-  for (const Batch& b : micro_batches)
-    UNETCU_CHECK(b.images.device() == options_.devices[0] && b.masks.device() == options_.devices[S - 1],
-                 "model parallelism: micro-batches must be placed (images on ", options_.devices[0].str(),
-                 ", masks on ", options_.devices[S - 1].str(), ")");
-  peak_live_.assign(S, 0);
-  {
-    std::lock_guard<std::mutex> lock(transfers_mu_);
-    transfers_.clear();
-  }
-  Run run(*this, micro_batches, loss_kind);
+// Every stage's thread runs its part of `run`; the first error any of them threw is rethrown.
+void Pipeline::run_stages(Run& run) {
   std::exception_ptr first_error;
   std::mutex error_mu;
   try {
@@ -383,14 +382,161 @@ double Pipeline::step(const std::vector<Batch>& micro_batches, LossKind loss_kin
     if (first_error) std::rethrow_exception(first_error);
     throw;
   }
-  // All backwards are done: every stage steps its own parameters.
+}
+
+// All backwards are done: every stage steps its own parameters.
+void Pipeline::step_optimizers() {
   pool_->run([&](int s) {
     std::unique_ptr<cuda::StreamScope> on_stream;
     if (streams_[s]) on_stream = std::make_unique<cuda::StreamScope>(*streams_[s]);
     optimizers_[s]->step();
     if (streams_[s]) cuda::synchronize(options_.devices[s].index);
   });
+}
+
+double Pipeline::step(const std::vector<Batch>& micro_batches, LossKind loss_kind) {
+  UNETCU_CHECK(!micro_batches.empty(), "model parallelism: a step needs at least one micro-batch");
+  const int S = stages();
+  for (const Batch& b : micro_batches)
+    UNETCU_CHECK(b.images.device() == options_.devices[0] && b.masks.device() == options_.devices[S - 1],
+                 "model parallelism: micro-batches must be placed (images on ", options_.devices[0].str(),
+                 ", masks on ", options_.devices[S - 1].str(), ")");
+  double graph_loss = 0;
+  if (options_.cuda_graphs && graph_step(micro_batches, loss_kind, &graph_loss)) return graph_loss;
+  peak_live_.assign(S, 0);
+  {
+    std::lock_guard<std::mutex> lock(transfers_mu_);
+    transfers_.clear();
+  }
+  Run run(*this, micro_batches, loss_kind);
+  run_stages(run);
+  step_optimizers();
   return run.loss();
+}
+
+// ---- CUDA graphs ------------------------------------------------------------------------------
+
+struct Pipeline::Captured {
+  std::vector<Shape> shapes;       // each micro-batch's images and masks shapes, in turn
+  LossKind loss;
+  std::vector<Batch> inputs;       // the graph's micro-batches (fixed addresses)
+  std::vector<Tensor> losses;      // each micro-batch's weighted loss, which every replay rewrites
+  std::vector<Tensor> grads;       // each parameter's gradient, which every replay rewrites
+  std::vector<std::pair<int64_t*, int64_t>> counters;  // batch counts each replay adds
+  std::vector<int> peak_live;      // what the captured step's schedule held
+  std::vector<Transfer> transfers;
+  cuda::Graph graph;
+};
+
+namespace {
+
+std::vector<Shape> micro_batch_shapes(const std::vector<Batch>& micro_batches) {
+  std::vector<Shape> out;
+  for (const Batch& b : micro_batches) {
+    out.push_back(b.images.shape());
+    out.push_back(b.masks.shape());
+  }
+  return out;
+}
+
+// Two eager steps first, as on one GPU (train/strategy.cpp): cuDNN's algorithm search, the
+// optimizers' state and the allocator's caches are all settled before the capture.
+constexpr int kEagerStepsBeforeCapture = 2;
+
+}  // namespace
+
+bool Pipeline::graph_step(const std::vector<Batch>& micro_batches, LossKind loss_kind, double* out) {
+  // The profiler times ops on the host; a graph holds train-mode batch norm.
+  if (Profiler::enabled() || !model_->is_training()) return false;
+  const std::vector<Shape> shapes = micro_batch_shapes(micro_batches);
+  if (graph_shape_.empty()) graph_shape_ = shapes;
+  if (shapes != graph_shape_) return false;  // another shape: eager
+  const int S = stages();
+  if (!captured_) {
+    if (eager_steps_++ < kEagerStepsBeforeCapture) return false;
+    auto c = std::make_unique<Captured>();
+    c->shapes = shapes;
+    c->loss = loss_kind;
+    for (const Batch& b : micro_batches)
+      c->inputs.push_back({Tensor::empty(b.images.shape(), b.images.dtype(), b.images.device(), b.images.format()),
+                           Tensor::empty(b.masks.shape(), b.masks.dtype(), b.masks.device(), b.masks.format())});
+    // The captured backwards write every gradient first (beta 0): there is none before them.
+    for (auto& o : optimizers_) o->zero_grad();
+    // Each device keeps one step's worth of memory, not two: the eager steps' cache goes back
+    // first (every stage's stream was synchronised at the end of the last step).
+    for (const Device& d : options_.devices) cuda::release_device_cache(d.index);
+    std::vector<std::pair<int64_t*, int64_t>> before;
+    for (const auto& e : model_->state())
+      if (e.counter) before.emplace_back(e.counter, *e.counter);
+    peak_live_.assign(S, 0);
+    {
+      std::lock_guard<std::mutex> lock(transfers_mu_);
+      transfers_.clear();
+    }
+    std::vector<const cuda::Stream*> streams;
+    for (const auto& st : streams_) streams.push_back(st.get());
+    try {
+      c->graph = cuda::Graph::capture(streams, [&] {
+        Run run(*this, c->inputs, loss_kind, /*capturing=*/true);
+        run_stages(run);
+        for (int m = 0; m < int(c->inputs.size()); ++m) c->losses.push_back(run.micro_batch_loss(m));
+      });
+    } catch (const std::exception& e) {
+      for (auto& [counter, value] : before) *counter = value;
+      for (auto& o : optimizers_) o->zero_grad();  // whatever the failed capture left
+      options_.cuda_graphs = false;
+      std::fprintf(stderr, "warning: capturing the pipeline's step as a CUDA graph failed, training "
+                           "goes on without graphs: %s\n", e.what());
+      return false;
+    }
+    for (auto& [counter, value] : before) {
+      if (*counter != value) c->counters.emplace_back(counter, *counter - value);
+      *counter = value;  // nothing ran yet: the first launch below counts
+    }
+    for (const Tensor& p : model_->parameters()) {
+      UNETCU_CHECK(p.grad().defined(), "the captured pipeline step left a parameter without a gradient");
+      c->grads.push_back(p.grad());
+    }
+    c->peak_live = peak_live_;
+    c->transfers = transfers();
+    captured_ = std::move(c);
+  }
+  Captured& c = *captured_;
+  if (shapes != c.shapes || loss_kind != c.loss) return false;
+  // The micro-batches were placed on their stages' streams: the images on the first's, the
+  // masks on the last's. Each copy follows its upload there, and the launch on the first
+  // stage's stream (the graph's origin) follows both.
+  cuda::Stream& origin = *streams_[0];
+  {
+    cuda::StreamScope on_last(*streams_[S - 1]);
+    for (size_t m = 0; m < c.inputs.size(); ++m) c.inputs[m].masks.copy_(micro_batches[m].masks);
+    const cuda::Event masks_copied = cuda::Event::record(options_.devices[S - 1].index);
+    cuda::StreamScope on_origin(origin);
+    for (size_t m = 0; m < c.inputs.size(); ++m) c.inputs[m].images.copy_(micro_batches[m].images);
+    masks_copied.wait(options_.devices[0].index);
+    c.graph.launch();
+    // The optimizers step on their stages' streams, after all of the graph.
+    const cuda::Event replayed = cuda::Event::record(options_.devices[0].index);
+    for (int s = 1; s < S; ++s) {
+      cuda::StreamScope on_stage(*streams_[s]);
+      replayed.wait(options_.devices[s].index);
+    }
+  }
+  for (auto& [counter, delta] : c.counters) *counter += delta;
+  // An eager step in between (another shape) may have left gradients of its own: the
+  // optimizers read the graph's.
+  const auto params = model_->parameters();
+  for (size_t i = 0; i < params.size(); ++i) params[i].impl().grad = c.grads[i].impl_ptr();
+  peak_live_ = c.peak_live;
+  {
+    std::lock_guard<std::mutex> lock(transfers_mu_);
+    transfers_ = c.transfers;
+  }
+  step_optimizers();  // each stage's stream synchronised: the graph's losses are final
+  double l = 0;
+  for (const Tensor& t : c.losses) l += t.item();
+  *out = l;
+  return true;
 }
 
 }  // namespace unetcu

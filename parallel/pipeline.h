@@ -56,6 +56,13 @@ struct PipelineOptions {
   int split_size = 1;            // samples per micro-batch (the last may be smaller)
   Schedule schedule = Schedule::GPipe;
   int threads_per_stage = 0;     // CPU devices; 0: the cores shared out, at least 1
+  // GPU stages: after two eager steps at the first step's micro-batch shapes, the forwards
+  // and backwards of every stage and micro-batch at those shapes are captured into one CUDA
+  // graph over the stages' streams and replayed each step (the micro-batches copied into the
+  // graph's input tensors first); the optimizers step eagerly. Other shapes (a short last
+  // batch), eval mode and profiled steps run eagerly; a capture that fails says why once and
+  // the pipeline goes on eagerly.
+  bool cuda_graphs = false;
 };
 
 // Stage `stage`'s blocks of one micro-batch, in block order, on the tape in scope: each block's
@@ -100,9 +107,15 @@ class Pipeline {
   // Of the last step: the most micro-batches whose activations a stage held at once.
   std::vector<int> peak_live_micro_batches() const { return peak_live_; }
   std::vector<Transfer> transfers() const;
+  bool graph_captured() const { return captured_ != nullptr; }  // cuda_graphs: replaying now
 
  private:
   class Run;  // one step's execution
+  struct Captured;  // cuda_graphs: the captured step at one set of micro-batch shapes
+  void run_stages(Run& run);
+  // The step's loss, or false: run it eagerly.
+  bool graph_step(const std::vector<Batch>& micro_batches, LossKind loss, double* out);
+  void step_optimizers();
   PipelineOptions options_;
   std::unique_ptr<UNet> model_;
   std::vector<std::unique_ptr<Optimizer>> optimizers_;  // one per stage
@@ -113,6 +126,9 @@ class Pipeline {
   std::vector<int> peak_live_;
   mutable std::mutex transfers_mu_;
   std::vector<Transfer> transfers_;
+  std::vector<Shape> graph_shape_;  // cuda_graphs: the first step's micro-batch shapes
+  int eager_steps_ = 0;             // steps run at those shapes before the capture
+  std::unique_ptr<Captured> captured_;
 };
 
 }  // namespace unetcu

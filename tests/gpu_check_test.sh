@@ -223,7 +223,8 @@ train single 512² batch 64,train single bf16 NHWC 512² batch 64,train single b
 PyTorch eager 512² batch 64 (fp32, TF32, bf16 AMP),\
 profile bf16 NHWC 512² batch 14 (UNETCU_CUDA_SYNC=1),\
 train DP NCCL 1 rank 512² batch 14,train DP as 1 launched process (NCCL_COMM_ID) 512² batch 14,\
-train MP 2 stages 1 GPU 512² batch 30 split 6,unet_bench cuda:0 256² (20 pipelines),\
+train MP 2 stages 1 GPU 512² batch 30 split 6,train MP 2 stages 1 GPU CUDA graphs 512² batch 30 split 6,\
+unet_bench cuda:0 256² (20 pipelines),\
 PyTorch bf16 compiled 512² batch 14,PyTorch bf16 compiled 512² batch 64"
   [ "$order" = "$want" ] || bad "full run's steps: $order"
 else
@@ -328,6 +329,7 @@ if [ -f "$t" ]; then
   has "$t" "| train single bf16 NHWC CUDA graphs 512² batch 64 | FAILED (exit 1): CUDA graphs: capture failed |"
   has "$t" "| PyTorch eager 512² batch 64 (fp32, TF32, bf16 AMP) | ok: fp32 70.0"
   has "$t" "| train MP 2 stages 1 GPU 512² batch 30 split 6 | ok: 115.0 img/s"
+  has "$t" "| train MP 2 stages 1 GPU CUDA graphs 512² batch 30 split 6 | ok: 115.0 img/s"
   has "$t" "| profile bf16 NHWC 512² batch 14 (UNETCU_CUDA_SYNC=1) | ok: conv2d.backward 50.0%, conv2d 30.0%, batch_norm_relu 10.0%, adam 5.0%, convert 3.0% |"
   has "$t" "| PyTorch bf16 compiled 512² batch 64 | ok: bf16-compile compile failed: fake compiler |"
   # 115 x 188 / 494: 4.4%; 300 x 188 / 989: 5.7%; 400 (the median of 390 and 410) x 188 / 989:
@@ -351,7 +353,9 @@ grep -qE -- "^--image-size 512 --batch-size 14 --train-size 112 --val-size 14 --
   "$tmp/train_args" 2>/dev/null || bad "unet_train never ran the profile row"
 grep -qx "profiled with UNETCU_CUDA_SYNC=1" "$tmp/train_args" 2>/dev/null || bad "the profile row ran without UNETCU_CUDA_SYNC=1"
 [ "$(grep -c -- '--precision' "$tmp/train_args" 2>/dev/null)" = 5 ] || bad "--precision outside the four bf16 rows and the profile: $(cat "$tmp/train_args")"
-[ "$(grep -c -- '--cuda-graphs' "$tmp/train_args" 2>/dev/null)" = 2 ] || bad "--cuda-graphs outside the two graphs rows: $(cat "$tmp/train_args")"
+grep -qx -- "--image-size 512 --batch-size 30 --train-size 240 --val-size 30 --epochs 3 --no-progress --mode mp --devices cuda:0,cuda:0 --split layer3 --split-size 6 --cuda-graphs" \
+  "$tmp/train_args" 2>/dev/null || bad "unet_train never ran the MP CUDA graphs row"
+[ "$(grep -c -- '--cuda-graphs' "$tmp/train_args" 2>/dev/null)" = 3 ] || bad "--cuda-graphs outside the three graphs rows: $(cat "$tmp/train_args")"
 in_archive "$d" 07-train-single-bf16-NHWC-512-batch-14.log 08-train-single-bf16-NHWC-CUDA-graphs-512-batch-14.log \
   11-train-single-bf16-NHWC-512-batch-64.log 12-train-single-bf16-NHWC-CUDA-graphs-512-batch-64.log
 few_files "$d"

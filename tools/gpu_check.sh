@@ -21,7 +21,8 @@
 #       before PyTorch's eager step at that batch (batch 14's first: the most valuable figures
 #       when the time runs out); data parallel through NCCL with one rank (batch 14), the same
 #       as one process of a launched job (torchrun's variables, NCCL_COMM_ID), the article's MP
-#       run as two stages on the one GPU (cut after layer3, batch 30, micro-batches of 6):
+#       run as two stages on the one GPU (cut after layer3, batch 30, micro-batches of 6),
+#       then the same with --cuda-graphs (the pipeline's step captured over both streams):
 #       images/s (median of the epochs after the first, which runs cuDNN's algorithm search)
 #       and peak memory; before the DP row, the bf16 NHWC step at batch 14 profiled op by op
 #       (--profile, UNETCU_CUDA_SYNC=1: real GPU times; the five largest ops in the row, the
@@ -629,6 +630,8 @@ else
       step "train DP as 1 launched process (NCCL_COMM_ID) 512² batch 14" 40 150 gpu step_train_launched 14
       step "train MP 2 stages 1 GPU 512² batch 30 split 6" 40 150 gpu \
         step_train 30 --mode mp --devices cuda:0,cuda:0 --split layer3 --split-size 6
+      step "train MP 2 stages 1 GPU CUDA graphs 512² batch 30 split 6" 40 150 gpu \
+        step_train 30 --mode mp --devices cuda:0,cuda:0 --split layer3 --split-size 6 --cuda-graphs
       step "unet_bench cuda:0 256² (20 pipelines)" 60 600 gpu step_bench
     fi
     torch_compiled 14

@@ -207,7 +207,8 @@ std::string PipelineStrategy::describe() const {
   for (int c : o.cuts) cuts += (cuts.empty() ? "" : ", ") + pipe_.model().blocks()[c - 1].name;
   return "model parallel, " + std::to_string(o.devices.size()) + " stages on " + device_list_str(o.devices) +
          " (cut after " + cuts + "), micro-batches of " + std::to_string(o.split_size) + ", " +
-         name_of(kScheduleNames, o.schedule) + " schedule; BN statistics per micro-batch";
+         name_of(kScheduleNames, o.schedule) + " schedule; BN statistics per micro-batch" +
+         (o.cuda_graphs ? "; CUDA graphs" : "");
 }
 
 PlacedBatch PipelineStrategy::place(Batch host) {
@@ -304,6 +305,7 @@ PipelineOptions search_split(const StrategyConfig& c, PipelineOptions o, const B
   const size_t run = std::min<size_t>(3, plans.size());
   for (size_t k = 0; k < run; ++k) {
     PipelineOptions trial = o;
+    trial.cuda_graphs = false;  // three steps each: the capture would be one of the timed
     trial.cuts = plans[k].cuts;
     trial.split_size = plans[k].split_size;
     PipelineStrategy pipe(c.model, trial, optimizer_factory(c.optimizer), c.loss);
@@ -381,6 +383,7 @@ std::unique_ptr<TrainingStrategy> make_strategy(const StrategyConfig& c, const B
       o.threads_per_stage = c.threads;
       o.cuts = c.cuts;
       o.split_size = c.split_size;
+      o.cuda_graphs = c.cuda_graphs;
       if (c.search_split) {
         UNETCU_CHECK(probe, "the split search needs a probe batch");
         o = search_split(c, o, *probe, out);

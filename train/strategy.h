@@ -262,7 +262,8 @@ struct StrategyConfig {
   bool search_split = false;    // two stages: profile, predict every cut x split, run the best
   int split_size = 0;           // 0: the whole batch (with search_split: every power of two)
   Schedule schedule = Schedule::GPipe;
-  // Single GPU: capture the training step into a CUDA graph (SingleDevice).
+  // GPUs in one process: capture the training step into a CUDA graph (SingleDevice; MP: the
+  // pipeline's step over its stages' streams).
   bool cuda_graphs = false;
 };
 

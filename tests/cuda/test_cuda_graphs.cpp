@@ -3,12 +3,14 @@
 // before the capture, replays, an eager step of another batch shape in between, and replays
 // after it; in float32 NCHW and bf16 NHWC. The suite runs with deterministic convolutions, so
 // the eager and the captured kernels are the same ones. And once captured, a step takes no
-// memory from the system.
+// memory from the system. The same for a pipeline's step (two stages, on one GPU's two streams
+// and on two GPUs), captured over the stages' streams.
 #include <doctest/doctest.h>
 
 #include <cstring>
 #include <vector>
 
+#include "apps/cli.h"
 #include "data/synthetic.h"
 #include "runtime/cuda_api.h"
 #include "train/strategy.h"
@@ -79,4 +81,82 @@ TEST_CASE("a step replayed as a CUDA graph takes no GPU memory from the system")
           return cuda::device_memory_stats(0).system_allocations;
         }) == 0);
   CHECK(s.graph_captured());
+}
+
+namespace {
+
+PipelineOptions two_stages(Device a, Device b, Schedule schedule, bool graphs) {
+  PipelineOptions o;
+  o.devices = {a, b};
+  o.cuts = cli::parse_cuts("layer3");
+  o.split_size = 2;
+  o.schedule = schedule;
+  o.cuda_graphs = graphs;
+  return o;
+}
+
+// Where a pipeline's devices are: one GPU's two streams, and two GPUs where there are two.
+std::vector<std::vector<Device>> pipeline_placements() {
+  std::vector<std::vector<Device>> out = {{Device::cuda(0), Device::cuda(0)}};
+  if (cuda_device_count() >= 2)
+    out.push_back({Device::cuda(0), Device::cuda(1)});
+  else
+    MESSAGE("one GPU visible: the pipeline over two GPUs is not run");
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a pipeline step replayed as a CUDA graph equals the eager pipeline step, bit for bit") {
+  SyntheticSegmentation data(64, 5);
+  // 4 samples in micro-batches of 2; the short batch is one micro-batch of 2 (another shape:
+  // eager), between replays.
+  const Batch full = data.batch({0, 1, 2, 3}), other = data.batch({4, 5, 6, 7}), short_batch = data.batch({8, 9});
+  const std::vector<const Batch*> order = {&full, &other, &full, &other, &short_batch, &full, &other};
+  int run = 0;
+  for (const auto& devices : pipeline_placements()) {
+    for (Schedule schedule : {Schedule::GPipe, Schedule::OneFOneB}) {
+      const bool mixed = run++ % 2 == 1;  // fp32 NCHW and bf16 NHWC in turn
+      CAPTURE(devices[1].str());
+      CAPTURE(int(schedule));
+      CAPTURE(mixed);
+      PipelineStrategy eager(gpu_model(mixed), two_stages(devices[0], devices[1], schedule, false),
+                             optimizer_factory({}), LossKind::BCEDice);
+      PipelineStrategy graph(gpu_model(mixed), two_stages(devices[0], devices[1], schedule, true),
+                             optimizer_factory({}), LossKind::BCEDice);
+      CHECK(graph.describe().find("CUDA graphs") != std::string::npos);
+      for (size_t k = 0; k < order.size(); ++k) {
+        CAPTURE(k);
+        const double le = eager.step(eager.place(*order[k]));
+        const double lg = graph.step(graph.place(*order[k]));
+        CHECK(std::memcmp(&le, &lg, sizeof le) == 0);
+        CHECK(graph.pipeline().graph_captured() == (k >= 2));  // captured, not fallen back
+        CHECK(graph.live_micro_batches() == eager.live_micro_batches());
+        CHECK(graph.pipeline().transfers().size() == eager.pipeline().transfers().size());
+      }
+      const auto se = eager.model().state(), sg = graph.model().state();
+      REQUIRE(se.size() == sg.size());
+      for (size_t i = 0; i < se.size(); ++i) {
+        CAPTURE(se[i].name);
+        if (se[i].counter) CHECK(*se[i].counter == *sg[i].counter);
+        if (se[i].tensor.defined()) CHECK(same_bits(se[i].tensor, sg[i].tensor));
+      }
+    }
+  }
+}
+
+TEST_CASE("a pipeline step replayed as a CUDA graph takes no GPU memory from the system") {
+  SyntheticSegmentation data(64, 2);
+  const Batch b = data.batch({0, 1, 2, 3});
+  for (const auto& devices : pipeline_placements()) {
+    CAPTURE(devices[1].str());
+    PipelineStrategy s(gpu_model(true), two_stages(devices[0], devices[1], Schedule::GPipe, true),
+                       optimizer_factory({}), LossKind::BCEDice);
+    CHECK(system_allocations_after_warmup(s, b, 4, 5, [&] {
+            size_t n = cuda::device_memory_stats(0).system_allocations;
+            if (devices[1].index != 0) n += cuda::device_memory_stats(devices[1].index).system_allocations;
+            return n;
+          }) == 0);
+    CHECK(s.pipeline().graph_captured());
+  }
 }
