@@ -481,9 +481,18 @@ bool Pipeline::graph_step(const std::vector<Batch>& micro_batches, LossKind loss
         run_stages(run);
         for (int m = 0; m < int(c->inputs.size()); ++m) c->losses.push_back(run.micro_batch_loss(m));
       });
+      for (const Tensor& p : model_->parameters()) {
+        UNETCU_CHECK(p.grad().defined(), "the captured pipeline step left a parameter without a gradient");
+        c->grads.push_back(p.grad());
+      }
     } catch (const std::exception& e) {
+      c.reset();  // the graph, if one was made, and its tensors
       for (auto& [counter, value] : before) *counter = value;
       for (auto& o : optimizers_) o->zero_grad();  // whatever the failed capture left
+      // Each stage's thread queued work into the capture: an error a failed call left there
+      // must not be taken for the next eager launch's.
+      pool_->run([](int) { cuda::clear_last_error(); });
+      cuda::clear_last_error();
       options_.cuda_graphs = false;
       std::fprintf(stderr, "warning: capturing the pipeline's step as a CUDA graph failed, training "
                            "goes on without graphs: %s\n", e.what());
@@ -492,10 +501,6 @@ bool Pipeline::graph_step(const std::vector<Batch>& micro_batches, LossKind loss
     for (auto& [counter, value] : before) {
       if (*counter != value) c->counters.emplace_back(counter, *counter - value);
       *counter = value;  // nothing ran yet: the first launch below counts
-    }
-    for (const Tensor& p : model_->parameters()) {
-      UNETCU_CHECK(p.grad().defined(), "the captured pipeline step left a parameter without a gradient");
-      c->grads.push_back(p.grad());
     }
     c->peak_live = peak_live_;
     c->transfers = transfers();
@@ -515,6 +520,7 @@ bool Pipeline::graph_step(const std::vector<Batch>& micro_batches, LossKind loss
     for (size_t m = 0; m < c.inputs.size(); ++m) c.inputs[m].images.copy_(micro_batches[m].images);
     masks_copied.wait(options_.devices[0].index);
     c.graph.launch();
+    ++graph_replays_;
     // The optimizers step on their stages' streams, after all of the graph.
     const cuda::Event replayed = cuda::Event::record(options_.devices[0].index);
     for (int s = 1; s < S; ++s) {

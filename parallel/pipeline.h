@@ -108,6 +108,7 @@ class Pipeline {
   std::vector<int> peak_live_micro_batches() const { return peak_live_; }
   std::vector<Transfer> transfers() const;
   bool graph_captured() const { return captured_ != nullptr; }  // cuda_graphs: replaying now
+  int64_t graph_replays() const { return graph_replays_; }      // steps run as the graph
 
  private:
   class Run;  // one step's execution
@@ -128,6 +129,7 @@ class Pipeline {
   std::vector<Transfer> transfers_;
   std::vector<Shape> graph_shape_;  // cuda_graphs: the first step's micro-batch shapes
   int eager_steps_ = 0;             // steps run at those shapes before the capture
+  int64_t graph_replays_ = 0;
   std::unique_ptr<Captured> captured_;
 };
 

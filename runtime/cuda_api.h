@@ -58,6 +58,9 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, size
           bool src_pinned = false);
 void memset_zero(void* ptr, int device, size_t bytes);
 void synchronize(int device);
+// Clears the calling thread's last CUDA error: after a failed capture, on each thread that
+// queued work into it, so that the next checked launch there is not blamed for it.
+void clear_last_error();
 
 std::string device_name(int device);
 

@@ -525,6 +525,8 @@ void synchronize(int device) {
   CUDA_CHECK(cudaStreamSynchronize(current_stream(device)));
 }
 
+void clear_last_error() { cudaGetLastError(); }
+
 std::string device_name(int device) { return device_properties(device).name; }
 
 // ---- graphs (runtime/cuda_api.h) ---------------------------------------------------------
@@ -604,13 +606,28 @@ Graph::Impl* capture_streams(const std::vector<CaptureStream>& streams, const st
     close_pools();
     return e;
   };
-  try {
-    work();
-  } catch (...) {
+  const auto abandon = [&] {
     cudaGraph_t broken = nullptr;
     end(&broken);
     if (broken) cudaGraphDestroy(broken);
     cudaGetLastError();  // the capture's error must not surface at an unrelated later launch
+  };
+  // Every stream must be in the capture before any work is queued: a stream the fork missed
+  // would run its part of the work for real now (a stage's batch-norm statistics updated once
+  // outside the graph).
+  for (const CaptureStream& c : streams) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    QuietDeviceGuard on(c.device);
+    if (cudaStreamIsCapturing(c.stream, &status) != cudaSuccess || status != cudaStreamCaptureStatusActive) {
+      abandon();
+      throw Error(str_cat("capturing a CUDA graph: a stream of cuda:", c.device, " could not join the capture "
+                          "begun on cuda:", origin.device));
+    }
+  }
+  try {
+    work();
+  } catch (...) {
+    abandon();
     throw;
   }
   st = end(&impl->graph);
@@ -618,7 +635,11 @@ Graph::Impl* capture_streams(const std::vector<CaptureStream>& streams, const st
   UNETCU_CHECK(st == cudaSuccess && impl->graph, "capturing a CUDA graph on cuda:", origin.device, " failed: ",
                cudaGetErrorString(st), " (the captured work waited for the host, used another "
                "stream without joining it, or called something a graph cannot hold)");
-  CUDA_CHECK(cudaGraphInstantiate(&impl->exec, impl->graph, 0));
+  st = cudaGraphInstantiate(&impl->exec, impl->graph, 0);
+  if (st != cudaSuccess) {
+    cudaGetLastError();
+    throw Error(str_cat("instantiating a CUDA graph on cuda:", origin.device, " failed: ", cudaGetErrorString(st)));
+  }
   return impl.release();
 }
 

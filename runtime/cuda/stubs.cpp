@@ -19,6 +19,7 @@ void record_stream(const void*, Device, int, CUstream_st*) {}  // no stream can 
 void copy(void*, Device, const void*, Device, size_t, bool) { no_cuda(); }
 void memset_zero(void*, int, size_t) { no_cuda(); }
 void synchronize(int) { no_cuda(); }
+void clear_last_error() {}
 std::string device_name(int) { no_cuda(); }
 Stream::Stream(int) { no_cuda(); }
 Stream::~Stream() {}

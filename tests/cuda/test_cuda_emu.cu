@@ -3,7 +3,8 @@
 // synchronisation inside a stream capture invalidates it, and a stream's work is asynchronous
 // to the host (an event is not reached while the stream is held); a capture over two streams
 // keeps the dependencies its events make, replays independent work in another order than it
-// was issued in, and refuses to end with a stream not joined back.
+// was issued in, refuses to end with a stream not joined back, and once invalidated refuses
+// every call into it.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -140,6 +141,25 @@ TEST_CASE("CUDA emulator: a capture over two streams, forked and joined by event
   REQUIRE(cudaStreamWaitEvent(s0, join, 0) == cudaSuccess);
   CHECK(cudaStreamEndCapture(s0, &g) == cudaSuccess);
   CHECK(cudaGraphDestroy(g) == cudaSuccess);
+
+  // An event recorded inside a capture that has ended stands for nothing a stream could wait for.
+  CHECK(cudaStreamWaitEvent(s1, join, 0) == cudaErrorStreamCaptureIsolation);
+  cudaGetLastError();
+
+  // A capture invalidated through a joined stream: every later call into it fails, the origin
+  // reports it invalidated, and it ends so, with both streams out of it.
+  REQUIRE(cudaStreamBeginCapture(s0, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+  REQUIRE(cudaEventRecord(fork, s0) == cudaSuccess);
+  REQUIRE(cudaStreamWaitEvent(s1, fork, 0) == cudaSuccess);
+  CHECK(cudaStreamSynchronize(s1) == cudaErrorStreamCaptureUnsupported);
+  CHECK(cudaMemsetAsync(cell, 1, 1, s0) == cudaErrorStreamCaptureInvalidated);
+  CHECK(cudaStreamIsCapturing(s0, &status) == cudaSuccess);
+  CHECK(status == cudaStreamCaptureStatusInvalidated);
+  CHECK(cudaStreamEndCapture(s0, &g) == cudaErrorStreamCaptureInvalidated);
+  CHECK(g == nullptr);
+  cudaGetLastError();
+  CHECK(cudaStreamIsCapturing(s1, &status) == cudaSuccess);
+  CHECK(status == cudaStreamCaptureStatusNone);
 
   CHECK(cudaEventDestroy(fork) == cudaSuccess);
   CHECK(cudaEventDestroy(join) == cudaSuccess);

@@ -7,6 +7,8 @@
 // and on two GPUs), captured over the stages' streams.
 #include <doctest/doctest.h>
 
+#include <stdlib.h>
+
 #include <cstring>
 #include <vector>
 
@@ -125,12 +127,22 @@ TEST_CASE("a pipeline step replayed as a CUDA graph equals the eager pipeline st
       PipelineStrategy graph(gpu_model(mixed), two_stages(devices[0], devices[1], schedule, true),
                              optimizer_factory({}), LossKind::BCEDice);
       CHECK(graph.describe().find("CUDA graphs") != std::string::npos);
+      int64_t replays = 0;
       for (size_t k = 0; k < order.size(); ++k) {
         CAPTURE(k);
+        if (k == 4) {  // validation between replays: eval mode runs eagerly, on the graph's weights
+          eager.set_training(false);
+          graph.set_training(false);
+          CHECK(same_bits(eager.infer(full.images), graph.infer(full.images)));
+          eager.set_training(true);
+          graph.set_training(true);
+        }
         const double le = eager.step(eager.place(*order[k]));
         const double lg = graph.step(graph.place(*order[k]));
         CHECK(std::memcmp(&le, &lg, sizeof le) == 0);
         CHECK(graph.pipeline().graph_captured() == (k >= 2));  // captured, not fallen back
+        if (k >= 2 && order[k] != &short_batch) ++replays;     // the short batch: eager
+        CHECK(graph.pipeline().graph_replays() == replays);
         CHECK(graph.live_micro_batches() == eager.live_micro_batches());
         CHECK(graph.pipeline().transfers().size() == eager.pipeline().transfers().size());
       }
@@ -160,3 +172,42 @@ TEST_CASE("a pipeline step replayed as a CUDA graph takes no GPU memory from the
     CHECK(s.pipeline().graph_captured());
   }
 }
+
+#ifdef UNETCU_CUDA_EMU
+TEST_CASE("a pipeline capture refused midway says so, and training goes on eagerly with the eager bits") {
+  // The CUDA emulator refuses the capture's N-th node (UNETCU_EMU_FAIL_CAPTURE_AT), as a driver
+  // refuses an operation a graph cannot hold: one stage thread's call fails inside the capture,
+  // the other's later calls into the invalidated capture fail too, and no stage may have run
+  // any of its work for real (the batch-norm statistics would show it).
+  struct Unset {
+    ~Unset() { unsetenv("UNETCU_EMU_FAIL_CAPTURE_AT"); }
+  } unset;
+  SyntheticSegmentation data(64, 5);
+  const Batch full = data.batch({0, 1, 2, 3}), other = data.batch({4, 5, 6, 7});
+  for (const char* at : {"1", "40", "300"}) {
+    CAPTURE(at);
+    setenv("UNETCU_EMU_FAIL_CAPTURE_AT", at, 1);
+    PipelineStrategy eager(gpu_model(false), two_stages(Device::cuda(0), Device::cuda(0), Schedule::GPipe, false),
+                           optimizer_factory({}), LossKind::BCEDice);
+    PipelineStrategy graph(gpu_model(false), two_stages(Device::cuda(0), Device::cuda(0), Schedule::GPipe, true),
+                           optimizer_factory({}), LossKind::BCEDice);
+    for (int k = 0; k < 5; ++k) {
+      CAPTURE(k);
+      const Batch& b = k % 2 ? other : full;
+      const double le = eager.step(eager.place(b));
+      const double lg = graph.step(graph.place(b));
+      CHECK(std::memcmp(&le, &lg, sizeof le) == 0);
+    }
+    CHECK_FALSE(graph.pipeline().graph_captured());
+    CHECK(graph.pipeline().graph_replays() == 0);
+    CHECK(graph.describe().find("CUDA graphs") == std::string::npos);  // it says it runs eagerly
+    const auto se = eager.model().state(), sg = graph.model().state();
+    REQUIRE(se.size() == sg.size());
+    for (size_t i = 0; i < se.size(); ++i) {
+      CAPTURE(se[i].name);
+      if (se[i].counter) CHECK(*se[i].counter == *sg[i].counter);
+      if (se[i].tensor.defined()) CHECK(same_bits(se[i].tensor, sg[i].tensor));
+    }
+  }
+}
+#endif

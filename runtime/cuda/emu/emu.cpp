@@ -121,8 +121,17 @@ struct Graph {
   std::mutex m;  // several host threads may issue into the streams of one capture
   std::vector<Node> nodes;
   std::vector<Stream*> streams;  // every stream in the capture, the origin first
-  bool invalidated = false;
+  bool invalidated = false;      // every later call into the capture fails
+  uint64_t id = 0;               // while capturing: its key in g_captures
+  // UNETCU_EMU_FAIL_CAPTURE_AT=N (tests): the capture's N-th node is refused, as a driver
+  // refuses an operation a graph cannot hold, and the capture is invalidated.
+  uint64_t fail_at = 0, issued = 0;
 };
+
+// The captures in progress, by id: an event recorded in a capture that has ended names none.
+std::mutex g_captures_mutex;
+std::map<uint64_t, Graph*> g_captures;
+uint64_t g_next_capture = 1;
 
 struct Queue {
   int device = 0;
@@ -215,7 +224,6 @@ void synchronize_device(int device) {
 struct Stream {
   std::shared_ptr<Queue> queue;
   Graph* capture = nullptr;  // the graph being captured into, or nullptr
-  bool invalidated = false;
   std::vector<size_t> tail;  // in a capture: the nodes the stream's next node depends on
   int device() const { return queue->device; }
 };
@@ -228,8 +236,9 @@ struct CUevent_st {
   int device;
   std::shared_ptr<unetcu_emu::Queue> queue;  // where it was last recorded, at position seq
   uint64_t seq = 0;
-  unetcu_emu::Graph* captured_in = nullptr;  // last recorded inside a capture
-  std::vector<size_t> captured_tail;         // there: the nodes it stands behind
+  bool captured = false;       // last recorded inside a capture
+  uint64_t capture_id = 0;     // that capture's key in g_captures (absent once it ended)
+  std::vector<size_t> captured_tail;  // there: the nodes it stands behind
 };
 struct CUgraph_st : unetcu_emu::Graph {};
 // An instantiated graph: its nodes in the order a replay runs them.
@@ -260,6 +269,11 @@ cudaError_t issue(cudaStream_t stream, std::function<void()> work) {
   if (s->capture) {
     Graph* g = s->capture;
     std::lock_guard<std::mutex> lock(g->m);
+    if (g->invalidated) return fail(cudaErrorStreamCaptureInvalidated);
+    if (g->fail_at && ++g->issued == g->fail_at) {
+      g->invalidated = true;
+      return fail(cudaErrorStreamCaptureUnsupported);
+    }
     // A replay runs every node on the launching stream's thread: each as its own device's.
     g->nodes.push_back({[d = s->device(), w = std::move(work)] {
                           const int saved = t_device;
@@ -282,10 +296,14 @@ cudaError_t issue(cudaStream_t stream, std::function<void()> work) {
 }
 
 // A synchronising call on a capturing stream invalidates the capture, as CUDA does.
+void invalidate(Graph* g) {
+  std::lock_guard<std::mutex> lock(g->m);
+  g->invalidated = true;
+}
+
 cudaError_t no_sync_in_capture(Stream* s) {
   if (!s->capture) return cudaSuccess;
-  s->invalidated = true;
-  s->capture->invalidated = true;
+  invalidate(s->capture);
   return fail(cudaErrorStreamCaptureUnsupported);
 }
 
@@ -339,10 +357,7 @@ std::vector<std::function<void()>> replay_order(const Graph& g) {
 
 }  // namespace
 
-void enqueue(cudaStream_t stream, std::function<void()> work) {
-  const cudaError_t e = issue(stream, std::move(work));
-  if (e != cudaSuccess) die(std::string("enqueue: ") + cudaGetErrorString(e));
-}
+cudaError_t enqueue(cudaStream_t stream, std::function<void()> work) { return issue(stream, std::move(work)); }
 
 }  // namespace unetcu_emu
 
@@ -524,20 +539,24 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
   Stream* s = resolve(stream);
   if (!event) return fail(cudaErrorInvalidResourceHandle);
-  if (s->capture || event->captured_in) {
-    // Inside a capture only captured events can be waited on; waiting on one joins the capture.
-    if (!event->captured_in || (s->capture && s->capture != event->captured_in)) {
-      if (s->capture) {
-        s->invalidated = true;
-        s->capture->invalidated = true;
-      }
+  if (s->capture || event->captured) {
+    // Inside a capture only events captured in it can be waited on; waiting on one joins the
+    // capture. An event of a capture that has ended is waited on by no one (CUDA's behaviour
+    // there is not relied on).
+    // The capture stays alive while its mutex is taken: it ends under g_captures_mutex.
+    std::unique_lock<std::mutex> captures(g_captures_mutex);
+    auto it = event->captured ? g_captures.find(event->capture_id) : g_captures.end();
+    Graph* g = it == g_captures.end() ? nullptr : it->second;
+    if (!g || (s->capture && s->capture != g)) {
+      captures.unlock();
+      if (s->capture) invalidate(s->capture);
       return fail(cudaErrorStreamCaptureIsolation);
     }
-    Graph* g = event->captured_in;
     std::lock_guard<std::mutex> lock(g->m);
+    captures.unlock();
+    if (g->invalidated) return fail(cudaErrorStreamCaptureInvalidated);
     if (!s->capture) {  // joins: its next node comes after what the event stands behind
       s->capture = g;
-      s->invalidated = false;
       s->tail.clear();
       g->streams.push_back(s);
     }
@@ -554,9 +573,15 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
   if (!stream) return fail(cudaErrorStreamCaptureUnsupported);  // not on the legacy stream
   Stream* s = resolve(stream);
   if (s->capture) return fail(cudaErrorInvalidValue);
-  s->capture = new CUgraph_st();
-  s->capture->streams.push_back(s);
-  s->invalidated = false;
+  auto* g = new CUgraph_st();
+  g->streams.push_back(s);
+  if (const char* at = std::getenv("UNETCU_EMU_FAIL_CAPTURE_AT")) g->fail_at = std::strtoull(at, nullptr, 10);
+  {
+    std::lock_guard<std::mutex> lock(g_captures_mutex);
+    g->id = g_next_capture++;
+    g_captures[g->id] = g;
+  }
+  s->capture = g;
   s->tail.clear();
   return cudaSuccess;
 }
@@ -568,10 +593,12 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
   *graph = nullptr;
   if (!s->capture) return fail(cudaErrorStreamCaptureUnmatched);
   auto* g = static_cast<CUgraph_st*>(s->capture);
-  if (g->streams.front() != s) return fail(cudaErrorStreamCaptureUnmatched);  // not its origin
   cudaError_t result = cudaSuccess;
   {
+    std::lock_guard<std::mutex> captures(g_captures_mutex);  // before g->m, as in the waits
     std::lock_guard<std::mutex> lock(g->m);
+    if (g->streams.front() != s) return fail(cudaErrorStreamCaptureUnmatched);  // not its origin
+    g_captures.erase(g->id);
     const std::vector<char> joined = ancestors(*g, s->tail);
     for (Stream* other : g->streams)
       for (size_t n : other->tail)
@@ -591,15 +618,19 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
 }
 cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
   Stream* s = resolve(stream);
-  *status = !s->capture ? cudaStreamCaptureStatusNone
-                        : (s->invalidated ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive);
+  if (!s->capture) {
+    *status = cudaStreamCaptureStatusNone;
+    return cudaSuccess;
+  }
+  std::lock_guard<std::mutex> lock(s->capture->m);
+  *status = s->capture->invalidated ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
   return cudaSuccess;
 }
 cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_data) {
   return issue(stream, [=] { fn(user_data); });
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
-  *event = new CUevent_st{t_device, nullptr, 0, nullptr, {}};
+  *event = new CUevent_st{t_device, nullptr, 0, false, 0, {}};
   return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
@@ -610,25 +641,27 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   Stream* s = resolve(stream);
   if (!event || event->device != s->device()) return fail(cudaErrorInvalidResourceHandle);
-  event->captured_in = s->capture;
+  event->captured = s->capture != nullptr;
+  event->capture_id = s->capture ? s->capture->id : 0;
   event->queue = s->capture ? nullptr : s->queue;
   event->seq = s->capture ? 0 : s->queue->position();
   event->captured_tail.clear();
   if (s->capture) {
     std::lock_guard<std::mutex> lock(s->capture->m);
+    if (s->capture->invalidated) return fail(cudaErrorStreamCaptureInvalidated);
     event->captured_tail = s->tail;
   }
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (!event) return fail(cudaErrorInvalidResourceHandle);
-  if (event->captured_in) return fail(cudaErrorCapturedEvent);
+  if (event->captured) return fail(cudaErrorCapturedEvent);
   if (event->queue && !event->queue->reached(event->seq)) return fail(cudaErrorNotReady);
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (!event) return fail(cudaErrorInvalidResourceHandle);
-  if (event->captured_in) return fail(cudaErrorCapturedEvent);
+  if (event->captured) return fail(cudaErrorCapturedEvent);
   if (event->queue) event->queue->wait_for(event->seq);
   return cudaSuccess;
 }

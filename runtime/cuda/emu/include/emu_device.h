@@ -36,8 +36,9 @@ void submit(const char* name, const Config& c, bool barriers, const void* const*
             int npointers, std::function<void()> body);
 
 // Queues host work on a stream (or records it into the graph the stream is capturing): the
-// emulator build's convolutions (kernels/cuda/emu_conv.cpp).
-void enqueue(cudaStream_t stream, std::function<void()> work);
+// emulator build's convolutions (kernels/cuda/emu_conv.cpp). Fails, as the call it stands for
+// (cuDNN's) would, on a stream of another device or inside a capture that refuses it.
+cudaError_t enqueue(cudaStream_t stream, std::function<void()> work);
 
 void syncthreads();
 uint64_t shuffle_down(uint64_t bits, unsigned mask, unsigned delta, int width);
