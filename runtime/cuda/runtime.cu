@@ -10,6 +10,9 @@
 #include <optional>
 #include <utility>
 #include <vector>
+#if defined(UNETCU_CUDA_EMU) && defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
 
 #include "runtime/block_pool.h"
 #include "runtime/cuda/runtime.cuh"
@@ -383,6 +386,36 @@ std::atomic<bool> g_poison{false};
 
 }  // namespace
 
+#if defined(UNETCU_CUDA_EMU) && defined(__SANITIZE_ADDRESS__)
+namespace {
+// The CUDA emulator under AddressSanitizer (tools/test_cuda_emu.sh --asan): a block's bytes past
+// the tensor it holds are marked unaddressable, so a kernel that reads or writes past its
+// tensor's end (inside the caching allocator's rounding) is reported. The marking happens in
+// stream order, before the new owner's work and after the last owner's, as a host function on
+// the block's stream. Inside a capture nothing is marked: a capture's blocks are its own, fresh
+// or reused within it, and never marked by an earlier owner.
+struct Marking {
+  char* block;
+  size_t bytes, capacity;
+};
+void mark_block(void* m) {
+  auto* k = static_cast<Marking*>(m);
+  ASAN_UNPOISON_MEMORY_REGION(k->block, k->bytes);
+  ASAN_POISON_MEMORY_REGION(k->block + k->bytes, k->capacity - k->bytes);
+  delete k;
+}
+void mark_past_end(void* p, size_t bytes, size_t capacity, cudaStream_t stream) {
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capturing) != cudaSuccess || capturing != cudaStreamCaptureStatusNone) return;
+  auto* k = new Marking{static_cast<char*>(p), bytes, capacity};
+  if (cudaLaunchHostFunc(stream, mark_block, k) != cudaSuccess) {
+    cudaGetLastError();
+    delete k;
+  }
+}
+}  // namespace
+#endif
+
 void* device_alloc(int device, size_t bytes, size_t* capacity) {
   check_device_index(device);
   const cudaStream_t stream = current_stream(device);
@@ -394,8 +427,17 @@ void* device_alloc(int device, size_t bytes, size_t* capacity) {
                         h.pool.stats().current_bytes, " bytes in tensors (", t_alloc_error, ")"));
   if (g_poison) {
     DeviceGuard g(device);
+#if defined(UNETCU_CUDA_EMU) && defined(__SANITIZE_ADDRESS__)
+    mark_past_end(p, *capacity, *capacity, stream);  // the fill below covers the whole block
+#endif
     CUDA_CHECK(cudaMemsetAsync(p, 0xFF, *capacity, stream));
   }
+#if defined(UNETCU_CUDA_EMU) && defined(__SANITIZE_ADDRESS__)
+  {
+    DeviceGuard g(device);
+    mark_past_end(p, bytes, *capacity, stream);
+  }
+#endif
   return p;
 }
 
@@ -441,6 +483,12 @@ DeviceBuffer::DeviceBuffer(int device, size_t bytes, bool optional) : device_(de
   check_device_index(device);
   ptr_ = heap(device).pool.allocate(bytes, StreamRef{device, current_stream(device)}, &capacity_,
                                     /*release_on_oom=*/false, /*counted=*/false);
+#if defined(UNETCU_CUDA_EMU) && defined(__SANITIZE_ADDRESS__)
+  if (ptr_) {
+    DeviceGuard g(device);
+    mark_past_end(ptr_, bytes, capacity_, current_stream(device));
+  }
+#endif
 }
 DeviceBuffer::~DeviceBuffer() {
   if (ptr_) device_free(device_, ptr_, capacity_);

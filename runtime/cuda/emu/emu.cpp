@@ -19,6 +19,12 @@
 #if !defined(__x86_64__)
 #include <ucontext.h>
 #endif
+#if defined(__SANITIZE_ADDRESS__)
+// AddressSanitizer follows the fibers' stacks (tools/test_cuda_emu.sh --asan).
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#define UNETCU_EMU_ASAN 1
+#endif
 
 // ---- devices, errors ----------------------------------------------------------------------
 
@@ -72,9 +78,15 @@ const Allocation* find_allocation(const void* p, uintptr_t* base = nullptr) {
   return &it->second;
 }
 
+size_t allocated_size(size_t bytes) { return (bytes + 255) / 256 * 256 + 256; }
+
 void* allocate(size_t bytes, int device) {
-  void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
+  void* p = std::aligned_alloc(256, allocated_size(bytes));
   if (!p) return nullptr;
+#if defined(UNETCU_EMU_ASAN)
+  // Past the bytes asked for: unaddressable, so an access there is reported.
+  ASAN_POISON_MEMORY_REGION(static_cast<char*>(p) + bytes, allocated_size(bytes) - bytes);
+#endif
   std::lock_guard<std::mutex> lock(g_mem_mutex);
   g_allocations[reinterpret_cast<uintptr_t>(p)] = {bytes, device};
   if (device >= 0) g_device_bytes[device] += bytes;
@@ -87,6 +99,9 @@ cudaError_t release(void* p, bool pinned) {
   auto it = g_allocations.find(reinterpret_cast<uintptr_t>(p));
   if (it == g_allocations.end() || (it->second.device < 0) != pinned) return fail(cudaErrorInvalidValue);
   if (it->second.device >= 0) g_device_bytes[it->second.device] -= it->second.bytes;
+#if defined(UNETCU_EMU_ASAN)
+  ASAN_UNPOISON_MEMORY_REGION(p, allocated_size(it->second.bytes));
+#endif
   g_allocations.erase(it);
   std::free(p);
   return cudaSuccess;
@@ -751,6 +766,8 @@ enum class State { Runnable, AtBlockBarrier, AtWarpBarrier, Done };
 struct Fiber {
   State state = State::Runnable;
   void* sp = nullptr;
+  char* stack = nullptr;     // its kFiberStack bytes
+  void* asan_fake = nullptr;  // AddressSanitizer's record of the stack while switched away
   uint3 thread{};
   unsigned shuffles = 0;  // shuffles done: the parity picks the exchange slot
 #if !defined(__x86_64__)
@@ -764,6 +781,10 @@ struct BlockRun {
   std::vector<Fiber> fibers;
   std::vector<char> stacks;
   void* scheduler_sp = nullptr;
+  // AddressSanitizer: the scheduler's stack, as the fibers switch back to it.
+  void* asan_fake = nullptr;
+  const void* scheduler_bottom = nullptr;
+  size_t scheduler_size = 0;
 #if !defined(__x86_64__)
   ucontext_t scheduler_ctx;
 #endif
@@ -774,16 +795,34 @@ struct BlockRun {
 thread_local BlockRun* t_run = nullptr;  // the block running as fibers on this thread
 thread_local const char* t_sequential = nullptr;  // the kernel running barrier-free
 
-void to_scheduler(BlockRun* r) {
-#if defined(__x86_64__)
-  unetcu_emu_switch(&r->fibers[r->current].sp, r->scheduler_sp);
+// On a fiber's stack, just after a switch to it: tells AddressSanitizer where it now runs.
+void arrived_on_fiber(BlockRun* r) {
+#if defined(UNETCU_EMU_ASAN)
+  __sanitizer_finish_switch_fiber(r->fibers[r->current].asan_fake, &r->scheduler_bottom, &r->scheduler_size);
 #else
-  swapcontext(&r->fibers[r->current].ctx, &r->scheduler_ctx);
+  (void)r;
 #endif
+}
+
+// `finished`: the fiber never runs again.
+void to_scheduler(BlockRun* r, bool finished = false) {
+  Fiber& f = r->fibers[r->current];
+#if defined(UNETCU_EMU_ASAN)
+  __sanitizer_start_switch_fiber(finished ? nullptr : &f.asan_fake, r->scheduler_bottom, r->scheduler_size);
+#else
+  (void)finished;
+#endif
+#if defined(__x86_64__)
+  unetcu_emu_switch(&f.sp, r->scheduler_sp);
+#else
+  swapcontext(&f.ctx, &r->scheduler_ctx);
+#endif
+  arrived_on_fiber(r);
 }
 
 void fiber_main() {
   BlockRun* r = t_run;
+  arrived_on_fiber(r);
   try {
     (*r->body)();
   } catch (...) {
@@ -791,17 +830,23 @@ void fiber_main() {
   }
   r->fibers[r->current].state = State::Done;
   --r->live;
-  to_scheduler(r);
+  to_scheduler(r, /*finished=*/true);
   die("a finished fiber was resumed");
 }
 
 void resume(BlockRun* r, int i) {
   r->current = i;
   t_coords.thread = r->fibers[i].thread;
+#if defined(UNETCU_EMU_ASAN)
+  __sanitizer_start_switch_fiber(&r->asan_fake, r->fibers[i].stack, kFiberStack);
+#endif
 #if defined(__x86_64__)
   unetcu_emu_switch(&r->scheduler_sp, r->fibers[i].sp);
 #else
   swapcontext(&r->scheduler_ctx, &r->fibers[i].ctx);
+#endif
+#if defined(UNETCU_EMU_ASAN)
+  __sanitizer_finish_switch_fiber(r->asan_fake, nullptr, nullptr);
 #endif
 }
 
@@ -815,11 +860,17 @@ void run_block_fibers(BlockRun& r, int threads) {
   const dim3 bd = t_coords.block_dim;
   r.fibers.assign(size_t(threads), Fiber());
   if (r.stacks.size() < size_t(threads) * kFiberStack) r.stacks.resize(size_t(threads) * kFiberStack);
+#if defined(UNETCU_EMU_ASAN)
+  // The last block's fibers never returned from fiber_main: their frames' redzones are still
+  // marked on the stacks this block reuses.
+  ASAN_UNPOISON_MEMORY_REGION(r.stacks.data(), r.stacks.size());
+#endif
   r.exchange.assign(size_t((threads + 31) / 32) * 64, 0);
   for (int i = 0; i < threads; ++i) {
     Fiber& f = r.fibers[size_t(i)];
     f.thread = {unsigned(i) % bd.x, (unsigned(i) / bd.x) % bd.y, unsigned(i) / (bd.x * bd.y)};
     char* base = r.stacks.data() + size_t(i) * kFiberStack;
+    f.stack = base;
 #if defined(__x86_64__)
     uintptr_t top = (reinterpret_cast<uintptr_t>(base) + kFiberStack) & ~uintptr_t(15);
     void** slot = reinterpret_cast<void**>(top - 16);  // 16-aligned: fiber_main starts as if called
