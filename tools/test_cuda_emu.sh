@@ -9,9 +9,9 @@
 # --asan: the same under AddressSanitizer, in build-emu-asan/: every device allocation's bytes
 # past its tensor (inside the caching allocator's rounding, and past each emulated cudaMalloc)
 # are unaddressable, so a kernel that reads or writes past its tensor's end is reported, as is
-# any out-of-bounds access or use after free in the runtime. About 3.5 min of build and 10 min
-# of tests on 2 cores; not part of CI (tools/test.sh), whose time it would strain: run it when
-# kernels or the runtime change.
+# any out-of-bounds access, use after free or leak in the runtime. About 3.5 min of build and
+# 11 min of tests on 2 cores; not part of CI (tools/test.sh), whose time it would strain: run it
+# when kernels or the runtime change.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=build-emu

@@ -39,6 +39,17 @@ bool same_bits(const Tensor& a, const Tensor& b) {
          std::memcmp(x.raw(), y.raw(), x.nbytes()) == 0;
 }
 
+// Parameters, batch-norm running statistics and their batch counts: the same bits.
+void check_same_state(Module& eager, Module& graph) {
+  const auto se = eager.state(), sg = graph.state();
+  REQUIRE(se.size() == sg.size());
+  for (size_t i = 0; i < se.size(); ++i) {
+    CAPTURE(se[i].name);
+    if (se[i].counter) CHECK(*se[i].counter == *sg[i].counter);
+    if (se[i].tensor.defined()) CHECK(same_bits(se[i].tensor, sg[i].tensor));
+  }
+}
+
 }  // namespace
 
 TEST_CASE("a training step replayed as a CUDA graph equals the eager step, bit for bit") {
@@ -64,13 +75,7 @@ TEST_CASE("a training step replayed as a CUDA graph equals the eager step, bit f
         CHECK(std::memcmp(&le, &lg, sizeof le) == 0);
         CHECK(graph.graph_captured() == (k >= 2 + (o == 1)));  // captured, not fallen back
       }
-      const auto se = eager.model().state(), sg = graph.model().state();
-      REQUIRE(se.size() == sg.size());
-      for (size_t i = 0; i < se.size(); ++i) {
-        CAPTURE(se[i].name);
-        if (se[i].counter) CHECK(*se[i].counter == *sg[i].counter);
-        if (se[i].tensor.defined()) CHECK(same_bits(se[i].tensor, sg[i].tensor));
-      }
+      check_same_state(eager.model(), graph.model());
     }
   }
 }
@@ -146,13 +151,7 @@ TEST_CASE("a pipeline step replayed as a CUDA graph equals the eager pipeline st
         CHECK(graph.live_micro_batches() == eager.live_micro_batches());
         CHECK(graph.pipeline().transfers().size() == eager.pipeline().transfers().size());
       }
-      const auto se = eager.model().state(), sg = graph.model().state();
-      REQUIRE(se.size() == sg.size());
-      for (size_t i = 0; i < se.size(); ++i) {
-        CAPTURE(se[i].name);
-        if (se[i].counter) CHECK(*se[i].counter == *sg[i].counter);
-        if (se[i].tensor.defined()) CHECK(same_bits(se[i].tensor, sg[i].tensor));
-      }
+      check_same_state(eager.model(), graph.model());
     }
   }
 }
@@ -201,13 +200,7 @@ TEST_CASE("a pipeline capture refused midway says so, and training goes on eager
     CHECK_FALSE(graph.pipeline().graph_captured());
     CHECK(graph.pipeline().graph_replays() == 0);
     CHECK(graph.describe().find("CUDA graphs") == std::string::npos);  // it says it runs eagerly
-    const auto se = eager.model().state(), sg = graph.model().state();
-    REQUIRE(se.size() == sg.size());
-    for (size_t i = 0; i < se.size(); ++i) {
-      CAPTURE(se[i].name);
-      if (se[i].counter) CHECK(*se[i].counter == *sg[i].counter);
-      if (se[i].tensor.defined()) CHECK(same_bits(se[i].tensor, sg[i].tensor));
-    }
+    check_same_state(eager.model(), graph.model());
   }
 }
 #endif
