@@ -633,12 +633,13 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
 }
 cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
   Stream* s = resolve(stream);
-  if (!s->capture) {
+  Graph* g = s->capture;  // read once (a capture ending on another thread meanwhile is the caller's race)
+  if (!g) {
     *status = cudaStreamCaptureStatusNone;
     return cudaSuccess;
   }
-  std::lock_guard<std::mutex> lock(s->capture->m);
-  *status = s->capture->invalidated ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
+  std::lock_guard<std::mutex> lock(g->m);
+  *status = g->invalidated ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
   return cudaSuccess;
 }
 cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_data) {
@@ -859,12 +860,12 @@ std::string block_name(const char* kernel) {
 void run_block_fibers(BlockRun& r, int threads) {
   const dim3 bd = t_coords.block_dim;
   r.fibers.assign(size_t(threads), Fiber());
-  if (r.stacks.size() < size_t(threads) * kFiberStack) r.stacks.resize(size_t(threads) * kFiberStack);
 #if defined(UNETCU_EMU_ASAN)
   // The last block's fibers never returned from fiber_main: their frames' redzones are still
-  // marked on the stacks this block reuses.
+  // marked on the stacks this block reuses (or that a larger block's resize copies).
   ASAN_UNPOISON_MEMORY_REGION(r.stacks.data(), r.stacks.size());
 #endif
+  if (r.stacks.size() < size_t(threads) * kFiberStack) r.stacks.resize(size_t(threads) * kFiberStack);
   r.exchange.assign(size_t((threads + 31) / 32) * 64, 0);
   for (int i = 0; i < threads; ++i) {
     Fiber& f = r.fibers[size_t(i)];
