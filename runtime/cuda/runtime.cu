@@ -386,8 +386,8 @@ std::atomic<bool> g_poison{false};
 
 }  // namespace
 
-#if defined(UNETCU_CUDA_EMU) && defined(__SANITIZE_ADDRESS__)
 namespace {
+#if defined(UNETCU_CUDA_EMU) && defined(__SANITIZE_ADDRESS__)
 // The CUDA emulator under AddressSanitizer (tools/test_cuda_emu.sh --asan): a block's bytes past
 // the tensor it holds are marked unaddressable, so a kernel that reads or writes past its
 // tensor's end (inside the caching allocator's rounding) is reported. The marking happens in
@@ -404,7 +404,8 @@ void mark_block(void* m) {
   ASAN_POISON_MEMORY_REGION(k->block + k->bytes, k->capacity - k->bytes);
   delete k;
 }
-void mark_past_end(void* p, size_t bytes, size_t capacity, cudaStream_t stream) {
+void mark_past_end(int device, void* p, size_t bytes, size_t capacity, cudaStream_t stream) {
+  DeviceGuard g(device);
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &capturing) != cudaSuccess || capturing != cudaStreamCaptureStatusNone) return;
   auto* k = new Marking{static_cast<char*>(p), bytes, capacity};
@@ -413,8 +414,10 @@ void mark_past_end(void* p, size_t bytes, size_t capacity, cudaStream_t stream) 
     delete k;
   }
 }
-}  // namespace
+#else
+void mark_past_end(int, void*, size_t, size_t, cudaStream_t) {}  // only the emulator under ASan marks
 #endif
+}  // namespace
 
 void* device_alloc(int device, size_t bytes, size_t* capacity) {
   check_device_index(device);
@@ -426,18 +429,11 @@ void* device_alloc(int device, size_t bytes, size_t* capacity) {
                         BlockPool::round_size(bytes), " bytes with ",
                         h.pool.stats().current_bytes, " bytes in tensors (", t_alloc_error, ")"));
   if (g_poison) {
+    mark_past_end(device, p, *capacity, *capacity, stream);  // the fill below covers the whole block
     DeviceGuard g(device);
-#if defined(UNETCU_CUDA_EMU) && defined(__SANITIZE_ADDRESS__)
-    mark_past_end(p, *capacity, *capacity, stream);  // the fill below covers the whole block
-#endif
     CUDA_CHECK(cudaMemsetAsync(p, 0xFF, *capacity, stream));
   }
-#if defined(UNETCU_CUDA_EMU) && defined(__SANITIZE_ADDRESS__)
-  {
-    DeviceGuard g(device);
-    mark_past_end(p, bytes, *capacity, stream);
-  }
-#endif
+  mark_past_end(device, p, bytes, *capacity, stream);
   return p;
 }
 
@@ -483,12 +479,7 @@ DeviceBuffer::DeviceBuffer(int device, size_t bytes, bool optional) : device_(de
   check_device_index(device);
   ptr_ = heap(device).pool.allocate(bytes, StreamRef{device, current_stream(device)}, &capacity_,
                                     /*release_on_oom=*/false, /*counted=*/false);
-#if defined(UNETCU_CUDA_EMU) && defined(__SANITIZE_ADDRESS__)
-  if (ptr_) {
-    DeviceGuard g(device);
-    mark_past_end(ptr_, bytes, capacity_, current_stream(device));
-  }
-#endif
+  if (ptr_) mark_past_end(device, ptr_, bytes, capacity_, current_stream(device));
 }
 DeviceBuffer::~DeviceBuffer() {
   if (ptr_) device_free(device_, ptr_, capacity_);
