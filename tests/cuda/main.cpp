@@ -1,7 +1,8 @@
 // Main of the CUDA test suite. Without a visible GPU every test case exits with code 77,
 // which ctest reports as skipped (SKIP_RETURN_CODE), printing the reason; listing the cases
 // (ctest's test discovery) works everywhere. In the CUDA emulator build the suite runs on the
-// CPU, less the cases that need cuDNN's algorithm search or NCCL.
+// CPU, less the cases that need cuDNN's algorithm search. Where one GPU is visible, the cases
+// that need two are left out likewise (reported skipped, with the reason).
 //
 // The suite runs with deterministic convolution algorithms (the CUDA-vs-CPU checks hold
 // float32 to 1e-5 and the data/model-parallel checks compare runs), and keeps its algorithm
@@ -15,29 +16,40 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "runtime/cuda_api.h"
 #include "runtime/device.h"
 
 namespace {
 
-#ifdef UNETCU_CUDA_EMU
-// The cases that need what the CUDA emulator has not (runtime/cuda/emu/README.md): cuDNN's
-// algorithm search and NCCL. Run alone (as ctest does) each reports itself skipped, with the
-// reason; in a whole run they are left out, named on stdout.
-struct Unemulated {
+// Cases left out of a run, each with its reason: run alone (as ctest does) each reports itself
+// skipped, with the reason; in a whole run they are left out, named on stdout.
+struct LeftOut {
   const char* name;
   const char* reason;
 };
+
+#ifdef UNETCU_CUDA_EMU
+// What the CUDA emulator has not (runtime/cuda/emu/README.md): cuDNN's algorithm search.
 constexpr const char* kNoCudnn = "needs cuDNN's algorithm search (the CUDA emulator's convolutions are the CPU backend's)";
-constexpr const char* kNoNccl = "needs NCCL, which the CUDA emulator does not have";
-const Unemulated kUnemulated[] = {
+const LeftOut kUnemulated[] = {
     {"CUDA conv2d keeps its algorithm choices per dtype and format", kNoCudnn},
     {"deterministic convolutions give the same bits twice, and their choices are kept on disk", kNoCudnn},
-    {"data parallelism through NCCL with one GPU rank equals the single-GPU step", kNoNccl},
-    {"bfloat16 all-reduce through NCCL with one GPU rank: the single-GPU gradients rounded once", kNoNccl},
-    {"data parallelism as one launched process (NCCL_COMM_ID, a group of one) equals one GPU", kNoNccl},
+};
+#endif
+
+// The cases that need two GPUs (tests/cuda/test_cuda_dp.cpp), where fewer are visible.
+constexpr const char* kOneGpu = "needs two GPUs; fewer are visible";
+const char* const kTwoGpus[] = {
+    "NCCL collectives over two GPUs: sums, averages, bfloat16, broadcast and reduce",
+    "contract 4 on two GPUs: data parallelism equals one GPU accumulating over the two shards",
+    "synchronized batch norm on two GPUs: data parallelism over 2 x 2 equals one GPU on the batch of 4",
+    "bfloat16 all-reduce on two GPUs: gradients within two roundings of the exact mean, replicas identical",
+    "data parallelism on two GPUs: a failing rank ends the step with its own error, no rank hangs",
+    "NCCL watchdog on two GPUs: a rank that never arrives times the group out, naming rank and collective",
 };
 
 // A doctest filter names the case with its commas escaped.
@@ -49,7 +61,6 @@ std::string escaped(const char* name) {
   }
   return out;
 }
-#endif
 
 }  // namespace
 
@@ -57,17 +68,9 @@ int main(int argc, char** argv) {
   bool listing = false;
   for (int i = 1; i < argc; ++i)
     if (std::strncmp(argv[i], "--list", 6) == 0 || std::strncmp(argv[i], "-l", 2) == 0) listing = true;
+  std::vector<LeftOut> left_out;
 #ifdef UNETCU_CUDA_EMU
-  if (!listing) {
-    for (int i = 1; i < argc; ++i)
-      for (const Unemulated& u : kUnemulated)
-        if (std::string(argv[i]) == "--test-case=" + escaped(u.name)) {
-          std::printf("SKIPPED: %s\n", u.reason);
-          return 77;
-        }
-    for (const Unemulated& u : kUnemulated)
-      std::printf("left out in the CUDA emulator: \"%s\" (%s)\n", u.name, u.reason);
-  }
+  left_out.assign(std::begin(kUnemulated), std::end(kUnemulated));
 #endif
   if (!listing) {
     if (!unetcu::cuda::built()) {
@@ -79,6 +82,15 @@ int main(int argc, char** argv) {
                   "CUDA-vs-CPU checks need one\n");
       return 77;
     }
+    if (unetcu::cuda_device_count() < 2)
+      for (const char* name : kTwoGpus) left_out.push_back({name, kOneGpu});
+    for (int i = 1; i < argc; ++i)
+      for (const LeftOut& u : left_out)
+        if (std::string(argv[i]) == "--test-case=" + escaped(u.name)) {
+          std::printf("SKIPPED: %s\n", u.reason);
+          return 77;
+        }
+    for (const LeftOut& u : left_out) std::printf("left out: \"%s\" (%s)\n", u.name, u.reason);
   }
   unetcu::cuda::set_deterministic(true);
   std::string own_cache_dir;
@@ -90,10 +102,8 @@ int main(int argc, char** argv) {
     }
   }
   doctest::Context context(argc, argv);
-#ifdef UNETCU_CUDA_EMU
   if (!listing)  // listed, so that ctest reports them skipped
-    for (const Unemulated& u : kUnemulated) context.addFilter("test-case-exclude", escaped(u.name).c_str());
-#endif
+    for (const LeftOut& u : left_out) context.addFilter("test-case-exclude", escaped(u.name).c_str());
   const int rc = context.run();
   if (!own_cache_dir.empty()) {
     std::error_code ec;

@@ -374,6 +374,19 @@ std::vector<std::function<void()>> replay_order(const Graph& g) {
 
 cudaError_t enqueue(cudaStream_t stream, std::function<void()> work) { return issue(stream, std::move(work)); }
 
+int memory_device(const void* p, size_t bytes, const char* what) {
+  {
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    uintptr_t base = 0;
+    const Allocation* a = find_allocation(p, &base);
+    if (!a) return -2;
+    if (reinterpret_cast<uintptr_t>(p) + bytes <= base + a->bytes) return a->device;
+  }
+  die(std::string(what) + ": " + std::to_string(bytes) + " bytes run past the end of their allocation");
+}
+int stream_device(cudaStream_t stream) { return resolve(stream)->device(); }
+void stop(const std::string& what) { die(what); }
+
 }  // namespace unetcu_emu
 
 using namespace unetcu_emu;
@@ -590,7 +603,10 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
   if (s->capture) return fail(cudaErrorInvalidValue);
   auto* g = new CUgraph_st();
   g->streams.push_back(s);
-  if (const char* at = std::getenv("UNETCU_EMU_FAIL_CAPTURE_AT")) g->fail_at = std::strtoull(at, nullptr, 10);
+  // UNETCU_EMU_FAIL_CAPTURE_DEVICE=d: only the captures that begin on device d.
+  const char* on = std::getenv("UNETCU_EMU_FAIL_CAPTURE_DEVICE");
+  if (const char* at = std::getenv("UNETCU_EMU_FAIL_CAPTURE_AT"); at && (!on || std::atoi(on) == s->device()))
+    g->fail_at = std::strtoull(at, nullptr, 10);
   {
     std::lock_guard<std::mutex> lock(g_captures_mutex);
     g->id = g_next_capture++;
@@ -640,6 +656,20 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* 
   }
   std::lock_guard<std::mutex> lock(g->m);
   *status = g->invalidated ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, cudaStreamCaptureStatus* status,
+                                     unsigned long long* id) {
+  Stream* s = resolve(stream);
+  Graph* g = s->capture;  // read once, as in cudaStreamIsCapturing
+  if (id) *id = 0;
+  if (!g) {
+    *status = cudaStreamCaptureStatusNone;
+    return cudaSuccess;
+  }
+  std::lock_guard<std::mutex> lock(g->m);
+  *status = g->invalidated ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
+  if (id) *id = g->id;
   return cudaSuccess;
 }
 cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_data) {
@@ -1003,13 +1033,3 @@ void submit(const char* name, const Config& c, bool barriers, const void* const*
 }
 
 }  // namespace unetcu_emu
-
-#include <nccl.h>
-
-ncclResult_t ncclGetVersion(int* version) {
-  *version = 0;
-  return ncclInvalidUsage;
-}
-const char* ncclGetErrorString(ncclResult_t result) {
-  return result == ncclSuccess ? "no error" : "NCCL is not part of the CUDA emulator build";
-}

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <string>
 #include <tuple>
 #include <type_traits>
 
@@ -39,6 +40,14 @@ void submit(const char* name, const Config& c, bool barriers, const void* const*
 // emulator build's convolutions (kernels/cuda/emu_conv.cpp). Fails, as the call it stands for
 // (cuDNN's) would, on a stream of another device or inside a capture that refuses it.
 cudaError_t enqueue(cudaStream_t stream, std::function<void()> work);
+
+// For the emulated NCCL (nccl.cpp): where `bytes` at p lie, a device (>= 0), pinned host memory
+// (-1) or other host memory (-2), the run stopped, naming `what`, when they run past the end
+// of their allocation; and the device a stream belongs to (nullptr: the current device's).
+int memory_device(const void* p, size_t bytes, const char* what);
+int stream_device(cudaStream_t stream);
+// Stops the run with the emulator's message (a misuse a GPU would hang or corrupt on).
+[[noreturn]] void stop(const std::string& what);
 
 void syncthreads();
 uint64_t shuffle_down(uint64_t bits, unsigned mask, unsigned delta, int width);

@@ -1,0 +1,311 @@
+// Data parallelism over two GPUs through NCCL (parallel/nccl_communicator.cu): the collectives
+// themselves, contract 4 (two replicas equal one GPU accumulating over the two shards), with
+// synchronized batch norm (equal to one GPU on the whole batch), bfloat16 gradients, and the
+// failure paths (a failing rank, a rank that never arrives). They need two GPUs: where fewer
+// are visible they report themselves skipped (main.cpp); the CUDA emulator has two, and its
+// NCCL (runtime/cuda/emu/nccl.cpp) stops the run where the ranks disagree on a collective.
+// The CPU twins are in tests/test_parallel.cpp.
+#include <doctest/doctest.h>
+
+#include <stdlib.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "data/synthetic.h"
+#include "engine/optim.h"
+#include "engine/tape.h"
+#include "parallel/data_parallel.h"
+#include "parallel/nccl_communicator.h"
+#include "runtime/cuda_api.h"
+#include "train/strategy.h"
+#include "../steady_alloc.h"
+
+using namespace unetcu;
+
+namespace {
+
+UNetConfig gpu_model() {
+  UNetConfig c;
+  c.width_divisor = 16;
+  c.seed = 12;
+  c.device = Device::cuda(0);
+  return c;
+}
+
+DataParallelOptions two_gpus() {
+  DataParallelOptions o;
+  o.devices = {Device::cuda(0), Device::cuda(1)};
+  o.first_bucket_bytes = 4096;  // several buckets, each an NCCL all-reduce
+  o.bucket_bytes = 64 << 10;
+  return o;
+}
+
+std::unique_ptr<Optimizer> make_sgd(std::vector<Tensor> p) {
+  SgdOptions o;
+  o.lr = 0.1;
+  o.momentum = 0.9;
+  return std::make_unique<SGD>(std::move(p), o);
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  const Tensor x = a.to(Device::cpu()), y = b.to(Device::cpu());
+  return x.shape() == y.shape() && x.dtype() == y.dtype() && std::memcmp(x.raw(), y.raw(), x.nbytes()) == 0;
+}
+
+// Contract 6: every replica holds the same parameters, bit for bit.
+bool replicas_identical(DataParallel& dp) {
+  const auto a = dp.replica(0).parameters(), b = dp.replica(1).parameters();
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!same_bits(a[i], b[i])) return false;
+  return true;
+}
+
+// The largest |a - b| / max(|b|, 1e-3) over every element of two parameter lists.
+double worst_rel(const std::vector<Tensor>& pa, const std::vector<Tensor>& pb) {
+  double worst = 0;
+  for (size_t i = 0; i < pa.size(); ++i) {
+    const std::vector<double> a = pa[i].to_vector(), b = pb[i].to_vector();
+    for (size_t k = 0; k < a.size(); ++k)
+      worst = std::max(worst, std::isfinite(a[k]) ? std::fabs(a[k] - b[k]) / std::max(1e-3, std::fabs(b[k])) : INFINITY);
+  }
+  return worst;
+}
+
+// ||a - b|| / ||b|| over one tensor (an element near zero weighs as little as it counts).
+double rel_l2(const Tensor& a, const Tensor& b) {
+  const std::vector<double> x = a.to_vector(), y = b.to_vector();
+  double num = 0, den = 0;
+  for (size_t k = 0; k < x.size(); ++k) {
+    if (!std::isfinite(x[k])) return INFINITY;
+    num += (x[k] - y[k]) * (x[k] - y[k]);
+    den += y[k] * y[k];
+  }
+  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+std::vector<Batch> shards(const SyntheticSegmentation& data, int step) {
+  return {data.batch({4 * step, 4 * step + 1}), data.batch({4 * step + 2, 4 * step + 3})};
+}
+
+Tensor on_gpu(const Tensor& t, int d = 0) { return t.to(Device::cuda(d)); }
+
+// Runs f(rank) on one thread per rank; rethrows the first error.
+void on_ranks(int n, const std::function<void(int)>& f) {
+  std::vector<std::thread> ts;
+  std::vector<std::exception_ptr> errs{size_t(n)};
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        f(r);
+      } catch (...) {
+        errs[size_t(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (auto& e : errs)
+    if (e) std::rethrow_exception(e);
+}
+
+}  // namespace
+
+TEST_CASE("NCCL collectives over two GPUs: sums, averages, bfloat16, broadcast and reduce") {
+  // Small integers (and halves), so every float32 and bfloat16 sum is exact.
+  const int64_t n = 1000;
+  const auto value = [](int r, int64_t i) { return double((r + 1) * 3 + (i % 11) - 5); };
+  for (AllReduceAlgo algo : {AllReduceAlgo::Ring, AllReduceAlgo::ParameterServer}) {
+    CAPTURE(int(algo));
+    auto comms = make_nccl_communicators({0, 1}, algo);
+    REQUIRE(comms.size() == 2);
+    std::vector<std::vector<double>> sum(2), avg(2), low(2), bcast(2), red(2);
+    on_ranks(2, [&](int r) {
+      Communicator& c = *comms[size_t(r)];
+      CHECK(c.rank() == r);
+      CHECK(c.size() == 2);
+      std::vector<double> v(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) v[size_t(i)] = value(r, i);
+      Tensor s = on_gpu(Tensor::from_vector({n}, v).to(DType::F32), r);
+      Tensor a = s.clone(), b = s.to(DType::BF16), x = s.clone(), y = s.clone();
+      c.all_reduce(s, ReduceOp::Sum);
+      c.all_reduce(a, ReduceOp::Average);
+      c.all_reduce(b, ReduceOp::Sum);
+      c.broadcast(x, 1);
+      c.reduce(y, 0, ReduceOp::Sum);
+      auto w = c.all_reduce_async(s, ReduceOp::Sum);  // twice the sum, on the communication stream
+      w->wait();
+      sum[size_t(r)] = s.to_vector();
+      avg[size_t(r)] = a.to_vector();
+      low[size_t(r)] = b.to_vector();
+      bcast[size_t(r)] = x.to_vector();
+      red[size_t(r)] = y.to_vector();
+    });
+    for (int r = 0; r < 2; ++r)
+      for (int64_t i = 0; i < n; ++i) {
+        const size_t k = size_t(i);
+        const double total = value(0, i) + value(1, i);
+        REQUIRE(sum[size_t(r)][k] == 2 * total);
+        REQUIRE(avg[size_t(r)][k] == total / 2);
+        REQUIRE(low[size_t(r)][k] == total);
+        REQUIRE(bcast[size_t(r)][k] == value(1, i));
+        REQUIRE(red[size_t(r)][k] == (r == 0 ? total : value(r, i)));  // only the root's changes
+      }
+  }
+}
+
+TEST_CASE("contract 4 on two GPUs: data parallelism equals one GPU accumulating over the two shards") {
+  SyntheticSegmentation data(64, 21);
+  for (AllReduceAlgo algo : {AllReduceAlgo::Ring, AllReduceAlgo::ParameterServer}) {
+    CAPTURE(int(algo));
+    DataParallelOptions o = two_gpus();
+    o.algo = algo;
+    DataParallel dp(gpu_model(), o, make_sgd);
+    CHECK(dp.bucket_count() > 2);
+    UNet single(gpu_model());
+    auto opt = make_sgd(single.parameters());
+    for (int step = 0; step < 2; ++step) {
+      CAPTURE(step);
+      const auto parts = shards(data, step);
+      const std::vector<double> dp_losses = dp.step(parts, LossKind::BCEDice);
+      opt->zero_grad();
+      double single_loss = 0;
+      for (const Batch& b : parts) {
+        Tape tape;
+        Tensor loss;
+        {
+          TapeScope s(tape);
+          loss = scale(segmentation_loss(LossKind::BCEDice, single.forward(on_gpu(b.images)), on_gpu(b.masks)), 0.5);
+        }
+        single_loss += loss.item();
+        tape.backward(loss);
+      }
+      opt->step();
+      // The same kernels on both GPUs (deterministic algorithms): the shards' gradients are
+      // the single GPU's, and the average of two adds them once, as its accumulation does; the
+      // bound is float32 rounding.
+      const double dp_mean = (dp_losses[0] + dp_losses[1]) / 2;
+      CHECK(std::fabs(dp_mean - single_loss) <= 1e-5 * std::fabs(single_loss));
+      CHECK(worst_rel(dp.replica(0).parameters(), single.parameters()) < 1e-5);
+      CHECK(replicas_identical(dp));
+    }
+  }
+}
+
+TEST_CASE("synchronized batch norm on two GPUs: data parallelism over 2 x 2 equals one GPU on the batch of 4") {
+  // BCE is a mean over pixels, so the mean of the replicas' losses is the whole batch's.
+  SyntheticSegmentation data(64, 22);
+  DataParallelOptions o = two_gpus();
+  o.sync_bn = true;
+  DataParallel dp(gpu_model(), o, make_sgd);
+  UNet single(gpu_model());
+  auto opt = make_sgd(single.parameters());
+  for (int step = 0; step < 2; ++step) {
+    CAPTURE(step);
+    const auto parts = shards(data, step);
+    const auto dp_losses = dp.step(parts, LossKind::BCE);
+    const Batch whole = data.batch({4 * step, 4 * step + 1, 4 * step + 2, 4 * step + 3});
+    opt->zero_grad();
+    Tape tape;
+    Tensor loss;
+    {
+      TapeScope s(tape);
+      loss = segmentation_loss(LossKind::BCE, single.forward(on_gpu(whole.images)), on_gpu(whole.masks));
+    }
+    tape.backward(loss);
+    opt->step();
+    // Two batch-norm implementations through the network (the synchronized kernels against
+    // the single GPU's), in float32: as the one-rank case, 1e-4.
+    CHECK(std::fabs((dp_losses[0] + dp_losses[1]) / 2 - loss.item()) <= 1e-4 * std::fabs(loss.item()));
+    CHECK(worst_rel(dp.replica(0).parameters(), single.parameters()) < 1e-4);
+    CHECK(replicas_identical(dp));
+  }
+  // The running statistics: the whole batch's, on both replicas (the norm of each buffer's
+  // error, as the one-rank case: a mean near zero carries the float32 error of its inputs'
+  // magnitude, not its own).
+  const auto s1 = dp.replica(1).state(), ss = single.state();
+  REQUIRE(s1.size() == ss.size());
+  for (size_t i = 0; i < ss.size(); ++i)
+    if (!ss[i].is_parameter && ss[i].tensor.defined()) {
+      CAPTURE(ss[i].name);
+      CHECK(rel_l2(s1[i].tensor, ss[i].tensor) < 1e-4);
+    }
+}
+
+// Two replicas' gradients g0, g1 (a single GPU's, on each shard) rounded to bfloat16, added in
+// float32 and rounded, halved exactly: within 2u(1 + u)(|g0| + |g1|)/2 of the mean, u = 2^-8,
+// plus float32 noise of the two runs (1e-5 of the tensor's largest gradient).
+TEST_CASE("bfloat16 all-reduce on two GPUs: gradients within two roundings of the exact mean, replicas identical") {
+  SyntheticSegmentation data(64, 23);
+  const auto parts = shards(data, 0);
+  std::vector<std::vector<std::vector<double>>> own;
+  for (const Batch& b : parts) {
+    UNet one(gpu_model());
+    Tape tape;
+    Tensor loss;
+    {
+      TapeScope s(tape);
+      loss = segmentation_loss(LossKind::BCEDice, one.forward(on_gpu(b.images)), on_gpu(b.masks));
+    }
+    tape.backward(loss);
+    std::vector<std::vector<double>> g;
+    for (const Tensor& p : one.parameters()) g.push_back(p.grad().to_vector());
+    own.push_back(std::move(g));
+  }
+  DataParallelOptions o = two_gpus();
+  o.bf16_allreduce = true;
+  DataParallel dp(gpu_model(), o, make_sgd);
+  dp.step(parts, LossKind::BCEDice);
+  const double u = std::ldexp(1.0, -8);
+  int64_t bad = 0, checked = 0;
+  const auto params = dp.replica(0).parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::vector<double> got = params[i].grad().to_vector();
+    double top = 0;
+    for (size_t k = 0; k < got.size(); ++k) top = std::max({top, std::fabs(own[0][i][k]), std::fabs(own[1][i][k])});
+    for (size_t k = 0; k < got.size(); ++k, ++checked) {
+      const double g0 = own[0][i][k], g1 = own[1][i][k];
+      const double bound = 2 * u * (1 + u) * (std::fabs(g0) + std::fabs(g1)) / 2 + 1e-5 * top;
+      const bool travelled_bf16 = double(bf16(got[k])) == got[k];
+      bad += !(std::fabs(got[k] - (g0 + g1) / 2) <= bound && travelled_bf16);
+    }
+  }
+  CHECK(checked > 1000);
+  CHECK(bad == 0);
+  dp.step(shards(data, 1), LossKind::BCEDice);
+  CHECK(replicas_identical(dp));
+}
+
+TEST_CASE("data parallelism on two GPUs: a failing rank ends the step with its own error, no rank hangs") {
+  SyntheticSegmentation data(64, 24);
+  DataParallel dp(gpu_model(), two_gpus(), make_sgd);
+  auto parts = shards(data, 0);
+  // Rank 1's masks have the wrong shape: its loss fails after the forward, while rank 0 goes
+  // on into backward and queues its buckets' all-reduces, which rank 1 never joins.
+  parts[1].masks = Tensor::zeros({2, 1, 64, 32}, parts[1].masks.dtype());
+  CHECK_THROWS_WITH(dp.step(parts, LossKind::BCE), doctest::Contains("shape mismatch"));
+  // The group is aborted: a further step fails at once, with why.
+  CHECK_THROWS_WITH(dp.step(shards(data, 1), LossKind::BCE), doctest::Contains("another rank failed"));
+}
+
+TEST_CASE("NCCL watchdog on two GPUs: a rank that never arrives times the group out, naming rank and collective") {
+  auto comms = make_nccl_communicators({0, 1}, AllReduceAlgo::Ring, 0.5);
+  Tensor t = Tensor::full({64}, 1.0, DType::F32, Device::cuda(0));
+  comms[0]->all_reduce(t, ReduceOp::Sum);  // rank 1 never calls its part
+  // The watchdog aborts the group within the timeout plus a poll; every later call says why.
+  bool failed = false;
+  for (int i = 0; i < 100 && !failed; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    try {
+      comms[0]->all_reduce(t, ReduceOp::Sum);
+    } catch (const Error& e) {
+      failed = true;
+      CHECK(std::string(e.what()).find("collective timed out: rank 0's all_reduce") != std::string::npos);
+    }
+  }
+  CHECK(failed);
+  Tensor t1 = Tensor::full({64}, 1.0, DType::F32, Device::cuda(1));
+  CHECK_THROWS_WITH(comms[1]->broadcast(t1, 0), doctest::Contains("collective timed out"));
+  cuda::synchronize(0);  // the aborted all-reduce has left the stream
+}
