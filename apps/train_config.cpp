@@ -167,11 +167,12 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
            "convolutions read it without transposes) or auto (nchw). The image is converted "
            "at the first layer and the logits back at the last");
   app.add_flag("--cuda-graphs", cfg.cuda_graphs,
-               "GPUs, --mode single or mp: after two eager steps, capture forward, loss and "
-               "backward at the batch's shape (mp: every stage's forwards and backwards of every "
-               "micro-batch, over the stages' streams) into one CUDA graph and replay it every "
-               "step (one launch instead of hundreds; the optimizer step stays eager); a batch of "
-               "another shape runs eagerly, and so does every step under --profile");
+               "GPUs, --mode single, dp or mp: after two eager steps, capture forward, loss and "
+               "backward at the batch's shape (dp: each replica's, with its NCCL all-reduces; mp: "
+               "every stage's forwards and backwards of every micro-batch, over the stages' "
+               "streams, in one process) into one CUDA graph and replay it every step (one launch "
+               "instead of hundreds; the optimizer step stays eager); a batch of another shape "
+               "runs eagerly, and so does every step under --profile");
   app.add_flag("--deterministic", cfg.deterministic,
                "CUDA: only deterministic cuDNN convolution algorithms (no atomics, FFT or "
                "Winograd), so repeated runs give the same bits; usually slower");
@@ -256,10 +257,12 @@ void validate(const TrainConfig& c) {
                "--device belongs to --mode single (or, under a launcher, names each process's "
                "device kind); --mode dp and mp take --devices");
   UNETCU_CHECK(c.mode == Mode::DataParallel || !c.sync_bn, "--sync-bn belongs to --mode dp");
-  UNETCU_CHECK(c.mode == Mode::Single || c.mode == Mode::Pipeline || !c.cuda_graphs,
-               "--cuda-graphs belongs to --mode single or mp (GPUs in one process)");
-  UNETCU_CHECK(!c.cuda_graphs || !as_group(c.dist),
-               "--cuda-graphs runs in one process; under a launcher drop it, or give --dist none");
+  UNETCU_CHECK(c.mode != Mode::DataPipeline || !c.cuda_graphs,
+               "--cuda-graphs belongs to --mode single, dp or mp (GPUs)");
+  UNETCU_CHECK(!c.cuda_graphs || !as_group(c.dist) || c.mode == Mode::DataParallel,
+               "--cuda-graphs under a launcher belongs to --mode dp (one GPU replica per process); "
+               "--mode ", name_of(kModeNames, c.mode), " with graphs runs in one process: drop it, "
+               "or give --dist none");
   UNETCU_CHECK(!c.bf16_allreduce || c.mode == Mode::DataParallel || c.mode == Mode::DataPipeline,
                "--allreduce-precision belongs to --mode dp and dp+mp");
   UNETCU_CHECK(!c.bf16_allreduce || c.allreduce != AllReduceAlgo::Mpi,

@@ -64,6 +64,12 @@ class Communicator {
   // After a rank failed: every rank's pending and later collectives end with an error. The
   // group cannot be used again.
   virtual void abort() = 0;
+  // GPUs: a CUDA graph holding collectives of this group was just launched on the calling
+  // thread's current stream. Collectives issued while a stream is capturing are recorded, not
+  // run, and not timed one by one; the watchdog times the launch instead (an unfinished
+  // replay past the collective timeout aborts the group), and later collectives on the device
+  // follow it. CPU ranks have no graphs: nothing to do.
+  virtual void watch_launch(const char* /*what*/) {}
 };
 
 // Chunk c of a length-L buffer split in N for the ring: [c*L/N, (c+1)*L/N), possibly empty

@@ -6,14 +6,17 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdio>
 #include <exception>
 #include <set>
 #include <sstream>
 #include <thread>
 #include <unordered_map>
 
+#include "engine/profiler.h"
 #include "engine/tape.h"
 #include "kernels/launchers.h"
+#include "runtime/cuda_api.h"
 #include "parallel/nccl_communicator.h"
 #include "parallel/worker_pool.h"
 
@@ -57,6 +60,13 @@ struct DataParallel::Replica {
   std::vector<Tensor> flat;    // per bucket, on the replica's device: the gradients live here
   std::vector<Tensor> low;     // per bucket with bf16_allreduce: the bfloat16 copy that travels
   Tensor buffers;              // the BN running statistics, packed (pack_buffers)
+  // cuda_graphs: the step up to the optimizer, captured at one shard shape.
+  struct Captured {
+    Tensor x, target, loss;  // its input and output tensors (fixed addresses)
+    std::vector<std::pair<int64_t*, int64_t>> counters;  // batch counts each replay adds
+    cuda::Graph graph;
+  };
+  std::unique_ptr<Captured> captured;
   // per step
   std::vector<int> ready_in_bucket;
   std::vector<std::unique_ptr<Work>> work;
@@ -127,11 +137,53 @@ DataParallel::DataParallel(const UNetConfig& model_cfg, const DataParallelOption
   for (const Device& d : options.devices)
     UNETCU_CHECK(d.kind == options.devices[0].kind,
                  "data parallelism: the replicas must be all on CPU devices or all on GPUs");
+  UNETCU_CHECK(!options.cuda_graphs || options.devices[0].is_cuda(),
+               "CUDA graphs need GPU replicas; ", device_list_str(options.devices), " run eagerly");
   UNETCU_CHECK(!options.bf16_allreduce || options.algo != AllReduceAlgo::Mpi,
                "data parallelism: the MPI library's own all-reduce has no bfloat16 sum; bfloat16 "
                "gradients take the ring or ps all-reduce");
   if (options_.threads_per_replica <= 0)
     options_.threads_per_replica = std::max(1, omp_get_num_procs() / N);
+  for (int r = 0; r < N; ++r) {
+    auto rep = std::make_unique<Replica>();
+    rep->device = options.devices[r];
+    UNetConfig cfg = model_cfg;
+    cfg.device = rep->device;
+    rep->model = std::make_unique<UNet>(cfg);
+    rep->params = rep->model->parameters();
+    rep->buffers = pack_buffers(*rep->model);
+    rep->opt = make_optimizer(rep->params);
+    for (size_t i = 0; i < rep->params.size(); ++i) rep->param_index[rep->params[i].impl_ptr().get()] = int(i);
+    rep->buckets = make_buckets(rep->params, options.first_bucket_bytes, options.bucket_bytes);
+    rep->bucket_of.assign(rep->params.size(), -1);
+    for (size_t k = 0; k < rep->buckets.size(); ++k) {
+      const Bucket& b = rep->buckets[k];
+      rep->flat.push_back(Tensor::zeros({b.numel}, model_cfg.dtype, rep->device));
+      if (options.bf16_allreduce) rep->low.push_back(Tensor::zeros({b.numel}, DType::BF16, rep->device));
+      // Each parameter's gradient is a view into its bucket: backward accumulates into it.
+      for (size_t j = 0; j < b.params.size(); ++j) {
+        rep->bucket_of[b.params[j]] = int(k);
+        const Tensor& p = rep->params[b.params[j]];
+        p.impl().grad = rep->flat[k].view_at(b.offsets[j], p.shape()).impl_ptr();
+      }
+    }
+    replicas_.push_back(std::move(rep));
+  }
+  connect();
+  pool_ = std::make_unique<WorkerPool>(options.devices, options_.threads_per_replica, "compute replica");
+  replicate_rank0();  // every replica starts from rank 0's parameters and buffers
+}
+
+// The replicas' gradient and control groups (again after a failed CUDA graph capture: the old
+// ones are released first, their collectives all finished).
+void DataParallel::connect() {
+  const int N = int(replicas_.size());
+  const DataParallelOptions& options = options_;
+  for (auto& rep : replicas_) {
+    rep->bn_sync.reset();
+    rep->grad_comm.reset();
+    rep->ctrl_comm.reset();
+  }
   std::vector<std::unique_ptr<Communicator>> grad_comms, ctrl_comms;
   if (options.across_processes) {
     UNETCU_CHECK(N == 1, "data parallelism across processes: one device per process, got ",
@@ -163,35 +215,11 @@ DataParallel::DataParallel(const UNetConfig& model_cfg, const DataParallelOption
     ctrl_comms = make_cpu_communicators(N, AllReduceAlgo::Ring, options.collective_timeout);
   }
   for (int r = 0; r < N; ++r) {
-    auto rep = std::make_unique<Replica>();
-    rep->device = options.devices[r];
-    UNetConfig cfg = model_cfg;
-    cfg.device = rep->device;
-    rep->model = std::make_unique<UNet>(cfg);
-    rep->params = rep->model->parameters();
-    rep->buffers = pack_buffers(*rep->model);
-    rep->opt = make_optimizer(rep->params);
-    rep->grad_comm = std::move(grad_comms[r]);
-    rep->ctrl_comm = std::move(ctrl_comms[r]);
-    if (options.sync_bn) rep->bn_sync = std::make_unique<CommBatchNormSync>(rep->ctrl_comm.get());
-    for (size_t i = 0; i < rep->params.size(); ++i) rep->param_index[rep->params[i].impl_ptr().get()] = int(i);
-    rep->buckets = make_buckets(rep->params, options.first_bucket_bytes, options.bucket_bytes);
-    rep->bucket_of.assign(rep->params.size(), -1);
-    for (size_t k = 0; k < rep->buckets.size(); ++k) {
-      const Bucket& b = rep->buckets[k];
-      rep->flat.push_back(Tensor::zeros({b.numel}, model_cfg.dtype, rep->device));
-      if (options.bf16_allreduce) rep->low.push_back(Tensor::zeros({b.numel}, DType::BF16, rep->device));
-      // Each parameter's gradient is a view into its bucket: backward accumulates into it.
-      for (size_t j = 0; j < b.params.size(); ++j) {
-        rep->bucket_of[b.params[j]] = int(k);
-        const Tensor& p = rep->params[b.params[j]];
-        p.impl().grad = rep->flat[k].view_at(b.offsets[j], p.shape()).impl_ptr();
-      }
-    }
-    replicas_.push_back(std::move(rep));
+    Replica& rep = *replicas_[r];
+    rep.grad_comm = std::move(grad_comms[r]);
+    rep.ctrl_comm = std::move(ctrl_comms[r]);
+    if (options.sync_bn) rep.bn_sync = std::make_unique<CommBatchNormSync>(rep.ctrl_comm.get());
   }
-  pool_ = std::make_unique<WorkerPool>(options.devices, options_.threads_per_replica, "compute replica");
-  replicate_rank0();  // every replica starts from rank 0's parameters and buffers
 }
 
 void DataParallel::replicate_rank0() {
@@ -278,89 +306,182 @@ std::vector<std::string> DataParallel::events() const {
   return events_;
 }
 
+Tensor DataParallel::forward_backward(int r, const Tensor& images, const Tensor& masks, LossKind loss_kind) {
+  Replica& rep = *replicas_[r];
+  const bool log = options_.record_events && r == 0;
+  auto event = [&](const std::string& e) {
+    std::lock_guard<std::mutex> lock(events_mu_);
+    events_.push_back(e);
+  };
+  // BN running statistics follow rank 0 (they are synchronized anyway with --sync-bn).
+  for (const StateEntry& e : rep.model->state())  // a buffer moved out would miss the broadcast
+    UNETCU_CHECK(e.is_parameter || !e.tensor.defined() || e.tensor.same_storage(rep.buffers),
+                 "data parallelism: BN buffer ", e.name, " was moved out of its packed buffer");
+  if (!options_.sync_bn && rep.buffers.defined()) rep.ctrl_comm->broadcast(rep.buffers, 0);
+  rep.ready_in_bucket.assign(rep.buckets.size(), 0);
+  rep.work.clear();
+  rep.work.resize(rep.buckets.size());
+  rep.next_launch = 0;
+
+  // A finished bucket: its gradients are already in its buffer; reduce it in place.
+  auto launch = [&](size_t k) {
+    if (options_.bf16_allreduce) {
+      // Rounded once on the compute stream, summed in bfloat16, divided in float32 below:
+      // NCCL's average premultiplies by 1/N rounded to bfloat16 (biased for N = 3, 6, ...).
+      rep.low[k].copy_(rep.flat[k]);
+      rep.work[k] = rep.grad_comm->all_reduce_async(rep.low[k], ReduceOp::Sum);
+    } else {
+      rep.work[k] = rep.grad_comm->all_reduce_async(rep.flat[k], ReduceOp::Average);
+    }
+    if (log) event("allreduce bucket " + std::to_string(k));
+  };
+  auto launch_ready = [&] {
+    while (rep.next_launch < rep.buckets.size() &&
+           rep.ready_in_bucket[rep.next_launch] == int(rep.buckets[rep.next_launch].params.size()))
+      launch(rep.next_launch++);
+  };
+
+  // Gradients start from zero in the buckets (a parameter unused this step contributes
+  // zeros); the views stay in place, so the optimizer's zero_grad (which drops them) is not
+  // used here.
+  for (Tensor& flat : rep.flat) flat.fill_(0.0);
+  for (size_t i = 0; i < rep.params.size(); ++i)
+    UNETCU_CHECK(rep.params[i].grad().defined() && rep.params[i].grad().same_storage(rep.flat[rep.bucket_of[i]]),
+                 "data parallelism: a parameter's gradient was moved out of its bucket");
+  Tape tape;
+  tape.set_leaf_ready_hook([&](const TensorImpl* leaf) {
+    auto it = rep.param_index.find(leaf);
+    if (it == rep.param_index.end()) return;
+    ++rep.ready_in_bucket[rep.bucket_of[it->second]];
+    launch_ready();
+  });
+  if (log) tape.set_node_done_hook([&](const char* op) { event(std::string("backward ") + op); });
+  Tensor loss;
+  {
+    BatchNormSyncScope sync(rep.bn_sync.get());
+    TapeScope scope(tape);
+    loss = segmentation_loss(loss_kind, rep.model->forward(images), masks);
+    tape.backward(loss);
+  }
+  // Buckets with a parameter no node used are still reduced, in order, on every rank.
+  while (rep.next_launch < rep.buckets.size()) launch(rep.next_launch++);
+  for (size_t k = 0; k < rep.buckets.size(); ++k) {
+    rep.work[k]->wait();
+    if (options_.bf16_allreduce) {
+      rep.flat[k].copy_(rep.low[k]);  // widened exactly, then the mean in float32
+      UNETCU_LAUNCH(rep.device, axpby, rep.flat[k], 1.0 / rep.grad_comm->size(), rep.flat[k], 0.0);
+    }
+  }
+  rep.work.clear();
+  return loss;
+}
+
+// Two eager steps first: cuDNN's algorithm search, the optimizer's state, NCCL's own setup of
+// each communicator and the allocator's cache are settled before the capture, which can hold
+// none of them.
+constexpr int kEagerStepsBeforeCapture = 2;
+
+bool DataParallel::graph_step_ready(const std::vector<Batch>& shards, LossKind loss_kind) {
+  if (!options_.cuda_graphs || Profiler::enabled() || !replicas_[0]->model->is_training()) return false;
+  if (graph_shape_.empty()) graph_shape_ = shards[0].images.shape();
+  if (shards[0].images.shape() != graph_shape_) return false;  // another shape: eager
+  if (graph_captured_) return shards[0].masks.shape() == graph_masks_ && loss_kind == graph_loss_;
+  if (eager_steps_++ < kEagerStepsBeforeCapture) return false;
+  // Every replica captures its step (nothing runs: its collectives are recorded, not issued
+  // to the peers); then all agree, so that no rank replays collectives its peers run eagerly.
+  run([&](int r) {
+    Replica& rep = *replicas_[r];
+    const int dev = rep.device.index;
+    // The capture takes memory of its own; the eager steps' cache goes back first, so the
+    // device holds one step's worth, not two. Every collective of the last step has finished
+    // on this device (its loss was read after them), so cudaFree waits for no peer.
+    cuda::synchronize(dev);
+    cuda::release_device_cache(dev);
+  });
+  std::vector<std::string> failures(replicas_.size());
+  run([&](int r) {
+    Replica& rep = *replicas_[r];
+    auto c = std::make_unique<Replica::Captured>();
+    const Batch& b = shards[r];
+    c->x = Tensor::empty(b.images.shape(), b.images.dtype(), rep.device, b.images.format());
+    c->target = Tensor::empty(b.masks.shape(), b.masks.dtype(), rep.device, b.masks.format());
+    // Batch norm counts its batches on the host: what one capture adds, each replay adds.
+    std::vector<std::pair<int64_t*, int64_t>> before;
+    for (const auto& e : rep.model->state())
+      if (e.counter) before.emplace_back(e.counter, *e.counter);
+    try {
+      c->graph = cuda::Graph::capture(rep.device.index, [&] { c->loss = forward_backward(r, c->x, c->target, loss_kind); });
+    } catch (const std::exception& e) {
+      failures[r] = e.what();
+      rep.work.clear();
+    }
+    for (auto& [counter, value] : before) {
+      if (*counter != value) c->counters.emplace_back(counter, *counter - value);
+      *counter = value;  // nothing ran yet: the first launch counts
+    }
+    if (failures[r].empty()) rep.captured = std::move(c);
+  });
+  std::string why;
+  for (size_t r = 0; r < failures.size(); ++r)
+    if (!failures[r].empty()) {
+      ++graph_capture_failures_;
+      if (why.empty()) why = str_cat("rank ", global_rank() + int(r), ": ", failures[r]);
+    }
+  bool failed = graph_capture_failures_ > 0;
+  // Across processes, every process must take the same decision.
+  if (options_.across_processes) failed = average_across_processes(failed ? 1.0 : 0.0) > 0;
+  if (!failed) {
+    graph_captured_ = true;
+    graph_masks_ = shards[0].masks.shape();
+    graph_loss_ = loss_kind;
+    return true;
+  }
+  // Whether a collective is captured must be the same on every rank (NCCL's rule for graphs),
+  // and a failed capture holds only part of the step's: the communicators may not be used
+  // again. The graphs go first (NCCL's persistent resources are theirs).
+  for (auto& rep : replicas_) rep->captured.reset();
+  if (why.empty()) why = "another process's capture failed";
+  UNETCU_CHECK(!options_.across_processes, "capturing the data-parallel step as a CUDA graph failed (", why,
+               "); NCCL cannot go on after a capture that differed between the ranks: rerun without "
+               "--cuda-graphs");
+  options_.cuda_graphs = false;
+  std::fprintf(stderr, "warning: capturing the data-parallel step as a CUDA graph failed, training goes on "
+                       "without graphs over new NCCL communicators: %s\n", why.c_str());
+  connect();
+  return false;
+}
+
 std::vector<double> DataParallel::step(const std::vector<Batch>& shards, LossKind loss_kind) {
   UNETCU_CHECK(int(shards.size()) == size(), "data parallelism got ", shards.size(),
                " shards for ", size(), " replicas");
   for (const Batch& b : shards)
-    UNETCU_CHECK(b.images.shape() == shards[0].images.shape(),
-                 "every replica needs a shard of the same shape");
+    UNETCU_CHECK(b.images.shape() == shards[0].images.shape(), "every replica needs a shard of the same shape");
   std::vector<double> losses(size());
   {
     std::lock_guard<std::mutex> lock(events_mu_);
     events_.clear();
   }
+  const bool replay = graph_step_ready(shards, loss_kind);
   run([&](int r) {
     Replica& rep = *replicas_[r];
-    const bool log = options_.record_events && r == 0;
-    auto event = [&](const std::string& e) {
-      std::lock_guard<std::mutex> lock(events_mu_);
-      events_.push_back(e);
-    };
-    // BN running statistics follow rank 0 (they are synchronized anyway with --sync-bn).
-    for (const StateEntry& e : rep.model->state())  // a buffer moved out would miss the broadcast
-      UNETCU_CHECK(e.is_parameter || !e.tensor.defined() || e.tensor.same_storage(rep.buffers),
-                   "data parallelism: BN buffer ", e.name, " was moved out of its packed buffer");
-    if (!options_.sync_bn && rep.buffers.defined()) rep.ctrl_comm->broadcast(rep.buffers, 0);
     auto on_device = [&](const Tensor& t) { return t.device() == rep.device ? t : t.to(rep.device); };
-    const Tensor images = on_device(shards[r].images);
-    const Tensor masks = on_device(shards[r].masks);
-    rep.ready_in_bucket.assign(rep.buckets.size(), 0);
-    rep.work.clear();
-    rep.work.resize(rep.buckets.size());
-    rep.next_launch = 0;
-
-    // A finished bucket: its gradients are already in its buffer; reduce it in place.
-    auto launch = [&](size_t k) {
-      if (options_.bf16_allreduce) {
-        // Rounded once on the compute stream, summed in bfloat16, divided in float32 below:
-        // NCCL's average premultiplies by 1/N rounded to bfloat16 (biased for N = 3, 6, ...).
-        rep.low[k].copy_(rep.flat[k]);
-        rep.work[k] = rep.grad_comm->all_reduce_async(rep.low[k], ReduceOp::Sum);
-      } else {
-        rep.work[k] = rep.grad_comm->all_reduce_async(rep.flat[k], ReduceOp::Average);
-      }
-      if (log) event("allreduce bucket " + std::to_string(k));
-    };
-    auto launch_ready = [&] {
-      while (rep.next_launch < rep.buckets.size() &&
-             rep.ready_in_bucket[rep.next_launch] == int(rep.buckets[rep.next_launch].params.size()))
-        launch(rep.next_launch++);
-    };
-
-    // Gradients start from zero in the buckets (a parameter unused this step contributes
-    // zeros); the views stay in place, so the optimizer's zero_grad (which drops them) is not
-    // used here.
-    for (Tensor& flat : rep.flat) flat.fill_(0.0);
-    for (size_t i = 0; i < rep.params.size(); ++i)
-      UNETCU_CHECK(rep.params[i].grad().defined() && rep.params[i].grad().same_storage(rep.flat[rep.bucket_of[i]]),
-                   "data parallelism: a parameter's gradient was moved out of its bucket");
-    Tape tape;
-    tape.set_leaf_ready_hook([&](const TensorImpl* leaf) {
-      auto it = rep.param_index.find(leaf);
-      if (it == rep.param_index.end()) return;
-      ++rep.ready_in_bucket[rep.bucket_of[it->second]];
-      launch_ready();
-    });
-    if (log) tape.set_node_done_hook([&](const char* op) { event(std::string("backward ") + op); });
     Tensor loss;
-    {
-      BatchNormSyncScope sync(rep.bn_sync.get());
-      TapeScope scope(tape);
-      loss = segmentation_loss(loss_kind, rep.model->forward(images), masks);
-      tape.backward(loss);
-    }
-    // Buckets with a parameter no node used are still reduced, in order, on every rank.
-    while (rep.next_launch < rep.buckets.size()) launch(rep.next_launch++);
-    for (size_t k = 0; k < rep.buckets.size(); ++k) {
-      rep.work[k]->wait();
-      if (options_.bf16_allreduce) {
-        rep.flat[k].copy_(rep.low[k]);  // widened exactly, then the mean in float32
-        UNETCU_LAUNCH(rep.device, axpby, rep.flat[k], 1.0 / rep.grad_comm->size(), rep.flat[k], 0.0);
-      }
+    if (replay) {
+      Replica::Captured& c = *rep.captured;
+      c.x.copy_(on_device(shards[r].images));
+      c.target.copy_(on_device(shards[r].masks));
+      c.graph.launch();
+      rep.grad_comm->watch_launch("CUDA graph of the step (gradient all-reduces)");
+      rep.ctrl_comm->watch_launch("CUDA graph of the step (batch-norm collectives)");
+      for (auto& [counter, delta] : c.counters) *counter += delta;
+      loss = c.loss;
+    } else {
+      loss = forward_backward(r, on_device(shards[r].images), on_device(shards[r].masks), loss_kind);
     }
     rep.opt->step();
     losses[r] = loss.item();
   });
+  if (replay) ++graph_replays_;
   return losses;
 }
 

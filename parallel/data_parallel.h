@@ -16,6 +16,14 @@
 //  - bf16_allreduce: the buckets travel as bfloat16 copies (see the option).
 //  - --sync-bn: batch-norm statistics are all-reduced over the replicas (a second
 //    communicator group, so it never interleaves with the gradient buckets).
+//  - cuda_graphs (GPUs): after two eager steps at the first shard shape, every replica captures
+//    its step up to the optimizer — the buffers' broadcast, forward, loss, backward and the
+//    buckets' NCCL all-reduces on the communication stream — into one CUDA graph on its compute
+//    stream, and replays it each step at that shape (the shard copied into the graph's inputs
+//    first); the optimizer steps eagerly. The replicas capture together and agree: where any
+//    capture fails, all go on eagerly (one warning) over new communicators (in one process;
+//    across processes that is an error: NCCL requires every rank's capture to be alike). Other shapes and profiled steps run
+//    eagerly; record_events logs the capture's order, not the replays'.
 #pragma once
 #include <functional>
 #include <memory>
@@ -48,6 +56,7 @@ struct DataParallelOptions {
   int threads_per_replica = 0;  // CPU devices; 0: the cores shared out, at least 1 each
   bool record_events = false;   // keep an ordered log of backward nodes and bucket launches
   double collective_timeout = kDefaultCollectiveTimeout;  // seconds; then every rank fails
+  bool cuda_graphs = false;     // GPU replicas: replay each step as a CUDA graph (see above)
   // One replica in this process (devices: its one CPU device), one rank of a job of several
   // processes: the communicators span the processes (parallel/process_communicator.h) of
   // `process_group` (null: every process of the job).
@@ -102,9 +111,30 @@ class DataParallel {
   size_t bucket_count() const;
   // Rank r's gradient buckets: the flat buffers its parameters' gradients are views into.
   std::vector<Tensor> buckets(int rank) const;
+  // cuda_graphs: whether the step is captured (replayed at its shape), and the steps replayed.
+  bool graph_captured() const { return graph_captured_; }
+  int64_t graph_replays() const { return graph_replays_; }
+  // cuda_graphs and not fallen back to eager steps.
+  bool uses_cuda_graphs() const { return options_.cuda_graphs; }
+  // This process's replicas whose capture failed (then all went on eagerly).
+  int graph_capture_failures() const { return graph_capture_failures_; }
 
  private:
   struct Replica;
+  // Replica r's step up to the optimizer on its device's images and masks: forward, loss,
+  // backward, the buckets all-reduced into its gradients. Returns the loss (on the device).
+  Tensor forward_backward(int r, const Tensor& images, const Tensor& masks, LossKind loss);
+  // cuda_graphs: whether this step replays the graph, capturing it first when it is time.
+  bool graph_step_ready(const std::vector<Batch>& shards, LossKind loss);
+  // Makes the replicas' communicator groups (releasing any they had).
+  void connect();
+  Shape graph_shape_;     // the first step's shard shape: the shape captured
+  Shape graph_masks_;     // the captured step's masks
+  LossKind graph_loss_ = LossKind::BCEDice;
+  int graph_capture_failures_ = 0;
+  int eager_steps_ = 0;   // steps run at that shape before the capture
+  bool graph_captured_ = false;
+  int64_t graph_replays_ = 0;
   DataParallelOptions options_;
   std::vector<std::unique_ptr<Replica>> replicas_;
   std::unique_ptr<WorkerPool> pool_;

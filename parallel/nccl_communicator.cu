@@ -45,10 +45,33 @@ class NcclWork : public Work {
 // each kernel then waits for peers that are inside the other group's kernel: a hang with two
 // or more GPUs. Every operation's stream first waits for the device's previous NCCL operation
 // (an event), so all GPUs see the same total order, the order every rank issues them in.
+//
+// Inside a CUDA graph capture a stream may wait only for events recorded in that same capture:
+// `last_capture` says where `last` was recorded (0: eagerly). The first operation of a capture
+// does not wait for an eager one, nor an eager operation for a captured one (whose event is the
+// graph's, not a point in time); the caller orders those through its streams: data parallelism
+// joins every collective into its compute stream before a step ends, captures there, and after
+// each launch watch_launch() makes the launch the device's last operation.
 struct DeviceOrder {
   std::mutex mu;
   cuda::Event last;
+  unsigned long long last_capture = 0;
 };
+
+// The id of the capture `stream` is in, or 0 when it is not capturing. A capture already
+// invalidated (an earlier call in it failed) is an error here, before NCCL is called: NCCL
+// would fail the call and keep the failure as the non-blocking communicator's error.
+unsigned long long capture_id(cudaStream_t stream, const char* what, int rank) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  const cudaError_t e = cudaStreamGetCaptureInfo(stream, &status, &id);
+  if (e != cudaSuccess || status == cudaStreamCaptureStatusInvalidated) {
+    cudaGetLastError();
+    throw Error(str_cat("NCCL ", what, " on rank ", rank, ": the stream's CUDA graph capture ",
+                        e != cudaSuccess ? cudaGetErrorString(e) : "was invalidated by an earlier call"));
+  }
+  return status == cudaStreamCaptureStatusNone ? 0 : id;
+}
 DeviceOrder& device_order(int device) {
   static std::mutex map_mu;
   static auto* orders = new std::map<int, std::unique_ptr<DeviceOrder>>();
@@ -245,6 +268,18 @@ class NcclCommunicator : public Communicator {
   }
   // Error path only: after a rank failed, every rank's collectives end with an error.
   void abort() override { group_->abort("collective aborted: another rank failed"); }
+  void watch_launch(const char* what) override {
+    cuda::DeviceGuard g(device_);
+    std::shared_lock<std::shared_mutex> calls(group_->calls);
+    if (group_->aborted) throw Error(str_cat("NCCL ", what, " on rank ", rank_, ": ", group_->reason));
+    DeviceOrder& order = device_order(device_);
+    std::lock_guard<std::mutex> ordered(order.mu);
+    cuda::Event done(device_);
+    done.record(cuda::current_stream(device_));
+    order.last = done;
+    order.last_capture = 0;
+    group_->track(done, rank_, what);
+  }
   std::unique_ptr<Work> all_reduce_async(Tensor& t, ReduceOp op) override {
     check(t);
     cuda::DeviceGuard g(device_);
@@ -282,7 +317,8 @@ class NcclCommunicator : public Communicator {
     if (group_->aborted) throw Error(str_cat("NCCL ", what, " on rank ", rank_, ": ", group_->reason));
     DeviceOrder& order = device_order(device_);
     std::lock_guard<std::mutex> ordered(order.mu);
-    if (order.last.valid()) order.last.wait_on(stream);
+    const unsigned long long capture = capture_id(stream, what, rank_);
+    if (order.last.valid() && order.last_capture == capture) order.last.wait_on(stream);
     const ncclResult_t res = settle(comm_, call(stream), group_->timeout);
     if (res == ncclInProgress)
       throw Error(str_cat("NCCL ", what, " on rank ", rank_, " was not enqueued within ",
@@ -292,7 +328,9 @@ class NcclCommunicator : public Communicator {
     cuda::Event done(device_);
     done.record(stream);
     order.last = done;
-    group_->track(done, rank_, what);
+    order.last_capture = capture;
+    // A captured event cannot be queried: the launch is tracked instead (watch_launch).
+    if (!capture) group_->track(done, rank_, what);
     return done;
   }
 

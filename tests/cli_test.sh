@@ -37,9 +37,10 @@ expect_error "larger than --batch-size" --mode mp --devices cpu:0,cpu:1 --split-
 expect_error "makes 2 stages but --devices lists 3" --mode mp --devices cpu:0,cpu:1,cpu:2
 expect_error "not a block" --mode mp --devices cpu:0,cpu:1 --split layer7
 expect_error "--sync-bn belongs to --mode dp" --mode mp --devices cpu:0,cpu:1 --sync-bn
-expect_error "--cuda-graphs belongs to --mode single or mp" --mode dp --devices cpu:0,cpu:1 --cuda-graphs
+expect_error "--cuda-graphs needs a GPU; cpu:0" --mode dp --devices cpu:0,cpu:1 --cuda-graphs --epochs 1 --train-size 16 --val-size 4 --width-divisor 16
+expect_error "--cuda-graphs belongs to --mode single, dp or mp" --mode dp+mp --cuda-graphs
 expect_error "--cuda-graphs needs a GPU; cpu:0" --mode mp --devices cpu:0,cpu:1 --cuda-graphs --epochs 1 --train-size 8 --val-size 4 --width-divisor 16
-RANK=0 WORLD_SIZE=1 expect_error "--cuda-graphs runs in one process" --mode mp --dist env --cuda-graphs
+RANK=0 WORLD_SIZE=1 expect_error "--mode mp with graphs runs in one process" --mode mp --dist env --cuda-graphs
 expect_error "--allreduce-precision belongs to --mode dp and dp+mp" --mode mp --devices cpu:0,cpu:1 --allreduce-precision bf16
 expect_error "has no bfloat16 sum" --mode dp --devices cpu:0,cpu:1 --allreduce mpi --allreduce-precision bf16
 expect_error "allreduce-precision" --mode dp --devices cpu:0,cpu:1 --allreduce-precision fp16

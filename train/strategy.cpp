@@ -161,9 +161,10 @@ std::string DataParallelStrategy::describe() const {
            " ranks (this one: rank " + std::to_string(dp_.global_rank()) + " on " + o.devices[0].str() +
            "), " + name_of(kAllReduceNames, o.algo) + (o.bf16_allreduce ? " bf16" : "") + " all-reduce over " +
            (o.devices[0].is_cuda() ? std::string("NCCL") : process_group_transport()) +
-           (o.sync_bn ? ", synchronized BN" : "");
+           (o.sync_bn ? ", synchronized BN" : "") + (o.cuda_graphs ? ", CUDA graphs" : "");
   return "data parallel, " + std::to_string(dp_.size()) + " replicas on " + device_list_str(o.devices) +
-         ", " + name_of(kAllReduceNames, o.algo) + (o.bf16_allreduce ? " bf16" : "") + " all-reduce" + (o.sync_bn ? ", synchronized BN" : "");
+         ", " + name_of(kAllReduceNames, o.algo) + (o.bf16_allreduce ? " bf16" : "") + " all-reduce" +
+         (o.sync_bn ? ", synchronized BN" : "") + (o.cuda_graphs ? ", CUDA graphs" : "");
 }
 
 PlacedBatch DataParallelStrategy::place(Batch host) {
@@ -355,6 +356,7 @@ std::unique_ptr<TrainingStrategy> make_strategy(const StrategyConfig& c, const B
       o.process_rank = c.process_rank;
       o.process_count = c.process_count;
       o.threads_per_replica = c.threads;
+      o.cuda_graphs = c.cuda_graphs;
       return std::make_unique<DataParallelStrategy>(c.model, o, make_optimizer, c.loss);
     }
     case Mode::DataPipeline:

@@ -50,6 +50,9 @@ const char* const kTwoGpus[] = {
     "bfloat16 all-reduce on two GPUs: gradients within two roundings of the exact mean, replicas identical",
     "data parallelism on two GPUs: a failing rank ends the step with its own error, no rank hangs",
     "NCCL watchdog on two GPUs: a rank that never arrives times the group out, naming rank and collective",
+    "data parallelism on two GPUs replayed as a CUDA graph equals the eager step, bit for bit",
+    "a data-parallel step on two GPUs replayed as a CUDA graph takes no GPU memory from the system",
+    "a data-parallel capture refused on one GPU: both replicas go on eagerly, with the eager bits",
 };
 
 // A doctest filter names the case with its commas escaped.

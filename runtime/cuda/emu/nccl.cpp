@@ -59,8 +59,8 @@ struct SplitRound {
 
 struct Clique {
   explicit Clique(int n)
-      : nranks(n), taken(n, 0), devices(n, -1), state(n, ncclInProgress), executed(n, 0), running(n, 0),
-        splits(n, 0) {}
+      : nranks(n), taken(n, 0), devices(n, -1), state(n, ncclInProgress), aborted(n, 0), executed(n, 0),
+        running(n, 0), splits(n, 0) {}
   const int nranks;
   std::mutex m;
   std::condition_variable cv;
@@ -68,7 +68,9 @@ struct Clique {
   std::vector<char> taken;
   std::vector<int> devices;
   std::vector<ncclResult_t> state;  // each rank's asynchronous state (ncclCommGetAsyncError)
-  bool aborted = false;
+  // Each rank's communicator aborted: its waiting and later collectives return at once. Its
+  // peers' go on waiting, as on GPUs, until their own abort (their watchdog's timeout).
+  std::vector<char> aborted;
   std::vector<uint64_t> executed;   // collectives each rank has started, in stream order
   std::vector<char> running;        // a rank's collective is under way
   std::map<uint64_t, Round> rounds;
@@ -226,7 +228,7 @@ void compute(const std::vector<Call>& calls) {
 // Rank `rank`'s collective, when its stream reaches it.
 void run_collective(Clique& c, int rank, const Call& call) {
   std::unique_lock<std::mutex> lock(c.m);
-  if (c.aborted) return;
+  if (c.aborted[rank]) return;
   if (c.running[rank])
     stop("NCCL: rank " + std::to_string(rank) + " started a " + describe(call) +
          " while another collective of its communicator was running (two streams with no order "
@@ -250,7 +252,7 @@ void run_collective(Clique& c, int rank, const Call& call) {
     r.done = true;
     c.cv.notify_all();
   } else {
-    c.cv.wait(lock, [&] { return r.done || c.aborted; });
+    c.cv.wait(lock, [&] { return r.done || c.aborted[rank]; });
   }
   c.running[rank] = 0;
   if (r.done && ++r.left == c.nranks) c.rounds.erase(k);
@@ -259,8 +261,8 @@ void run_collective(Clique& c, int rank, const Call& call) {
 ncclResult_t wait_ready(ncclComm_t comm) {
   Clique& c = *comm->clique;
   std::unique_lock<std::mutex> lock(c.m);
-  c.cv.wait(lock, [&] { return c.state[comm->rank] != ncclInProgress || c.aborted; });
-  return c.aborted ? ncclRemoteError : c.state[comm->rank];
+  c.cv.wait(lock, [&] { return c.state[comm->rank] != ncclInProgress || c.aborted[comm->rank]; });
+  return c.aborted[comm->rank] ? ncclRemoteError : c.state[comm->rank];
 }
 
 ncclResult_t init(ncclComm_t* out, int nranks, const ncclUniqueId& id, int rank, bool blocking) {
@@ -360,7 +362,7 @@ ncclResult_t collective(const Call& call, ncclComm_t comm, cudaStream_t stream, 
   {
     Clique& c = *comm->clique;
     std::lock_guard<std::mutex> lock(c.m);
-    if (c.aborted || c.state[comm->rank] != ncclSuccess) return ncclInvalidUsage;
+    if (c.aborted[comm->rank] || c.state[comm->rank] != ncclSuccess) return ncclInvalidUsage;
     if (call.kind != Kind::AllReduce && (call.root < 0 || call.root >= c.nranks)) return ncclInvalidArgument;
   }
   // NCCL works on the communicator's device, whatever the caller's current one.
@@ -371,7 +373,14 @@ ncclResult_t collective(const Call& call, ncclComm_t comm, cudaStream_t stream, 
     run_collective(*clique, rank, call);
   });
   cudaSetDevice(saved);
-  return e == cudaSuccess ? ncclSuccess : ncclUnhandledCudaError;
+  if (e == cudaSuccess) return ncclSuccess;
+  // A launch that fails (a capture refusing it) stays a non-blocking communicator's error, as
+  // NCCL keeps it: the communicator is of no further use.
+  if (!comm->blocking) {
+    std::lock_guard<std::mutex> lock(comm->clique->m);
+    comm->clique->state[comm->rank] = ncclUnhandledCudaError;
+  }
+  return ncclUnhandledCudaError;
 }
 
 }  // namespace
@@ -422,7 +431,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
   const bool blocking = config ? config->blocking != 0 : comm->blocking;
   Clique& c = *comm->clique;
   std::unique_lock<std::mutex> lock(c.m);
-  if (c.aborted || c.state[comm->rank] != ncclSuccess) return ncclInvalidUsage;
+  if (c.aborted[comm->rank] || c.state[comm->rank] != ncclSuccess) return ncclInvalidUsage;
   const uint64_t k = c.splits[comm->rank]++;
   SplitRound& r = c.split_rounds[k];
   if (r.calls.empty()) r.calls.resize(c.nranks);
@@ -434,7 +443,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
     return ncclSuccess;
   }
   if (!blocking) return ncclInProgress;
-  c.cv.wait(lock, [&] { return r.done || c.aborted; });
+  c.cv.wait(lock, [&] { return r.done || c.aborted[comm->rank]; });
   return r.done ? ncclSuccess : ncclRemoteError;
 }
 
@@ -442,7 +451,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* state) {
   if (!comm || !state) return ncclInvalidArgument;
   Clique& c = *comm->clique;
   std::lock_guard<std::mutex> lock(c.m);
-  *state = c.aborted ? ncclRemoteError : c.state[comm->rank];
+  *state = c.state[comm->rank];
   return ncclSuccess;
 }
 
@@ -453,14 +462,14 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   delete comm;
   return ncclSuccess;
 }
-// Every rank's collectives waiting, and every later one, return at once (NCCL's abort ends
-// the kernels).
+// The rank's collectives waiting, and every later one, return at once (NCCL's abort ends the
+// communicator's kernels); its peers' do not.
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
   if (!comm) return ncclSuccess;
   {
     Clique& c = *comm->clique;
     std::lock_guard<std::mutex> lock(c.m);
-    c.aborted = true;
+    c.aborted[comm->rank] = 1;
     c.cv.notify_all();
   }
   delete comm;
