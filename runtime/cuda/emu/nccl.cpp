@@ -497,35 +497,13 @@ ncclResult_t ncclGroupEnd() {
 
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-  Call c;
-  c.kind = Kind::AllReduce;
-  c.send = sendbuff;
-  c.recv = recvbuff;
-  c.count = count;
-  c.type = datatype;
-  c.op = op;
-  return collective(c, comm, stream, "all-reduce");
+  return collective({Kind::AllReduce, sendbuff, recvbuff, count, datatype, op, 0}, comm, stream, "all-reduce");
 }
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                         ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
-  Call c;
-  c.kind = Kind::Reduce;
-  c.send = sendbuff;
-  c.recv = recvbuff;
-  c.count = count;
-  c.type = datatype;
-  c.op = op;
-  c.root = root;
-  return collective(c, comm, stream, "reduce");
+  return collective({Kind::Reduce, sendbuff, recvbuff, count, datatype, op, root}, comm, stream, "reduce");
 }
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                            ncclComm_t comm, cudaStream_t stream) {
-  Call c;
-  c.kind = Kind::Broadcast;
-  c.send = sendbuff;
-  c.recv = recvbuff;
-  c.count = count;
-  c.type = datatype;
-  c.root = root;
-  return collective(c, comm, stream, "broadcast");
+  return collective({Kind::Broadcast, sendbuff, recvbuff, count, datatype, ncclSum, root}, comm, stream, "broadcast");
 }
