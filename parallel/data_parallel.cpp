@@ -388,7 +388,8 @@ bool DataParallel::graph_step_ready(const std::vector<Batch>& shards, LossKind l
   if (graph_captured_) return shards[0].masks.shape() == graph_masks_ && loss_kind == graph_loss_;
   if (eager_steps_++ < kEagerStepsBeforeCapture) return false;
   // Every replica captures its step (nothing runs: its collectives are recorded, not issued
-  // to the peers); then all agree, so that no rank replays collectives its peers run eagerly.
+  // to the peers); then all agree: NCCL requires a collective to be captured on every rank of
+  // its communicator or on none, and its graph launched by every rank.
   run([&](int r) {
     Replica& rep = *replicas_[r];
     const int dev = rep.device.index;
