@@ -2,7 +2,8 @@
 # The CUDA suite without a GPU: builds the CUDA parts with the host compiler against the CUDA
 # emulator (-DUNETCU_CUDA=EMU, runtime/cuda/emu/README.md; their kernels run on the CPU) in
 # build-emu/, and runs the suite's cases through ctest, each in its own process. The cases that
-# need cuDNN's algorithm search or NCCL report themselves skipped, with the reason.
+# need cuDNN's algorithm search report themselves skipped, with the reason (NCCL is the
+# emulator's own, for the ranks of one process).
 #
 #   tools/test_cuda_emu.sh [--asan]
 #
