@@ -443,8 +443,8 @@ bool DataParallel::graph_step_ready(const std::vector<Batch>& shards, LossKind l
   for (auto& rep : replicas_) rep->captured.reset();
   if (why.empty()) why = "another process's capture failed";
   UNETCU_CHECK(!options_.across_processes, "capturing the data-parallel step as a CUDA graph failed (", why,
-               "); NCCL cannot go on after a capture that differed between the ranks: rerun without "
-               "--cuda-graphs");
+               "); NCCL cannot go on after a capture that differed between the ranks: train without "
+               "CUDA graphs");
   options_.cuda_graphs = false;
   std::fprintf(stderr, "warning: capturing the data-parallel step as a CUDA graph failed, training goes on "
                        "without graphs over new NCCL communicators: %s\n", why.c_str());
