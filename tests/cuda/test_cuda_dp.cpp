@@ -24,8 +24,10 @@
 #include "runtime/cuda_api.h"
 #include "train/strategy.h"
 #include "../steady_alloc.h"
+#include "same_state.h"
 
 using namespace unetcu;
+using unetcu::testing::same_bits;
 
 namespace {
 
@@ -50,11 +52,6 @@ std::unique_ptr<Optimizer> make_sgd(std::vector<Tensor> p) {
   o.lr = 0.1;
   o.momentum = 0.9;
   return std::make_unique<SGD>(std::move(p), o);
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  const Tensor x = a.to(Device::cpu()), y = b.to(Device::cpu());
-  return x.shape() == y.shape() && x.dtype() == y.dtype() && std::memcmp(x.raw(), y.raw(), x.nbytes()) == 0;
 }
 
 // Contract 6: every replica holds the same parameters, bit for bit.
@@ -374,13 +371,7 @@ UNetConfig graph_model(bool mixed) {
 void check_same_replicas(DataParallel& eager, DataParallel& graph) {
   for (int r = 0; r < eager.size(); ++r) {
     CAPTURE(r);
-    const auto se = eager.replica(r).state(), sg = graph.replica(r).state();
-    REQUIRE(se.size() == sg.size());
-    for (size_t i = 0; i < se.size(); ++i) {
-      CAPTURE(se[i].name);
-      if (se[i].counter) CHECK(*se[i].counter == *sg[i].counter);
-      if (se[i].tensor.defined()) CHECK(same_bits(se[i].tensor, sg[i].tensor));
-    }
+    testing::check_same_state(eager.replica(r), graph.replica(r));
   }
 }
 

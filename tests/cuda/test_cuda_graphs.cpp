@@ -17,6 +17,7 @@
 #include "runtime/cuda_api.h"
 #include "train/strategy.h"
 #include "../steady_alloc.h"
+#include "same_state.h"
 
 using namespace unetcu;
 using namespace unetcu::testing;
@@ -31,23 +32,6 @@ UNetConfig gpu_model(bool mixed) {
   c.bf16_activations = mixed;
   c.format = mixed ? MemoryFormat::NHWC : MemoryFormat::NCHW;
   return c;
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  const Tensor x = a.to(Device::cpu()), y = b.to(Device::cpu());
-  return x.shape() == y.shape() && x.dtype() == y.dtype() &&
-         std::memcmp(x.raw(), y.raw(), x.nbytes()) == 0;
-}
-
-// Parameters, batch-norm running statistics and their batch counts: the same bits.
-void check_same_state(Module& eager, Module& graph) {
-  const auto se = eager.state(), sg = graph.state();
-  REQUIRE(se.size() == sg.size());
-  for (size_t i = 0; i < se.size(); ++i) {
-    CAPTURE(se[i].name);
-    if (se[i].counter) CHECK(*se[i].counter == *sg[i].counter);
-    if (se[i].tensor.defined()) CHECK(same_bits(se[i].tensor, sg[i].tensor));
-  }
 }
 
 }  // namespace
