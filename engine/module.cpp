@@ -120,4 +120,21 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
   return batch_norm2d(x, weight, bias, running_mean, running_var, training_, momentum_, eps_);
 }
 
+CapturedCounts::CapturedCounts(const Module& m) {
+  for (const StateEntry& e : m.state())
+    if (e.counter) before_.emplace_back(e.counter, *e.counter);
+}
+
+void CapturedCounts::undo() {
+  added_.clear();
+  for (auto& [counter, value] : before_) {
+    if (*counter != value) added_.emplace_back(counter, *counter - value);
+    *counter = value;
+  }
+}
+
+void CapturedCounts::replay() const {
+  for (const auto& [counter, delta] : added_) *counter += delta;
+}
+
 }  // namespace unetcu

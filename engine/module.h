@@ -97,4 +97,17 @@ class BatchNorm2d : public Module {
   double momentum_, eps_;
 };
 
+// A module's host-side counters (batch norm's batch counts) across a CUDA graph capture, which
+// runs none of the work it records: undo() puts them back as they were before it and keeps
+// what it added; each replay of the graph adds that again.
+class CapturedCounts {
+ public:
+  CapturedCounts() = default;
+  explicit CapturedCounts(const Module& m);  // before the capture
+  void undo();                               // after it, successful or not
+  void replay() const;                       // at each launch
+ private:
+  std::vector<std::pair<int64_t*, int64_t>> before_, added_;
+};
+
 }  // namespace unetcu

@@ -63,7 +63,7 @@ struct DataParallel::Replica {
   // cuda_graphs: the step up to the optimizer, captured at one shard shape.
   struct Captured {
     Tensor x, target, loss;  // its input and output tensors (fixed addresses)
-    std::vector<std::pair<int64_t*, int64_t>> counters;  // batch counts each replay adds
+    CapturedCounts counts;   // batch counts each replay adds
     cuda::Graph graph;
   };
   std::unique_ptr<Captured> captured;
@@ -407,19 +407,15 @@ bool DataParallel::graph_step_ready(const std::vector<Batch>& shards, LossKind l
     c->x = Tensor::empty(b.images.shape(), b.images.dtype(), rep.device, b.images.format());
     c->target = Tensor::empty(b.masks.shape(), b.masks.dtype(), rep.device, b.masks.format());
     // Batch norm counts its batches on the host: what one capture adds, each replay adds.
-    std::vector<std::pair<int64_t*, int64_t>> before;
-    for (const auto& e : rep.model->state())
-      if (e.counter) before.emplace_back(e.counter, *e.counter);
+    CapturedCounts counts(*rep.model);
     try {
       c->graph = cuda::Graph::capture(rep.device.index, [&] { c->loss = forward_backward(r, c->x, c->target, loss_kind); });
     } catch (const std::exception& e) {
       failures[r] = e.what();
       rep.work.clear();
     }
-    for (auto& [counter, value] : before) {
-      if (*counter != value) c->counters.emplace_back(counter, *counter - value);
-      *counter = value;  // nothing ran yet: the first launch counts
-    }
+    counts.undo();  // nothing ran yet: the first launch counts
+    c->counts = std::move(counts);
     if (failures[r].empty()) rep.captured = std::move(c);
   });
   std::string why;
@@ -474,7 +470,7 @@ std::vector<double> DataParallel::step(const std::vector<Batch>& shards, LossKin
       c.graph.launch();
       rep.grad_comm->watch_launch("CUDA graph of the step (gradient all-reduces)");
       rep.ctrl_comm->watch_launch("CUDA graph of the step (batch-norm collectives)");
-      for (auto& [counter, delta] : c.counters) *counter += delta;
+      c.counts.replay();
       loss = c.loss;
     } else {
       loss = forward_backward(r, on_device(shards[r].images), on_device(shards[r].masks), loss_kind);

@@ -422,7 +422,7 @@ struct Pipeline::Captured {
   std::vector<Batch> inputs;       // the graph's micro-batches (fixed addresses)
   std::vector<Tensor> losses;      // each micro-batch's weighted loss, which every replay rewrites
   std::vector<Tensor> grads;       // each parameter's gradient, which every replay rewrites
-  std::vector<std::pair<int64_t*, int64_t>> counters;  // batch counts each replay adds
+  CapturedCounts counts;           // batch counts each replay adds
   std::vector<int> peak_live;      // what the captured step's schedule held
   std::vector<Transfer> transfers;
   cuda::Graph graph;
@@ -465,9 +465,7 @@ bool Pipeline::graph_step(const std::vector<Batch>& micro_batches, LossKind loss
     // Each device keeps one step's worth of memory, not two: the eager steps' cache goes back
     // first (every stage's stream was synchronised at the end of the last step).
     for (const Device& d : options_.devices) cuda::release_device_cache(d.index);
-    std::vector<std::pair<int64_t*, int64_t>> before;
-    for (const auto& e : model_->state())
-      if (e.counter) before.emplace_back(e.counter, *e.counter);
+    CapturedCounts counts(*model_);
     peak_live_.assign(S, 0);
     {
       std::lock_guard<std::mutex> lock(transfers_mu_);
@@ -487,7 +485,7 @@ bool Pipeline::graph_step(const std::vector<Batch>& micro_batches, LossKind loss
       }
     } catch (const std::exception& e) {
       c.reset();  // the graph, if one was made, and its tensors
-      for (auto& [counter, value] : before) *counter = value;
+      counts.undo();
       for (auto& o : optimizers_) o->zero_grad();  // whatever the failed capture left
       // Each stage's thread queued work into the capture: an error a failed call left there
       // must not be taken for the next eager launch's.
@@ -498,10 +496,8 @@ bool Pipeline::graph_step(const std::vector<Batch>& micro_batches, LossKind loss
                            "goes on without graphs: %s\n", e.what());
       return false;
     }
-    for (auto& [counter, value] : before) {
-      if (*counter != value) c->counters.emplace_back(counter, *counter - value);
-      *counter = value;  // nothing ran yet: the first launch below counts
-    }
+    counts.undo();  // nothing ran yet: the first launch below counts
+    c->counts = std::move(counts);
     c->peak_live = peak_live_;
     c->transfers = transfers();
     captured_ = std::move(c);
@@ -528,7 +524,7 @@ bool Pipeline::graph_step(const std::vector<Batch>& micro_batches, LossKind loss
       replayed.wait(options_.devices[s].index);
     }
   }
-  for (auto& [counter, delta] : c.counters) *counter += delta;
+  c.counts.replay();
   // An eager step in between (another shape) may have left gradients of its own: the
   // optimizers read the graph's.
   const auto params = model_->parameters();

@@ -59,9 +59,7 @@ Tensor SingleDevice::graph_step(const Batch& b) {
     cuda::synchronize(device_.index);
     cuda::release_device_cache(device_.index);
     // Batch norm counts its batches on the host: what one capture adds, each replay adds.
-    std::vector<std::pair<int64_t*, int64_t>> before;
-    for (const auto& e : model_->state())
-      if (e.counter) before.emplace_back(e.counter, *e.counter);
+    CapturedCounts counts(*model_);
     try {
       c->graph = cuda::Graph::capture(device_.index, [&] {
         Tape tape;
@@ -70,17 +68,15 @@ Tensor SingleDevice::graph_step(const Batch& b) {
         tape.backward(c->loss);
       });
     } catch (const std::exception& e) {
-      for (auto& [counter, value] : before) *counter = value;
+      counts.undo();
       optimizer_->zero_grad();  // whatever the failed capture left
       cuda_graphs_ = false;
       std::fprintf(stderr, "warning: capturing the training step as a CUDA graph failed, training "
                            "goes on without graphs: %s\n", e.what());
       return Tensor();
     }
-    for (auto& [counter, value] : before) {
-      if (*counter != value) c->counters.emplace_back(counter, *counter - value);
-      *counter = value;  // nothing ran yet: the first launch below counts
-    }
+    counts.undo();  // nothing ran yet: the first launch below counts
+    c->counts = std::move(counts);
     for (const Tensor& p : model_->parameters()) {
       UNETCU_CHECK(p.grad().defined(), "the captured step left a parameter without a gradient");
       c->grads.push_back(p.grad());
@@ -92,7 +88,7 @@ Tensor SingleDevice::graph_step(const Batch& b) {
   c.x.copy_(b.images);
   c.target.copy_(b.masks);
   c.graph.launch();
-  for (auto& [counter, delta] : c.counters) *counter += delta;
+  c.counts.replay();
   // An eager step in between (another shape) may have left gradients of its own: the
   // optimizer reads the graph's.
   const auto params = model_->parameters();

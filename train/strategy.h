@@ -144,7 +144,7 @@ class SingleDevice : public TrainingStrategy {
     Shape images, masks;          // the shape it was captured at
     Tensor x, target, loss;       // its input and output tensors (fixed addresses)
     std::vector<Tensor> grads;    // each parameter's gradient, which every replay rewrites
-    std::vector<std::pair<int64_t*, int64_t>> counters;  // batch counts each replay adds
+    CapturedCounts counts;        // batch counts each replay adds
     cuda::Graph graph;
   };
   bool cuda_graphs_ = false;
