@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA suite without a GPU: builds the CUDA parts with the host compiler against the CUDA
 # emulator (-DUNETCU_CUDA=EMU, runtime/cuda/emu/README.md; their kernels run on the CPU) in
-# build-emu/, and runs the suite's cases through ctest, each in its own process. The cases that
-# need cuDNN's algorithm search report themselves skipped, with the reason (NCCL is the
-# emulator's own, for the ranks of one process).
+# build-emu/, and runs the suite's cases through ctest, each in its own process. cuDNN (its
+# legacy convolution API) and NCCL (for the ranks of one process) are the emulator's own.
 #
 #   tools/test_cuda_emu.sh [--asan]
 #

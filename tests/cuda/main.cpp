@@ -1,8 +1,8 @@
 // Main of the CUDA test suite. Without a visible GPU every test case exits with code 77,
 // which ctest reports as skipped (SKIP_RETURN_CODE), printing the reason; listing the cases
 // (ctest's test discovery) works everywhere. In the CUDA emulator build the suite runs on the
-// CPU, less the cases that need cuDNN's algorithm search. Where one GPU is visible, the cases
-// that need two are left out likewise (reported skipped, with the reason).
+// CPU, cuDNN and NCCL included (the emulator's). Where one GPU is visible, the cases that need
+// two are left out (reported skipped, with the reason).
 //
 // The suite runs with deterministic convolution algorithms (the CUDA-vs-CPU checks hold
 // float32 to 1e-5 and the data/model-parallel checks compare runs), and keeps its algorithm
@@ -31,15 +31,6 @@ struct LeftOut {
   const char* name;
   const char* reason;
 };
-
-#ifdef UNETCU_CUDA_EMU
-// What the CUDA emulator has not (runtime/cuda/emu/README.md): cuDNN's algorithm search.
-constexpr const char* kNoCudnn = "needs cuDNN's algorithm search (the CUDA emulator's convolutions are the CPU backend's)";
-const LeftOut kUnemulated[] = {
-    {"CUDA conv2d keeps its algorithm choices per dtype and format", kNoCudnn},
-    {"deterministic convolutions give the same bits twice, and their choices are kept on disk", kNoCudnn},
-};
-#endif
 
 // The cases that need two GPUs (tests/cuda/test_cuda_dp.cpp), where fewer are visible.
 constexpr const char* kOneGpu = "needs two GPUs; fewer are visible";
@@ -72,9 +63,6 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i)
     if (std::strncmp(argv[i], "--list", 6) == 0 || std::strncmp(argv[i], "-l", 2) == 0) listing = true;
   std::vector<LeftOut> left_out;
-#ifdef UNETCU_CUDA_EMU
-  left_out.assign(std::begin(kUnemulated), std::end(kUnemulated));
-#endif
   if (!listing) {
     if (!unetcu::cuda::built()) {
       std::printf("SKIPPED: this build has no CUDA backend\n");

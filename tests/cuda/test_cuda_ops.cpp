@@ -324,15 +324,20 @@ TEST_CASE("CUDA Adam and SGD steps equal the CPU steps") {
   }
 }
 
-TEST_CASE("one training step of the reduced-width UNet on CUDA equals the CPU step") {
-  Setup setup;
-  // A fixed input. At a random one, about one time in four (2 of 8 seeds measured) some ReLU's
-  // input lies within float32 rounding of zero, the float32 and float64 runs take different
-  // branches there, and every earlier layer's gradient moves by about 1/sqrt(elements) of its
-  // norm: 3e-3 to 2e-2 measured, against 2e-5 to 5e-5 otherwise. The CPU backend's own float32
-  // run moves alike (on the CUDA emulator it equals the CUDA run bit for bit): a property of
-  // comparing float32 with float64 through ~40 layers of ReLU, not of a kernel.
-  Rng rng(1);
+namespace {
+
+// How far one training step (BCE+Dice, Adam) of the reduced-width UNet on the GPU (float32)
+// lies from the same step on the CPU (float64), from the same parameters, on the input drawn
+// by Rng(seed).
+struct StepGap {
+  double loss = 0;        // relative
+  double grad = 0;        // the largest relative gradient error over the parameter tensors
+  int moved = 0;          // Adam updates that differ (below)
+  double statistics = 0;  // the largest relative error of the batch-norm running statistics
+};
+
+StepGap unet_step_gap(uint64_t seed) {
+  Rng rng(seed);
   UNetConfig cg;
   cg.width_divisor = 8;
   cg.seed = 5;
@@ -368,32 +373,56 @@ TEST_CASE("one training step of the reduced-width UNet on CUDA equals the CPU st
     opt.step();
     losses[k] = loss.item();
   }
-  // Float32 rounding compounds over ~40 conv/BN layers: 1e-4 for the whole network.
-  CHECK(std::fabs(losses[1] - losses[0]) <= 1e-4 * std::fabs(losses[0]));
+  StepGap gap;
+  gap.loss = std::fabs(losses[1] - losses[0]) / std::fabs(losses[0]);
   const auto pc = mc.parameters(), pg = mg.parameters();
   for (size_t i = 0; i < pc.size(); ++i) {
-    CAPTURE(i);
-    CHECK(rel(pg[i].grad(), pc[i].grad()) < 1e-4);
+    gap.grad = std::max(gap.grad, rel(pg[i].grad(), pc[i].grad()));
     // Adam's first step moves a weight by lr * g / (|g| + eps): where |g| is far above float32
     // noise both steps agree to a tiny fraction of lr; where g is noise-level (< 1e-3 of the
     // tensor's RMS gradient) the direction may legitimately differ, so those are left out.
     const std::vector<double> g = pc[i].grad().to_vector(), b = before[i].to_vector();
-    const std::vector<double> ac = pc[i].to_vector(), ag = pg[i].to_vector();
+    const std::vector<double> ac_ = pc[i].to_vector(), ag_ = pg[i].to_vector();
     double rms = 0;
     for (double v : g) rms += v * v;
     rms = std::sqrt(rms / double(g.size()));
-    int bad = 0;
     for (size_t k = 0; k < g.size(); ++k)
-      if (std::fabs(g[k]) > 1e-3 * rms && std::fabs((ag[k] - b[k]) - (ac[k] - b[k])) > 1e-2 * 1e-3)
-        ++bad;
-    CHECK(bad == 0);
+      if (std::fabs(g[k]) > 1e-3 * rms && std::fabs((ag_[k] - b[k]) - (ac_[k] - b[k])) > 1e-2 * 1e-3)
+        ++gap.moved;
   }
   // Running statistics after one training forward.
   for (size_t i = 0; i < sg.size(); ++i)
-    if (!sg[i].is_parameter && sg[i].tensor.defined()) {
-      CAPTURE(sg[i].name);
-      CHECK(rel(sg[i].tensor, sc[i].tensor) < 1e-4);
-    }
+    if (!sg[i].is_parameter && sg[i].tensor.defined())
+      gap.statistics = std::max(gap.statistics, rel(sg[i].tensor, sc[i].tensor));
+  return gap;
+}
+
+}  // namespace
+
+// Six fixed inputs. On about one input in three (seeds 1 to 12 measured: 4 on the emulated
+// cuDNN, 3 with the CPU backend's float32 convolutions, two summation orders) some ReLU's input
+// lies within float32 rounding of zero, the float32 and float64 runs take different branches
+// there, and every earlier layer's gradient moves by about 1/sqrt(elements) of its norm:
+// 1.5e-3 to 5.1e-2 measured, against 2e-5 to 7e-5 otherwise. Which inputs do depends on the
+// convolutions' summation order (cuDNN's algorithms, the GPU), so no input can be fixed that is
+// flip-free on every machine. Every input must agree within what a flip moves (1e-1; the loss
+// and the running statistics are not moved), and at least one, flip-free, within float32
+// rounding over ~40 layers (1e-4): a kernel's error moves every input alike. All six flipping
+// has a chance of about 0.3^6 (1e-3).
+TEST_CASE("one training step of the reduced-width UNet on CUDA equals the CPU step") {
+  Setup setup;
+  int tight = 0;
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    CAPTURE(seed);
+    const StepGap gap = unet_step_gap(seed);
+    MESSAGE("seed ", seed, ": loss ", gap.loss, ", gradients ", gap.grad, ", Adam updates apart ",
+            gap.moved, ", running statistics ", gap.statistics);
+    CHECK(gap.loss <= 1e-4);
+    CHECK(gap.statistics < 1e-4);
+    CHECK(gap.grad < 1e-1);
+    if (gap.grad < 1e-4 && gap.moved == 0) ++tight;
+  }
+  CHECK(tight >= 1);
 }
 
 TEST_CASE("the CUDA runtime: device name, allocator statistics, NCCL linked") {

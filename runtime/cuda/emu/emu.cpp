@@ -2,7 +2,6 @@
 // streams, events, graphs and the kernel launch, on the CPU. See README.md for what it checks
 // and what it cannot.
 #include <cuda_runtime.h>
-#include <cudnn.h>
 
 #include <algorithm>
 #include <condition_variable>
@@ -260,8 +259,6 @@ struct CUgraph_st : unetcu_emu::Graph {};
 struct CUgraphExec_st {
   std::vector<std::function<void()>> order;
 };
-struct cudnnContext {};
-
 namespace unetcu_emu {
 namespace {
 
@@ -732,21 +729,6 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
 cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
   delete graph;
   return cudaSuccess;
-}
-
-cudnnStatus_t cudnnCreate(cudnnHandle_t* handle) {
-  *handle = new cudnnContext();
-  return CUDNN_STATUS_SUCCESS;
-}
-cudnnStatus_t cudnnDestroy(cudnnHandle_t handle) {
-  delete handle;
-  return CUDNN_STATUS_SUCCESS;
-}
-cudnnStatus_t cudnnSetStream(cudnnHandle_t handle, cudaStream_t) {
-  return handle ? CUDNN_STATUS_SUCCESS : CUDNN_STATUS_BAD_PARAM;
-}
-const char* cudnnGetErrorString(cudnnStatus_t status) {
-  return status == CUDNN_STATUS_SUCCESS ? "CUDNN_STATUS_SUCCESS" : "CUDNN_STATUS_BAD_PARAM";
 }
 
 // ---- kernels: blocks one after another; a block's threads in a loop or as fibers ------------

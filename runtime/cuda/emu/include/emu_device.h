@@ -37,11 +37,11 @@ void submit(const char* name, const Config& c, bool barriers, const void* const*
             int npointers, std::function<void()> body);
 
 // Queues host work on a stream (or records it into the graph the stream is capturing): the
-// emulator build's convolutions (kernels/cuda/emu_conv.cpp). Fails, as the call it stands for
-// (cuDNN's) would, on a stream of another device or inside a capture that refuses it.
+// emulated cuDNN's convolutions (cudnn.cpp). Fails, as a kernel launch would, on a stream of
+// another device or inside a capture that refuses it.
 cudaError_t enqueue(cudaStream_t stream, std::function<void()> work);
 
-// For the emulated NCCL (nccl.cpp): where `bytes` at p lie, a device (>= 0), pinned host memory
+// For the emulated cuDNN and NCCL (cudnn.cpp, nccl.cpp): where `bytes` at p lie, a device (>= 0), pinned host memory
 // (-1) or other host memory (-2), the run stopped, naming `what`, when they run past the end
 // of their allocation; and the device a stream belongs to (nullptr: the current device's).
 int memory_device(const void* p, size_t bytes, const char* what);
