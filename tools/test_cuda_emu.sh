@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # The CUDA suite without a GPU: builds the CUDA parts with the host compiler against the CUDA
 # emulator (-DUNETCU_CUDA=EMU, runtime/cuda/emu/README.md; their kernels run on the CPU) in
-# build-emu/, and runs the suite's cases through ctest, each in its own process. cuDNN (its
-# legacy convolution API) and NCCL (for the ranks of one process) are the emulator's own.
+# build-emu/, and runs the suite's cases through ctest, each in its own process, then
+# tools/gpu_check.sh's commands (unet_train, unet_predict, unet_bench) on the emulated GPUs at
+# tiny sizes (tests/cuda_train_test.sh). cuDNN (its legacy convolution API) and NCCL (for the
+# ranks of one process) are the emulator's own.
 #
 #   tools/test_cuda_emu.sh [--asan]
 #
 # --asan: the same under AddressSanitizer, in build-emu-asan/: every device allocation's bytes
 # past its tensor (inside the caching allocator's rounding, and past each emulated cudaMalloc)
 # are unaddressable, so a kernel that reads or writes past its tensor's end is reported, as is
-# any out-of-bounds access, use after free or leak in the runtime. About 3.5 min of build and
-# 11 min of tests on 2 cores; not part of CI (tools/test.sh), whose time it would strain: run it
+# any out-of-bounds access, use after free or leak in the runtime. About 5 min of build and
+# 25 min of tests on 2 cores; not part of CI (tools/test.sh), whose time it would strain: run it
 # when kernels or the runtime change.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,5 +33,6 @@ else
 fi
 tools/setup.sh
 cmake -S . -B "$build" -DUNETCU_CUDA=EMU "${flags[@]}" >/dev/null
-cmake --build "$build" -j"$(nproc)" --target unetcu_cuda_tests
+cmake --build "$build" -j"$(nproc)" --target unetcu_cuda_tests unet_train unet_predict unet_bench \
+  unet_synthetic_dataset
 ctest --test-dir "$build" -R '^cuda-emu:' --output-on-failure

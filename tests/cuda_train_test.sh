@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The commands tools/gpu_check.sh runs on a GPU at 512² — unet_train single (fp32, bf16 NHWC,
+# bf16 NHWC with CUDA graphs), under --profile with UNETCU_CUDA_SYNC=1, as one launched data-
+# parallel process, the pipeline as two stages on one GPU, unet_bench on cuda:0 — here at tiny
+# sizes, plus data parallelism over two GPUs, a resumed run and unet_predict on the GPU. In the
+# CUDA emulator build (ctest "cuda-emu: ..."), so the host side of every GPU run (flags, the
+# trainer's GPU paths, checkpoints from device memory, the epoch line gpu_check.sh reads its
+# figures from) has run before a GPU is lent.
+#
+#   tests/cuda_train_test.sh unet_train unet_predict unet_bench unet_synthetic_dataset
+set -u
+train=$1 predict=$2 bench=$3 make_data=$4
+d=$(mktemp -d)
+trap 'rm -rf "$d"' EXIT
+export UNETCU_CACHE_DIR="$d/cache"  # the algorithm choices: this test's own
+fail=0
+model=(--image-size 64 --width-divisor 8 --train-size 8 --val-size 2 --no-progress)
+tiny=("${model[@]}" --batch-size 2 --epochs 3)
+
+# run NAME COMMAND...: exit status 0, no warning (a refused capture says one and goes on eagerly).
+run() {
+  local name=$1 start=$SECONDS
+  shift
+  "$@" > "$d/$name.log" 2>&1
+  local rc=$?
+  echo "$name: exit $rc, $((SECONDS - start)) s"
+  if [ "$rc" != 0 ]; then
+    echo "FAIL: $name exited non-zero: $*"
+    tail -15 "$d/$name.log" | sed 's/^/  /'
+    fail=1
+    return 1
+  fi
+  if grep -qi "warning" "$d/$name.log"; then
+    echo "FAIL: $name warned:"
+    grep -i "warning" "$d/$name.log" | sed 's/^/  /'
+    fail=1
+  fi
+}
+# expect NAME PATTERN WHAT: the log of NAME has a line matching PATTERN.
+expect() {
+  grep -qE "$2" "$d/$1.log" || { echo "FAIL: $1: $3"; sed 's/^/  /' "$d/$1.log" | tail -15; fail=1; }
+}
+# The figures gpu_check.sh takes from each epoch line (its train_result): images/s after
+# val_dice, and the GPU's peak memory.
+epochs() {
+  local n
+  n=$(grep -cE '^epoch [0-9]+/3 .* val_dice [0-9.]+ +[0-9.]+ img/s .*peak_mem [0-9]+ MiB' "$d/$1.log")
+  [ "$n" = 3 ] || { echo "FAIL: $1: $n of 3 epoch lines give gpu_check.sh's img/s and peak_mem"; sed 's/^/  /' "$d/$1.log" | tail -15; fail=1; }
+}
+losses() { sed -nE 's/^epoch ([0-9]+)\/[0-9]+ .* loss ([0-9.]+) .*/\1 \2/p' "$d/$1.log"; }
+
+# One GPU, float32 (TF32 allowed, any algorithm: the search's fastest), with a checkpoint.
+run single "$train" "${tiny[@]}" --device cuda:0 --checkpoint "$d/m.safetensors" --log "$d/m.csv" &&
+  { epochs single; expect single '^strategy: one device, cuda:0$' "strategy line"; }
+[ -s "$d/m.safetensors" ] && [ -s "$d/m.safetensors.train" ] || { echo "FAIL: no checkpoint written"; fail=1; }
+[ "$(grep -c . "$d/m.csv" 2>/dev/null)" = 4 ] || { echo "FAIL: the metrics log has not a header and 3 rows"; fail=1; }
+# Resumed for a fourth epoch.
+run resume "$train" "${model[@]}" --batch-size 2 --epochs 4 --device cuda:0 --resume "$d/m.safetensors" &&
+  expect resume '^epoch 4/4 ' "the resumed run has no epoch 4"
+# Mixed precision, channels-last; then the same replayed as a CUDA graph: the same losses
+# (--deterministic: graphs change no bit of the step).
+run bf16 "$train" "${tiny[@]}" --device cuda:0 --precision bf16 --memory-format nhwc --deterministic && epochs bf16
+run bf16g "$train" "${tiny[@]}" --device cuda:0 --precision bf16 --memory-format nhwc --deterministic --cuda-graphs &&
+  { epochs bf16g; expect bf16g '^strategy: one device, cuda:0, CUDA graphs$' "strategy line"; }
+[ -n "$(losses bf16)" ] && [ "$(losses bf16)" = "$(losses bf16g)" ] ||
+  { echo "FAIL: bf16 losses with CUDA graphs differ from eager:"; paste <(losses bf16) <(losses bf16g) | sed 's/^/  /'; fail=1; }
+# gpu_check.sh's profile step: the per-op table.
+UNETCU_CUDA_SYNC=1 run profile "$train" "${model[@]}" --batch-size 2 --epochs 1 --device cuda:0 --precision bf16 --memory-format nhwc \
+  --profile "$d/trace.json" && expect profile '^\| op \| calls' "no per-op table"
+[ -s "$d/trace.json" ] || { echo "FAIL: no profile trace"; fail=1; }
+# One process of a launched job (torchrun's variables, world 1): an NCCL rank through NCCL_COMM_ID.
+RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29561 \
+  NCCL_COMM_ID=127.0.0.1:29562 run launched "$train" "${tiny[@]}" --mode dp --dist env && epochs launched
+# Data parallelism over two GPUs, NCCL inside the graph.
+run dp "$train" "${tiny[@]}" --mode dp --devices cuda:0,cuda:1 --cuda-graphs && epochs dp
+# The article's pipeline on one GPU (two stages, two streams), micro-batches of 1, as a graph.
+run mp "$train" "${model[@]}" --batch-size 4 --epochs 3 --mode mp --devices cuda:0,cuda:0 --split-size 1 --cuda-graphs && epochs mp
+# Prediction on the GPU from the float32 run's checkpoint.
+"$make_data" "$d/data" --count 2 --image-size 64 > /dev/null || { echo "FAIL: dataset"; fail=1; }
+run predict "$predict" "$d/data/images" --checkpoint "$d/m.safetensors" --width-divisor 8 --image-size 64 \
+  --masks "$d/data/masks" --device cuda:0 --out "$d/pred" &&
+  expect predict '^all 2 images: IoU [0-9.]+  Dice [0-9.]+$' "no IoU/Dice summary"
+# unet_bench on cuda:0 (one device: DP of one replica, MP as two stages on it).
+# (Table 1 runs every cut: a narrower model and one step per cell.)
+run bench "$bench" --devices cuda:0 --image-size 64 --width-divisor 16 --batch-size 2 --mp-batch 2 \
+  --split-sizes 1 --epochs 1 --warmup 0 --mp-steps 1 --epoch-images 2 --out "$d/bench" &&
+  expect bench '^\| (single|DP ring|MP best)' "no Table 2 rows"
+exit "$fail"
