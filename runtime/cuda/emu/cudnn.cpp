@@ -268,8 +268,9 @@ bool tensor_cores(const Algo& a, const Geo& g, cudnnMathType_t math) {
   return a.tensor_cores && math != CUDNN_FMA_MATH && g.type != CUDNN_DATA_DOUBLE;
 }
 
-// The workspace an algorithm needs (a model of cuDNN's: none for the implicit GEMMs and the
-// fused Winograd, an im2col or a transform buffer for the others).
+// The workspace an algorithm needs (a model of cuDNN's, whatever the math type): none for
+// forward 0, backward 0 and the fused Winograd, a small table for forward 1 and backward-data
+// 1, an im2col, partial-sum or transform buffer for the others.
 size_t workspace_need(Dir d, const Algo& a, const Geo& g) {
   const size_t e = g.type == CUDNN_DATA_DOUBLE ? 8 : 4;
   const size_t crs = size_t(g.C * g.R * g.S), pix = size_t(g.OH * g.OW);
