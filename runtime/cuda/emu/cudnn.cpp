@@ -638,54 +638,48 @@ bool known_type(cudnnDataType_t t) {
          t == CUDNN_DATA_BFLOAT16;
 }
 bool known_format(cudnnTensorFormat_t f) { return f == CUDNN_TENSOR_NCHW || f == CUDNN_TENSOR_NHWC; }
-// cuDNN's 4-d descriptors hold 32-bit strides.
-bool fits_int(int n, int c, int h, int w) {
-  return int64_t(n) * c * h * w <= std::numeric_limits<int>::max();
+// A 4-d descriptor's fields as cuDNN checks them; its strides are 32-bit.
+cudnnStatus_t check_4d(cudnnTensorFormat_t format, cudnnDataType_t type, int n, int c, int h, int w) {
+  if (!known_format(format) || !known_type(type) || n <= 0 || c <= 0 || h <= 0 || w <= 0)
+    return CUDNN_STATUS_BAD_PARAM;
+  if (int64_t(n) * c * h * w > std::numeric_limits<int>::max()) return CUDNN_STATUS_NOT_SUPPORTED;
+  return CUDNN_STATUS_SUCCESS;
+}
+template <class T>
+cudnnStatus_t create(T** desc) {
+  if (!desc) return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
+  *desc = new T();
+  return CUDNN_STATUS_SUCCESS;
+}
+template <class T>
+cudnnStatus_t destroy(T* desc) {
+  delete desc;
+  return CUDNN_STATUS_SUCCESS;
 }
 }  // namespace
 
-cudnnStatus_t cudnnCreateTensorDescriptor(cudnnTensorDescriptor_t* desc) {
-  if (!desc) return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
-  *desc = new cudnnTensorStruct();
-  return CUDNN_STATUS_SUCCESS;
-}
+cudnnStatus_t cudnnCreateTensorDescriptor(cudnnTensorDescriptor_t* desc) { return create(desc); }
 cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t desc, cudnnTensorFormat_t format,
                                          cudnnDataType_t type, int n, int c, int h, int w) {
   if (!desc) return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
-  if (!known_format(format) || !known_type(type) || n <= 0 || c <= 0 || h <= 0 || w <= 0)
-    return CUDNN_STATUS_BAD_PARAM;
-  if (!fits_int(n, c, h, w)) return CUDNN_STATUS_NOT_SUPPORTED;
+  if (const cudnnStatus_t st = check_4d(format, type, n, c, h, w)) return st;
   *desc = cudnnTensorStruct{true, format, type, n, c, h, w};
   return CUDNN_STATUS_SUCCESS;
 }
-cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t desc) {
-  delete desc;
-  return CUDNN_STATUS_SUCCESS;
-}
+cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t desc) { return destroy(desc); }
 
-cudnnStatus_t cudnnCreateFilterDescriptor(cudnnFilterDescriptor_t* desc) {
-  if (!desc) return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
-  *desc = new cudnnFilterStruct();
-  return CUDNN_STATUS_SUCCESS;
-}
+cudnnStatus_t cudnnCreateFilterDescriptor(cudnnFilterDescriptor_t* desc) { return create(desc); }
 cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t desc, cudnnDataType_t type,
                                          cudnnTensorFormat_t format, int k, int c, int h, int w) {
   if (!desc) return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
-  if (!known_format(format) || !known_type(type) || k <= 0 || c <= 0 || h <= 0 || w <= 0)
-    return CUDNN_STATUS_BAD_PARAM;
-  if (!fits_int(k, c, h, w)) return CUDNN_STATUS_NOT_SUPPORTED;
+  if (const cudnnStatus_t st = check_4d(format, type, k, c, h, w)) return st;
   *desc = cudnnFilterStruct{true, type, format, k, c, h, w};
   return CUDNN_STATUS_SUCCESS;
 }
-cudnnStatus_t cudnnDestroyFilterDescriptor(cudnnFilterDescriptor_t desc) {
-  delete desc;
-  return CUDNN_STATUS_SUCCESS;
-}
+cudnnStatus_t cudnnDestroyFilterDescriptor(cudnnFilterDescriptor_t desc) { return destroy(desc); }
 
 cudnnStatus_t cudnnCreateConvolutionDescriptor(cudnnConvolutionDescriptor_t* desc) {
-  if (!desc) return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
-  *desc = new cudnnConvolutionStruct();
-  return CUDNN_STATUS_SUCCESS;
+  return create(desc);
 }
 cudnnStatus_t cudnnSetConvolution2dDescriptor(cudnnConvolutionDescriptor_t desc, int pad_h,
                                               int pad_w, int u, int v, int dilation_h,
@@ -707,8 +701,7 @@ cudnnStatus_t cudnnSetConvolutionMathType(cudnnConvolutionDescriptor_t desc, cud
   return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnDestroyConvolutionDescriptor(cudnnConvolutionDescriptor_t desc) {
-  delete desc;
-  return CUDNN_STATUS_SUCCESS;
+  return destroy(desc);
 }
 
 // ---- tensors: add, bias gradient -----------------------------------------------------------
