@@ -41,9 +41,10 @@ void submit(const char* name, const Config& c, bool barriers, const void* const*
 // another device or inside a capture that refuses it.
 cudaError_t enqueue(cudaStream_t stream, std::function<void()> work);
 
-// For the emulated cuDNN and NCCL (cudnn.cpp, nccl.cpp): where `bytes` at p lie, a device (>= 0), pinned host memory
-// (-1) or other host memory (-2), the run stopped, naming `what`, when they run past the end
-// of their allocation; and the device a stream belongs to (nullptr: the current device's).
+// For the emulated cuDNN and NCCL (cudnn.cpp, nccl.cpp): where `bytes` at p lie, a device
+// (>= 0), pinned host memory (-1) or other host memory (-2), the run stopped, naming `what`,
+// when they run past the end of their allocation; and the device a stream belongs to
+// (nullptr: the current device's).
 int memory_device(const void* p, size_t bytes, const char* what);
 int stream_device(cudaStream_t stream);
 // Stops the run with the emulator's message (a misuse a GPU would hang or corrupt on).
