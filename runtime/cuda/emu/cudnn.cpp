@@ -461,6 +461,14 @@ Roles roles(Dir d, const cudnnTensorStruct* x, const cudnnFilterStruct* w,
   }
 }
 
+// The direction's three tensors: each the handle's device memory, as long as its layout.
+void roles_data(Dir d, cudnnHandle_t h, const Roles& r, const void* in1, const void* in2,
+                const void* out, const char* call) {
+  device_data(h, in1, r.in1.bytes(), call, d == kBwdData ? "w" : "x");
+  device_data(h, in2, r.in2.bytes(), call, d == kFwd ? "w" : "dy");
+  device_data(h, out, r.out.bytes(), call, d == kFwd ? "y" : d == kBwdData ? "dx" : "dw");
+}
+
 template <class A>
 void compute(Dir d, const Geo& g, const Roles& r, const void* in1, const void* in2, void* out,
              bool tc, bool atomics, A alpha, A beta) {
@@ -491,9 +499,7 @@ cudnnStatus_t run(Dir d, const char* call, cudnnHandle_t h, const void* alpha,
   const size_t need = workspace_need(d, *a, g);
   if (const cudnnStatus_t st = workspace_ok(h, ws, ws_bytes, need, call)) return st;
   const Roles r = roles(d, x, w, y);
-  device_data(h, in1, r.in1.bytes(), call, d == kBwdData ? "w" : "x");
-  device_data(h, in2, r.in2.bytes(), call, d == kFwd ? "w" : "dy");
-  device_data(h, out, r.out.bytes(), call, d == kFwd ? "y" : d == kBwdData ? "dx" : "dw");
+  roles_data(d, h, r, in1, in2, out, call);
   const bool tc = tensor_cores(*a, g, conv->math), atomics = a->atomics;
   return queue(h, [=] {
     if (need) std::memset(ws, 0xA5, need);
@@ -529,9 +535,7 @@ cudnnStatus_t search(Dir d, const char* call, cudnnHandle_t h, const cudnnTensor
   if (!in1 || !in2 || !out) return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
   if (ws_bytes && !ws) return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
   const Roles r = roles(d, x, w, y);
-  device_data(h, in1, r.in1.bytes(), call, d == kBwdData ? "w" : "x");
-  device_data(h, in2, r.in2.bytes(), call, d == kFwd ? "w" : "dy");
-  device_data(h, out, r.out.bytes(), call, d == kFwd ? "y" : d == kBwdData ? "dx" : "dw");
+  roles_data(d, h, r, in1, in2, out, call);
   if (ws_bytes) device_data(h, ws, ws_bytes, call, "workspace");
   // The search times its runs with a synchronisation of the stream: not inside a capture.
   if (cudaStreamSynchronize(h->stream) != cudaSuccess) return CUDNN_STATUS_EXECUTION_FAILED_CUDART;
