@@ -17,8 +17,14 @@
 //     pixels; grid (pixel chunks, channel groups). The rows' sums are added in shared memory
 //     in a fixed tree.
 // Elementwise passes: NCHW over (plane, part) blocks, NHWC over the same (channels, pixel rows)
-// blocks; each thread keeps one channel's constants in registers. No index division per
+// blocks; each thread keeps its channels' constants in registers. No index division per
 // element (one per block).
+// Packs: where the packed dimension (C in NHWC, a plane in NCHW) holds whole 16-byte packs
+// and every pointer is aligned (packed()), each thread access moves one pack (V = 8 bf16 or 4
+// floats: in NHWC V consecutive channels, each with its own constants and sums; in NCHW V
+// values of one plane), else one value (V = 1). The per-element arithmetic is the same; a
+// reduction's partial sums group by pack (V sums a thread, added in order before the block's
+// tree in NCHW), so the two paths may differ in the last bits, each the same run to run.
 //
 // Gradient rule: each gradient is written (beta 0) or accumulated (beta 1) by its own beta,
 // in the compute type, rounded once to the storage type.
@@ -78,49 +84,71 @@ NhwcBlock nhwc_block(int64_t C) {
 // Shifted sums (x - shift, (x - shift)²) with the channel's first element as the shift, or
 // plain sums (shift 0) for the synchronized statistics.
 template <class S> struct StatsTerm {
+  using Consts = double;
   const S* x;
   bool shifted;
+  bool packs(size_t bytes) const { return aligned_to(bytes, x); }
   __device__ double channel(int64_t, int64_t first) const {
     return shifted ? double(acc_t<S>(x[first])) : 0.0;
   }
-  __device__ void add(double shift, int64_t i, double& a, double& b) const {
-    bn_stats_accumulate(acc_t<S>(x[i]), shift, a, b);
+  template <int V>
+  __device__ void add(const double (&shift)[V], int64_t i, double (&a)[V], double (&b)[V]) const {
+    acc_t<S> v[V];
+    load_pack<V>(x + i, v);
+    for (int j = 0; j < V; ++j) bn_stats_accumulate(v[j], shift[j], a[j], b[j]);
   }
 };
 
 // (g, g * xhat): g = dy, or g = relu_backward(dy, y) with kMask (the fused op).
 template <class S, bool kMask> struct GradTerm {
   using T = acc_t<S>;
-  const S *dy, *y, *x;
-  const T *mean, *invstd;
   struct Consts {
     T mean, invstd;
   };
+  const S *dy, *y, *x;
+  const T *mean, *invstd;
+  bool packs(size_t bytes) const { return aligned_to(bytes, dy, y, x); }
   __device__ Consts channel(int64_t c, int64_t) const { return {mean[c], invstd[c]}; }
-  __device__ void add(const Consts& k, int64_t i, double& a, double& b) const {
-    T g, xhat;
-    if constexpr (kMask) {
-      bn_relu_grad_terms(T(dy[i]), T(y[i]), T(x[i]), k.mean, k.invstd, g, xhat);
-    } else {
-      g = T(dy[i]);
-      xhat = (T(x[i]) - k.mean) * k.invstd;
+  template <int V>
+  __device__ void add(const Consts (&k)[V], int64_t i, double (&a)[V], double (&b)[V]) const {
+    T dyv[V], xv[V], yv[V] = {};
+    load_pack<V>(dy + i, dyv);
+    load_pack<V>(x + i, xv);
+    if constexpr (kMask) load_pack<V>(y + i, yv);
+    for (int j = 0; j < V; ++j) {
+      T g, xhat;
+      if constexpr (kMask) {
+        bn_relu_grad_terms(dyv[j], yv[j], xv[j], k[j].mean, k[j].invstd, g, xhat);
+      } else {
+        g = dyv[j];
+        xhat = (xv[j] - k[j].mean) * k[j].invstd;
+      }
+      a[j] += double(g);
+      b[j] += double(g) * double(xhat);
     }
-    a += double(g);
-    b += double(g) * double(xhat);
   }
 };
 
-// NCHW: block (n, part) of channel blockIdx.y sums values [lo, hi) of plane (n, c).
-template <class Term>
+// NCHW: block (n, part) of channel blockIdx.y sums values [lo, hi) of plane (n, c), V values
+// (a pack) at a time: HW and chunk multiples of V.
+template <int V, class Term>
 __global__ void nchw_partials_kernel(Term term, int64_t C, int64_t HW, int parts, int64_t chunk,
                                      double* partials) {
   const int64_t c = blockIdx.y;
   const int n = int(blockIdx.x) / parts, part = int(blockIdx.x) - n * parts;
   const int64_t base = (int64_t(n) * C + c) * HW;
-  const auto k = term.channel(c, c * HW);
+  typename Term::Consts k[V];
+  k[0] = term.channel(c, c * HW);
+  for (int j = 1; j < V; ++j) k[j] = k[0];
   const int64_t lo = part * chunk, hi = min(HW, lo + chunk);
+  double av[V] = {}, bv[V] = {};
+  for (int64_t q = lo + int64_t(threadIdx.x) * V; q < hi; q += int64_t(blockDim.x) * V)
+    term.template add<V>(k, base + q, av, bv);
   double a = 0, b = 0;
-  for (int64_t q = lo + threadIdx.x; q < hi; q += blockDim.x) term.add(k, base + q, a, b);
+  for (int j = 0; j < V; ++j) {
+    a += av[j];
+    b += bv[j];
+  }
   a = block_sum(a);
   b = block_sum(b);
   if (threadIdx.x == 0) {
@@ -130,38 +158,48 @@ __global__ void nchw_partials_kernel(Term term, int64_t C, int64_t HW, int parts
   }
 }
 
-// NHWC: block (chunk, group): channel c = group * blockDim.x + threadIdx.x, pixels
-// [chunk * chunk_pixels, +chunk_pixels) strided by blockDim.y rows; the rows' sums added in
-// shared memory (blockDim.y a power of two) in a fixed tree.
-template <class Term>
+// NHWC: block (chunk, group): channels c0 = (group * blockDim.x + threadIdx.x) * V and the
+// V - 1 after it (a pack; C a multiple of V), pixels [chunk * chunk_pixels, +chunk_pixels)
+// strided by blockDim.y rows; the rows' sums added in shared memory (blockDim.y a power of
+// two) in a fixed tree.
+template <int V, class Term>
 __global__ void nhwc_partials_kernel(Term term, int64_t C, int64_t P, int64_t chunk_pixels,
                                      double* partials) {
-  __shared__ double sa[kThreads], sb[kThreads];
+  __shared__ double sa[kThreads * V], sb[kThreads * V];
   const int cx = threadIdx.x, ry = threadIdx.y, cb = blockDim.x;
-  const int64_t c = int64_t(blockIdx.y) * cb + cx;
-  double a = 0, b = 0;
-  if (c < C) {
-    const auto k = term.channel(c, c);
+  const int64_t c0 = (int64_t(blockIdx.y) * cb + cx) * V;
+  double a[V] = {}, b[V] = {};
+  if (c0 < C) {
+    typename Term::Consts k[V];
+    for (int j = 0; j < V; ++j) k[j] = term.channel(c0 + j, c0 + j);
     const int64_t p0 = int64_t(blockIdx.x) * chunk_pixels + ry;
     const int64_t p1 = min(P, int64_t(blockIdx.x + 1) * chunk_pixels);
     const int64_t step = int64_t(blockDim.y) * C;
-    int64_t i = p0 * C + c;
-    for (int64_t p = p0; p < p1; p += blockDim.y, i += step) term.add(k, i, a, b);
+    int64_t i = p0 * C + c0;
+    for (int64_t p = p0; p < p1; p += blockDim.y, i += step) term.template add<V>(k, i, a, b);
   }
-  sa[ry * cb + cx] = a;
-  sb[ry * cb + cx] = b;
+  const int slot = (ry * cb + cx) * V;
+  for (int j = 0; j < V; ++j) {
+    sa[slot + j] = a[j];
+    sb[slot + j] = b[j];
+  }
   __syncthreads();
   for (int s = int(blockDim.y) / 2; s > 0; s /= 2) {
     if (ry < s) {
-      sa[ry * cb + cx] += sa[(ry + s) * cb + cx];
-      sb[ry * cb + cx] += sb[(ry + s) * cb + cx];
+      const int other = slot + s * cb * V;
+      for (int j = 0; j < V; ++j) {
+        sa[slot + j] += sa[other + j];
+        sb[slot + j] += sb[other + j];
+      }
     }
     __syncthreads();
   }
-  if (ry == 0 && c < C) {
+  if (ry == 0 && c0 < C) {
     const int64_t nk = gridDim.x;
-    partials[c * nk + blockIdx.x] = sa[cx];
-    partials[(C + c) * nk + blockIdx.x] = sb[cx];
+    for (int j = 0; j < V; ++j) {
+      partials[(c0 + j) * nk + blockIdx.x] = sa[slot + j];
+      partials[(C + c0 + j) * nk + blockIdx.x] = sb[slot + j];
+    }
   }
 }
 
@@ -212,24 +250,31 @@ struct SumsFinish {
   }
 };
 
-// The partials of term over the geometry, then finish per channel; the partials in scratch
-// from the caching allocator on the stream.
-template <class Term, class Finish>
-void reduce(const Geo& d, const Term& term, const Finish& finish, int device, cudaStream_t stream,
-            const char* what) {
+// Whether a pass over the geometry can move packs of V values: the packed dimension (C in
+// NHWC, a plane in NCHW) a multiple of V, and every pointer of the term or op aligned to a pack.
+template <int V, class S, class TermOrOp> bool packed(const Geo& d, const TermOrOp& t) {
+  return V > 1 && (d.nhwc ? d.C : d.HW) % V == 0 && t.packs(sizeof(S) * V);
+}
+
+// The partials of term over the geometry, V values (a pack) a thread access, then finish per
+// channel; the partials in scratch from the caching allocator on the stream.
+template <int V, class Term, class Finish>
+void reduce_packed(const Geo& d, const Term& term, const Finish& finish, int device,
+                   cudaStream_t stream, const char* what) {
   if (d.C == 0) return;
   const int64_t P = d.pixels();
   int64_t k = 0, parts = 0, chunk = 0;  // k: partials per channel
   NhwcBlock nb{};
   if (P > 0) {
     if (d.nhwc) {
-      nb = nhwc_block(d.C);
+      nb = nhwc_block(d.C / V);
       chunk = int64_t(nb.rows) * kPixelsPerThread;  // pixels
       k = (P + chunk - 1) / chunk;
     } else {
       UNETCU_CHECK(d.C <= 65535, "batch norm: more than 65535 channels");
       parts = (d.HW + kReducePerBlock - 1) / kReducePerBlock;
-      chunk = (d.HW + parts - 1) / parts;  // values of a plane
+      chunk = (d.HW + parts - 1) / parts;  // values of a plane, a multiple of V
+      chunk = (chunk + V - 1) / V * V;
       k = d.N * parts;
     }
     UNETCU_CHECK(k < (int64_t(1) << 31), "batch norm: input too large for one launch");
@@ -239,10 +284,11 @@ void reduce(const Geo& d, const Term& term, const Finish& finish, int device, cu
   double* pp = static_cast<double*>(partials.get());
   if (k > 0) {
     if (d.nhwc)
-      nhwc_partials_kernel<<<dim3(unsigned(k), nb.groups), dim3(unsigned(nb.cb), unsigned(nb.rows)),
-                             0, stream>>>(term, d.C, P, chunk, pp);
+      nhwc_partials_kernel<V><<<dim3(unsigned(k), nb.groups),
+                                dim3(unsigned(nb.cb), unsigned(nb.rows)), 0, stream>>>(
+          term, d.C, P, chunk, pp);
     else
-      nchw_partials_kernel<<<dim3(unsigned(k), unsigned(d.C)), kThreads, 0, stream>>>(
+      nchw_partials_kernel<V><<<dim3(unsigned(k), unsigned(d.C)), kThreads, 0, stream>>>(
           term, d.C, d.HW, int(parts), chunk, pp);
     CUDA_CHECK_LAUNCH(stream, what);
   }
@@ -250,51 +296,79 @@ void reduce(const Geo& d, const Term& term, const Finish& finish, int device, cu
   CUDA_CHECK_LAUNCH(stream, what);
 }
 
+// reduce_packed in packs of 16 bytes where the geometry and pointers allow, else one value at
+// a time. S: the storage type the term reads.
+template <class S, class Term, class Finish>
+void reduce(const Geo& d, const Term& term, const Finish& finish, int device, cudaStream_t stream,
+            const char* what) {
+  if (packed<kPack<S>, S>(d, term))
+    reduce_packed<kPack<S>>(d, term, finish, device, stream, what);
+  else
+    reduce_packed<1>(d, term, finish, device, stream, what);
+}
+
 // ---- elementwise passes ------------------------------------------------------------------
 //
 // An Op gives, per channel, its constants (channel(c)) and handles one element (op(k, i)).
 
-// NCHW: block (plane nc, part): the plane's channel once per block.
-template <class Op>
+// NCHW: block (plane nc, part): the plane's channel once per block; V values (a pack) a
+// thread access (HW a multiple of V).
+template <int V, class Op>
 __global__ void nchw_elementwise_kernel(Op op, int64_t C, int64_t HW) {
   const int64_t nc = blockIdx.x, base = nc * HW;
-  const auto k = op.channel(nc % C);
-  for (int64_t q = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; q < HW;
-       q += int64_t(gridDim.y) * blockDim.x)
-    op(k, base + q);
+  typename Op::Consts k[V];
+  k[0] = op.channel(nc % C);
+  for (int j = 1; j < V; ++j) k[j] = k[0];
+  for (int64_t q = (int64_t(blockIdx.y) * blockDim.x + threadIdx.x) * V; q < HW;
+       q += int64_t(gridDim.y) * blockDim.x * V)
+    op.template apply<V>(k, base + q);
 }
 
-// NHWC: block (pixel block, channel group): thread (cx, ry) keeps channel
-// group * blockDim.x + cx and strides over pixels.
-template <class Op>
+// NHWC: block (pixel block, channel group): thread (cx, ry) keeps channels
+// c0 = (group * blockDim.x + cx) * V and the V - 1 after it (a pack; C a multiple of V) and
+// strides over pixels.
+template <int V, class Op>
 __global__ void nhwc_elementwise_kernel(Op op, int64_t C, int64_t P) {
-  const int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  const auto k = op.channel(c);
+  const int64_t c0 = (int64_t(blockIdx.y) * blockDim.x + threadIdx.x) * V;
+  if (c0 >= C) return;
+  typename Op::Consts k[V];
+  for (int j = 0; j < V; ++j) k[j] = op.channel(c0 + j);
   const int64_t p0 = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   const int64_t stride = int64_t(gridDim.x) * blockDim.y;
-  for (int64_t p = p0, i = p0 * C + c; p < P; p += stride, i += stride * C) op(k, i);
+  for (int64_t p = p0, i = p0 * C + c0; p < P; p += stride, i += stride * C)
+    op.template apply<V>(k, i);
 }
 
-template <class Op>
-void elementwise(const Geo& d, const Op& op, cudaStream_t stream, const char* what) {
-  const int64_t P = d.pixels();
-  if (P == 0 || d.C == 0) return;
+template <int V, class Op>
+void elementwise_packed(const Geo& d, const Op& op, cudaStream_t stream, const char* what) {
   if (d.nhwc) {
-    const NhwcBlock nb = nhwc_block(d.C);
+    const NhwcBlock nb = nhwc_block(d.C / V);
     // Each thread takes a few pixels; at most 65535 pixel blocks (the grid strides).
     const int64_t per_block = int64_t(nb.rows) * 4;
-    const int64_t blocks = std::clamp<int64_t>((P + per_block - 1) / per_block, 1, 65535);
-    nhwc_elementwise_kernel<<<dim3(unsigned(blocks), nb.groups),
-                              dim3(unsigned(nb.cb), unsigned(nb.rows)), 0, stream>>>(op, d.C, P);
+    const int64_t blocks = std::clamp<int64_t>((d.pixels() + per_block - 1) / per_block, 1, 65535);
+    nhwc_elementwise_kernel<V><<<dim3(unsigned(blocks), nb.groups),
+                                 dim3(unsigned(nb.cb), unsigned(nb.rows)), 0, stream>>>(
+        op, d.C, d.pixels());
   } else {
     const int64_t planes = d.N * d.C;
     UNETCU_CHECK(planes < (int64_t(1) << 31), "batch norm: too many planes for one launch");
-    const int64_t parts = std::clamp<int64_t>((d.HW + 4 * kThreads - 1) / (4 * kThreads), 1, 65535);
-    nchw_elementwise_kernel<<<dim3(unsigned(planes), unsigned(parts)), kThreads, 0, stream>>>(
+    const int64_t per_block = 4 * kThreads * V;
+    const int64_t parts = std::clamp<int64_t>((d.HW + per_block - 1) / per_block, 1, 65535);
+    nchw_elementwise_kernel<V><<<dim3(unsigned(planes), unsigned(parts)), kThreads, 0, stream>>>(
         op, d.C, d.HW);
   }
   CUDA_CHECK_LAUNCH(stream, what);
+}
+
+// op over every element, in packs of 16 bytes where the geometry and pointers allow, else one
+// value at a time. S: the storage type the op reads and writes.
+template <class S, class Op>
+void elementwise(const Geo& d, const Op& op, cudaStream_t stream, const char* what) {
+  if (d.pixels() == 0 || d.C == 0) return;
+  if (packed<kPack<S>, S>(d, op))
+    elementwise_packed<kPack<S>>(d, op, stream, what);
+  else
+    elementwise_packed<1>(d, op, stream, what);
 }
 
 template <class T> struct NormConsts {
@@ -305,25 +379,33 @@ template <class T> struct NormConsts {
 // passes the running variance instead (invstd computed per channel as the CPU does).
 template <class S, bool kFused> struct NormalizeOp {
   using T = acc_t<S>;
+  using Consts = NormConsts<T>;
   const S* x;
   const S* residual;  // kFused only; may be absent
   S* y;
   const T *gamma, *beta, *mean, *invstd;
   const T* running_var;  // instead of invstd when set
   double eps;
-  __device__ NormConsts<T> channel(int64_t c) const {
+  bool packs(size_t bytes) const { return aligned_to(bytes, x, residual, y); }
+  __device__ Consts channel(int64_t c) const {
     const T is = running_var ? T(1.0 / sqrt(double(running_var[c]) + eps)) : invstd[c];
     return {mean[c], is, gamma[c], beta[c]};
   }
-  __device__ void operator()(const NormConsts<T>& k, int64_t i) const {
-    const T xv = T(x[i]);
-    if constexpr (kFused) {
-      y[i] = to_storage<S>(residual
-                               ? bn_add_relu_forward(xv, k.mean, k.invstd, k.gamma, k.beta, T(residual[i]))
-                               : bn_relu_forward(xv, k.mean, k.invstd, k.gamma, k.beta));
-    } else {
-      y[i] = to_storage<S>(bn_normalize(xv, k.mean, k.invstd, k.gamma, k.beta));
+  // Elements [i, i + V), element j with the constants k[j].
+  template <int V> __device__ void apply(const Consts (&k)[V], int64_t i) const {
+    T xv[V], rv[V] = {}, out[V];
+    load_pack<V>(x + i, xv);
+    if (kFused && residual) load_pack<V>(residual + i, rv);
+    for (int j = 0; j < V; ++j) {
+      if constexpr (kFused) {
+        out[j] = residual ? bn_add_relu_forward(xv[j], k[j].mean, k[j].invstd, k[j].gamma,
+                                                k[j].beta, rv[j])
+                          : bn_relu_forward(xv[j], k[j].mean, k[j].invstd, k[j].gamma, k[j].beta);
+      } else {
+        out[j] = bn_normalize(xv[j], k[j].mean, k[j].invstd, k[j].gamma, k[j].beta);
+      }
     }
+    store_pack<V>(y + i, out);
   }
 };
 
@@ -335,6 +417,7 @@ template <class T> struct GradConsts {
 // [2, C] (absent where not needed).
 template <class S, bool kFused> struct GradApplyOp {
   using T = acc_t<S>;
+  using Consts = GradConsts<T>;
   const S *dy, *y, *x;
   const T *gamma, *mean, *invstd;
   const double* sums;
@@ -345,26 +428,37 @@ template <class S, bool kFused> struct GradApplyOp {
   T beta_x;
   S* dr;  // kFused only
   T beta_r;
-  __device__ GradConsts<T> channel(int64_t c) const {
+  bool packs(size_t bytes) const { return aligned_to(bytes, dy, y, x, dx, dr); }
+  __device__ Consts channel(int64_t c) const {
     const T is = invstd[c];
     return {mean[c], is, gamma[c] * is, sums ? T(sums[c]) : T(0), sums ? T(sums[C + c]) : T(0)};
   }
-  __device__ void operator()(const GradConsts<T>& k, int64_t i) const {
-    const T g = T(dy[i]);
+  // Elements [i, i + V), element j with the constants k[j].
+  template <int V> __device__ void apply(const Consts (&k)[V], int64_t i) const {
+    T g[V], xv[V] = {}, yv[V] = {}, out[V];
+    load_pack<V>(dy + i, g);
     if constexpr (kFused) {
-      const T yv = T(y[i]);
-      if (dx)
-        store(dx + i,
-                 bn_relu_backward_dx(g, yv, T(x[i]), k.mean, k.invstd, k.gamma_invstd, inv_m,
-                                     k.sum_g, k.sum_g_xhat, training),
-                 beta_x);
-      if (dr) store(dr + i, kernels::relu_backward(g, yv), beta_r);
+      load_pack<V>(y + i, yv);
+      if (dx) {
+        load_pack<V>(x + i, xv);
+        for (int j = 0; j < V; ++j)
+          out[j] = bn_relu_backward_dx(g[j], yv[j], xv[j], k[j].mean, k[j].invstd,
+                                       k[j].gamma_invstd, inv_m, k[j].sum_g, k[j].sum_g_xhat,
+                                       training);
+        store_pack<V>(dx + i, out, beta_x);
+      }
+      if (dr) {
+        for (int j = 0; j < V; ++j) out[j] = kernels::relu_backward(g[j], yv[j]);
+        store_pack<V>(dr + i, out, beta_r);
+      }
     } else {
-      store(dx + i,
-               training ? bn_backward_train(g, (T(x[i]) - k.mean) * k.invstd, k.gamma_invstd, inv_m,
-                                            k.sum_g, k.sum_g_xhat)
-                        : g * k.gamma_invstd,
-               beta_x);
+      if (training) load_pack<V>(x + i, xv);
+      for (int j = 0; j < V; ++j)
+        out[j] = training ? bn_backward_train(g[j], (xv[j] - k[j].mean) * k[j].invstd,
+                                              k[j].gamma_invstd, inv_m, k[j].sum_g,
+                                              k[j].sum_g_xhat)
+                          : g[j] * k[j].gamma_invstd;
+      store_pack<V>(dx + i, out, beta_x);
     }
   }
 };
@@ -407,7 +501,7 @@ void launch_stats(const TensorRef& x, const TensorRef& mean, const TensorRef& in
   const StatsFinish<S> finish{x.data<S>(), d.HW, d.nhwc, double(d.pixels()), momentum, eps,
                               mean.data<float>(), invstd.data<float>(),
                               running_mean.data<float>(), running_var.data<float>()};
-  reduce(d, term, finish, x.device().index, stream, what);
+  reduce<S>(d, term, finish, x.device().index, stream, what);
 }
 
 // Backward of batch_norm2d (kFused false: y absent, g = dy) and of the fused op: the sums when
@@ -432,7 +526,7 @@ void launch_backward(const TensorRef& grad_y, const TensorRef& y, const TensorRe
                                    invstd.data<float>()};
     const SumsFinish finish{sp, d.C, data_or_null<float>(grad_gamma), float(beta_gamma),
                             data_or_null<float>(grad_beta), float(beta_beta)};
-    reduce(d, term, finish, dev, stream, what);
+    reduce<S>(d, term, finish, dev, stream, what);
   }
   if (!grad_x.defined() && !grad_residual.defined()) return;
   const GradApplyOp<S, kFused> op{grad_y.data<S>(), yp, x.data<S>(), gamma.data<float>(),
@@ -440,7 +534,7 @@ void launch_backward(const TensorRef& grad_y, const TensorRef& y, const TensorRe
                                   float(1.0 / double(d.pixels())), training,
                                   data_or_null<S>(grad_x), float(beta_x),
                                   data_or_null<S>(grad_residual), float(beta_residual)};
-  elementwise(d, op, stream, what);
+  elementwise<S>(d, op, stream, what);
 }
 
 }  // namespace
@@ -458,7 +552,7 @@ void batchnorm_forward_train(const TensorRef& x, const TensorRef& gamma, const T
     const NormalizeOp<S, false> op{x.data<S>(), nullptr, y.data<S>(), gamma.data<float>(),
                                    beta.data<float>(), save_mean.data<float>(),
                                    save_invstd.data<float>(), nullptr, 0.0};
-    elementwise(geo_of(x), op, l.stream, "batchnorm_forward_train");
+    elementwise<S>(geo_of(x), op, l.stream, "batchnorm_forward_train");
   });
 }
 
@@ -472,7 +566,7 @@ void batchnorm_forward_eval(const TensorRef& x, const TensorRef& gamma, const Te
     const NormalizeOp<S, false> op{x.data<S>(), nullptr, y.data<S>(), gamma.data<float>(),
                                    beta.data<float>(), running_mean.data<float>(), nullptr,
                                    running_var.data<float>(), eps};
-    elementwise(geo_of(x), op, l.stream, "batchnorm_forward_eval");
+    elementwise<S>(geo_of(x), op, l.stream, "batchnorm_forward_eval");
   });
 }
 
@@ -523,7 +617,7 @@ void batchnorm_add_relu_forward(const TensorRef& x, const TensorRef& gamma, cons
     const NormalizeOp<S, true> op{x.data<S>(), data_or_null<S>(residual), y.data<S>(),
                                   gamma.data<float>(), beta.data<float>(), mean.data<float>(),
                                   invstd.data<float>(), nullptr, 0.0};
-    elementwise(geo_of(x), op, l.stream, "batchnorm_add_relu_forward");
+    elementwise<S>(geo_of(x), op, l.stream, "batchnorm_add_relu_forward");
   });
 }
 
@@ -553,7 +647,7 @@ void batchnorm_channel_sums(const TensorRef& x, const TensorRef& sums) {
     const Geo d = geo_of(x);
     const StatsTerm<S> term{x.data<S>(), false};
     const SumsFinish finish{sums.data<double>(), d.C, nullptr, 0.f, nullptr, 0.f};
-    reduce(d, term, finish, x.device().index, l.stream, "batchnorm_channel_sums");
+    reduce<S>(d, term, finish, x.device().index, l.stream, "batchnorm_channel_sums");
   });
 }
 
@@ -578,7 +672,7 @@ void batchnorm_apply(const TensorRef& x, const TensorRef& gamma, const TensorRef
     const NormalizeOp<S, false> op{x.data<S>(), nullptr, y.data<S>(), gamma.data<float>(),
                                    beta.data<float>(), mean.data<float>(), invstd.data<float>(),
                                    nullptr, 0.0};
-    elementwise(geo_of(x), op, l.stream, "batchnorm_apply");
+    elementwise<S>(geo_of(x), op, l.stream, "batchnorm_apply");
   });
 }
 
@@ -591,7 +685,7 @@ void batchnorm_grad_sums(const TensorRef& grad_y, const TensorRef& x, const Tens
     const GradTerm<S, false> term{grad_y.data<S>(), nullptr, x.data<S>(), mean.data<float>(),
                                   invstd.data<float>()};
     const SumsFinish finish{sums.data<double>(), d.C, nullptr, 0.f, nullptr, 0.f};
-    reduce(d, term, finish, x.device().index, l.stream, "batchnorm_grad_sums");
+    reduce<S>(d, term, finish, x.device().index, l.stream, "batchnorm_grad_sums");
   });
 }
 
@@ -619,7 +713,7 @@ void batchnorm_grad_apply(const TensorRef& grad_y, const TensorRef& x, const Ten
                                    mean.data<float>(), invstd.data<float>(),
                                    global_sums.data<double>(), d.C, float(1.0 / count), true,
                                    grad_x.data<S>(), float(beta_x), nullptr, 0.f};
-    elementwise(d, op, l.stream, "batchnorm_grad_apply");
+    elementwise<S>(d, op, l.stream, "batchnorm_grad_apply");
   });
 }
 

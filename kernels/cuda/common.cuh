@@ -8,6 +8,7 @@
 
 #include "runtime/cuda/runtime.cuh"
 #include "runtime/tensor_ref.h"
+#include "kernels/bodies/bf16.h"
 #include "kernels/bodies/common.h"
 #include "kernels/bodies/divide.h"
 
@@ -60,6 +61,42 @@ __device__ T block_sum(T v) {
   }
   __syncthreads();  // warp_sums may be reused by a following call
   return v;
+}
+
+// ---- packed accesses: V consecutive values of S in one load or store ---------------------
+//
+// Memory-bound kernels move 16 bytes per thread per access (kPack<S> values: 8 bf16, 4 floats)
+// where the tensor's rows allow it: one 128-bit instruction instead of kPack scalar ones, so
+// enough bytes are in flight to reach the memory's bandwidth. V = 1 is the scalar access.
+template <class S> constexpr int kPack = int(16 / sizeof(S));
+template <class S, int V> struct alignas(sizeof(S) * V) Pack {
+  S v[V];
+};
+
+// out[j] = p[j] widened to the compute type; p aligned to V values.
+template <int V, class S> __device__ __forceinline__ void load_pack(const S* p, acc_t<S> (&out)[V]) {
+  const Pack<S, V> pk = *reinterpret_cast<const Pack<S, V>*>(p);
+  for (int j = 0; j < V; ++j) out[j] = acc_t<S>(pk.v[j]);
+}
+
+// p[j] = in[j] rounded once to S, or with beta 1 the sum p[j] + in[j] formed in the compute type
+// and rounded once (store(), kernels/bodies/elementwise.h); p aligned to V values.
+template <int V, class S>
+__device__ __forceinline__ void store_pack(S* p, const acc_t<S> (&in)[V], acc_t<S> beta = 0) {
+  Pack<S, V> pk;
+  if (beta == acc_t<S>(0)) {
+    for (int j = 0; j < V; ++j) pk.v[j] = to_storage<S>(in[j]);
+  } else {
+    pk = *reinterpret_cast<const Pack<S, V>*>(p);
+    for (int j = 0; j < V; ++j) pk.v[j] = to_storage<S>(acc_t<S>(pk.v[j]) + in[j]);
+  }
+  *reinterpret_cast<Pack<S, V>*>(p) = pk;
+}
+
+// Whether every pointer given (null ones pass) is aligned to `bytes`.
+inline bool aligned_to(size_t) { return true; }
+template <class P, class... Ps> bool aligned_to(size_t bytes, P* p, Ps*... ps) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0 && aligned_to(bytes, ps...);
 }
 
 // The CUDA backend computes in float32 (the op layer checks); launchers read float data.
