@@ -2,7 +2,9 @@
 // kernels/bodies/elementwise.h (the same ones the CPU backend runs), templated on the storage
 // type: a bfloat16 element is read as float, computed there and rounded once on store. The
 // loops walk memory order, so they serve either memory format (the op layer makes operands
-// agree).
+// agree), in 16-byte packs where the element count and the pointers allow (by_packs).
+#include <type_traits>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/bodies/elementwise.h"
 #include "kernels/launchers.h"
@@ -10,29 +12,78 @@
 namespace unetcu::kernels::cuda {
 namespace {
 
-template <class S> __global__ void fill_kernel(S* d, S v, int64_t n) {
-  GRID_STRIDE(i, n) d[i] = v;
+// Each kernel walks n / V units of V consecutive elements: a 16-byte pack (V = kPack<S>)
+// where n is a multiple of it and every pointer aligned, else one element (V = 1).
+template <int V, class S> __global__ void fill_kernel(S* d, S v, int64_t n) {
+  Pack<S, V> pk;
+  for (int j = 0; j < V; ++j) pk.v[j] = v;
+  GRID_STRIDE(i, n) *reinterpret_cast<Pack<S, V>*>(d + i * V) = pk;
 }
-template <class S>
+template <int V, class S>
 __global__ void axpby_kernel(S* d, acc_t<S> a, const S* s, acc_t<S> b, int64_t n) {
-  GRID_STRIDE(i, n) store(d + i, a * acc_t<S>(s[i]), b);
+  GRID_STRIDE(i, n) {
+    acc_t<S> v[V];
+    load_pack<V>(s + i * V, v);
+    for (int j = 0; j < V; ++j) v[j] = a * v[j];
+    store_pack<V>(d + i * V, v, b);
+  }
 }
-template <class S> __global__ void relu_forward_kernel(const S* x, S* y, int64_t n) {
-  GRID_STRIDE(i, n) y[i] = to_storage<S>(kernels::relu_forward(acc_t<S>(x[i])));
+template <int V, class S> __global__ void relu_forward_kernel(const S* x, S* y, int64_t n) {
+  GRID_STRIDE(i, n) {
+    acc_t<S> v[V];
+    load_pack<V>(x + i * V, v);
+    for (int j = 0; j < V; ++j) v[j] = kernels::relu_forward(v[j]);
+    store_pack<V>(y + i * V, v);
+  }
 }
-template <class S>
+template <int V, class S>
 __global__ void relu_backward_kernel(const S* gy, const S* y, S* gx, acc_t<S> b, int64_t n) {
-  GRID_STRIDE(i, n) store(gx + i, kernels::relu_backward(acc_t<S>(gy[i]), acc_t<S>(y[i])), b);
+  GRID_STRIDE(i, n) {
+    acc_t<S> g[V], yv[V];
+    load_pack<V>(gy + i * V, g);
+    load_pack<V>(y + i * V, yv);
+    for (int j = 0; j < V; ++j) g[j] = kernels::relu_backward(g[j], yv[j]);
+    store_pack<V>(gx + i * V, g, b);
+  }
 }
-template <class S> __global__ void sigmoid_forward_kernel(const S* x, S* y, int64_t n) {
-  GRID_STRIDE(i, n) y[i] = to_storage<S>(kernels::sigmoid_forward(acc_t<S>(x[i])));
+template <int V, class S> __global__ void sigmoid_forward_kernel(const S* x, S* y, int64_t n) {
+  GRID_STRIDE(i, n) {
+    acc_t<S> v[V];
+    load_pack<V>(x + i * V, v);
+    for (int j = 0; j < V; ++j) v[j] = kernels::sigmoid_forward(v[j]);
+    store_pack<V>(y + i * V, v);
+  }
 }
-template <class S>
+template <int V, class S>
 __global__ void sigmoid_backward_kernel(const S* gy, const S* y, S* gx, acc_t<S> b, int64_t n) {
-  GRID_STRIDE(i, n) store(gx + i, kernels::sigmoid_backward(acc_t<S>(gy[i]), acc_t<S>(y[i])), b);
+  GRID_STRIDE(i, n) {
+    acc_t<S> g[V], yv[V];
+    load_pack<V>(gy + i * V, g);
+    load_pack<V>(y + i * V, yv);
+    for (int j = 0; j < V; ++j) g[j] = kernels::sigmoid_backward(g[j], yv[j]);
+    store_pack<V>(gx + i * V, g, b);
+  }
 }
-template <class S> __global__ void add_kernel(const S* a, const S* b, S* y, int64_t n) {
-  GRID_STRIDE(i, n) y[i] = to_storage<S>(acc_t<S>(a[i]) + acc_t<S>(b[i]));
+template <int V, class S> __global__ void add_kernel(const S* a, const S* b, S* y, int64_t n) {
+  GRID_STRIDE(i, n) {
+    acc_t<S> u[V], v[V];
+    load_pack<V>(a + i * V, u);
+    load_pack<V>(b + i * V, v);
+    for (int j = 0; j < V; ++j) u[j] += v[j];
+    store_pack<V>(y + i * V, u);
+  }
+}
+
+// Launches k<V> over n elements as n / V units: V = kPack<S> where n is a multiple of it and
+// every pointer aligned to a pack, else 1. launch(k, blocks, units) is called with the
+// kernel instance.
+template <class S, class Launcher, class... Ptrs>
+void by_packs(int64_t n, Launcher&& launch, Ptrs*... ptrs) {
+  constexpr int V = kPack<S>;
+  if (n % V == 0 && aligned_to(sizeof(S) * V, ptrs...))
+    launch(std::integral_constant<int, V>(), blocks_for(n / V), n / V);
+  else
+    launch(std::integral_constant<int, 1>(), blocks_for(n), n);
 }
 
 }  // namespace
@@ -43,8 +94,10 @@ void fill(const TensorRef& dst, double value) {
   if (n == 0) return;
   Launch l(dst);
   UNETCU_DISPATCH_STORAGE(dst.dtype(), S, {
-    fill_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(dst.data<S>(),
-                                                          to_storage<S>(acc_t<S>(value)), n);
+    by_packs<S>(n, [&](auto pack, int blocks, int64_t units) {
+      fill_kernel<decltype(pack)::value><<<blocks, kThreads, 0, l.stream>>>(
+          dst.data<S>(), to_storage<S>(acc_t<S>(value)), units);
+    }, dst.data<S>());
   });
   CUDA_CHECK_LAUNCH(l.stream, "fill");
 }
@@ -56,8 +109,10 @@ void axpby(const TensorRef& dst, double alpha, const TensorRef& src, double beta
   if (n == 0) return;
   Launch l(dst);
   UNETCU_DISPATCH_STORAGE(dst.dtype(), S, {
-    axpby_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
-        dst.data<S>(), acc_t<S>(alpha), src.data<S>(), acc_t<S>(beta), n);
+    by_packs<S>(n, [&](auto pack, int blocks, int64_t units) {
+      axpby_kernel<decltype(pack)::value><<<blocks, kThreads, 0, l.stream>>>(
+          dst.data<S>(), acc_t<S>(alpha), src.data<S>(), acc_t<S>(beta), units);
+    }, dst.data<S>(), src.data<S>());
   });
   CUDA_CHECK_LAUNCH(l.stream, "axpby");
 }
@@ -67,7 +122,10 @@ void relu_forward(const TensorRef& x, const TensorRef& y) {
   if (n == 0) return;
   Launch l(x);
   UNETCU_DISPATCH_STORAGE(x.dtype(), S, {
-    relu_forward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(x.data<S>(), y.data<S>(), n);
+    by_packs<S>(n, [&](auto pack, int blocks, int64_t units) {
+      relu_forward_kernel<decltype(pack)::value><<<blocks, kThreads, 0, l.stream>>>(
+          x.data<S>(), y.data<S>(), units);
+    }, x.data<S>(), y.data<S>());
   });
   CUDA_CHECK_LAUNCH(l.stream, "relu_forward");
 }
@@ -78,8 +136,10 @@ void relu_backward(const TensorRef& grad_y, const TensorRef& y, const TensorRef&
   if (n == 0) return;
   Launch l(y);
   UNETCU_DISPATCH_STORAGE(y.dtype(), S, {
-    relu_backward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
-        grad_y.data<S>(), y.data<S>(), grad_x.data<S>(), acc_t<S>(beta), n);
+    by_packs<S>(n, [&](auto pack, int blocks, int64_t units) {
+      relu_backward_kernel<decltype(pack)::value><<<blocks, kThreads, 0, l.stream>>>(
+          grad_y.data<S>(), y.data<S>(), grad_x.data<S>(), acc_t<S>(beta), units);
+    }, grad_y.data<S>(), y.data<S>(), grad_x.data<S>());
   });
   CUDA_CHECK_LAUNCH(l.stream, "relu_backward");
 }
@@ -89,7 +149,10 @@ void sigmoid_forward(const TensorRef& x, const TensorRef& y) {
   if (n == 0) return;
   Launch l(x);
   UNETCU_DISPATCH_STORAGE(x.dtype(), S, {
-    sigmoid_forward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(x.data<S>(), y.data<S>(), n);
+    by_packs<S>(n, [&](auto pack, int blocks, int64_t units) {
+      sigmoid_forward_kernel<decltype(pack)::value><<<blocks, kThreads, 0, l.stream>>>(
+          x.data<S>(), y.data<S>(), units);
+    }, x.data<S>(), y.data<S>());
   });
   CUDA_CHECK_LAUNCH(l.stream, "sigmoid_forward");
 }
@@ -100,8 +163,10 @@ void sigmoid_backward(const TensorRef& grad_y, const TensorRef& y, const TensorR
   if (n == 0) return;
   Launch l(y);
   UNETCU_DISPATCH_STORAGE(y.dtype(), S, {
-    sigmoid_backward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
-        grad_y.data<S>(), y.data<S>(), grad_x.data<S>(), acc_t<S>(beta), n);
+    by_packs<S>(n, [&](auto pack, int blocks, int64_t units) {
+      sigmoid_backward_kernel<decltype(pack)::value><<<blocks, kThreads, 0, l.stream>>>(
+          grad_y.data<S>(), y.data<S>(), grad_x.data<S>(), acc_t<S>(beta), units);
+    }, grad_y.data<S>(), y.data<S>(), grad_x.data<S>());
   });
   CUDA_CHECK_LAUNCH(l.stream, "sigmoid_backward");
 }
@@ -111,7 +176,10 @@ void add_forward(const TensorRef& a, const TensorRef& b, const TensorRef& y) {
   if (n == 0) return;
   Launch l(a);
   UNETCU_DISPATCH_STORAGE(a.dtype(), S, {
-    add_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(a.data<S>(), b.data<S>(), y.data<S>(), n);
+    by_packs<S>(n, [&](auto pack, int blocks, int64_t units) {
+      add_kernel<decltype(pack)::value><<<blocks, kThreads, 0, l.stream>>>(
+          a.data<S>(), b.data<S>(), y.data<S>(), units);
+    }, a.data<S>(), b.data<S>(), y.data<S>());
   });
   CUDA_CHECK_LAUNCH(l.stream, "add_forward");
 }

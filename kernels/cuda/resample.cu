@@ -1,10 +1,14 @@
 // CUDA nearest ×2 upsampling (kernels/bodies/resample.h), channel concatenation, and the two
 // fused (upsample into the concat buffer), templated on the storage type: copies move elements
 // as they are, 2×2 gradient sums are formed in the compute type (float for bfloat16) and
-// rounded once. NCHW kernels walk planes and rows; NHWC kernels take one element per thread in
-// memory order, so neighbouring threads move neighbouring channels of a pixel. Kernels that walk
-// a flat index take their coordinates through dividers in index type I (32-bit where the
-// tensors allow, kernels/bodies/divide.h): no division instruction per element.
+// rounded once. NCHW kernels walk planes and rows; NHWC kernels take one pack of channels (16
+// bytes where the channel counts allow, else one value) per thread in memory order, so
+// neighbouring threads move neighbouring channels of a pixel. Kernels that walk a flat index
+// take their coordinates through dividers in index type I (32-bit where the tensors allow,
+// kernels/bodies/divide.h): no division instruction per element.
+#include <initializer_list>
+#include <type_traits>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/bodies/elementwise.h"
 #include "kernels/launchers.h"
@@ -113,56 +117,90 @@ __global__ void upsample_concat_backward_kernel(const S* gy, S* gx, acc_t<S> bet
   }
 }
 
-// ---- NHWC: [N, rows, cols, C], one element per thread in memory order ----
+// ---- NHWC: [N, rows, cols, C], one pack of V channels per thread in memory order ----
+//
+// The kernels count in units of V consecutive channels of a pixel (a 16-byte pack where every
+// channel count of the call is a multiple of V and the pointers are aligned, else V = 1: one
+// value): every channel count and offset below is in units, every pointer offset the unit
+// times V.
+
+// Copies unit `from` of src to unit `to` of dst, V values as they are.
+template <int V, class S, class I> __device__ __forceinline__ void copy_unit(S* dst, I to, const S* src, I from) {
+  *reinterpret_cast<Pack<S, V>*>(dst + to * I(V)) =
+      *reinterpret_cast<const Pack<S, V>*>(src + from * I(V));
+}
+
+// Stores the 2x2 block sums of the units at `left` and `left + step` of rows top and bottom
+// (upsample2x_block_sum's order, per channel) into unit i of dst, with beta.
+template <int V, class S, class I>
+__device__ __forceinline__ void store_block_sums(S* dst, I i, const S* top, const S* bottom, I left,
+                                                 I step, acc_t<S> beta) {
+  using A = acc_t<S>;
+  A a[V], b[V], c[V], d[V], out[V];
+  load_pack<V>(top + left * I(V), a);
+  load_pack<V>(top + (left + step) * I(V), b);
+  load_pack<V>(bottom + left * I(V), c);
+  load_pack<V>(bottom + (left + step) * I(V), d);
+  for (int j = 0; j < V; ++j) out[j] = a[j] + b[j] + c[j] + d[j];
+  store_pack<V>(dst + i * I(V), out, beta);
+}
+
+// Stores unit `from` of src into unit i of dst, with beta.
+template <int V, class S, class I>
+__device__ __forceinline__ void store_unit(S* dst, I i, const S* src, I from, acc_t<S> beta) {
+  acc_t<S> v[V];
+  load_pack<V>(src + from * I(V), v);
+  store_pack<V>(dst + i * I(V), v, beta);
+}
 
 // y [N, 2H, 2W, C] from x [N, H, W, C].
 // d_c divides by C, d_ow by 2W, d_oh by 2H.
-template <class S, class I>
+template <int V, class S, class I>
 __global__ void upsample_forward_nhwc_kernel(const S* x, S* y, I C, I H, I W, Divider<I> d_c,
                                              Divider<I> d_ow, Divider<I> d_oh, I n) {
   GRID_STRIDE_I(I, i, n) {
     const I pix = d_c.div(i), c = i - pix * C;
     const I row = d_ow.div(pix), ow = pix - row * (2 * W);  // row = n * 2H + oh
     const I img = d_oh.div(row), oh = row - img * (2 * H);
-    y[i] = x[((img * H + (oh >> 1)) * W + (ow >> 1)) * C + c];
+    copy_unit<V>(y, i, x, ((img * H + (oh >> 1)) * W + (ow >> 1)) * C + c);
   }
 }
 
 // d_c divides by C, d_w by W.
-template <class S, class I>
+template <int V, class S, class I>
 __global__ void upsample_backward_nhwc_kernel(const S* gy, S* gx, acc_t<S> beta, I C, I W,
                                               Divider<I> d_c, Divider<I> d_w, I n) {
   GRID_STRIDE_I(I, i, n) {
     const I pix = d_c.div(i), c = i - pix * C;
     const I row = d_w.div(pix), w = pix - row * W;  // row = n * H + h
     const I OWC = 2 * W * C;
-    const S* g_top = gy + 2 * row * OWC;  // grad_y row 2h of image n
-    store(gx + i, upsample2x_block_sum(g_top, g_top + OWC, 2 * w * C + c, C), beta);
+    const S* g_top = gy + 2 * row * OWC * I(V);  // grad_y row 2h of image n
+    store_block_sums<V>(gx, i, g_top, g_top + OWC * I(V), 2 * w * C + c, C, beta);
   }
 }
 
 // x [pixels, Cx] -> channels [off, off + Cx) of y [pixels, Cy] (and back, with beta).
 // d_cx divides by Cx.
-template <class S, class I>
+template <int V, class S, class I>
 __global__ void concat_forward_nhwc_kernel(const S* x, S* y, Divider<I> d_cx, I Cy, I off, I n) {
   GRID_STRIDE_I(I, i, n) {
     const I pix = d_cx.div(i), c = i - pix * I(d_cx.d);
-    y[pix * Cy + off + c] = x[i];
+    copy_unit<V>(y, pix * Cy + off + c, x, i);
   }
 }
-template <class S, class I>
+template <int V, class S, class I>
 __global__ void concat_backward_nhwc_kernel(const S* gy, S* gx, acc_t<S> beta, Divider<I> d_cx, I Cy,
                                             I off, I n) {
   GRID_STRIDE_I(I, i, n) {
     const I pix = d_cx.div(i), c = i - pix * I(d_cx.d);
-    store(gx + i, acc_t<S>(gy[pix * Cy + off + c]), beta);
+    store_unit<V>(gx, i, gy, pix * Cy + off + c, beta);
   }
 }
 
 // y [N, 2H, 2W, Cx + Cs]: channel c < Cx of a pixel from x's source pixel, the rest from
 // skip's same pixel.
 // d_c divides by Cx + Cs, d_ow by 2W, d_oh by 2H.
-template <class S, class I>
+template <int V, class S, class I>
 __global__ void upsample_concat_forward_nhwc_kernel(const S* x, const S* skip, S* y, I Cx, I Cs, I H,
                                                     I W, Divider<I> d_c, Divider<I> d_ow,
                                                     Divider<I> d_oh, I n) {
@@ -172,17 +210,17 @@ __global__ void upsample_concat_forward_nhwc_kernel(const S* x, const S* skip, S
     if (c < Cx) {
       const I row = d_ow.div(pix), ow = pix - row * (2 * W);  // row = n * 2H + oh
       const I img = d_oh.div(row), oh = row - img * (2 * H);
-      y[i] = x[((img * H + (oh >> 1)) * W + (ow >> 1)) * Cx + c];
+      copy_unit<V>(y, i, x, ((img * H + (oh >> 1)) * W + (ow >> 1)) * Cx + c);
     } else {
-      y[i] = skip[pix * Cs + (c - Cx)];
+      copy_unit<V>(y, i, skip, pix * Cs + (c - Cx));
     }
   }
 }
 
-// Elements [0, nx) are grad_x's [N, H, W, Cx] (2×2 block sums), [nx, nx + ns) grad_skip's
-// [N, 2H, 2W, Cs] (copies); an absent gradient has no elements.
+// Units [0, nx) are grad_x's [N, H, W, Cx] (2×2 block sums), [nx, nx + ns) grad_skip's
+// [N, 2H, 2W, Cs] (copies); an absent gradient has no units.
 // d_cx divides by Cx, d_w by W, d_cs by Cs.
-template <class S, class I>
+template <int V, class S, class I>
 __global__ void upsample_concat_backward_nhwc_kernel(const S* gy, S* gx, acc_t<S> beta_x, I nx, S* gs,
                                                      acc_t<S> beta_skip, I ns, I Cx, I Cs, I W,
                                                      Divider<I> d_cx, Divider<I> d_w,
@@ -192,14 +230,29 @@ __global__ void upsample_concat_backward_nhwc_kernel(const S* gy, S* gx, acc_t<S
     if (i < nx) {
       const I pix = d_cx.div(i), c = i - pix * Cx;
       const I row = d_w.div(pix), w = pix - row * W;  // row = n * H + h
-      const S* g_top = gy + 2 * row * OWC;
-      store(gx + i, upsample2x_block_sum(g_top, g_top + OWC, 2 * w * C + c, C), beta_x);
+      const S* g_top = gy + 2 * row * OWC * I(V);
+      store_block_sums<V>(gx, i, g_top, g_top + OWC * I(V), 2 * w * C + c, C, beta_x);
     } else {
       const I j = i - nx;
       const I pix = d_cs.div(j), c = j - pix * Cs;
-      store(gs + j, acc_t<S>(gy[pix * C + Cx + c]), beta_skip);
+      store_unit<V>(gs, j, gy, pix * C + Cx + c, beta_skip);
     }
   }
+}
+
+// Calls f(std::integral_constant<int, V>()) with V = kPack<S> where every channel count given
+// is a multiple of it and every pointer aligned to a pack, else V = 1.
+template <class S, class F>
+void with_pack(std::initializer_list<int64_t> channels, std::initializer_list<const void*> ptrs,
+               F&& f) {
+  constexpr int V = kPack<S>;
+  bool ok = true;
+  for (int64_t c : channels) ok = ok && c % V == 0;
+  for (const void* p : ptrs) ok = ok && aligned_to(sizeof(S) * V, p);
+  if (ok)
+    f(std::integral_constant<int, V>());
+  else
+    f(std::integral_constant<int, 1>());
 }
 
 // Threads along one row: a multiple of the warp size, no more than the row needs (up to 256).
@@ -219,8 +272,12 @@ void upsample2x_forward(const TensorRef& x, const TensorRef& y) {
       const int64_t C = x.dim(1), H = x.dim(2), W = x.dim(3);
       const Divider<I> d_ow(2 * W), d_oh(2 * H);
       if (x.nhwc())
-        upsample_forward_nhwc_kernel<S, I><<<blocks_for(n), kThreads, 0, l.stream>>>(
-            x.data<S>(), y.data<S>(), I(C), I(H), I(W), Divider<I>(C), d_ow, d_oh, I(n));
+        with_pack<S>({C}, {x.data<S>(), y.data<S>()}, [&](auto pack) {
+          constexpr int V = decltype(pack)::value;
+          upsample_forward_nhwc_kernel<V, S, I><<<blocks_for(n / V), kThreads, 0, l.stream>>>(
+              x.data<S>(), y.data<S>(), I(C / V), I(H), I(W), Divider<I>(C / V), d_ow, d_oh,
+              I(n / V));
+        });
       else
         upsample_forward_kernel<S, I><<<blocks_for(n), kThreads, 0, l.stream>>>(
             x.data<S>(), y.data<S>(), I(H), I(W), d_ow, d_oh, I(n));
@@ -238,9 +295,12 @@ void upsample2x_backward(const TensorRef& grad_y, const TensorRef& grad_x, doubl
       using I = decltype(index);
       const int64_t C = grad_x.dim(1), W = grad_x.dim(3);
       if (grad_x.nhwc())
-        upsample_backward_nhwc_kernel<S, I><<<blocks_for(n), kThreads, 0, l.stream>>>(
-            grad_y.data<S>(), grad_x.data<S>(), acc_t<S>(beta), I(C), I(W), Divider<I>(C),
-            Divider<I>(W), I(n));
+        with_pack<S>({C}, {grad_y.data<S>(), grad_x.data<S>()}, [&](auto pack) {
+          constexpr int V = decltype(pack)::value;
+          upsample_backward_nhwc_kernel<V, S, I><<<blocks_for(n / V), kThreads, 0, l.stream>>>(
+              grad_y.data<S>(), grad_x.data<S>(), acc_t<S>(beta), I(C / V), I(W),
+              Divider<I>(C / V), Divider<I>(W), I(n / V));
+        });
       else
         upsample_backward_kernel<S, I><<<blocks_for(n), kThreads, 0, l.stream>>>(
             grad_y.data<S>(), grad_x.data<S>(), acc_t<S>(beta), I(W), Divider<I>(W), I(n));
@@ -258,8 +318,12 @@ void concat_forward_part(const TensorRef& x, const TensorRef& y, int64_t channel
       using I = decltype(index);
       const int64_t Cx = x.dim(1), Cy = y.dim(1), HW = x.dim(2) * x.dim(3);
       if (x.nhwc())
-        concat_forward_nhwc_kernel<S, I><<<blocks_for(n), kThreads, 0, l.stream>>>(
-            x.data<S>(), y.data<S>(), Divider<I>(Cx), I(Cy), I(channel_offset), I(n));
+        with_pack<S>({Cx, Cy, channel_offset}, {x.data<S>(), y.data<S>()}, [&](auto pack) {
+          constexpr int V = decltype(pack)::value;
+          concat_forward_nhwc_kernel<V, S, I><<<blocks_for(n / V), kThreads, 0, l.stream>>>(
+              x.data<S>(), y.data<S>(), Divider<I>(Cx / V), I(Cy / V), I(channel_offset / V),
+              I(n / V));
+        });
       else
         concat_forward_kernel<S, I><<<blocks_for(n), kThreads, 0, l.stream>>>(
             x.data<S>(), y.data<S>(), Divider<I>(Cx * HW), I(Cy), I(channel_offset), I(HW), I(n));
@@ -278,9 +342,13 @@ void concat_backward_part(const TensorRef& grad_y, const TensorRef& grad_x, int6
       using I = decltype(index);
       const int64_t Cx = grad_x.dim(1), Cy = grad_y.dim(1), HW = grad_x.dim(2) * grad_x.dim(3);
       if (grad_x.nhwc())
-        concat_backward_nhwc_kernel<S, I><<<blocks_for(n), kThreads, 0, l.stream>>>(
-            grad_y.data<S>(), grad_x.data<S>(), acc_t<S>(beta), Divider<I>(Cx), I(Cy),
-            I(channel_offset), I(n));
+        with_pack<S>({Cx, Cy, channel_offset}, {grad_y.data<S>(), grad_x.data<S>()},
+                     [&](auto pack) {
+          constexpr int V = decltype(pack)::value;
+          concat_backward_nhwc_kernel<V, S, I><<<blocks_for(n / V), kThreads, 0, l.stream>>>(
+              grad_y.data<S>(), grad_x.data<S>(), acc_t<S>(beta), Divider<I>(Cx / V), I(Cy / V),
+              I(channel_offset / V), I(n / V));
+        });
       else
         concat_backward_kernel<S, I><<<blocks_for(n), kThreads, 0, l.stream>>>(
             grad_y.data<S>(), grad_x.data<S>(), acc_t<S>(beta), Divider<I>(Cx * HW), I(Cy),
@@ -299,9 +367,13 @@ void upsample2x_concat_forward(const TensorRef& x, const TensorRef& skip, const 
       with_index_type(y.numel(), [&](auto index) {
         using I = decltype(index);
         const int64_t Cx = x.dim(1), Cs = skip.dim(1), H = x.dim(2), W = x.dim(3);
-        upsample_concat_forward_nhwc_kernel<S, I><<<blocks_for(y.numel()), kThreads, 0, l.stream>>>(
-            x.data<S>(), skip.data<S>(), y.data<S>(), I(Cx), I(Cs), I(H), I(W), Divider<I>(Cx + Cs),
-            Divider<I>(2 * W), Divider<I>(2 * H), I(y.numel()));
+        with_pack<S>({Cx, Cs}, {x.data<S>(), skip.data<S>(), y.data<S>()}, [&](auto pack) {
+          constexpr int V = decltype(pack)::value;
+          const int64_t n = y.numel() / V;
+          upsample_concat_forward_nhwc_kernel<V, S, I><<<blocks_for(n), kThreads, 0, l.stream>>>(
+              x.data<S>(), skip.data<S>(), y.data<S>(), I(Cx / V), I(Cs / V), I(H), I(W),
+              Divider<I>((Cx + Cs) / V), Divider<I>(2 * W), Divider<I>(2 * H), I(n));
+        });
       });
     } else {
       const dim3 grid(grid_dim(OH), grid_dim(planes));
@@ -328,9 +400,14 @@ void upsample2x_concat_backward(const TensorRef& grad_y, const TensorRef& grad_x
       if (nx + ns > 0)
         with_index_type(grad_y.numel(), [&](auto index) {  // nx + ns <= grad_y's elements
           using I = decltype(index);
-          upsample_concat_backward_nhwc_kernel<S, I><<<blocks_for(nx + ns), kThreads, 0, l.stream>>>(
-              grad_y.data<S>(), gx, acc_t<S>(beta_x), I(nx), gs, acc_t<S>(beta_skip), I(ns), I(Cx),
-              I(Cs), I(OW / 2), Divider<I>(Cx), Divider<I>(OW / 2), Divider<I>(Cs));
+          with_pack<S>({Cx, Cs}, {grad_y.data<S>(), gx, gs}, [&](auto pack) {
+            constexpr int V = decltype(pack)::value;
+            upsample_concat_backward_nhwc_kernel<V, S, I>
+                <<<blocks_for((nx + ns) / V), kThreads, 0, l.stream>>>(
+                    grad_y.data<S>(), gx, acc_t<S>(beta_x), I(nx / V), gs, acc_t<S>(beta_skip),
+                    I(ns / V), I(Cx / V), I(Cs / V), I(OW / 2), Divider<I>(Cx / V),
+                    Divider<I>(OW / 2), Divider<I>(Cs / V));
+          });
         });
     } else {
       const dim3 grid(grid_dim(OH), grid_dim(planes));

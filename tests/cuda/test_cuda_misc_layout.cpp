@@ -150,7 +150,7 @@ Op pool(Pool2dOptions o) {
 TEST_CASE("CUDA misc ops in bfloat16 and NHWC equal the CPU ops in the same dtype and format") {
   Setup setup;
   Rng rng(211);
-  const Shape s{2, 5, 13, 11};
+  const Shape s{2, 5, 13, 11}, s16{2, 16, 4, 3};
   Tensor ties = Tensor::empty({2, 3, 9, 11}, DType::F64);
   for (int64_t i = 0; i < ties.numel(); ++i) ties.set(i, double(rng.below(3)));
   ties.set(4 * 11 + 5, NAN);
@@ -186,6 +186,29 @@ TEST_CASE("CUDA misc ops in bfloat16 and NHWC equal the CPU ops in the same dtyp
        {false, true}, true, true, true},
       {"upsample_nearest2x_concat large", up_cat, {{2, 64, 64, 64}, {2, 64, 128, 128}},
        {true, true}, true, true, true},
+      // Element counts, channel counts and concat offsets that hold whole 16-byte packs, so
+      // the kernels move 8 bf16 or 4 floats a thread access (kernels/cuda/elementwise.cu,
+      // resample.cu); the cases above move one value at a time, except the large ones.
+      {"relu 16 channels", [](const std::vector<Tensor>& v) { return relu(v[0]); }, {s16}, {true},
+       true, true, true},
+      {"sigmoid 16 channels", [](const std::vector<Tensor>& v) { return sigmoid(v[0]); }, {s16},
+       {true}, false, false, false, -6, 6},
+      {"add 16 channels", [](const std::vector<Tensor>& v) { return add(v[0], v[1]); },
+       {s16, s16}, {true, true}, false, true, true},
+      {"scale 16 channels", [](const std::vector<Tensor>& v) { return scale(v[0], -1.5); }, {s16},
+       {true}, false, false, false},
+      {"upsample_nearest2x 16 channels",
+       [](const std::vector<Tensor>& v) { return upsample_nearest2x(v[0]); }, {{2, 16, 5, 7}},
+       {true}, true, true, true},
+      {"concat_channels 8, 16, 8 channels",
+       [](const std::vector<Tensor>& v) { return concat_channels({v[0], v[1], v[2]}); },
+       {{2, 8, 5, 3}, {2, 16, 5, 3}, {2, 8, 5, 3}}, {true, false, true}, true, true, true},
+      {"upsample_nearest2x_concat 24 + 8 channels", up_cat, {{2, 24, 3, 5}, {2, 8, 6, 10}},
+       {true, true}, true, true, true},
+      {"upsample_nearest2x_concat 24 + 8 channels, x only", up_cat,
+       {{2, 24, 3, 5}, {2, 8, 6, 10}}, {true, false}, true, true, true},
+      {"upsample_nearest2x_concat 24 + 8 channels, skip only", up_cat,
+       {{2, 24, 3, 5}, {2, 8, 6, 10}}, {false, true}, true, true, true},
   };
   for (const Case& c : cases)
     for (DType dt : {DType::BF16, DType::F32})
