@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 
 #include "runtime/cuda/runtime.cuh"
 #include "runtime/tensor_ref.h"
@@ -73,9 +75,25 @@ template <class S, int V> struct alignas(sizeof(S) * V) Pack {
   S v[V];
 };
 
+// The pack at p (aligned to V values). A misaligned vector access faults on a GPU (misaligned
+// address); on x86 it would just work, so the CUDA emulator stops the run there instead.
+template <int V, class S> __device__ __forceinline__ Pack<S, V>& pack_at(S* p) {
+#ifdef UNETCU_CUDA_EMU
+  if (reinterpret_cast<uintptr_t>(p) % sizeof(Pack<S, V>) != 0) {
+    std::fprintf(stderr, "CUDA emulator: a %d-byte access at %p is not aligned to its size\n",
+                 int(sizeof(Pack<S, V>)), static_cast<const void*>(p));
+    std::abort();
+  }
+#endif
+  return *reinterpret_cast<Pack<S, V>*>(p);
+}
+template <int V, class S> __device__ __forceinline__ const Pack<S, V>& pack_at(const S* p) {
+  return pack_at<V>(const_cast<S*>(p));
+}
+
 // out[j] = p[j] widened to the compute type; p aligned to V values.
 template <int V, class S> __device__ __forceinline__ void load_pack(const S* p, acc_t<S> (&out)[V]) {
-  const Pack<S, V> pk = *reinterpret_cast<const Pack<S, V>*>(p);
+  const Pack<S, V> pk = pack_at<V>(p);
   for (int j = 0; j < V; ++j) out[j] = acc_t<S>(pk.v[j]);
 }
 
@@ -87,10 +105,10 @@ __device__ __forceinline__ void store_pack(S* p, const acc_t<S> (&in)[V], acc_t<
   if (beta == acc_t<S>(0)) {
     for (int j = 0; j < V; ++j) pk.v[j] = to_storage<S>(in[j]);
   } else {
-    pk = *reinterpret_cast<const Pack<S, V>*>(p);
+    pk = pack_at<V>(p);
     for (int j = 0; j < V; ++j) pk.v[j] = to_storage<S>(acc_t<S>(pk.v[j]) + in[j]);
   }
-  *reinterpret_cast<Pack<S, V>*>(p) = pk;
+  pack_at<V>(p) = pk;
 }
 
 // Whether every pointer given (null ones pass) is aligned to `bytes`.

@@ -17,7 +17,7 @@ namespace {
 template <int V, class S> __global__ void fill_kernel(S* d, S v, int64_t n) {
   Pack<S, V> pk;
   for (int j = 0; j < V; ++j) pk.v[j] = v;
-  GRID_STRIDE(i, n) *reinterpret_cast<Pack<S, V>*>(d + i * V) = pk;
+  GRID_STRIDE(i, n) pack_at<V>(d + i * V) = pk;
 }
 template <int V, class S>
 __global__ void axpby_kernel(S* d, acc_t<S> a, const S* s, acc_t<S> b, int64_t n) {

@@ -126,8 +126,7 @@ __global__ void upsample_concat_backward_kernel(const S* gy, S* gx, acc_t<S> bet
 
 // Copies unit `from` of src to unit `to` of dst, V values as they are.
 template <int V, class S, class I> __device__ __forceinline__ void copy_unit(S* dst, I to, const S* src, I from) {
-  *reinterpret_cast<Pack<S, V>*>(dst + to * I(V)) =
-      *reinterpret_cast<const Pack<S, V>*>(src + from * I(V));
+  pack_at<V>(dst + to * I(V)) = pack_at<V>(src + from * I(V));
 }
 
 // Stores the 2x2 block sums of the units at `left` and `left + step` of rows top and bottom

@@ -14,7 +14,7 @@
 // 2^-20 of the tensor's largest element covers sums that cancel; float32 results are held to
 // 2^-20 relative and that absolute term.
 // Device blocks are poisoned with NaN, so an element a kernel forgets to write fails; the large
-// cases exceed one grid-stride pass (4096 blocks of 256 threads).
+// cases exceed one grid-stride pass (4096 blocks of 256 threads), the packed one in packs.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -25,6 +25,7 @@
 #include "engine/ops.h"
 #include "engine/random.h"
 #include "engine/tape.h"
+#include "kernels/launchers.h"
 #include "runtime/cuda_api.h"
 
 using namespace unetcu;
@@ -188,7 +189,8 @@ TEST_CASE("CUDA misc ops in bfloat16 and NHWC equal the CPU ops in the same dtyp
        {true, true}, true, true, true},
       // Element counts, channel counts and concat offsets that hold whole 16-byte packs, so
       // the kernels move 8 bf16 or 4 floats a thread access (kernels/cuda/elementwise.cu,
-      // resample.cu); the cases above move one value at a time, except the large ones.
+      // resample.cu); of the cases above only the large ones (and float32 concat's third
+      // input) do.
       {"relu 16 channels", [](const std::vector<Tensor>& v) { return relu(v[0]); }, {s16}, {true},
        true, true, true},
       {"sigmoid 16 channels", [](const std::vector<Tensor>& v) { return sigmoid(v[0]); }, {s16},
@@ -209,6 +211,9 @@ TEST_CASE("CUDA misc ops in bfloat16 and NHWC equal the CPU ops in the same dtyp
        {{2, 24, 3, 5}, {2, 8, 6, 10}}, {true, false}, true, true, true},
       {"upsample_nearest2x_concat 24 + 8 channels, skip only", up_cat,
        {{2, 24, 3, 5}, {2, 8, 6, 10}}, {false, true}, true, true, true},
+      // Packs past one grid-stride pass: 2^21 bf16 packs forward, 1.3 M backward.
+      {"upsample_nearest2x_concat packs large", up_cat, {{1, 128, 128, 128}, {1, 128, 256, 256}},
+       {true, true}, true, true, true},
   };
   for (const Case& c : cases)
     for (DType dt : {DType::BF16, DType::F32})
@@ -279,4 +284,90 @@ TEST_CASE("CUDA losses on bfloat16 and NHWC logits equal the CPU losses") {
               }
             }
           }
+}
+
+// The packed kernels (kernels/cuda/common.cuh) take a 16-byte pack per access only where every
+// pointer is aligned to one; a GPU faults on a misaligned vector access and the emulator stops
+// the run there. Tensors one element past an aligned address, whose channel counts would allow
+// packs, go through the launchers one value at a time and give what the aligned tensors give:
+// the same bits for the elementwise passes, the batch-norm statistics within float32 rounding
+// (their partial sums group otherwise).
+TEST_CASE("CUDA packed kernels take one value at a time on tensors not aligned to a pack") {
+  Setup setup;
+  Rng rng(213);
+  namespace kc = kernels::cuda;
+  for (DType dt : {DType::BF16, DType::F32}) {
+    CAPTURE(std::string(dtype_name(dt)));
+    const int64_t es = int64_t(dtype_size(dt));
+    // A flat device buffer holding values[first, first + numel) at its start (aligned) or one
+    // element in (misaligned), and the 4-dimensional NHWC view of those values.
+    struct Buffer {
+      Tensor flat;
+      TensorRef view;
+    };
+    auto buffer = [&](const std::vector<double>& values, const Shape& shape, bool misaligned) {
+      std::vector<double> v(values);
+      if (misaligned) v.insert(v.begin(), 0.0);
+      Buffer b{Tensor::from_vector({int64_t(v.size())}, v, DType::F64).to(dt).to(kGpu), {}};
+      b.view = TensorRef(static_cast<char*>(b.flat.raw()) + (misaligned ? es : 0), dt, kGpu,
+                         shape, kNHWC);
+      return b;
+    };
+    auto values_of = [](const Buffer& b, bool misaligned) {
+      std::vector<double> v = b.flat.to(Device::cpu()).to_vector();
+      if (misaligned) v.erase(v.begin());
+      return v;
+    };
+    auto random_values = [&](int64_t n) {
+      std::vector<double> v(static_cast<size_t>(n));
+      for (double& e : v) e = double(float(kernels::bf16(float(rng.uniform(-2, 2)))));
+      return v;
+    };
+    const Shape s{2, 16, 3, 5};
+    const int64_t n = shape_numel(s), C = s[1];
+    const std::vector<double> xv = random_values(n), rv = random_values(n), zero(size_t(n), 0.0);
+    std::vector<std::vector<double>> relu_out, bn_out;
+    std::vector<std::vector<double>> stats;
+    Tensor mean_a, invstd_a;
+    for (bool mis : {false, true}) {
+      CAPTURE(mis);
+      const Buffer x = buffer(xv, s, mis), r = buffer(rv, s, mis);
+      const Buffer y = buffer(zero, s, mis), y2 = buffer(zero, s, mis);
+      kc::relu_forward(x.view, y.view);
+      relu_out.push_back(values_of(y, mis));
+      Tensor mean = Tensor::zeros({C}, DType::F32, kGpu), invstd = Tensor::zeros({C}, DType::F32, kGpu);
+      Tensor rm = Tensor::zeros({C}, DType::F32, kGpu), rvar = Tensor::full({C}, 1.0, DType::F32, kGpu);
+      kc::batchnorm_stats(x.view, mean, invstd, rm, rvar, 0.1, 1e-5);
+      std::vector<double> st = mean.to(Device::cpu()).to_vector();
+      for (double e : invstd.to(Device::cpu()).to_vector()) st.push_back(e);
+      for (double e : rvar.to(Device::cpu()).to_vector()) st.push_back(e);
+      stats.push_back(st);
+      if (!mis) {
+        mean_a = mean;
+        invstd_a = invstd;
+      }
+      const Tensor gamma = Tensor::full({C}, 1.5, DType::F32, kGpu);
+      const Tensor beta = Tensor::full({C}, -0.25, DType::F32, kGpu);
+      kc::batchnorm_add_relu_forward(x.view, gamma, beta, mean_a, invstd_a, r.view, y2.view);
+      bn_out.push_back(values_of(y2, mis));
+    }
+    CHECK(relu_out[0] == relu_out[1]);
+    CHECK(bn_out[0] == bn_out[1]);
+    REQUIRE(stats[0].size() == stats[1].size());
+    for (size_t i = 0; i < stats[0].size(); ++i) {
+      CAPTURE(i);
+      CHECK(std::fabs(stats[1][i] - stats[0][i]) <= 1e-6 * std::fabs(stats[0][i]) + 1e-7);
+    }
+    // Upsample into the concat buffer with only x misaligned: every pointer is checked.
+    const Shape xs{1, 16, 2, 3}, ss{1, 8, 4, 6}, ys{1, 24, 4, 6};
+    const std::vector<double> ux = random_values(shape_numel(xs)), us = random_values(shape_numel(ss));
+    std::vector<std::vector<double>> cat_out;
+    for (bool mis : {false, true}) {
+      const Buffer x = buffer(ux, xs, mis), sk = buffer(us, ss, false);
+      const Buffer y = buffer(std::vector<double>(size_t(shape_numel(ys)), 0.0), ys, false);
+      kc::upsample2x_concat_forward(x.view, sk.view, y.view);
+      cat_out.push_back(values_of(y, false));
+    }
+    CHECK(cat_out[0] == cat_out[1]);
+  }
 }
