@@ -28,39 +28,36 @@ __global__ void axpby_kernel(S* d, acc_t<S> a, const S* s, acc_t<S> b, int64_t n
     store_pack<V>(d + i * V, v, b);
   }
 }
-template <int V, class S> __global__ void relu_forward_kernel(const S* x, S* y, int64_t n) {
+// y = f(x) and gx = df(gy, y) (written or accumulated by b) for relu and sigmoid: F gives
+// forward(x) and backward(gy, y) over the bodies.
+struct Relu {
+  template <class T> __device__ T forward(T x) const { return kernels::relu_forward(x); }
+  template <class T> __device__ T backward(T gy, T y) const {
+    return kernels::relu_backward(gy, y);
+  }
+};
+struct Sigmoid {
+  template <class T> __device__ T forward(T x) const { return kernels::sigmoid_forward(x); }
+  template <class T> __device__ T backward(T gy, T y) const {
+    return kernels::sigmoid_backward(gy, y);
+  }
+};
+template <int V, class F, class S>
+__global__ void unary_forward_kernel(F f, const S* x, S* y, int64_t n) {
   GRID_STRIDE(i, n) {
     acc_t<S> v[V];
     load_pack<V>(x + i * V, v);
-    for (int j = 0; j < V; ++j) v[j] = kernels::relu_forward(v[j]);
+    for (int j = 0; j < V; ++j) v[j] = f.forward(v[j]);
     store_pack<V>(y + i * V, v);
   }
 }
-template <int V, class S>
-__global__ void relu_backward_kernel(const S* gy, const S* y, S* gx, acc_t<S> b, int64_t n) {
+template <int V, class F, class S>
+__global__ void unary_backward_kernel(F f, const S* gy, const S* y, S* gx, acc_t<S> b, int64_t n) {
   GRID_STRIDE(i, n) {
     acc_t<S> g[V], yv[V];
     load_pack<V>(gy + i * V, g);
     load_pack<V>(y + i * V, yv);
-    for (int j = 0; j < V; ++j) g[j] = kernels::relu_backward(g[j], yv[j]);
-    store_pack<V>(gx + i * V, g, b);
-  }
-}
-template <int V, class S> __global__ void sigmoid_forward_kernel(const S* x, S* y, int64_t n) {
-  GRID_STRIDE(i, n) {
-    acc_t<S> v[V];
-    load_pack<V>(x + i * V, v);
-    for (int j = 0; j < V; ++j) v[j] = kernels::sigmoid_forward(v[j]);
-    store_pack<V>(y + i * V, v);
-  }
-}
-template <int V, class S>
-__global__ void sigmoid_backward_kernel(const S* gy, const S* y, S* gx, acc_t<S> b, int64_t n) {
-  GRID_STRIDE(i, n) {
-    acc_t<S> g[V], yv[V];
-    load_pack<V>(gy + i * V, g);
-    load_pack<V>(y + i * V, yv);
-    for (int j = 0; j < V; ++j) g[j] = kernels::sigmoid_backward(g[j], yv[j]);
+    for (int j = 0; j < V; ++j) g[j] = f.backward(g[j], yv[j]);
     store_pack<V>(gx + i * V, g, b);
   }
 }
@@ -123,8 +120,8 @@ void relu_forward(const TensorRef& x, const TensorRef& y) {
   Launch l(x);
   UNETCU_DISPATCH_STORAGE(x.dtype(), S, {
     by_packs<S>(n, [&](auto pack, int blocks, int64_t units) {
-      relu_forward_kernel<decltype(pack)::value><<<blocks, kThreads, 0, l.stream>>>(
-          x.data<S>(), y.data<S>(), units);
+      unary_forward_kernel<decltype(pack)::value><<<blocks, kThreads, 0, l.stream>>>(
+          Relu(), x.data<S>(), y.data<S>(), units);
     }, x.data<S>(), y.data<S>());
   });
   CUDA_CHECK_LAUNCH(l.stream, "relu_forward");
@@ -137,8 +134,8 @@ void relu_backward(const TensorRef& grad_y, const TensorRef& y, const TensorRef&
   Launch l(y);
   UNETCU_DISPATCH_STORAGE(y.dtype(), S, {
     by_packs<S>(n, [&](auto pack, int blocks, int64_t units) {
-      relu_backward_kernel<decltype(pack)::value><<<blocks, kThreads, 0, l.stream>>>(
-          grad_y.data<S>(), y.data<S>(), grad_x.data<S>(), acc_t<S>(beta), units);
+      unary_backward_kernel<decltype(pack)::value><<<blocks, kThreads, 0, l.stream>>>(
+          Relu(), grad_y.data<S>(), y.data<S>(), grad_x.data<S>(), acc_t<S>(beta), units);
     }, grad_y.data<S>(), y.data<S>(), grad_x.data<S>());
   });
   CUDA_CHECK_LAUNCH(l.stream, "relu_backward");
@@ -150,8 +147,8 @@ void sigmoid_forward(const TensorRef& x, const TensorRef& y) {
   Launch l(x);
   UNETCU_DISPATCH_STORAGE(x.dtype(), S, {
     by_packs<S>(n, [&](auto pack, int blocks, int64_t units) {
-      sigmoid_forward_kernel<decltype(pack)::value><<<blocks, kThreads, 0, l.stream>>>(
-          x.data<S>(), y.data<S>(), units);
+      unary_forward_kernel<decltype(pack)::value><<<blocks, kThreads, 0, l.stream>>>(
+          Sigmoid(), x.data<S>(), y.data<S>(), units);
     }, x.data<S>(), y.data<S>());
   });
   CUDA_CHECK_LAUNCH(l.stream, "sigmoid_forward");
@@ -164,8 +161,8 @@ void sigmoid_backward(const TensorRef& grad_y, const TensorRef& y, const TensorR
   Launch l(y);
   UNETCU_DISPATCH_STORAGE(y.dtype(), S, {
     by_packs<S>(n, [&](auto pack, int blocks, int64_t units) {
-      sigmoid_backward_kernel<decltype(pack)::value><<<blocks, kThreads, 0, l.stream>>>(
-          grad_y.data<S>(), y.data<S>(), grad_x.data<S>(), acc_t<S>(beta), units);
+      unary_backward_kernel<decltype(pack)::value><<<blocks, kThreads, 0, l.stream>>>(
+          Sigmoid(), grad_y.data<S>(), y.data<S>(), grad_x.data<S>(), acc_t<S>(beta), units);
     }, grad_y.data<S>(), y.data<S>(), grad_x.data<S>());
   });
   CUDA_CHECK_LAUNCH(l.stream, "sigmoid_backward");

@@ -125,7 +125,8 @@ __global__ void upsample_concat_backward_kernel(const S* gy, S* gx, acc_t<S> bet
 // times V.
 
 // Copies unit `from` of src to unit `to` of dst, V values as they are.
-template <int V, class S, class I> __device__ __forceinline__ void copy_unit(S* dst, I to, const S* src, I from) {
+template <int V, class S, class I>
+__device__ __forceinline__ void copy_unit(S* dst, I to, const S* src, I from) {
   pack_at<V>(dst + to * I(V)) = pack_at<V>(src + from * I(V));
 }
 
