@@ -250,10 +250,10 @@ struct SumsFinish {
   }
 };
 
-// Whether a pass over the geometry can move packs of V values: the packed dimension (C in
-// NHWC, a plane in NCHW) a multiple of V, and every pointer of the term or op aligned to a pack.
-template <int V, class S, class TermOrOp> bool packed(const Geo& d, const TermOrOp& t) {
-  return V > 1 && (d.nhwc ? d.C : d.HW) % V == 0 && t.packs(sizeof(S) * V);
+// Whether a pass over the geometry can move packs of S: the packed dimension (C in NHWC, a
+// plane in NCHW) a multiple of a pack, and every pointer of the term or op aligned to one.
+template <class S, class TermOrOp> bool geo_packs(const Geo& d, const TermOrOp& t) {
+  return packs_fit<S>({d.nhwc ? d.C : d.HW}) && t.packs(sizeof(S) * kPack<S>);
 }
 
 // The partials of term over the geometry, V values (a pack) a thread access, then finish per
@@ -301,10 +301,9 @@ void reduce_packed(const Geo& d, const Term& term, const Finish& finish, int dev
 template <class S, class Term, class Finish>
 void reduce(const Geo& d, const Term& term, const Finish& finish, int device, cudaStream_t stream,
             const char* what) {
-  if (packed<kPack<S>, S>(d, term))
-    reduce_packed<kPack<S>>(d, term, finish, device, stream, what);
-  else
-    reduce_packed<1>(d, term, finish, device, stream, what);
+  with_pack<S>(geo_packs<S>(d, term), [&](auto pack) {
+    reduce_packed<decltype(pack)::value>(d, term, finish, device, stream, what);
+  });
 }
 
 // ---- elementwise passes ------------------------------------------------------------------
@@ -365,10 +364,9 @@ void elementwise_packed(const Geo& d, const Op& op, cudaStream_t stream, const c
 template <class S, class Op>
 void elementwise(const Geo& d, const Op& op, cudaStream_t stream, const char* what) {
   if (d.pixels() == 0 || d.C == 0) return;
-  if (packed<kPack<S>, S>(d, op))
-    elementwise_packed<kPack<S>>(d, op, stream, what);
-  else
-    elementwise_packed<1>(d, op, stream, what);
+  with_pack<S>(geo_packs<S>(d, op), [&](auto pack) {
+    elementwise_packed<decltype(pack)::value>(d, op, stream, what);
+  });
 }
 
 template <class T> struct NormConsts {

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
+#include <type_traits>
 
 #include "runtime/cuda/runtime.cuh"
 #include "runtime/tensor_ref.h"
@@ -115,6 +117,23 @@ __device__ __forceinline__ void store_pack(S* p, const acc_t<S> (&in)[V], acc_t<
 inline bool aligned_to(size_t) { return true; }
 template <class P, class... Ps> bool aligned_to(size_t bytes, P* p, Ps*... ps) {
   return reinterpret_cast<uintptr_t>(p) % bytes == 0 && aligned_to(bytes, ps...);
+}
+
+// Whether packs of S fit a launch: every count given a multiple of kPack<S> and every pointer
+// (null ones pass) aligned to a pack.
+template <class S, class... Ps> bool packs_fit(std::initializer_list<int64_t> counts, Ps*... ptrs) {
+  for (int64_t c : counts)
+    if (c % kPack<S> != 0) return false;
+  return aligned_to(sizeof(S) * kPack<S>, ptrs...);
+}
+
+// Calls f(std::integral_constant<int, V>()) with V = kPack<S> where `fits` (packs_fit), else
+// with V = 1: the one choice between packed and scalar accesses every launcher makes.
+template <class S, class F> void with_pack(bool fits, F&& f) {
+  if (fits)
+    f(std::integral_constant<int, kPack<S>>());
+  else
+    f(std::integral_constant<int, 1>());
 }
 
 // The CUDA backend computes in float32 (the op layer checks); launchers read float data.

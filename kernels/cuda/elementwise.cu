@@ -72,15 +72,14 @@ template <int V, class S> __global__ void add_kernel(const S* a, const S* b, S* 
 }
 
 // Launches k<V> over n elements as n / V units: V = kPack<S> where n is a multiple of it and
-// every pointer aligned to a pack, else 1. launch(k, blocks, units) is called with the
-// kernel instance.
+// every pointer aligned to a pack, else 1 (with_pack). launch(pack, blocks, units) is called
+// with V as pack's value.
 template <class S, class Launcher, class... Ptrs>
 void by_packs(int64_t n, Launcher&& launch, Ptrs*... ptrs) {
-  constexpr int V = kPack<S>;
-  if (n % V == 0 && aligned_to(sizeof(S) * V, ptrs...))
-    launch(std::integral_constant<int, V>(), blocks_for(n / V), n / V);
-  else
-    launch(std::integral_constant<int, 1>(), blocks_for(n), n);
+  with_pack<S>(packs_fit<S>({n}, ptrs...), [&](auto pack) {
+    constexpr int V = decltype(pack)::value;
+    launch(pack, blocks_for(n / V), n / V);
+  });
 }
 
 }  // namespace

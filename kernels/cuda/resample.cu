@@ -240,21 +240,6 @@ __global__ void upsample_concat_backward_nhwc_kernel(const S* gy, S* gx, acc_t<S
   }
 }
 
-// Calls f(std::integral_constant<int, V>()) with V = kPack<S> where every channel count given
-// is a multiple of it and every pointer aligned to a pack, else V = 1.
-template <class S, class F>
-void with_pack(std::initializer_list<int64_t> channels, std::initializer_list<const void*> ptrs,
-               F&& f) {
-  constexpr int V = kPack<S>;
-  bool ok = true;
-  for (int64_t c : channels) ok = ok && c % V == 0;
-  for (const void* p : ptrs) ok = ok && aligned_to(sizeof(S) * V, p);
-  if (ok)
-    f(std::integral_constant<int, V>());
-  else
-    f(std::integral_constant<int, 1>());
-}
-
 // Threads along one row: a multiple of the warp size, no more than the row needs (up to 256).
 int row_threads(int64_t row) { return int(std::clamp<int64_t>((row + 31) / 32 * 32, 32, kThreads)); }
 // Blocks along one axis of the grid, capped where the grid-stride loops take over.
@@ -272,7 +257,7 @@ void upsample2x_forward(const TensorRef& x, const TensorRef& y) {
       const int64_t C = x.dim(1), H = x.dim(2), W = x.dim(3);
       const Divider<I> d_ow(2 * W), d_oh(2 * H);
       if (x.nhwc())
-        with_pack<S>({C}, {x.data<S>(), y.data<S>()}, [&](auto pack) {
+        with_pack<S>(packs_fit<S>({C}, x.data<S>(), y.data<S>()), [&](auto pack) {
           constexpr int V = decltype(pack)::value;
           upsample_forward_nhwc_kernel<V, S, I><<<blocks_for(n / V), kThreads, 0, l.stream>>>(
               x.data<S>(), y.data<S>(), I(C / V), I(H), I(W), Divider<I>(C / V), d_ow, d_oh,
@@ -295,7 +280,7 @@ void upsample2x_backward(const TensorRef& grad_y, const TensorRef& grad_x, doubl
       using I = decltype(index);
       const int64_t C = grad_x.dim(1), W = grad_x.dim(3);
       if (grad_x.nhwc())
-        with_pack<S>({C}, {grad_y.data<S>(), grad_x.data<S>()}, [&](auto pack) {
+        with_pack<S>(packs_fit<S>({C}, grad_y.data<S>(), grad_x.data<S>()), [&](auto pack) {
           constexpr int V = decltype(pack)::value;
           upsample_backward_nhwc_kernel<V, S, I><<<blocks_for(n / V), kThreads, 0, l.stream>>>(
               grad_y.data<S>(), grad_x.data<S>(), acc_t<S>(beta), I(C / V), I(W),
@@ -318,7 +303,8 @@ void concat_forward_part(const TensorRef& x, const TensorRef& y, int64_t channel
       using I = decltype(index);
       const int64_t Cx = x.dim(1), Cy = y.dim(1), HW = x.dim(2) * x.dim(3);
       if (x.nhwc())
-        with_pack<S>({Cx, Cy, channel_offset}, {x.data<S>(), y.data<S>()}, [&](auto pack) {
+        with_pack<S>(packs_fit<S>({Cx, Cy, channel_offset}, x.data<S>(), y.data<S>()),
+                     [&](auto pack) {
           constexpr int V = decltype(pack)::value;
           concat_forward_nhwc_kernel<V, S, I><<<blocks_for(n / V), kThreads, 0, l.stream>>>(
               x.data<S>(), y.data<S>(), Divider<I>(Cx / V), I(Cy / V), I(channel_offset / V),
@@ -342,7 +328,7 @@ void concat_backward_part(const TensorRef& grad_y, const TensorRef& grad_x, int6
       using I = decltype(index);
       const int64_t Cx = grad_x.dim(1), Cy = grad_y.dim(1), HW = grad_x.dim(2) * grad_x.dim(3);
       if (grad_x.nhwc())
-        with_pack<S>({Cx, Cy, channel_offset}, {grad_y.data<S>(), grad_x.data<S>()},
+        with_pack<S>(packs_fit<S>({Cx, Cy, channel_offset}, grad_y.data<S>(), grad_x.data<S>()),
                      [&](auto pack) {
           constexpr int V = decltype(pack)::value;
           concat_backward_nhwc_kernel<V, S, I><<<blocks_for(n / V), kThreads, 0, l.stream>>>(
@@ -367,7 +353,8 @@ void upsample2x_concat_forward(const TensorRef& x, const TensorRef& skip, const 
       with_index_type(y.numel(), [&](auto index) {
         using I = decltype(index);
         const int64_t Cx = x.dim(1), Cs = skip.dim(1), H = x.dim(2), W = x.dim(3);
-        with_pack<S>({Cx, Cs}, {x.data<S>(), skip.data<S>(), y.data<S>()}, [&](auto pack) {
+        with_pack<S>(packs_fit<S>({Cx, Cs}, x.data<S>(), skip.data<S>(), y.data<S>()),
+                     [&](auto pack) {
           constexpr int V = decltype(pack)::value;
           const int64_t n = y.numel() / V;
           upsample_concat_forward_nhwc_kernel<V, S, I><<<blocks_for(n), kThreads, 0, l.stream>>>(
@@ -400,7 +387,7 @@ void upsample2x_concat_backward(const TensorRef& grad_y, const TensorRef& grad_x
       if (nx + ns > 0)
         with_index_type(grad_y.numel(), [&](auto index) {  // nx + ns <= grad_y's elements
           using I = decltype(index);
-          with_pack<S>({Cx, Cs}, {grad_y.data<S>(), gx, gs}, [&](auto pack) {
+          with_pack<S>(packs_fit<S>({Cx, Cs}, grad_y.data<S>(), gx, gs), [&](auto pack) {
             constexpr int V = decltype(pack)::value;
             upsample_concat_backward_nhwc_kernel<V, S, I>
                 <<<blocks_for((nx + ns) / V), kThreads, 0, l.stream>>>(
