@@ -5,7 +5,8 @@
 //
 // Exact where both backends do the same float32 operations in the same order: copies and
 // maxima (forward), the 2×2 and concat gradients, the max-pool gradient written and accumulated
-// (the CUDA gather adds a window's gradients onto grad_x's value in the CPU scatter's order).
+// (the CUDA gather adds a window's gradients onto grad_x's value in the CPU scatter's order,
+// channel by channel also where it moves packs of channels).
 // Elsewhere each backend's float32 value differs by float32 roundings only (CUDA contracts
 // a*b + c into an FMA, its exp/log1p are not the CPU's), and a bfloat16 store rounds each, so
 // the two stored values are at most one bfloat16 step apart: |gpu - cpu| <= 2u |cpu|
@@ -156,6 +157,12 @@ TEST_CASE("CUDA misc ops in bfloat16 and NHWC equal the CPU ops in the same dtyp
   for (int64_t i = 0; i < ties.numel(); ++i) ties.set(i, double(rng.below(3)));
   ties.set(4 * 11 + 5, NAN);
   ties.set(99 + 8 * 11 + 10, NAN);
+  // The same in 16 channels, where NHWC holds whole packs: NaNs in several channels of one
+  // pack, next to ties.
+  Tensor ties16 = Tensor::empty({2, 16, 9, 11}, DType::F64);
+  for (int64_t i = 0; i < ties16.numel(); ++i) ties16.set(i, double(rng.below(3)));
+  for (int64_t c : {0, 3, 7, 8, 15}) ties16.set((c * 9 + 4) * 11 + 5, NAN);
+  ties16.set(((16 + 9) * 9 + 8) * 11 + 10, NAN);
   const Op up_cat = [](const std::vector<Tensor>& v) { return upsample_nearest2x_concat(v[0], v[1]); };
   std::vector<Case> cases = {
       {"relu", [](const std::vector<Tensor>& v) { return relu(v[0]); }, {s}, {true}, true, true, true},
@@ -211,6 +218,15 @@ TEST_CASE("CUDA misc ops in bfloat16 and NHWC equal the CPU ops in the same dtyp
        {{2, 24, 3, 5}, {2, 8, 6, 10}}, {true, false}, true, true, true},
       {"upsample_nearest2x_concat 24 + 8 channels, skip only", up_cat,
        {{2, 24, 3, 5}, {2, 8, 6, 10}}, {false, true}, true, true, true},
+      {"max_pool2d 3x3/2 pad 1, 16 channels", pool(Pool2dOptions::square(3, 2, 1)),
+       {{2, 16, 13, 11}}, {true}, true, true, true},
+      {"max_pool2d 2x3/(1,2) pad (1,1), 16 channels", pool(Pool2dOptions{2, 3, 1, 2, 1, 1}),
+       {{2, 16, 7, 6}}, {true}, true, true, true},
+      {"max_pool2d ties and NaN, 16 channels", pool(Pool2dOptions::square(3, 2, 1)),
+       {ties16.shape()}, {true}, true, true, true, -1, 1, ties16},
+      // Packs past one grid-stride pass: 1.1 M bf16 packs of grad_x.
+      {"max_pool2d packs large", pool(Pool2dOptions::square(3, 2, 1)), {{2, 64, 256, 272}},
+       {true}, true, true, true},
       // Packs past one grid-stride pass: 2^21 bf16 packs forward, 1.3 M backward.
       {"upsample_nearest2x_concat packs large", up_cat, {{1, 128, 128, 128}, {1, 128, 256, 256}},
        {true, true}, true, true, true},
@@ -369,5 +385,24 @@ TEST_CASE("CUDA packed kernels take one value at a time on tensors not aligned t
       cat_out.push_back(values_of(y, false));
     }
     CHECK(cat_out[0] == cat_out[1]);
+    // Max pooling with x, then grad_y, then grad_x (accumulated onto) misaligned in turn.
+    const Shape ps{2, 16, 5, 6}, pys{2, 16, 3, 3};
+    const kernels::PoolGeometry pg{5, 6, 3, 3, 3, 3, 2, 2, 1, 1};
+    const std::vector<double> px = random_values(shape_numel(ps)), pgy = random_values(shape_numel(pys));
+    const std::vector<double> pgx = random_values(shape_numel(ps));
+    std::vector<std::vector<double>> pool_y, pool_gx;
+    for (int mis = 0; mis < 4; ++mis) {  // 0: all aligned, else the one misaligned
+      CAPTURE(mis);
+      const Buffer x = buffer(px, ps, mis == 1), gy = buffer(pgy, pys, mis == 2);
+      const Buffer gx = buffer(pgx, ps, mis == 3), y = buffer(std::vector<double>(pgy.size()), pys, false);
+      kc::maxpool_forward(x.view, y.view, pg);
+      pool_y.push_back(values_of(y, false));
+      kc::maxpool_backward(gy.view, x.view, gx.view, 1.0, pg);
+      pool_gx.push_back(values_of(gx, mis == 3));
+    }
+    for (int mis = 1; mis < 4; ++mis) {
+      CHECK(pool_y[size_t(mis)] == pool_y[0]);
+      CHECK(pool_gx[size_t(mis)] == pool_gx[0]);
+    }
   }
 }
