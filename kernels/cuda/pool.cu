@@ -184,7 +184,7 @@ void maxpool_forward(const TensorRef& x, const TensorRef& y, const PoolGeometry&
       using I = decltype(index);
       const int64_t C = x.dim(1);
       constexpr int V = kPack<S>;
-      if (x.nhwc() && packs_fit<S>({C}, x.data<S>(), y.data<S>()))
+      if (x.nhwc() && y.nhwc() && packs_fit<S>({C}, x.data<S>(), y.data<S>()))
         maxpool_forward_nhwc_kernel<V, S, I><<<blocks_for(n / V), kThreads, 0, l.stream>>>(
             x.data<S>(), y.data<S>(), Dims4Div<I>(in_units(y.dims4(), V)), g, C, I(n / V));
       else
@@ -206,7 +206,8 @@ void maxpool_backward(const TensorRef& grad_y, const TensorRef& x, const TensorR
       using I = decltype(index);
       const int64_t C = x.dim(1);
       constexpr int V = kPack<S>;
-      if (x.nhwc() && packs_fit<S>({C}, grad_y.data<S>(), x.data<S>(), grad_x.data<S>()))
+      if (x.nhwc() && grad_y.nhwc() && grad_x.nhwc() &&
+          packs_fit<S>({C}, grad_y.data<S>(), x.data<S>(), grad_x.data<S>()))
         maxpool_backward_nhwc_kernel<V, S, I><<<blocks_for(n / V), kThreads, 0, l.stream>>>(
             grad_y.data<S>(), x.data<S>(), grad_x.data<S>(), acc_t<S>(beta),
             Dims4Div<I>(in_units(x.dims4(), V)), g, C, Divider<I>(g.sh), Divider<I>(g.sw),

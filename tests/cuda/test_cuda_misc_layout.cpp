@@ -15,7 +15,7 @@
 // 2^-20 of the tensor's largest element covers sums that cancel; float32 results are held to
 // 2^-20 relative and that absolute term.
 // Device blocks are poisoned with NaN, so an element a kernel forgets to write fails; the large
-// cases exceed one grid-stride pass (4096 blocks of 256 threads), the packed one in packs.
+// cases exceed one grid-stride pass (4096 blocks of 256 threads), the packed ones in packs.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -181,6 +181,9 @@ TEST_CASE("CUDA misc ops in bfloat16 and NHWC equal the CPU ops in the same dtyp
        true, true, true},
       {"max_pool2d large", pool(Pool2dOptions::square(3, 2, 1)), {{4, 64, 64, 72}}, {true}, true,
        true, true},
+      // 70 channels take no packs: the scalar NHWC kernel past one grid-stride pass backward.
+      {"max_pool2d large, 70 channels", pool(Pool2dOptions::square(3, 2, 1)), {{4, 70, 64, 72}},
+       {true}, true, true, true},
       {"upsample_nearest2x", [](const std::vector<Tensor>& v) { return upsample_nearest2x(v[0]); },
        {s}, {true}, true, true, true},
       {"concat_channels",
@@ -385,22 +388,24 @@ TEST_CASE("CUDA packed kernels take one value at a time on tensors not aligned t
       cat_out.push_back(values_of(y, false));
     }
     CHECK(cat_out[0] == cat_out[1]);
-    // Max pooling with x, then grad_y, then grad_x (accumulated onto) misaligned in turn.
+    // Max pooling with x, then grad_y, then grad_x (accumulated onto), then y misaligned in
+    // turn.
     const Shape ps{2, 16, 5, 6}, pys{2, 16, 3, 3};
     const kernels::PoolGeometry pg{5, 6, 3, 3, 3, 3, 2, 2, 1, 1};
     const std::vector<double> px = random_values(shape_numel(ps)), pgy = random_values(shape_numel(pys));
     const std::vector<double> pgx = random_values(shape_numel(ps));
     std::vector<std::vector<double>> pool_y, pool_gx;
-    for (int mis = 0; mis < 4; ++mis) {  // 0: all aligned, else the one misaligned
+    for (int mis = 0; mis < 5; ++mis) {  // 0: all aligned, else the one misaligned
       CAPTURE(mis);
       const Buffer x = buffer(px, ps, mis == 1), gy = buffer(pgy, pys, mis == 2);
-      const Buffer gx = buffer(pgx, ps, mis == 3), y = buffer(std::vector<double>(pgy.size()), pys, false);
+      const Buffer gx = buffer(pgx, ps, mis == 3);
+      const Buffer y = buffer(std::vector<double>(pgy.size()), pys, mis == 4);
       kc::maxpool_forward(x.view, y.view, pg);
-      pool_y.push_back(values_of(y, false));
+      pool_y.push_back(values_of(y, mis == 4));
       kc::maxpool_backward(gy.view, x.view, gx.view, 1.0, pg);
       pool_gx.push_back(values_of(gx, mis == 3));
     }
-    for (int mis = 1; mis < 4; ++mis) {
+    for (int mis = 1; mis < 5; ++mis) {
       CHECK(pool_y[size_t(mis)] == pool_y[0]);
       CHECK(pool_gx[size_t(mis)] == pool_gx[0]);
     }
