@@ -37,6 +37,26 @@ __global__ void maxpool_forward_kernel(const S* x, Dims4Div<I> dx, S* y, Dims4Di
   }
 }
 
+// The output positions whose windows cover input pixel (ih, iw): rows [oh_lo, oh_hi], columns
+// [ow_lo, ow_hi] (empty where lo > hi). Along rows, oh*sh - ph <= ih <= oh*sh - ph + kh - 1, so
+// oh >= ceil((ih + ph - kh + 1) / sh) = floor((ih + ph - kh + sh) / sh) (0 when negative) and
+// oh <= floor((ih + ph) / sh); columns alike. The divisions by the strides go through
+// dividers.
+struct Covering {
+  int64_t oh_lo, oh_hi, ow_lo, ow_hi;
+};
+template <class I>
+__device__ Covering covering(I ih, I iw, const PoolGeometry& g, const Divider<I>& sh,
+                             const Divider<I>& sw) {
+  const int64_t lo_h = int64_t(ih) + g.ph - g.kh + g.sh, lo_w = int64_t(iw) + g.pw - g.kw + g.sw;
+  Covering r;
+  r.oh_lo = lo_h < 0 ? 0 : int64_t(sh.div(I(lo_h)));
+  r.oh_hi = min(g.OH - 1, int64_t(sh.div(I(int64_t(ih) + g.ph))));
+  r.ow_lo = lo_w < 0 ? 0 : int64_t(sw.div(I(lo_w)));
+  r.ow_hi = min(g.OW - 1, int64_t(sw.div(I(int64_t(iw) + g.pw))));
+  return r;
+}
+
 // grad_x over its elements in memory order: the sum of grad_y over the windows covering the
 // element whose argmax it is, in output order, then written or accumulated by beta. The
 // window bounds divide by the strides through dividers (sh, sw).
@@ -52,19 +72,12 @@ __global__ void maxpool_backward_kernel(const S* gy, Dims4Div<I> dy, const S* x,
     const S* gp = gy + plane_base(dy, nn, c);
     const int64_t stride = pixel_stride(dx);  // the same in grad_y (one format)
     const int64_t self = int64_t(ih) * g.W + int64_t(iw);
-    // Output rows whose window covers ih: oh*sh - ph <= ih <= oh*sh - ph + kh - 1, so
-    // oh >= ceil((ih + ph - kh + 1) / sh) = floor((ih + ph - kh + sh) / sh) (0 when negative)
-    // and oh <= floor((ih + ph) / sh).
-    const int64_t lo_h = int64_t(ih) + g.ph - g.kh + g.sh, lo_w = int64_t(iw) + g.pw - g.kw + g.sw;
-    const int64_t oh_lo = lo_h < 0 ? 0 : int64_t(sh.div(I(lo_h)));
-    const int64_t oh_hi = min(g.OH - 1, int64_t(sh.div(I(int64_t(ih) + g.ph))));
-    const int64_t ow_lo = lo_w < 0 ? 0 : int64_t(sw.div(I(lo_w)));
-    const int64_t ow_hi = min(g.OW - 1, int64_t(sw.div(I(int64_t(iw) + g.pw))));
+    const Covering r = covering(ih, iw, g, sh, sw);
     // Accumulating, the sum starts from grad_x's value, as the CPU's scatter adds each window
     // onto it: the same float additions in the same order, so both backends agree bit for bit.
     A acc = beta == A(0) ? A(0) : A(gx[i]);
-    for (int64_t oh = oh_lo; oh <= oh_hi; ++oh)
-      for (int64_t ow = ow_lo; ow <= ow_hi; ++ow)
+    for (int64_t oh = r.oh_lo; oh <= r.oh_hi; ++oh)
+      for (int64_t ow = r.ow_lo; ow <= r.ow_hi; ++ow)
         if (maxpool_argmax(p, g, oh, ow, stride) == self) acc += A(gp[(oh * g.OW + ow) * stride]);
     gx[i] = to_storage<S>(acc);
   }
@@ -142,18 +155,14 @@ __global__ void maxpool_backward_nhwc_kernel(const S* gy, const S* x, S* gx, acc
     const S* p = x + int64_t(nn) * g.H * g.W * C + int64_t(cu) * V;
     const S* gp = gy + int64_t(nn) * g.OH * g.OW * C + int64_t(cu) * V;
     const int64_t self = int64_t(ih) * g.W + int64_t(iw);
-    const int64_t lo_h = int64_t(ih) + g.ph - g.kh + g.sh, lo_w = int64_t(iw) + g.pw - g.kw + g.sw;
-    const int64_t oh_lo = lo_h < 0 ? 0 : int64_t(sh.div(I(lo_h)));
-    const int64_t oh_hi = min(g.OH - 1, int64_t(sh.div(I(int64_t(ih) + g.ph))));
-    const int64_t ow_lo = lo_w < 0 ? 0 : int64_t(sw.div(I(lo_w)));
-    const int64_t ow_hi = min(g.OW - 1, int64_t(sw.div(I(int64_t(iw) + g.pw))));
+    const Covering r = covering(ih, iw, g, sh, sw);
     A acc[V];
     if (beta == A(0))
       for (int l = 0; l < V; ++l) acc[l] = A(0);
     else
       load_pack<V>(gx + int64_t(i) * V, acc);
-    for (int64_t oh = oh_lo; oh <= oh_hi; ++oh)
-      for (int64_t ow = ow_lo; ow <= ow_hi; ++ow) {
+    for (int64_t oh = r.oh_lo; oh <= r.oh_hi; ++oh)
+      for (int64_t ow = r.ow_lo; ow <= r.ow_hi; ++ow) {
         const PackMax<V, S> m = pack_argmax<V>(p, g, oh, ow, C);
         bool hit = false;
         for (int l = 0; l < V; ++l) hit = hit || m.at[l] == self;
