@@ -3,8 +3,6 @@
 // type: a bfloat16 element is read as float, computed there and rounded once on store. The
 // loops walk memory order, so they serve either memory format (the op layer makes operands
 // agree), in 16-byte packs where the element count and the pointers allow (by_packs).
-#include <type_traits>
-
 #include "kernels/cuda/common.cuh"
 #include "kernels/bodies/elementwise.h"
 #include "kernels/launchers.h"

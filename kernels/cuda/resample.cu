@@ -6,9 +6,6 @@
 // neighbouring threads move neighbouring channels of a pixel. Kernels that walk a flat index
 // take their coordinates through dividers in index type I (32-bit where the tensors allow,
 // kernels/bodies/divide.h): no division instruction per element.
-#include <initializer_list>
-#include <type_traits>
-
 #include "kernels/cuda/common.cuh"
 #include "kernels/bodies/elementwise.h"
 #include "kernels/launchers.h"
