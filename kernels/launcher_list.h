@@ -69,12 +69,15 @@
                                  const TensorRef& beta, const TensorRef& mean,                     \
                                  const TensorRef& invstd, const TensorRef& residual,               \
                                  const TensorRef& y))                                              \
-  /* From y (the forward's output) and x: g = grad_y where y > 0; grad_residual = g; dgamma,       \
-     dbeta and dx of the batch norm for g (training: batch statistics, else constants). Any        \
-     gradient may be absent; each written or accumulated by its beta. */                           \
+  /* g = grad_y where the forward's output y > 0; grad_residual = g; dgamma, dbeta and dx of       \
+     the batch norm for g (training: batch statistics, else constants). With a residual y is       \
+     given and read; without one y may be absent, and the mask is then recomputed from x, gamma    \
+     and beta with the forward's bits (bn_relu_passes), grad_residual absent. Any gradient may     \
+     be absent; each written or accumulated by its beta. */                                        \
   X(batchnorm_add_relu_backward, (const TensorRef& grad_y, const TensorRef& y,                     \
                                   const TensorRef& x, const TensorRef& gamma,                      \
-                                  const TensorRef& mean, const TensorRef& invstd, bool training,   \
+                                  const TensorRef& beta, const TensorRef& mean,                    \
+                                  const TensorRef& invstd, bool training,                          \
                                   const TensorRef& grad_x, double beta_x,                          \
                                   const TensorRef& grad_gamma, double beta_gamma,                  \
                                   const TensorRef& grad_beta, double beta_beta,                    \

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <vector>
 
+#include "bn_mask_check.h"
 #include "engine/ops.h"
 #include "testing.h"
 
@@ -421,4 +422,18 @@ TEST_CASE("batch norm ops take per-channel tensors in the compute dtype and a re
   CHECK_THROWS_AS(batch_norm_add_relu(b16.x, b16.gamma, b16.beta, b16.residual.to(DType::F32),
                                       rm, rv, true),
                   Error);
+}
+
+TEST_CASE("batch_norm_relu's backward recomputes the forward's ReLU mask from x, bit for bit") {
+  // tests/bn_mask_check.h: inputs on the edges where a mask recomputed with other roundings
+  // than the forward's goes wrong (a cancelling multiply-add, bf16's rounding to zero), in
+  // every dtype and format, planes and channel counts that take packs and ones that do not.
+  for (DType act : {DType::F64, DType::F32, DType::BF16})
+    for (MemoryFormat fmt : {MemoryFormat::NCHW, MemoryFormat::NHWC})
+      for (const Shape& s : {Shape{2, 16, 5, 7}, Shape{2, 16, 4, 8}, Shape{3, 5, 3, 3}}) {
+        CAPTURE(std::string(dtype_name(act)));
+        CAPTURE(std::string(format_name(fmt)));
+        CAPTURE(shape_str(s));
+        testing_bn::check_relu_mask_recomputed(Device::cpu(), act, fmt, s, 7);
+      }
 }

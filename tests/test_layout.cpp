@@ -54,6 +54,37 @@ TEST_CASE("bfloat16 rounds to nearest, ties to even") {
   CHECK(worst > std::ldexp(1.0, -9));  // and rounding does happen
 }
 
+TEST_CASE("a value is stored as a positive bfloat16 exactly when it exceeds stored_zero_bound") {
+  // The fused batch norm's backward tests v > stored_zero_bound<bf16, float>() for "the
+  // forward stored bf16(relu(v)) > 0" (kernels/bodies/batchnorm.h): every float from 0 to
+  // 2^17 bits (all subnormals near the bound and the first normals), both signs, and random
+  // bit patterns of every magnitude, infinities and NaN.
+  const float bound = kernels::stored_zero_bound<bf16, float>();
+  CHECK(bound > 0);
+  CHECK(kernels::stored_zero_bound<float, float>() == 0);
+  CHECK(kernels::stored_zero_bound<double, double>() == 0);
+  const auto stored_positive = [](float v) { return float(bf16(v > 0 ? v : 0.0f)) > 0; };
+  int64_t wrong = 0;
+  const auto check_bits = [&](uint32_t u) {
+    float v;
+    std::memcpy(&v, &u, 4);
+    if (stored_positive(v) != (v > bound)) ++wrong;
+  };
+  for (uint32_t u = 0; u <= 0x20000u; ++u) {
+    check_bits(u);
+    check_bits(u | 0x80000000u);
+  }
+  Rng rng(9);
+  for (int i = 0; i < 1000000; ++i) check_bits(uint32_t(rng.next()));
+  for (float v : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                  std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::max()})
+    check_bits([&] { uint32_t u; std::memcpy(&u, &v, 4); return u; }());
+  CHECK(wrong == 0);
+  // The edge itself: bits 0x8000 is a tie between 0 and the smallest subnormal, to even (0).
+  CHECK(float(bf16(bound)) == 0.0f);
+  CHECK(float(bf16(std::nextafter(bound, 1.0f))) > 0.0f);
+}
+
 TEST_CASE("an NHWC tensor lays out channels last and reads in logical order") {
   Rng rng(5);
   const Shape s{2, 3, 4, 5};

@@ -153,10 +153,12 @@ Tensor batch_norm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta,
 
 // relu(batch_norm2d(x) + residual) (no add without a residual) in one elementwise pass each way.
 // Forward: the statistics (training: one pass of shifted sums; eval: the running statistics),
-// then y in one pass over x (and the residual). Backward: one reduction pass over (dy, y, x)
-// for sum(g) and sum(g * xhat), g = dy where y > 0 (dgamma, dbeta and the sums dx needs), then
-// one pass writing dx and the residual's gradient g. Saved: x and y (not the unfused ops'
-// normalised and summed intermediates). Under synchronized batch norm in training the statistics
+// then y in one pass over x (and the residual). Backward: one reduction pass over (dy, x), and
+// y with a residual, for sum(g) and sum(g * xhat), g = dy where y > 0 (dgamma, dbeta and the
+// sums dx needs), then one pass writing dx and the residual's gradient g. Without a residual
+// the mask y > 0 is recomputed from x, gamma and beta with the forward's bits, so y is not
+// read (one value fewer per element in each pass). Saved: x, and y with a residual (not the
+// unfused ops' normalised and summed intermediates). Under synchronized batch norm in training the statistics
 // cross replicas: the unfused ops run.
 static Tensor batch_norm_add_relu_impl(const char* op, const Tensor& x, const Tensor& gamma,
                                        const Tensor& beta, const Tensor* residual,
@@ -200,8 +202,8 @@ static Tensor batch_norm_add_relu_impl(const char* op, const Tensor& x, const Te
                                              residual->same_storage(gamma) ||
                                              residual->same_storage(beta));
     Tape::record(op, inputs, {y},
-                 [x, gamma, mean, invstd, y = y.detach(), training, has_residual = bool(residual),
-                  residual_apart](BackwardContext& ctx) {
+                 [x, gamma, beta, mean, invstd, y = residual ? y.detach() : Tensor(), training,
+                  has_residual = bool(residual), residual_apart](BackwardContext& ctx) {
                    Tensor gx, gg, gb, gr;
                    double bx = 0, bg = 0, bb = 0, br = 0;
                    if (ctx.needs_grad(0)) gx = ctx.grad_input(0, &bx);
@@ -210,12 +212,13 @@ static Tensor batch_norm_add_relu_impl(const char* op, const Tensor& x, const Te
                    const bool want_r = has_residual && ctx.needs_grad(3);
                    if (want_r && !residual_apart) gr = ctx.grad_input(3, &br);
                    UNETCU_LAUNCH(x.device(), batchnorm_add_relu_backward, ctx.grad_output(0), y, x,
-                                 gamma, mean, invstd, training, gx, bx, gg, bg, gb, bb, gr, br);
+                                 gamma, beta, mean, invstd, training, gx, bx, gg, bg, gb, bb, gr,
+                                 br);
                    if (want_r && residual_apart) {
                      gr = ctx.grad_input(3, &br);
                      UNETCU_LAUNCH(x.device(), relu_backward, ctx.grad_output(0), y, gr, br);
                    }
-                 }, OpCost{(residual ? 12 : 11) * n, (residual ? 8 : 7) * bytes_of({&x})});
+                 }, OpCost{(residual ? 12 : 15) * n, (residual ? 8 : 5) * bytes_of({&x})});
   }
   return y;
 }

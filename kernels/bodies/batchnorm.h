@@ -12,8 +12,10 @@
 
 namespace unetcu::kernels {
 
+// The scale and shift as one mul_add (bodies/common.h): the same bits in every kernel of a
+// build, which the fused op's backward needs when it recomputes the ReLU mask (below).
 template <class T> HD T bn_normalize(T x, T mean, T invstd, T gamma, T beta) {
-  return (x - mean) * invstd * gamma + beta;
+  return mul_add((x - mean) * invstd, gamma, beta);
 }
 
 // Training-mode input gradient, with M = N*H*W elements in the channel, xhat the normalised
@@ -69,27 +71,31 @@ template <class T> HD T bn_relu_forward(T x, T mean, T invstd, T gamma, T beta) 
   return relu_forward(bn_normalize(x, mean, invstd, gamma, beta));
 }
 
-// Backward. g = relu_backward(dy, y) is the gradient of bn(x) + r, so also the residual's
-// gradient; the batch norm's sums are sum(g) and sum(g * xhat) (dbeta and dgamma), and
+// Whether the fused op without a residual stored a positive y for this x, from x instead of
+// y: the forward's bn_normalize (its mul_add gives the same bits in every kernel) against the
+// bound below which rounding to the storage type S gives zero (stored_zero_bound), so the
+// answer is y > 0 bit for bit, where y = to_storage<S>(relu_forward(v)): relu_forward(v) is
+// v where v > 0 and 0 otherwise (a NaN too), and a positive v is stored as a positive S
+// exactly when v exceeds the bound. The backward then reads dy and x only, not y: one value
+// fewer per element in each of its two passes.
+template <class S, class T> HD bool bn_relu_passes(T x, T mean, T invstd, T gamma, T beta) {
+  return bn_normalize(x, mean, invstd, gamma, beta) > stored_zero_bound<S, T>();
+}
+
+// Where the backward's ReLU mask comes from: none (the plain batch norm, g = dy), the stored
+// output y (relu_backward(dy, y), the fused op with a residual), or x (bn_relu_passes, the
+// fused op without one).
+enum class ReluMask { none, stored_y, from_x };
+
+// g, the gradient of bn(x) + r, from the output's gradient dy: also the residual's gradient.
+// The batch norm's sums are sum(g) and sum(g * xhat) (dbeta and dgamma), and
 //   training: dx = bn_backward_train(g, xhat, ...),  eval: dx = g * gamma * invstd.
-template <class T> HD T bn_relu_backward_dx(T dy, T y, T x, T mean, T invstd, T gamma_invstd,
-                                            T inv_m, T sum_g, T sum_g_xhat, bool training) {
-  const T g = relu_backward(dy, y);
-  return training ? bn_backward_train(g, (x - mean) * invstd, gamma_invstd, inv_m, sum_g, sum_g_xhat)
-                  : g * gamma_invstd;
-}
-// g and xhat of one element, the terms of the sums (added in double).
-template <class T> HD void bn_relu_grad_terms(T dy, T y, T x, T mean, T invstd, T& g, T& xhat) {
-  g = relu_backward(dy, y);
-  xhat = (x - mean) * invstd;
-}
-template <class T>
-HD void bn_relu_grad_accumulate(T dy, T y, T x, T mean, T invstd, double& sum_g,
-                                double& sum_g_xhat) {
-  T g, xhat;
-  bn_relu_grad_terms(dy, y, x, mean, invstd, g, xhat);
-  sum_g += g;
-  sum_g_xhat += double(g) * double(xhat);
+// y is read only with stored_y; gamma and beta only with from_x.
+template <ReluMask M, class S, class T>
+HD T bn_relu_grad(T dy, T y, T x, T mean, T invstd, T gamma, T beta) {
+  if constexpr (M == ReluMask::none) return dy;
+  else if constexpr (M == ReluMask::stored_y) return relu_backward(dy, y);
+  else return bn_relu_passes<S>(x, mean, invstd, gamma, beta) ? dy : T(0);
 }
 
 }  // namespace unetcu::kernels

@@ -70,4 +70,12 @@ template <class S, class A> HD S to_storage(A v) { return S(v); }
 template <> HD bf16 to_storage<bf16, float>(float v) { return bf16(v); }
 template <> HD bf16 to_storage<bf16, double>(double v) { return bf16(v); }
 
+// The largest value of A that to_storage<S> rounds to zero: a value v of A is stored as a
+// positive S exactly when v > stored_zero_bound<S, A>() (NaN: never). Zero for float and
+// double; for bfloat16 the float of bits 0x8000 (2^-134, half the smallest bf16 subnormal, a
+// tie that rounds to the even zero): a positive float of bits u rounds to bits
+// (u + 0x7fff + lsb) >> 16, which is 0 exactly when u <= 0x8000.
+template <class S, class A> HD A stored_zero_bound() { return A(0); }
+template <> HD float stored_zero_bound<bf16, float>() { return bits_float(0x8000u); }
+
 }  // namespace unetcu::kernels

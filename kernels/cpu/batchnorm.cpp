@@ -13,6 +13,7 @@
 // loop.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/bodies/batchnorm.h"
@@ -45,6 +46,10 @@ int64_t grain_for(const Geo& d, int64_t iterations) {
 constexpr int64_t kChunkValues = 4096;
 
 template <class T> T* data_or_null(const TensorRef& t) { return t.defined() ? t.data<T>() : nullptr; }
+
+template <class T> struct NormConsts {
+  T mean, invstd, gamma, beta;
+};
 
 // ---- drivers -----------------------------------------------------------------------------
 
@@ -135,13 +140,14 @@ void shifted_sums(const S* x, const Geo& d, const double* shift, double* out) {
       out);
 }
 
-// Sums of g and g * xhat over one NCHW plane of HW values, g = dy (kMask false) or
-// relu_backward(dy, y). The terms are formed a block at a time in a loop of their own, which
-// the compiler vectorises (the ReLU mask a blend: as a branch inside the summing loop it is
-// mispredicted half the time), then added in double in eight lanes combined in a fixed order.
-template <bool kMask, class S>
-void plane_grad_sums(const S* gy, const S* y, const S* x, acc_t<S> mean, acc_t<S> invstd,
-                     int64_t HW, double* sum_g, double* sum_g_xhat) {
+// Sums of g and g * xhat over one NCHW plane of HW values, g = bn_relu_grad<M>(dy, ...): dy,
+// or dy where the fused op's output is positive (from y or recomputed from x). The terms are
+// formed a block at a time in a loop of their own, which the compiler vectorises (the ReLU mask
+// a blend: as a branch inside the summing loop it is mispredicted half the time), then added
+// in double in eight lanes combined in a fixed order. y is read only with stored_y.
+template <ReluMask M, class S>
+void plane_grad_sums(const S* gy, const S* y, const S* x, NormConsts<acc_t<S>> k, int64_t HW,
+                     double* sum_g, double* sum_g_xhat) {
   using T = acc_t<S>;
   constexpr int kBlock = 256;
   T g[kBlock], xhat[kBlock];
@@ -149,12 +155,10 @@ void plane_grad_sums(const S* gy, const S* y, const S* x, acc_t<S> mean, acc_t<S
   for (int64_t q0 = 0; q0 < HW; q0 += kBlock) {
     const int n = int(std::min<int64_t>(kBlock, HW - q0));
     for (int j = 0; j < n; ++j) {
-      if constexpr (kMask) {
-        bn_relu_grad_terms(T(gy[q0 + j]), T(y[q0 + j]), T(x[q0 + j]), mean, invstd, g[j], xhat[j]);
-      } else {
-        g[j] = T(gy[q0 + j]);
-        xhat[j] = (T(x[q0 + j]) - mean) * invstd;
-      }
+      const T xv = T(x[q0 + j]);
+      const T yv = M == ReluMask::stored_y ? T(y[q0 + j]) : T(0);
+      g[j] = bn_relu_grad<M, S>(T(gy[q0 + j]), yv, xv, k.mean, k.invstd, k.gamma, k.beta);
+      xhat[j] = (xv - k.mean) * k.invstd;
     }
     int j = 0;
     for (; j + 8 <= n; j += 8)
@@ -171,16 +175,20 @@ void plane_grad_sums(const S* gy, const S* y, const S* x, acc_t<S> mean, acc_t<S
   *sum_g_xhat = ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
 }
 
-// Per channel sum(g) and sum(g * xhat), [2, C]; g = dy, or relu_backward(dy, y) with kMask.
-template <bool kMask, class S>
-void grad_sums(const S* gy, const S* y, const S* x, const acc_t<S>* mean,
-               const acc_t<S>* invstd, const Geo& d, double* out) {
+// Per channel sum(g) and sum(g * xhat), [2, C]; g = bn_relu_grad<M>(dy, ...). gamma and beta
+// are read only with from_x (absent otherwise), y only with stored_y.
+template <ReluMask M, class S>
+void grad_sums(const S* gy, const S* y, const S* x, const acc_t<S>* mean, const acc_t<S>* invstd,
+               const acc_t<S>* gamma, const acc_t<S>* beta, const Geo& d, double* out) {
   using T = acc_t<S>;
+  constexpr bool kAffine = M == ReluMask::from_x;
   channel_sums2(
       d,
       [&](int64_t base, int64_t c, double* s1, double* s2) {
-        plane_grad_sums<kMask>(gy + base, kMask ? y + base : nullptr, x + base, mean[c],
-                               invstd[c], d.HW, s1, s2);
+        const NormConsts<T> k{mean[c], invstd[c], kAffine ? gamma[c] : T(0),
+                              kAffine ? beta[c] : T(0)};
+        plane_grad_sums<M>(gy + base, M == ReluMask::stored_y ? y + base : nullptr, x + base, k,
+                           d.HW, s1, s2);
       },
       [&](int64_t base, double* __restrict a, double* __restrict b) {
         // As plane_grad_sums: the terms of a block of channels first (vectorised, the mask a
@@ -188,18 +196,16 @@ void grad_sums(const S* gy, const S* y, const S* x, const acc_t<S>* mean,
         constexpr int64_t kBlock = 256;
         T g[kBlock], xhat[kBlock];
         const S *g_row = gy + base, *x_row = x + base;
-        const S* y_row = kMask ? y + base : nullptr;
+        const S* y_row = M == ReluMask::stored_y ? y + base : nullptr;
         for (int64_t c0 = 0; c0 < d.C; c0 += kBlock) {
           const int64_t n = std::min(kBlock, d.C - c0);
           for (int64_t j = 0; j < n; ++j) {
             const int64_t c = c0 + j;
-            if constexpr (kMask) {
-              bn_relu_grad_terms(T(g_row[c]), T(y_row[c]), T(x_row[c]), mean[c], invstd[c], g[j],
-                                 xhat[j]);
-            } else {
-              g[j] = T(g_row[c]);
-              xhat[j] = (T(x_row[c]) - mean[c]) * invstd[c];
-            }
+            const T xv = T(x_row[c]);
+            const T yv = M == ReluMask::stored_y ? T(y_row[c]) : T(0);
+            g[j] = bn_relu_grad<M, S>(T(g_row[c]), yv, xv, mean[c], invstd[c],
+                                      kAffine ? gamma[c] : T(0), kAffine ? beta[c] : T(0));
+            xhat[j] = (xv - mean[c]) * invstd[c];
           }
           for (int64_t j = 0; j < n; ++j) {
             a[c0 + j] += double(g[j]);
@@ -234,10 +240,6 @@ void stats(const S* x, const Geo& d, double momentum, double eps, acc_t<S>* mean
 }
 
 // ---- elementwise passes ------------------------------------------------------------------
-
-template <class T> struct NormConsts {
-  T mean, invstd, gamma, beta;
-};
 
 // y = bn_normalize(x) with the given per-channel mean and invstd (batch or running).
 template <class S>
@@ -277,31 +279,31 @@ void store_block(S* dst, const acc_t<S>* v, int64_t n, acc_t<S> beta) {
   }
 }
 
-template <bool kFused, bool kTraining, class S>
+template <ReluMask M, bool kTraining, class S>
 void grad_apply_blocks(const S* gy, const S* y, const S* x, const acc_t<S>* mean,
-                       const acc_t<S>* invstd, const acc_t<S>* gi, const acc_t<S>* sg,
-                       const acc_t<S>* sgx, acc_t<S> inv_m, S* gx, acc_t<S> beta_x, S* gr,
-                       acc_t<S> beta_r, const Geo& d) {
+                       const acc_t<S>* invstd, const acc_t<S>* gamma, const acc_t<S>* beta,
+                       const acc_t<S>* gi, const acc_t<S>* sg, const acc_t<S>* sgx,
+                       acc_t<S> inv_m, S* gx, acc_t<S> beta_x, S* gr, acc_t<S> beta_r,
+                       const Geo& d) {
   using T = acc_t<S>;
+  constexpr bool kAffine = M == ReluMask::from_x, kReadX = kTraining || kAffine;
   // The values of the n elements from memory index i0 on, channel chan(j) for the j-th.
   const auto block = [&](int64_t i0, int64_t n, auto chan) {
     T dx[kApplyBlock], dr[kApplyBlock];
     for (int64_t j = 0; j < n; ++j) {
       const int64_t c = chan(j), i = i0 + j;
-      const T dy = T(gy[i]);
-      if constexpr (kFused) {
-        const T yv = T(y[i]);
-        dx[j] = bn_relu_backward_dx(dy, yv, T(x[i]), mean[c], invstd[c], gi[c], inv_m, sg[c],
-                                    sgx[c], kTraining);
-        dr[j] = kernels::relu_backward(dy, yv);
-      } else if constexpr (kTraining) {
-        dx[j] = bn_backward_train(dy, (T(x[i]) - mean[c]) * invstd[c], gi[c], inv_m, sg[c], sgx[c]);
-      } else {
-        dx[j] = dy * gi[c];
-      }
+      const T xv = kReadX ? T(x[i]) : T(0);
+      const T yv = M == ReluMask::stored_y ? T(y[i]) : T(0);
+      const T g = bn_relu_grad<M, S>(T(gy[i]), yv, xv, mean[c], invstd[c],
+                                     kAffine ? gamma[c] : T(0), kAffine ? beta[c] : T(0));
+      if constexpr (kTraining)
+        dx[j] = bn_backward_train(g, (xv - mean[c]) * invstd[c], gi[c], inv_m, sg[c], sgx[c]);
+      else
+        dx[j] = g * gi[c];
+      dr[j] = g;
     }
     if (gx) store_block(gx + i0, dx, n, beta_x);
-    if (kFused && gr) store_block(gr + i0, dr, n, beta_r);
+    if (M != ReluMask::none && gr) store_block(gr + i0, dr, n, beta_r);
   };
   if (!d.nhwc) {  // per plane, the channel fixed
     parallel_for(d.N * d.C, [&](int64_t nc) {
@@ -318,9 +320,9 @@ void grad_apply_blocks(const S* gy, const S* y, const S* x, const acc_t<S>* mean
 }
 
 // dx (and, fused, the residual's gradient) from the channel sums [2, C] (absent where not
-// needed). kFused: g = relu_backward(dy, y), and gr = g.
-template <bool kFused, class S>
-void grad_apply(const S* gy, const S* y, const S* x, const acc_t<S>* gamma,
+// needed). g = bn_relu_grad<M>(dy, ...), and gr = g.
+template <ReluMask M, class S>
+void grad_apply(const S* gy, const S* y, const S* x, const acc_t<S>* gamma, const acc_t<S>* beta,
                 const acc_t<S>* mean, const acc_t<S>* invstd, const double* sums, double count,
                 bool training, S* gx, acc_t<S> beta_x, S* gr, acc_t<S> beta_r, const Geo& d) {
   using T = acc_t<S>;
@@ -335,11 +337,11 @@ void grad_apply(const S* gy, const S* y, const S* x, const acc_t<S>* gamma,
     }
   }
   if (training)
-    grad_apply_blocks<kFused, true>(gy, y, x, mean, invstd, gi.data(), sg.data(), sgx.data(),
-                                    inv_m, gx, beta_x, gr, beta_r, d);
+    grad_apply_blocks<M, true>(gy, y, x, mean, invstd, gamma, beta, gi.data(), sg.data(),
+                               sgx.data(), inv_m, gx, beta_x, gr, beta_r, d);
   else
-    grad_apply_blocks<kFused, false>(gy, y, x, mean, invstd, gi.data(), sg.data(), sgx.data(),
-                                     inv_m, gx, beta_x, gr, beta_r, d);
+    grad_apply_blocks<M, false>(gy, y, x, mean, invstd, gamma, beta, gi.data(), sg.data(),
+                                sgx.data(), inv_m, gx, beta_x, gr, beta_r, d);
 }
 
 // dgamma = sum(g * xhat), dbeta = sum(g) from the sums [2, C]; each absent or written or
@@ -353,24 +355,24 @@ void store_param_grads(const double* sums, int64_t C, T* ggamma, T beta_gamma, T
   }
 }
 
-// Backward of batch_norm2d (kFused false: y absent, g = dy) and of the fused op (g =
-// relu_backward(dy, y)): one reduction pass for the sums when any gradient needs them, then
-// one elementwise pass for dx (and the residual's gradient).
-template <bool kFused, class S>
-void backward(const S* gy, const S* y, const S* x, const acc_t<S>* gamma, const acc_t<S>* mean,
-              const acc_t<S>* invstd, bool training, S* gx, acc_t<S> beta_x, acc_t<S>* ggamma,
-              acc_t<S> beta_gamma, acc_t<S>* gbeta, acc_t<S> beta_beta, S* gr, acc_t<S> beta_r,
-              const Geo& d) {
+// Backward of batch_norm2d (M none: y absent, g = dy) and of the fused op (g = dy where its
+// output is positive, from y or from x, gamma and beta): one reduction pass for the sums when
+// any gradient needs them, then one elementwise pass for dx (and the residual's gradient).
+template <ReluMask M, class S>
+void backward(const S* gy, const S* y, const S* x, const acc_t<S>* gamma, const acc_t<S>* beta,
+              const acc_t<S>* mean, const acc_t<S>* invstd, bool training, S* gx,
+              acc_t<S> beta_x, acc_t<S>* ggamma, acc_t<S> beta_gamma, acc_t<S>* gbeta,
+              acc_t<S> beta_beta, S* gr, acc_t<S> beta_r, const Geo& d) {
   const bool need_sums = ggamma || gbeta || (gx && training);
   std::vector<double> sums;
   if (need_sums) {
     sums.resize(size_t(2 * d.C));
-    grad_sums<kFused>(gy, y, x, mean, invstd, d, sums.data());
+    grad_sums<M>(gy, y, x, mean, invstd, gamma, beta, d, sums.data());
     store_param_grads(sums.data(), d.C, ggamma, beta_gamma, gbeta, beta_beta);
   }
   if (!gx && !gr) return;
-  grad_apply<kFused>(gy, y, x, gamma, mean, invstd, need_sums ? sums.data() : nullptr,
-                     double(d.pixels()), training, gx, beta_x, gr, beta_r, d);
+  grad_apply<M>(gy, y, x, gamma, beta, mean, invstd, need_sums ? sums.data() : nullptr,
+                double(d.pixels()), training, gx, beta_x, gr, beta_r, d);
 }
 
 }  // namespace
@@ -419,10 +421,11 @@ void batchnorm_backward(const TensorRef& grad_y, const TensorRef& x, const Tenso
                         double beta_gamma, const TensorRef& grad_beta, double beta_beta) {
   UNETCU_DISPATCH_STORAGE(x.dtype(), S, {
     using T = acc_t<S>;
-    backward<false, S>(grad_y.data<S>(), nullptr, x.data<S>(), gamma.data<T>(), mean.data<T>(),
-                       invstd.data<T>(), training, data_or_null<S>(grad_x), T(beta_x),
-                       data_or_null<T>(grad_gamma), T(beta_gamma), data_or_null<T>(grad_beta),
-                       T(beta_beta), nullptr, T(0), geo_of(x));
+    backward<ReluMask::none, S>(grad_y.data<S>(), nullptr, x.data<S>(), gamma.data<T>(),
+                                nullptr, mean.data<T>(), invstd.data<T>(), training,
+                                data_or_null<S>(grad_x), T(beta_x), data_or_null<T>(grad_gamma),
+                                T(beta_gamma), data_or_null<T>(grad_beta), T(beta_beta), nullptr,
+                                T(0), geo_of(x));
   });
 }
 
@@ -461,18 +464,25 @@ void batchnorm_add_relu_forward(const TensorRef& x, const TensorRef& gamma, cons
 }
 
 void batchnorm_add_relu_backward(const TensorRef& grad_y, const TensorRef& y, const TensorRef& x,
-                                 const TensorRef& gamma, const TensorRef& mean,
-                                 const TensorRef& invstd, bool training, const TensorRef& grad_x,
-                                 double beta_x, const TensorRef& grad_gamma, double beta_gamma,
+                                 const TensorRef& gamma, const TensorRef& beta,
+                                 const TensorRef& mean, const TensorRef& invstd, bool training,
+                                 const TensorRef& grad_x, double beta_x,
+                                 const TensorRef& grad_gamma, double beta_gamma,
                                  const TensorRef& grad_beta, double beta_beta,
                                  const TensorRef& grad_residual, double beta_residual) {
   UNETCU_DISPATCH_STORAGE(x.dtype(), S, {
     using T = acc_t<S>;
-    backward<true, S>(grad_y.data<S>(), y.data<S>(), x.data<S>(), gamma.data<T>(),
-                      mean.data<T>(), invstd.data<T>(), training, data_or_null<S>(grad_x),
-                      T(beta_x), data_or_null<T>(grad_gamma), T(beta_gamma),
-                      data_or_null<T>(grad_beta), T(beta_beta), data_or_null<S>(grad_residual),
-                      T(beta_residual), geo_of(x));
+    const auto run = [&](auto mask) {
+      backward<decltype(mask)::value, S>(
+          grad_y.data<S>(), data_or_null<S>(y), x.data<S>(), gamma.data<T>(), beta.data<T>(),
+          mean.data<T>(), invstd.data<T>(), training, data_or_null<S>(grad_x), T(beta_x),
+          data_or_null<T>(grad_gamma), T(beta_gamma), data_or_null<T>(grad_beta), T(beta_beta),
+          data_or_null<S>(grad_residual), T(beta_residual), geo_of(x));
+    };
+    if (y.defined())
+      run(std::integral_constant<ReluMask, ReluMask::stored_y>{});
+    else
+      run(std::integral_constant<ReluMask, ReluMask::from_x>{});
   });
 }
 
@@ -535,8 +545,9 @@ void batchnorm_grad_sums(const TensorRef& grad_y, const TensorRef& x, const Tens
                          const TensorRef& invstd, const TensorRef& sums) {
   UNETCU_DISPATCH_STORAGE(x.dtype(), S, {
     using T = acc_t<S>;
-    grad_sums<false, S>(grad_y.data<S>(), nullptr, x.data<S>(), mean.data<T>(), invstd.data<T>(),
-                        geo_of(x), sums.data<double>());
+    grad_sums<ReluMask::none, S>(grad_y.data<S>(), nullptr, x.data<S>(), mean.data<T>(),
+                                 invstd.data<T>(), nullptr, nullptr, geo_of(x),
+                                 sums.data<double>());
   });
 }
 
@@ -546,9 +557,10 @@ void batchnorm_grad_apply(const TensorRef& grad_y, const TensorRef& x, const Ten
                           double beta_x) {
   UNETCU_DISPATCH_STORAGE(x.dtype(), S, {
     using T = acc_t<S>;
-    grad_apply<false, S>(grad_y.data<S>(), nullptr, x.data<S>(), gamma.data<T>(),
-                         mean.data<T>(), invstd.data<T>(), global_sums.data<double>(), count,
-                         true, grad_x.data<S>(), T(beta_x), nullptr, T(0), geo_of(x));
+    grad_apply<ReluMask::none, S>(grad_y.data<S>(), nullptr, x.data<S>(), gamma.data<T>(),
+                                  nullptr, mean.data<T>(), invstd.data<T>(),
+                                  global_sums.data<double>(), count, true, grad_x.data<S>(),
+                                  T(beta_x), nullptr, T(0), geo_of(x));
   });
 }
 

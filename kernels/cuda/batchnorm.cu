@@ -99,30 +99,31 @@ template <class S> struct StatsTerm {
   }
 };
 
-// (g, g * xhat): g = dy, or g = relu_backward(dy, y) with kMask (the fused op).
-template <class S, bool kMask> struct GradTerm {
+// (g, g * xhat): g = bn_relu_grad<M>(dy, ...): dy (the plain batch norm), or dy where the
+// fused op's output is positive, read from y (stored_y) or recomputed from x, gamma and beta
+// (from_x; y absent and not read).
+template <class S, ReluMask M> struct GradTerm {
   using T = acc_t<S>;
+  static constexpr bool kAffine = M == ReluMask::from_x;
   struct Consts {
-    T mean, invstd;
+    T mean, invstd, gamma, beta;
   };
   const S *dy, *y, *x;
-  const T *mean, *invstd;
+  const T *mean, *invstd, *gamma, *beta;  // gamma and beta: from_x only
   bool packs(size_t bytes) const { return aligned_to(bytes, dy, y, x); }
-  __device__ Consts channel(int64_t c, int64_t) const { return {mean[c], invstd[c]}; }
+  __device__ Consts channel(int64_t c, int64_t) const {
+    return {mean[c], invstd[c], kAffine ? gamma[c] : T(0), kAffine ? beta[c] : T(0)};
+  }
   template <int V>
   __device__ void add(const Consts (&k)[V], int64_t i, double (&a)[V], double (&b)[V]) const {
     T dyv[V], xv[V], yv[V] = {};
     load_pack<V>(dy + i, dyv);
     load_pack<V>(x + i, xv);
-    if constexpr (kMask) load_pack<V>(y + i, yv);
+    if constexpr (M == ReluMask::stored_y) load_pack<V>(y + i, yv);
     for (int j = 0; j < V; ++j) {
-      T g, xhat;
-      if constexpr (kMask) {
-        bn_relu_grad_terms(dyv[j], yv[j], xv[j], k[j].mean, k[j].invstd, g, xhat);
-      } else {
-        g = dyv[j];
-        xhat = (xv[j] - k[j].mean) * k[j].invstd;
-      }
+      const T g = bn_relu_grad<M, S>(dyv[j], yv[j], xv[j], k[j].mean, k[j].invstd, k[j].gamma,
+                                     k[j].beta);
+      const T xhat = (xv[j] - k[j].mean) * k[j].invstd;
       a[j] += double(g);
       b[j] += double(g) * double(xhat);
     }
@@ -408,49 +409,46 @@ template <class S, bool kFused> struct NormalizeOp {
 };
 
 template <class T> struct GradConsts {
-  T mean, invstd, gamma_invstd, sum_g, sum_g_xhat;
+  T mean, invstd, gamma_invstd, sum_g, sum_g_xhat, gamma, beta;
 };
 
-// dx (and, kFused, the residual's gradient g = relu_backward(dy, y)) from the channel sums
-// [2, C] (absent where not needed).
-template <class S, bool kFused> struct GradApplyOp {
+// dx (and, fused, the residual's gradient g) from the channel sums [2, C] (absent where not
+// needed), g = bn_relu_grad<M>(dy, ...) as in GradTerm.
+template <class S, ReluMask M> struct GradApplyOp {
   using T = acc_t<S>;
   using Consts = GradConsts<T>;
+  static constexpr bool kAffine = M == ReluMask::from_x;
   const S *dy, *y, *x;
-  const T *gamma, *mean, *invstd;
+  const T *gamma, *beta, *mean, *invstd;  // beta: from_x only
   const double* sums;
   int64_t C;
   T inv_m;
   bool training;
   S* dx;
   T beta_x;
-  S* dr;  // kFused only
+  S* dr;  // fused only
   T beta_r;
   bool packs(size_t bytes) const { return aligned_to(bytes, dy, y, x, dx, dr); }
   __device__ Consts channel(int64_t c) const {
     const T is = invstd[c];
-    return {mean[c], is, gamma[c] * is, sums ? T(sums[c]) : T(0), sums ? T(sums[C + c]) : T(0)};
+    return {mean[c],
+            is,
+            gamma[c] * is,
+            sums ? T(sums[c]) : T(0),
+            sums ? T(sums[C + c]) : T(0),
+            kAffine ? gamma[c] : T(0),
+            kAffine ? beta[c] : T(0)};
   }
   // Elements [i, i + V), element j with the constants k[j].
   template <int V> __device__ void apply(const Consts (&k)[V], int64_t i) const {
     T g[V], xv[V] = {}, yv[V] = {}, out[V];
     load_pack<V>(dy + i, g);
-    if constexpr (kFused) {
-      load_pack<V>(y + i, yv);
-      if (dx) {
-        load_pack<V>(x + i, xv);
-        for (int j = 0; j < V; ++j)
-          out[j] = bn_relu_backward_dx(g[j], yv[j], xv[j], k[j].mean, k[j].invstd,
-                                       k[j].gamma_invstd, inv_m, k[j].sum_g, k[j].sum_g_xhat,
-                                       training);
-        store_pack<V>(dx + i, out, beta_x);
-      }
-      if (dr) {
-        for (int j = 0; j < V; ++j) out[j] = kernels::relu_backward(g[j], yv[j]);
-        store_pack<V>(dr + i, out, beta_r);
-      }
-    } else {
-      if (training) load_pack<V>(x + i, xv);
+    if constexpr (M == ReluMask::stored_y) load_pack<V>(y + i, yv);
+    if (kAffine || (dx && training)) load_pack<V>(x + i, xv);
+    for (int j = 0; j < V; ++j)
+      g[j] = bn_relu_grad<M, S>(g[j], yv[j], xv[j], k[j].mean, k[j].invstd, k[j].gamma,
+                                k[j].beta);
+    if (dx) {
       for (int j = 0; j < V; ++j)
         out[j] = training ? bn_backward_train(g[j], (xv[j] - k[j].mean) * k[j].invstd,
                                               k[j].gamma_invstd, inv_m, k[j].sum_g,
@@ -458,6 +456,7 @@ template <class S, bool kFused> struct GradApplyOp {
                           : g[j] * k[j].gamma_invstd;
       store_pack<V>(dx + i, out, beta_x);
     }
+    if (M != ReluMask::none && dr) store_pack<V>(dr + i, g, beta_r);
   }
 };
 
@@ -502,36 +501,38 @@ void launch_stats(const TensorRef& x, const TensorRef& mean, const TensorRef& in
   reduce<S>(d, term, finish, x.device().index, stream, what);
 }
 
-// Backward of batch_norm2d (kFused false: y absent, g = dy) and of the fused op: the sums when
-// any gradient needs them (dgamma and dbeta stored by the finish), then dx (and the residual's
-// gradient) in one elementwise pass.
-template <class S, bool kFused>
+// Backward of batch_norm2d (M none: y absent, g = dy) and of the fused op (g = dy where its
+// output is positive, from y or from x, gamma and beta): the sums when any gradient needs them
+// (dgamma and dbeta stored by the finish), then dx (and the residual's gradient) in one
+// elementwise pass.
+template <class S, ReluMask M>
 void launch_backward(const TensorRef& grad_y, const TensorRef& y, const TensorRef& x,
-                     const TensorRef& gamma, const TensorRef& mean, const TensorRef& invstd,
-                     bool training, const TensorRef& grad_x, double beta_x,
-                     const TensorRef& grad_gamma, double beta_gamma, const TensorRef& grad_beta,
-                     double beta_beta, const TensorRef& grad_residual, double beta_residual,
-                     cudaStream_t stream, const char* what) {
+                     const TensorRef& gamma, const TensorRef& beta, const TensorRef& mean,
+                     const TensorRef& invstd, bool training, const TensorRef& grad_x,
+                     double beta_x, const TensorRef& grad_gamma, double beta_gamma,
+                     const TensorRef& grad_beta, double beta_beta, const TensorRef& grad_residual,
+                     double beta_residual, cudaStream_t stream, const char* what) {
   const Geo d = geo_of(x);
   const int dev = x.device().index;
   const bool need_sums =
       grad_gamma.defined() || grad_beta.defined() || (grad_x.defined() && training);
   unetcu::cuda::DeviceBuffer sums(dev, need_sums ? size_t(2 * d.C) * sizeof(double) : 0);
   double* sp = need_sums ? static_cast<double*>(sums.get()) : nullptr;
-  const S* yp = kFused ? y.data<S>() : nullptr;
+  const S* yp = M == ReluMask::stored_y ? y.data<S>() : nullptr;
+  const float* bp = M == ReluMask::from_x ? beta.data<float>() : nullptr;
   if (need_sums) {
-    const GradTerm<S, kFused> term{grad_y.data<S>(), yp, x.data<S>(), mean.data<float>(),
-                                   invstd.data<float>()};
+    const GradTerm<S, M> term{grad_y.data<S>(), yp, x.data<S>(), mean.data<float>(),
+                              invstd.data<float>(), gamma.data<float>(), bp};
     const SumsFinish finish{sp, d.C, data_or_null<float>(grad_gamma), float(beta_gamma),
                             data_or_null<float>(grad_beta), float(beta_beta)};
     reduce<S>(d, term, finish, dev, stream, what);
   }
   if (!grad_x.defined() && !grad_residual.defined()) return;
-  const GradApplyOp<S, kFused> op{grad_y.data<S>(), yp, x.data<S>(), gamma.data<float>(),
-                                  mean.data<float>(), invstd.data<float>(), sp, d.C,
-                                  float(1.0 / double(d.pixels())), training,
-                                  data_or_null<S>(grad_x), float(beta_x),
-                                  data_or_null<S>(grad_residual), float(beta_residual)};
+  const GradApplyOp<S, M> op{grad_y.data<S>(), yp, x.data<S>(), gamma.data<float>(), bp,
+                             mean.data<float>(), invstd.data<float>(), sp, d.C,
+                             float(1.0 / double(d.pixels())), training,
+                             data_or_null<S>(grad_x), float(beta_x),
+                             data_or_null<S>(grad_residual), float(beta_residual)};
   elementwise<S>(d, op, stream, what);
 }
 
@@ -585,9 +586,10 @@ void batchnorm_backward(const TensorRef& grad_y, const TensorRef& x, const Tenso
   Launch l(x);
   dispatch_storage(x.dtype(), [&](auto tag) {
     using S = decltype(tag);
-    launch_backward<S, false>(grad_y, TensorRef(), x, gamma, mean, invstd, training, grad_x,
-                              beta_x, grad_gamma, beta_gamma, grad_beta, beta_beta, TensorRef(),
-                              0.0, l.stream, "batchnorm_backward");
+    launch_backward<S, ReluMask::none>(grad_y, TensorRef(), x, gamma, TensorRef(), mean, invstd,
+                                       training, grad_x, beta_x, grad_gamma, beta_gamma,
+                                       grad_beta, beta_beta, TensorRef(), 0.0, l.stream,
+                                       "batchnorm_backward");
   });
 }
 
@@ -620,17 +622,25 @@ void batchnorm_add_relu_forward(const TensorRef& x, const TensorRef& gamma, cons
 }
 
 void batchnorm_add_relu_backward(const TensorRef& grad_y, const TensorRef& y, const TensorRef& x,
-                                 const TensorRef& gamma, const TensorRef& mean,
-                                 const TensorRef& invstd, bool training, const TensorRef& grad_x,
-                                 double beta_x, const TensorRef& grad_gamma, double beta_gamma,
+                                 const TensorRef& gamma, const TensorRef& beta,
+                                 const TensorRef& mean, const TensorRef& invstd, bool training,
+                                 const TensorRef& grad_x, double beta_x,
+                                 const TensorRef& grad_gamma, double beta_gamma,
                                  const TensorRef& grad_beta, double beta_beta,
                                  const TensorRef& grad_residual, double beta_residual) {
   Launch l(x);
   dispatch_storage(x.dtype(), [&](auto tag) {
     using S = decltype(tag);
-    launch_backward<S, true>(grad_y, y, x, gamma, mean, invstd, training, grad_x, beta_x,
-                             grad_gamma, beta_gamma, grad_beta, beta_beta, grad_residual,
-                             beta_residual, l.stream, "batchnorm_add_relu_backward");
+    const auto run = [&](auto mask) {
+      launch_backward<S, decltype(mask)::value>(
+          grad_y, y, x, gamma, beta, mean, invstd, training, grad_x, beta_x, grad_gamma,
+          beta_gamma, grad_beta, beta_beta, grad_residual, beta_residual, l.stream,
+          "batchnorm_add_relu_backward");
+    };
+    if (y.defined())
+      run(std::integral_constant<ReluMask, ReluMask::stored_y>{});
+    else
+      run(std::integral_constant<ReluMask, ReluMask::from_x>{});
   });
 }
 
@@ -680,8 +690,9 @@ void batchnorm_grad_sums(const TensorRef& grad_y, const TensorRef& x, const Tens
   dispatch_storage(x.dtype(), [&](auto tag) {
     using S = decltype(tag);
     const Geo d = geo_of(x);
-    const GradTerm<S, false> term{grad_y.data<S>(), nullptr, x.data<S>(), mean.data<float>(),
-                                  invstd.data<float>()};
+    const GradTerm<S, ReluMask::none> term{grad_y.data<S>(), nullptr, x.data<S>(),
+                                           mean.data<float>(), invstd.data<float>(), nullptr,
+                                           nullptr};
     const SumsFinish finish{sums.data<double>(), d.C, nullptr, 0.f, nullptr, 0.f};
     reduce<S>(d, term, finish, x.device().index, l.stream, "batchnorm_grad_sums");
   });
@@ -707,10 +718,10 @@ void batchnorm_grad_apply(const TensorRef& grad_y, const TensorRef& x, const Ten
   dispatch_storage(x.dtype(), [&](auto tag) {
     using S = decltype(tag);
     const Geo d = geo_of(x);
-    const GradApplyOp<S, false> op{grad_y.data<S>(), nullptr, x.data<S>(), gamma.data<float>(),
-                                   mean.data<float>(), invstd.data<float>(),
-                                   global_sums.data<double>(), d.C, float(1.0 / count), true,
-                                   grad_x.data<S>(), float(beta_x), nullptr, 0.f};
+    const GradApplyOp<S, ReluMask::none> op{
+        grad_y.data<S>(), nullptr, x.data<S>(), gamma.data<float>(), nullptr, mean.data<float>(),
+        invstd.data<float>(), global_sums.data<double>(), d.C, float(1.0 / count), true,
+        grad_x.data<S>(), float(beta_x), nullptr, 0.f};
     elementwise<S>(d, op, l.stream, "batchnorm_grad_apply");
   });
 }

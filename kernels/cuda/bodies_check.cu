@@ -20,6 +20,8 @@ __global__ void bodies_check(T* out, const T* in, AdamCoeffs<T> adam, SgdStep sg
   acc += dice_grad_logit(x, T(1), T(2), T(3), T(1));
   acc += bn_normalize(x, T(0), T(1), T(1), T(0)) + bn_backward_train(x, x, T(1), T(1), T(0), T(0));
   acc += bn_running_update(x, x, T(0.1));
+  acc += bn_relu_grad<ReluMask::from_x, T>(x, x, x, T(0), T(1), T(1), T(0)) +
+         bn_relu_grad<ReluMask::stored_y, T>(x, x, x, T(0), T(1), T(1), T(0));
   acc += T(maxpool_argmax(in, pool, 0, 0)) + T(upsample2x_source(1, 1, 4));
   acc += T(window_out_size(8, 3, 2, 1, 1));
   T p = x, m = 0, v = 0, buf = 0;

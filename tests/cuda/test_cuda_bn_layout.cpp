@@ -22,6 +22,7 @@
 #include <cstring>
 #include <vector>
 
+#include "../bn_mask_check.h"
 #include "engine/ops.h"
 #include "engine/random.h"
 #include "engine/tape.h"
@@ -262,6 +263,21 @@ TEST_CASE("CUDA batch norm ops at [16, 64, 128, 128]: many blocks per channel") 
   check_case(Op::BatchNorm, s, true, false, rng);
   check_case(Op::BatchNormSync, s, true, false, rng);
   check_case(Op::BatchNormRelu, s, false, false, rng);
+}
+
+TEST_CASE("CUDA batch_norm_relu's backward recomputes the forward's ReLU mask from x, bit for bit") {
+  // tests/bn_mask_check.h, as on the CPU: a cancelling multiply-add and bf16's rounding to zero,
+  // with NCHW and NHWC packs and without, and [4, 16, 64, 64] (several blocks per channel).
+  Setup setup;
+  for (DType act : {DType::F32, DType::BF16})
+    for (MemoryFormat fmt : {MemoryFormat::NCHW, MemoryFormat::NHWC})
+      for (const Shape& s :
+           {Shape{2, 16, 5, 7}, Shape{2, 16, 4, 8}, Shape{3, 5, 3, 3}, Shape{4, 16, 64, 64}}) {
+        CAPTURE(std::string(dtype_name(act)));
+        CAPTURE(std::string(format_name(fmt)));
+        CAPTURE(shape_str(s));
+        testing_bn::check_relu_mask_recomputed(kGpu, act, fmt, s, 7);
+      }
 }
 
 TEST_CASE("CUDA batch norm results are the same bits run to run (fixed reduction order)") {
