@@ -158,8 +158,8 @@ Tensor batch_norm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta,
 // sums dx needs), then one pass writing dx and the residual's gradient g. Without a residual
 // the mask y > 0 is recomputed from x, gamma and beta with the forward's bits, so y is not
 // read (one value fewer per element in each pass). Saved: x, and y with a residual (not the
-// unfused ops' normalised and summed intermediates). Under synchronized batch norm in training the statistics
-// cross replicas: the unfused ops run.
+// unfused ops' normalised and summed intermediates). Under synchronized batch norm in training
+// the statistics cross replicas: the unfused ops run.
 static Tensor batch_norm_add_relu_impl(const char* op, const Tensor& x, const Tensor& gamma,
                                        const Tensor& beta, const Tensor* residual,
                                        Tensor& running_mean, Tensor& running_var, bool training,
