@@ -198,6 +198,19 @@ Tensor Tensor::to_after(Device d, const cuda::Event& src_ready) const {
   return t;
 }
 
+Tensor Tensor::upload_to(Device d) const {
+  if (!d.is_cuda() || !device().is_cpu()) return to(d);
+  Tensor t;
+  cuda::Event copied;
+  {
+    cuda::StreamScope on_upload(cuda::upload_stream(d.index));
+    t = to(d);  // allocated for the upload stream too
+    copied = cuda::Event::record(d.index);
+  }
+  cuda::use_after(copied, t.raw(), d.index);
+  return t;
+}
+
 void Tensor::fill_(double value) {
   UNETCU_LAUNCH(device(), fill, *this, value);
 }

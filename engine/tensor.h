@@ -119,6 +119,11 @@ class Tensor {
   // GPU to GPU (or between streams of one GPU): the copy waits for `src_ready`, an event the
   // producer of this tensor recorded on its own stream; otherwise as to(device).
   Tensor to_after(Device device, const cuda::Event& src_ready) const;
+  // A host tensor (an input batch) on `device` for the work the calling thread queues next on
+  // its current stream there: on a GPU copied on the device's upload stream (cuda_api.h), so
+  // the copy overlaps with the work already queued, which the consumer's work then follows;
+  // otherwise as to(device). Call it after queuing the work it should overlap with.
+  Tensor upload_to(Device device) const;
   bool is_pinned() const { return impl().storage->pinned; }
 
   // Element access works on every device; on CUDA each call copies through the host and waits.

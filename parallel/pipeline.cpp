@@ -131,13 +131,14 @@ std::vector<Batch> Pipeline::place(const Batch& batch) {
   // An epoch's smaller last batch may be smaller than the split size: one micro-batch then.
   const int64_t split = std::min<int64_t>(options_.split_size, B);
   const int S = stages();
-  // Uploads go to the stage's own stream, so its work is ordered after them without a wait.
+  // Uploads are handed to the stage's own stream: its work waits for them there, while the
+  // copies run beside the work queued before (Tensor::upload_to).
   auto upload = [&](const Tensor& t, int s) {
     const Device dev = options_.devices[s];
     if (t.device() == dev) return t;  // a view of the batch, which outlives the step
     std::unique_ptr<cuda::StreamScope> on_stream;
     if (streams_[s]) on_stream = std::make_unique<cuda::StreamScope>(*streams_[s]);
-    return t.to(dev);
+    return t.upload_to(dev);
   };
   std::vector<Batch> out;
   for (int64_t lo = 0; lo < B; lo += split) {

@@ -98,7 +98,7 @@ std::vector<Batch> ProcessPipeline::place(const Batch& batch) const {
   // The first stage reads the images, the last the masks: each on this process's device.
   const Device dev = options_.device;
   auto on_device = [&](const Tensor& t, bool needed) {
-    return !needed || t.device() == dev ? t : t.to(dev);
+    return !needed || t.device() == dev ? t : t.upload_to(dev);
   };
   std::vector<Batch> out;
   for (int64_t lo = 0; lo < B; lo += split) {

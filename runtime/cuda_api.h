@@ -147,6 +147,18 @@ void copy_after(void* dst, int dst_device, const void* src, int src_device, size
 bool enable_peer_access(int a, int b);
 void host_wait(const Event& e);
 
+// Host-to-device copies of input batches run on a stream of their own per device, the upload
+// stream, so that the next batch's copy runs while the current step's kernels do (the copy
+// engine beside the SMs) instead of between two steps on the compute stream. Allocate the
+// destination and copy under a StreamScope of it (the allocator then lets the copy write a
+// block only after its earlier users are done), record an Event there, and hand the bytes to
+// their consumer with use_after: the calling thread's current stream on `device` waits for
+// `ready` (no host wait) and is recorded as a user of the block holding `ptr`, so the block is
+// not reused before the consumer's work is done. Queue the upload after the work it should
+// overlap with: what the current stream queues after use_after waits for the copy.
+const Stream& upload_stream(int device);
+void use_after(const Event& ready, const void* ptr, int device);
+
 // A CUDA graph: the work `work` queues on the calling thread's current stream of `device`,
 // captured once (stream capture, relaxed mode) and replayed by launch() on that stream with one
 // call. Nothing runs while capturing. Every allocation the work makes on that stream comes from

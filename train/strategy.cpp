@@ -14,9 +14,10 @@ namespace unetcu {
 
 namespace {
 
-// The tensor on `device`: itself when it is there already, else a copy (asynchronous from
-// pinned memory to a GPU, on the device's current stream).
-Tensor on(const Tensor& t, Device device) { return t.device() == device ? t : t.to(device); }
+// The tensor on `device`: itself when it is there already, else a copy (to a GPU: on its upload
+// stream, asynchronous from pinned memory, overlapping with the work queued before; the device's
+// current stream waits for it).
+Tensor on(const Tensor& t, Device device) { return t.device() == device ? t : t.upload_to(device); }
 
 }  // namespace
 

@@ -208,8 +208,10 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
     };
     for (int64_t s = start; s < steps; ++s) {
       PlacedBatch batch = std::move(next);
-      if (s + 1 < steps) next = strategy.place(loader.next());  // the next upload is queued first
       StepLoss loss = strategy.step_async(batch);
+      // The next batch's upload after this step's work: on a GPU it runs beside those kernels
+      // (Tensor::upload_to), and the host waits for the loader while the device computes.
+      if (s + 1 < steps) next = strategy.place(loader.next());
       settle();  // the step before's loss: its kernels ran while this step was being queued
       pending = std::move(loss);
       pending_batch = std::move(batch);

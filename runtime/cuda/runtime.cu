@@ -128,6 +128,7 @@ DeviceContext& context(int device) {
   DeviceGuard g(device);
   ctx->device = device;
   ctx->stream = Stream(device);
+  ctx->upload = Stream(device);
   c.ctx[device] = std::move(ctx);
   int none = -1;
   g_first_device.compare_exchange_strong(none, device);
@@ -138,6 +139,15 @@ cudaStream_t current_stream(int device) {
   if (device >= 0 && device < kMaxDevices && t_stream_override[device])
     return t_stream_override[device];
   return context(device).stream.get();
+}
+
+const Stream& upload_stream(int device) { return context(device).upload; }
+
+void use_after(const Event& ready, const void* ptr, int device) {
+  DeviceGuard g(device);
+  const cudaStream_t s = current_stream(device);
+  ready.wait_on(s);
+  record_stream(ptr, Device::cuda(device), device, s);
 }
 
 const cudaDeviceProp& device_properties(int device) {

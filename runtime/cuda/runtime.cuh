@@ -84,6 +84,7 @@ class QuietDeviceGuard {
 struct DeviceContext {
   int device = 0;
   Stream stream;
+  Stream upload;  // host-to-device copies of input batches (upload_stream)
 };
 DeviceContext& context(int device);
 

@@ -25,6 +25,8 @@ Stream::Stream(int) { no_cuda(); }
 Stream::~Stream() {}
 StreamScope::StreamScope(const Stream&) : device_(0), previous_(nullptr) { no_cuda(); }
 StreamScope::~StreamScope() {}
+const Stream& upload_stream(int) { no_cuda(); }
+void use_after(const Event&, const void*, int) { no_cuda(); }
 Event::Event(int) { no_cuda(); }
 Event Event::record(int) { no_cuda(); }
 void Event::wait(int) const {}  // no event can exist here: waiting on none does nothing

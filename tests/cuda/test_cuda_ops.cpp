@@ -728,6 +728,46 @@ TEST_CASE("the caching allocator hands a block to another stream, or the host, o
   CHECK(wrong == 0);
 }
 
+TEST_CASE("an upload runs beside the compute stream's work, and the work queued after it waits for it") {
+  Setup setup;  // poisoned allocations: a read before the copy lands sees NaN
+  StreamGate compute_gate, upload_gate;  // outlive the streams (their host functions)
+  cuda::Stream compute(0);
+  OpenAtExit open_compute{compute_gate}, open_upload{upload_gate};
+  cuda::StreamScope on_compute(compute);  // this thread's current stream: the consumer
+  const int64_t n = (int64_t(1) << 16) + 5;
+  Tensor host = Tensor::empty_pinned({n});
+  for (int64_t i = 0; i < n; ++i) host.set(i, double(i % 89));
+  auto wrong_in = [&](const std::vector<double>& got) {
+    int wrong = 0;
+    for (int64_t i = 0; i < n; ++i) wrong += got[size_t(i)] != double(i % 89);
+    return wrong;
+  };
+
+  // Beside: with the compute stream held, the upload still lands. (Read on a third stream,
+  // which nothing orders after the compute stream.)
+  compute_gate.hold(compute.get());
+  const Tensor beside = host.upload_to(kGpu);
+  {
+    cuda::Stream reader(0);
+    cuda::StreamScope on_reader(reader);
+    CUDA_CHECK(cudaStreamSynchronize(cuda::upload_stream(0).get()));
+    CHECK(wrong_in(beside.to(Device::cpu()).to_vector()) == 0);
+  }
+  compute_gate.open = true;
+
+  // After: with the upload stream held, the compute stream's next work (a copy back to the
+  // host, which returns once it ran) waits for the upload instead of reading the block first.
+  upload_gate.hold(cuda::upload_stream(0).get());
+  const Tensor after = host.upload_to(kGpu);
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    upload_gate.open = true;
+  });
+  const std::vector<double> got = after.to(Device::cpu()).to_vector();
+  opener.join();
+  CHECK(wrong_in(got) == 0);
+}
+
 TEST_CASE("convolutions on two streams of one GPU at once use their own cuDNN handles") {
   Setup setup;
   FRESH_RNG(rng);
