@@ -30,7 +30,9 @@ void set_cpu_conv_impl(CpuConvImpl);  // OneDnn in a build without it is an Erro
 std::string cpu_conv_line();          // "oneDNN 2.6.3 (avx512_core_bf16)" or "im2col + GEMM"
 
 // Whether oneDNN has bfloat16 convolutions on this CPU (they need AVX-512). Where it has not,
-// bfloat16 tensors are converted to float32 NCHW and back around the float32 path.
+// bfloat16 tensors are converted to float32 NCHW and back around the float32 path, by the
+// engine's convert kernels: oneDNN 2.6's own bfloat16 <-> float32 reorders run reference code
+// on AVX2, 7x slower per convolution (docs/benchmarks.md, the Zen 3 machine).
 bool onednn_bf16_supported();
 // Tests: false makes bfloat16 tensors take that float32 fallback even where oneDNN has
 // bfloat16 kernels (as on a CPU without them). Process-wide; true by default.
