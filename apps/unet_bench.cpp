@@ -74,13 +74,21 @@ std::vector<double> time_epochs(TrainingStrategy& strategy, const Batch& host, i
 }
 
 std::string machine_description(const std::vector<Device>& devices) {
-  std::string cpu = "unknown CPU";
+  // The model name with its family and model numbers: a virtual machine often shows only "AMD
+  // EPYC", which names no generation. The first processor's block is enough.
+  std::string cpu = "unknown CPU", family, model;
   std::ifstream info("/proc/cpuinfo");
-  for (std::string line; std::getline(info, line);)
-    if (line.rfind("model name", 0) == 0) {
-      cpu = line.substr(line.find(':') + 2);
-      break;
-    }
+  for (std::string line; std::getline(info, line) && !line.empty();) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string key = line.substr(0, colon);
+    key.erase(key.find_last_not_of(" \t") + 1);
+    const std::string value = colon + 2 <= line.size() ? line.substr(colon + 2) : "";
+    if (key == "model name") cpu = value;
+    else if (key == "cpu family") family = value;
+    else if (key == "model") model = value;
+  }
+  if (!family.empty() && !model.empty()) cpu += " (family " + family + ", model " + model + ")";
   std::string d;
   for (const Device& dev : devices)
     d += (d.empty() ? "" : ", ") + dev.str() + (dev.is_cuda() ? " (" + cuda::device_name(dev.index) + ")" : "");

@@ -27,14 +27,22 @@ ROOT = os.path.dirname(HERE)
 
 
 def processor():
+    """The model name, with the family and model numbers: a virtual machine often shows only
+    "AMD EPYC", which names no generation (family 25 is Zen 3/4, 26 Zen 5)."""
+    fields = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                if not line.strip():
+                    break  # the first processor's block is enough
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return platform.processor() or "unknown processor"
+    name = fields.get("model name") or platform.processor() or "unknown processor"
+    if "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']}, model {fields['model']})"
+    return name
 
 
 def torch_python():
