@@ -199,16 +199,26 @@ Tensor Tensor::to_after(Device d, const cuda::Event& src_ready) const {
 }
 
 Tensor Tensor::upload_to(Device d) const {
-  if (!d.is_cuda() || !device().is_cpu()) return to(d);
-  Tensor t;
-  cuda::Event copied;
-  {
-    cuda::StreamScope on_upload(cuda::upload_stream(d.index));
-    t = to(d);  // allocated for the upload stream too
-    copied = cuda::Event::record(d.index);
+  const Arrival a = upload_ahead(d);
+  a.wait();
+  return a.tensor;
+}
+
+Arrival Tensor::upload_ahead(Device d) const {
+  if (!d.is_cuda()) return {to(d), cuda::Event()};
+  if (!device().is_cpu()) {  // from another GPU: copied on the calling thread's stream there
+    Tensor t = to(d);
+    return {t, cuda::Event::record(d.index)};
   }
-  cuda::use_after(copied, t.raw(), d.index);
-  return t;
+  Arrival a;
+  cuda::StreamScope on_upload(cuda::upload_stream(d.index));
+  a.tensor = to(d);  // allocated for the upload stream too
+  a.copied = cuda::Event::record(d.index);
+  return a;
+}
+
+void Arrival::wait() const {
+  if (copied.valid()) cuda::use_after(copied, tensor.raw(), tensor.device().index);
 }
 
 void Tensor::fill_(double value) {

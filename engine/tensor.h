@@ -49,6 +49,8 @@ struct TensorImpl {
   std::shared_ptr<TensorImpl> grad; // accumulated gradient of a leaf (parameters, inputs)
 };
 
+struct Arrival;
+
 class Tensor {
  public:
   Tensor() = default;
@@ -124,6 +126,10 @@ class Tensor {
   // the copy overlaps with the work already queued, which the consumer's work then follows;
   // otherwise as to(device). Call it after queuing the work it should overlap with.
   Tensor upload_to(Device device) const;
+  // The same copy with its wait left to the consumer (Arrival::wait), who may queue other work
+  // in between that must not wait for it (a pipeline places batch s+1 before its step s). From
+  // another GPU: copied on the calling thread's current streams, the arrival an event after it.
+  Arrival upload_ahead(Device device) const;
   bool is_pinned() const { return impl().storage->pinned; }
 
   // Element access works on every device; on CUDA each call copies through the host and waits.
@@ -154,5 +160,15 @@ void check_same_dtype_device(const char* op, const Tensor& a, const Tensor& b);
 void check_same_format(const char* op, const Tensor& a, const Tensor& b);
 void check_same_shape(const char* op, const Tensor& a, const Tensor& b);
 void check_ndim(const char* op, const Tensor& t, int ndim, const char* what);
+
+// An upload in flight (Tensor::upload_ahead): nothing may read `tensor` on a stream before
+// that stream has waited for it with wait().
+struct Arrival {
+  Tensor tensor;
+  cuda::Event copied;  // none where nothing is in flight (the CPU; a tensor there already)
+  // The calling thread's current stream on the tensor's device waits for the copy and becomes
+  // a user of its block (cuda::use_after). Once per consuming stream; again is harmless.
+  void wait() const;
+};
 
 }  // namespace unetcu

@@ -64,6 +64,10 @@ class Communicator {
   // After a rank failed: every rank's pending and later collectives end with an error. The
   // group cannot be used again.
   virtual void abort() = 0;
+  // Throws the reason when the group was aborted: results of collectives queued before that
+  // and read without a later call (a GPU's, read after a host wait) are undefined. CPU ranks
+  // report their failures from the calls themselves: nothing to do.
+  virtual void check_healthy() const {}
   // GPUs: a CUDA graph holding collectives of this group was just launched on the calling
   // thread's current stream. Collectives issued while a stream is capturing are recorded, not
   // run, and not timed one by one; the watchdog times the launch instead (an unfinished

@@ -269,7 +269,23 @@ double DataParallel::average_across_processes(double value) {
   replicas_[0]->ctrl_comm->all_reduce(t, ReduceOp::Average);
   return dev.is_cuda() ? t.to(Device::cpu()).item() : t.item();
 }
+
+Tensor DataParallel::average_across_processes(const Tensor& value) {
+  const Device dev = options_.devices[0];
+  UNETCU_CHECK(value.numel() == 1 && value.device() == dev, "average_across_processes takes one value on ",
+               dev.str());
+  Tensor t = value.to(dev.is_cuda() ? DType::F32 : DType::F64);
+  if (t.raw() == value.raw()) t = t.clone();  // the caller's tensor stays as it was
+  if (options_.across_processes) replicas_[0]->ctrl_comm->all_reduce(t, ReduceOp::Average);
+  return t;
+}
 UNet& DataParallel::replica(int rank) { return *replicas_.at(rank)->model; }
+void DataParallel::check_communicators() const {
+  for (const auto& rep : replicas_) {
+    rep->grad_comm->check_healthy();
+    rep->ctrl_comm->check_healthy();
+  }
+}
 size_t DataParallel::bucket_count() const { return replicas_[0]->buckets.size(); }
 std::vector<Tensor> DataParallel::buckets(int rank) const { return replicas_.at(rank)->flat; }
 void DataParallel::run(const std::function<void(int)>& f) {
@@ -394,8 +410,9 @@ bool DataParallel::graph_step_ready(const std::vector<Batch>& shards, LossKind l
     Replica& rep = *replicas_[r];
     const int dev = rep.device.index;
     // The capture takes memory of its own; the eager steps' cache goes back first, so the
-    // device holds one step's worth, not two. Every collective of the last step has finished
-    // on this device (its loss was read after them), so cudaFree waits for no peer.
+    // device holds one step's worth, not two. Every collective of the last step was queued on
+    // every device before the step returned, so they all finish here: cudaFree then waits for
+    // no peer.
     cuda::synchronize(dev);
     cuda::release_device_cache(dev);
   });
@@ -449,11 +466,17 @@ bool DataParallel::graph_step_ready(const std::vector<Batch>& shards, LossKind l
 }
 
 std::vector<double> DataParallel::step(const std::vector<Batch>& shards, LossKind loss_kind) {
+  std::vector<double> losses;
+  for (const Tensor& loss : step_async(shards, loss_kind)) losses.push_back(loss.item());
+  return losses;
+}
+
+std::vector<Tensor> DataParallel::step_async(const std::vector<Batch>& shards, LossKind loss_kind) {
   UNETCU_CHECK(int(shards.size()) == size(), "data parallelism got ", shards.size(),
                " shards for ", size(), " replicas");
   for (const Batch& b : shards)
     UNETCU_CHECK(b.images.shape() == shards[0].images.shape(), "every replica needs a shard of the same shape");
-  std::vector<double> losses(size());
+  std::vector<Tensor> losses(size());
   {
     std::lock_guard<std::mutex> lock(events_mu_);
     events_.clear();
@@ -476,7 +499,7 @@ std::vector<double> DataParallel::step(const std::vector<Batch>& shards, LossKin
       loss = forward_backward(r, on_device(shards[r].images), on_device(shards[r].masks), loss_kind);
     }
     rep.opt->step();
-    losses[r] = loss.item();
+    losses[r] = loss;  // a GPU's is read behind the step's work on this stream (no host wait here)
   });
   if (replay) ++graph_replays_;
   return losses;

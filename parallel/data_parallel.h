@@ -89,13 +89,25 @@ class DataParallel {
   int global_size() const;
   // The mean of `value` over every process's replicas (each process passes its own mean).
   double average_across_processes(double value);
+  // The same for a one-element loss on replica 0's device, on that device (float32 on a GPU,
+  // float64 on the CPU; a GPU's collective is queued behind the step, not waited for).
+  Tensor average_across_processes(const Tensor& value);
   UNet& replica(int rank);
+  // Throws the reason when a communicator was aborted (a rank failed, or a collective timed
+  // out): the collectives queued before then end without their results.
+  void check_communicators() const;
   const DataParallelOptions& options() const { return options_; }
 
   // One optimizer step on a global batch: shards[r] goes to replica r (taken as it is when it
   // is on the replica's device already, copied there otherwise). Returns each replica's loss
   // (its shard's mean).
   std::vector<double> step(const std::vector<Batch>& shards, LossKind loss);
+  // The same step, not waited for: each replica's loss tensor on its device. On GPUs the step's
+  // work (collectives and optimizer included) is queued on the devices' streams and may still
+  // run when this returns; step() reads the losses at once. A replayed CUDA graph's loss tensor
+  // is rewritten by the next replay: copy it behind the step (StepLoss does) before the next.
+  // Read after a wait on the host, a GPU loss is valid only if check_communicators() passes.
+  std::vector<Tensor> step_async(const std::vector<Batch>& shards, LossKind loss);
 
   Optimizer& optimizer(int rank);
   // Makes every replica equal to rank 0: parameters, buffers, counters and optimizer state

@@ -268,6 +268,10 @@ class NcclCommunicator : public Communicator {
   }
   // Error path only: after a rank failed, every rank's collectives end with an error.
   void abort() override { group_->abort("collective aborted: another rank failed"); }
+  void check_healthy() const override {
+    std::shared_lock<std::shared_mutex> calls(group_->calls);
+    if (group_->aborted) throw Error(str_cat("NCCL on rank ", rank_, ": ", group_->reason));
+  }
   void watch_launch(const char* what) override {
     cuda::DeviceGuard g(device_);
     std::shared_lock<std::shared_mutex> calls(group_->calls);

@@ -126,19 +126,35 @@ void Pipeline::parameters_placed() {
 Pipeline::~Pipeline() = default;
 
 std::vector<Batch> Pipeline::place(const Batch& batch) {
+  std::vector<StageArrival> arrivals;
+  std::vector<Batch> out = place_ahead(batch, &arrivals);
+  arrive(arrivals);
+  return out;
+}
+
+void Pipeline::arrive(const std::vector<StageArrival>& arrivals) {
+  for (const StageArrival& a : arrivals) {
+    const auto& stream = streams_.at(size_t(a.stage));
+    std::unique_ptr<cuda::StreamScope> on_stream;
+    if (stream) on_stream = std::make_unique<cuda::StreamScope>(*stream);
+    a.arrival.wait();
+  }
+}
+
+std::vector<Batch> Pipeline::place_ahead(const Batch& batch, std::vector<StageArrival>* arrivals) {
   const int64_t B = batch.size();
   UNETCU_CHECK(B >= 1, "model parallelism: an empty batch");
   // An epoch's smaller last batch may be smaller than the split size: one micro-batch then.
   const int64_t split = std::min<int64_t>(options_.split_size, B);
   const int S = stages();
-  // Uploads are handed to the stage's own stream: its work waits for them there, while the
-  // copies run beside the work queued before (Tensor::upload_to).
+  // The copies run on the devices' upload streams (Tensor::upload_ahead), beside the stages'
+  // work; the stage's own stream waits for them when arrive() is called.
   auto upload = [&](const Tensor& t, int s) {
     const Device dev = options_.devices[s];
     if (t.device() == dev) return t;  // a view of the batch, which outlives the step
-    std::unique_ptr<cuda::StreamScope> on_stream;
-    if (streams_[s]) on_stream = std::make_unique<cuda::StreamScope>(*streams_[s]);
-    return t.upload_to(dev);
+    Arrival a = t.upload_ahead(dev);
+    arrivals->push_back({s, a});
+    return a.tensor;
   };
   std::vector<Batch> out;
   for (int64_t lo = 0; lo < B; lo += split) {

@@ -88,6 +88,17 @@ class Pipeline {
   // device and masks to the last stage's, each on its stage's stream, so a step can be given
   // its input ahead of time. A batch smaller than the split size is one micro-batch.
   std::vector<Batch> place(const Batch& batch);
+  // An upload placed ahead, and the stage whose stream reads it.
+  struct StageArrival {
+    int stage;
+    Arrival arrival;
+  };
+  // place() with the stages' waits for the uploads left out (`arrivals` gets them): the copies
+  // run beside what the stages do meanwhile (the step before, when the epoch loop places a
+  // batch ahead of it), and arrive() makes each stage's stream wait for its own before the step
+  // that reads them.
+  std::vector<Batch> place_ahead(const Batch& batch, std::vector<StageArrival>* arrivals);
+  void arrive(const std::vector<StageArrival>& arrivals);
   // One optimizer step on placed micro-batches; returns the batch loss (micro-batch losses
   // weighted by their share).
   double step(const std::vector<Batch>& micro_batches, LossKind loss);

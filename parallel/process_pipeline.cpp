@@ -92,13 +92,22 @@ ProcessPipeline::ProcessPipeline(const UNetConfig& model_cfg, const ProcessPipel
 ProcessPipeline::~ProcessPipeline() = default;
 
 std::vector<Batch> ProcessPipeline::place(const Batch& batch) const {
+  std::vector<Arrival> arrivals;
+  std::vector<Batch> out = place_ahead(batch, &arrivals);
+  for (const Arrival& a : arrivals) a.wait();
+  return out;
+}
+
+std::vector<Batch> ProcessPipeline::place_ahead(const Batch& batch, std::vector<Arrival>* arrivals) const {
   const int64_t B = batch.size();
   UNETCU_CHECK(B >= 1, "pipeline across processes: an empty batch");
   const int64_t split = std::min<int64_t>(options_.split_size, B);
   // The first stage reads the images, the last the masks: each on this process's device.
   const Device dev = options_.device;
   auto on_device = [&](const Tensor& t, bool needed) {
-    return !needed || t.device() == dev ? t : t.upload_to(dev);
+    if (!needed || t.device() == dev) return t;
+    arrivals->push_back(t.upload_ahead(dev));
+    return arrivals->back().tensor;
   };
   std::vector<Batch> out;
   for (int64_t lo = 0; lo < B; lo += split) {

@@ -64,6 +64,10 @@ class ProcessPipeline {
   // This replica's batch cut into micro-batches of split_size: the images on this process's
   // device when it is the first stage, the masks when it is the last (else views of the batch).
   std::vector<Batch> place(const Batch& batch) const;
+  // The same with the waits for the uploads left out (`arrivals` gets them): this process's
+  // stream must wait for each (Arrival::wait) before the step that reads them, and the copies
+  // run beside what it does meanwhile.
+  std::vector<Batch> place_ahead(const Batch& batch, std::vector<Arrival>* arrivals) const;
   // One optimizer step of this process's stage; every process returns the global batch's loss
   // (each replica's weighted micro-batch losses, averaged over the replicas).
   double step(const std::vector<Batch>& micro_batches, LossKind loss);

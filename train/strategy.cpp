@@ -98,7 +98,7 @@ Tensor SingleDevice::graph_step(const Batch& b) {
 }
 
 PlacedBatch SingleDevice::place(Batch host) {
-  PlacedBatch p{host, {{on(host.images, device_), on(host.masks, device_)}}};
+  PlacedBatch p{host, {{on(host.images, device_), on(host.masks, device_)}}, {}};
   return p;
 }
 
@@ -109,19 +109,37 @@ StepLoss StepLoss::ready(double value) {
   return l;
 }
 
-StepLoss StepLoss::pending(Tensor host, cuda::Event done) {
+StepLoss StepLoss::mean_of(const std::vector<Tensor>& losses, std::function<void()> check) {
+  UNETCU_CHECK(!losses.empty(), "a step loss needs at least one loss");
   StepLoss l;
   l.valid_ = true;
-  l.host_ = std::move(host);
-  l.done_ = std::move(done);
+  l.check_ = std::move(check);
+  l.count_ = double(losses.size());
+  for (const Tensor& loss : losses) {
+    UNETCU_CHECK(loss.numel() == 1, "a step loss is one value, got ", loss.numel());
+    if (!loss.device().is_cuda()) {
+      UNETCU_CHECK(l.hosts_.empty(), "a step loss's CPU values come before its GPU values");
+      l.value_ += loss.item() / l.count_;
+      continue;
+    }
+    // Behind the step's kernels on the same stream: the copy reads the loss before any later
+    // kernel can reuse its memory.
+    Tensor host = Tensor::empty_pinned({1}, loss.dtype());
+    l.done_.push_back(cuda::copy_to_host_async(host.raw(), loss.raw(), loss.device().index, loss.nbytes()));
+    l.hosts_.push_back(std::move(host));
+  }
   return l;
 }
 
 double StepLoss::get() const {
   UNETCU_CHECK(valid_, "no step loss to read");
-  if (!host_.defined()) return value_;
-  cuda::host_wait(done_);
-  return host_.item();
+  double mean = value_;
+  for (size_t i = 0; i < hosts_.size(); ++i) {
+    cuda::host_wait(done_[i]);
+    mean += hosts_[i].item() / count_;
+  }
+  if (check_) check_();
+  return mean;
 }
 
 StepLoss SingleDevice::step_async(const PlacedBatch& batch) {
@@ -135,12 +153,7 @@ StepLoss SingleDevice::step_async(const PlacedBatch& batch) {
     tape.backward(loss);
   }
   optimizer_->step();
-  if (!device_.is_cuda()) return StepLoss::ready(loss.item());
-  // Behind the step's kernels on the same stream: the copy reads the loss before any later
-  // kernel can reuse its memory.
-  Tensor host = Tensor::empty_pinned({1}, loss.dtype());
-  cuda::Event done = cuda::copy_to_host_async(host.raw(), loss.raw(), device_.index, loss.nbytes());
-  return StepLoss::pending(std::move(host), std::move(done));
+  return StepLoss::mean_of({loss});
 }
 
 Tensor SingleDevice::infer(const Tensor& images) { return model_->forward(on(images, device_)); }
@@ -170,7 +183,7 @@ PlacedBatch DataParallelStrategy::place(Batch host) {
   UNETCU_CHECK(n % N == 0, "data parallelism: a batch of ", n, " samples does not split into ", N,
                " equal shards");
   const int64_t b = n / N;
-  PlacedBatch p{host, {}};
+  PlacedBatch p{host, {}, {}};
   for (int r = 0; r < N; ++r) {
     const Device d = dp_.options().devices[r];
     p.parts.push_back({on(host.images.rows(r * b, (r + 1) * b), d), on(host.masks.rows(r * b, (r + 1) * b), d)});
@@ -178,11 +191,14 @@ PlacedBatch DataParallelStrategy::place(Batch host) {
   return p;
 }
 
-double DataParallelStrategy::step(const PlacedBatch& batch) {
-  const std::vector<double> losses = dp_.step(batch.parts, loss_);
-  double mean = 0;
-  for (double l : losses) mean += l / double(losses.size());
-  return dp_.average_across_processes(mean);
+StepLoss DataParallelStrategy::step_async(const PlacedBatch& batch) {
+  std::vector<Tensor> losses = dp_.step_async(batch.parts, loss_);
+  // Across processes this process has one replica: its loss becomes every replica's mean,
+  // a collective queued behind the step like the step's own.
+  if (dp_.options().across_processes) losses = {dp_.average_across_processes(losses.at(0))};
+  // A collective aborted meanwhile (a rank failed, the watchdog's timeout) leaves the copied
+  // values undefined: the reason is the error, not the number.
+  return StepLoss::mean_of(losses, [this] { dp_.check_communicators(); });
 }
 
 Tensor DataParallelStrategy::infer(const Tensor& images) {
@@ -210,11 +226,16 @@ std::string PipelineStrategy::describe() const {
 }
 
 PlacedBatch PipelineStrategy::place(Batch host) {
-  PlacedBatch p{host, pipe_.place(host)};
+  auto arrivals = std::make_shared<std::vector<Pipeline::StageArrival>>();
+  PlacedBatch p{host, pipe_.place_ahead(host, arrivals.get()), {}};
+  p.arrive = [this, arrivals] { pipe_.arrive(*arrivals); };
   return p;
 }
 
-double PipelineStrategy::step(const PlacedBatch& batch) { return pipe_.step(batch.parts, loss_); }
+double PipelineStrategy::step(const PlacedBatch& batch) {
+  if (batch.arrive) batch.arrive();
+  return pipe_.step(batch.parts, loss_);
+}
 
 std::vector<Optimizer*> PipelineStrategy::optimizers() {
   std::vector<Optimizer*> out;
@@ -245,8 +266,17 @@ std::string ProcessPipelineStrategy::describe() const {
 }
 
 PlacedBatch ProcessPipelineStrategy::place(Batch host) {
-  PlacedBatch p{host, pipe_.place(host)};
+  auto arrivals = std::make_shared<std::vector<Arrival>>();
+  PlacedBatch p{host, pipe_.place_ahead(host, arrivals.get()), {}};
+  p.arrive = [arrivals] {
+    for (const Arrival& a : *arrivals) a.wait();
+  };
   return p;
+}
+
+double ProcessPipelineStrategy::step(const PlacedBatch& batch) {
+  if (batch.arrive) batch.arrive();
+  return pipe_.step(batch.parts, loss_);
 }
 
 Tensor ProcessPipelineStrategy::infer(const Tensor& images) {

@@ -5,12 +5,12 @@
 //
 //   host batch (loader, pinned for GPUs) --place--> parts on the input devices --step--> loss
 //
-// place() uploads ahead of the step (the epoch loop places batch s+1 before running step s; on
-// a GPU the copy from pinned memory is queued on the stream the step runs on, so the host never
-// waits for it, though it does not yet run beside the previous step's kernels: that would take
-// a copy stream and an event);
-// step() runs forward, loss, backward and the optimizer step and returns the batch's mean loss.
+// place() uploads a batch (on a GPU from pinned memory on the device's upload stream, so the
+// copy runs beside the step before: see places_ahead); step() runs forward, loss, backward and
+// the optimizer step and returns the batch's mean loss; step_async() the same with the loss
+// read later, so that on GPUs the host queues the next step before the device has finished.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,6 +33,9 @@ struct PlacedBatch {
   Batch host;                // the loader's batch: alive until the copies from it are done
   std::vector<Batch> parts;  // one device: the batch; DP: each replica's shard; MP: each
                              // micro-batch (images on the first stage, masks on the last)
+  // Placed ahead (TrainingStrategy::places_ahead): makes the streams that read the parts wait
+  // for their uploads; the step calls it first.
+  std::function<void()> arrive;
   int64_t size() const { return host.size(); }
 };
 
@@ -44,16 +47,21 @@ class StepLoss {
  public:
   StepLoss() = default;
   static StepLoss ready(double value);
-  // `host`: a one-element pinned tensor the copy lands in; `done`: the copy's event.
-  static StepLoss pending(Tensor host, cuda::Event done);
+  // The mean of one-element losses (a replica's each, on its device; the mean taken in this
+  // order, as l0/N + l1/N + ...): a GPU's copied behind the work queued on the calling
+  // thread's current stream of its device, a CPU's read at once.
+  // `check` runs after the waits (it throws where the values are not to be trusted).
+  static StepLoss mean_of(const std::vector<Tensor>& losses, std::function<void()> check = {});
   bool valid() const { return valid_; }
-  double get() const;  // waits for the copy when it is still in flight
+  double get() const;  // waits for the copies still in flight
 
  private:
   bool valid_ = false;
-  double value_ = 0;
-  Tensor host_;
-  cuda::Event done_;
+  double value_ = 0;                 // the CPU losses' part of the mean
+  std::vector<Tensor> hosts_;        // one-element pinned tensors the GPUs' copies land in
+  std::vector<cuda::Event> done_;    // their copies' events
+  double count_ = 1;                 // how many losses the mean is over
+  std::function<void()> check_;
 };
 
 class TrainingStrategy {
@@ -84,6 +92,12 @@ class TrainingStrategy {
 
   // Uploads a host batch to where step() reads it.
   virtual PlacedBatch place(Batch host) = 0;
+  // Whether the epoch loop places batch s+1 before step s (the pipelines, whose step returns
+  // only once its stages have exchanged their work, on GPUs mostly done): place() then leaves
+  // the streams' waits for the uploads to the step that reads them (PlacedBatch::arrive), and
+  // the copies run beside step s. The others return from a GPU step once it is queued and place
+  // batch s+1 after it.
+  virtual bool places_ahead() const { return false; }
   // One optimizer step; returns the batch's mean loss (DP: the mean over the replicas').
   virtual double step(const PlacedBatch& batch) = 0;
   // The same step, its loss read later (see StepLoss); by default it is read at once.
@@ -166,7 +180,10 @@ class DataParallelStrategy : public TrainingStrategy {
   int process_rank() const override { return dp_.options().across_processes ? dp_.global_rank() : 0; }
   int process_count() const override { return dp_.options().across_processes ? dp_.global_size() : 1; }
   PlacedBatch place(Batch host) override;
-  double step(const PlacedBatch& batch) override;
+  double step(const PlacedBatch& batch) override { return step_async(batch).get(); }
+  // On GPUs the host does not wait for the step: the epoch loop places the next batch, whose
+  // upload runs beside it, and reads this loss one step later.
+  StepLoss step_async(const PlacedBatch& batch) override;
   Tensor infer(const Tensor& images) override;
   Device output_device() const override { return dp_.options().devices[0]; }
   void set_training(bool on) override;
@@ -188,6 +205,7 @@ class PipelineStrategy : public TrainingStrategy {
   std::string describe() const override;
   std::vector<Device> devices() const override { return pipe_.options().devices; }
   PlacedBatch place(Batch host) override;
+  bool places_ahead() const override { return true; }
   double step(const PlacedBatch& batch) override;
   Tensor infer(const Tensor& images) override { return pipe_.infer(images); }
   Device output_device() const override { return pipe_.options().devices.back(); }
@@ -216,7 +234,8 @@ class ProcessPipelineStrategy : public TrainingStrategy {
   int shard_rank() const override { return pipe_.replica(); }
   int shard_count() const override { return pipe_.replicas(); }
   PlacedBatch place(Batch host) override;
-  double step(const PlacedBatch& batch) override { return pipe_.step(batch.parts, loss_); }
+  bool places_ahead() const override { return true; }
+  double step(const PlacedBatch& batch) override;
   // The whole model in this process, after collect_state().
   Tensor infer(const Tensor& images) override;
   Device output_device() const override { return pipe_.options().device; }

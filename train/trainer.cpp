@@ -208,10 +208,14 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
     };
     for (int64_t s = start; s < steps; ++s) {
       PlacedBatch batch = std::move(next);
+      // The next batch's upload beside this step's work on a GPU (Tensor::upload_to): placed
+      // after the step is queued, so the host waits for the loader while the device computes;
+      // placed before it where the step waits for the devices (the pipelines), its streams then
+      // waiting for the upload only at the next step (TrainingStrategy::places_ahead).
+      const bool ahead = strategy.places_ahead();
+      if (ahead && s + 1 < steps) next = strategy.place(loader.next());
       StepLoss loss = strategy.step_async(batch);
-      // The next batch's upload after this step's work: on a GPU it runs beside those kernels
-      // (Tensor::upload_to), and the host waits for the loader while the device computes.
-      if (s + 1 < steps) next = strategy.place(loader.next());
+      if (!ahead && s + 1 < steps) next = strategy.place(loader.next());
       settle();  // the step before's loss: its kernels ran while this step was being queued
       pending = std::move(loss);
       pending_batch = std::move(batch);

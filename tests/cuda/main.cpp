@@ -44,6 +44,8 @@ const char* const kTwoGpus[] = {
     "data parallelism on two GPUs replayed as a CUDA graph equals the eager step, bit for bit",
     "a data-parallel step on two GPUs replayed as a CUDA graph takes no GPU memory from the system",
     "a data-parallel capture refused on one GPU: both replicas go on eagerly, with the eager bits",
+    "a data-parallel step on two GPUs returns before its work has run, its loss read late the waited step's",
+    "a data-parallel loss read late on two GPUs after the group was aborted throws the reason, not a number",
 };
 
 // A doctest filter names the case with its commas escaped.

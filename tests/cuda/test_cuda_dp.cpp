@@ -25,6 +25,7 @@
 #include "train/strategy.h"
 #include "../steady_alloc.h"
 #include "same_state.h"
+#include "stream_gate.h"
 
 using namespace unetcu;
 using unetcu::testing::same_bits;
@@ -508,4 +509,85 @@ TEST_CASE("data parallelism as one launched process replayed as a CUDA graph equ
   setenv("NCCL_COMM_ID", "127.0.0.1:29565", 1);
   DataParallel graph(gpu_model(), og, make_sgd);
   check_one_replica_graph(eager, graph, data);
+}
+
+namespace {
+
+// Both GPUs' compute streams (this thread's) wait for their gates.
+void hold_compute_streams(testing::StreamGate (&gates)[2], const cuda::Stream (&side)[2]) {
+  for (int d = 0; d < 2; ++d) {
+    gates[d].hold(side[d]);
+    cuda::Event held(d);
+    held.record(side[d].get());
+    held.wait(d);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a data-parallel step on two GPUs returns before its work has run, its loss read late the waited step's") {
+  // The epoch loop queues step s, places batch s+1 (its upload then runs beside step s) and
+  // reads step s's loss after that, so the step itself may not wait for the GPUs. Here both
+  // compute streams are held behind a gate while two steps are queued: a step that waited for
+  // its work would return only once the safeguard opened the gates, after 120 s. Eagerly and
+  // replayed as a CUDA graph (captured at the third step; the graph's loss tensor is rewritten
+  // by each replay, so the second queued step must not change the first's loss).
+  SyntheticSegmentation data(64, 31);
+  const Batch a = data.batch({0, 1, 2, 3}), b = data.batch({4, 5, 6, 7});
+  const std::vector<const Batch*> order = {&a, &b, &a, &b, &a};  // the last two queued held
+  for (const bool graphs : {false, true}) {
+    CAPTURE(graphs);
+    DataParallelOptions o = two_gpus();
+    o.cuda_graphs = graphs;
+    DataParallelStrategy now(gpu_model(), o, optimizer_factory({}), LossKind::BCEDice);
+    std::vector<double> want;
+    for (const Batch* x : order) want.push_back(now.step(now.place(*x)));
+
+    DataParallelStrategy late(gpu_model(), o, optimizer_factory({}), LossKind::BCEDice);
+    // cuDNN's algorithm search and the capture wait for the devices: not held.
+    for (size_t k = 0; k < 3; ++k) CHECK(late.step(late.place(*order[k])) == want[k]);
+    const PlacedBatch third = late.place(*order[3]), fourth = late.place(*order[4]);
+    testing::StreamGate gates[2];  // outlive the streams (their host functions)
+    const cuda::Stream side[2] = {cuda::Stream(0), cuda::Stream(1)};
+    testing::OpenAtExit open0{gates[0]}, open1{gates[1]};
+    hold_compute_streams(gates, side);
+    StepLoss l3, l4;
+    bool returned_while_held = false;
+    {
+      testing::Safeguard safeguard({&gates[0], &gates[1]}, 120);
+      l3 = late.step_async(third);
+      l4 = late.step_async(fourth);
+      returned_while_held = !gates[0].open && !gates[1].open;
+    }
+    CHECK(returned_while_held);
+    CHECK(l3.get() == want[3]);  // the same kernels on the same data: the same bits
+    CHECK(l4.get() == want[4]);
+    testing::check_same_state(now.model(), late.model());
+    if (graphs) CHECK(late.data_parallel().graph_replays() == 3);
+  }
+}
+
+TEST_CASE("a data-parallel loss read late on two GPUs after the group was aborted throws the reason, not a number") {
+  // A rank that fails (or the watchdog's timeout) aborts the communicators while a step's
+  // collectives are still queued: they end without their results, and the loss copied behind
+  // them is not the step's.
+  SyntheticSegmentation data(64, 32);
+  DataParallelStrategy s(gpu_model(), two_gpus(), optimizer_factory({}), LossKind::BCEDice);
+  s.step(s.place(data.batch({0, 1, 2, 3})));
+  const PlacedBatch next = s.place(data.batch({4, 5, 6, 7}));
+  testing::StreamGate gates[2];
+  const cuda::Stream side[2] = {cuda::Stream(0), cuda::Stream(1)};
+  testing::OpenAtExit open0{gates[0]}, open1{gates[1]};
+  hold_compute_streams(gates, side);
+  StepLoss loss;
+  {
+    testing::Safeguard safeguard({&gates[0], &gates[1]}, 120);
+    loss = s.step_async(next);
+    // A failure on rank 1's thread: run() aborts every communicator and rethrows it.
+    CHECK_THROWS_WITH_AS(s.data_parallel().run([](int r) {
+      if (r == 1) throw Error("rank 1 stopped");
+    }),
+                         "rank 1 stopped", Error);
+  }
+  CHECK_THROWS_WITH_AS(loss.get(), doctest::Contains("collective aborted: another rank failed"), Error);
 }

@@ -18,6 +18,7 @@
 #include "train/strategy.h"
 #include "../steady_alloc.h"
 #include "same_state.h"
+#include "stream_gate.h"
 
 using namespace unetcu;
 using namespace unetcu::testing;
@@ -188,3 +189,51 @@ TEST_CASE("a pipeline capture refused midway says so, and training goes on eager
   }
 }
 #endif
+
+TEST_CASE("a pipeline's batch placed ahead uploads beside the step before it, which does not wait for it") {
+  // The epoch loop places batch s+1 before a pipeline's step s (the step waits for its stages
+  // before it returns): the copies run beside step s, and only step s+1's streams wait for
+  // them. Here the upload streams are held behind a gate while step s runs: a step that waited
+  // for the next batch's uploads would end only once the safeguard below opened the gate,
+  // after 120 s. The batches are in pinned memory, as the loader makes them for a GPU (a copy
+  // from pageable memory makes the host wait for it).
+  SyntheticSegmentation data(64, 33);
+  auto pinned = [](const Batch& b) {
+    Batch p{Tensor::empty_pinned(b.images.shape(), b.images.dtype()),
+            Tensor::empty_pinned(b.masks.shape(), b.masks.dtype())};
+    p.images.copy_(b.images);
+    p.masks.copy_(b.masks);
+    return p;
+  };
+  const Batch first = pinned(data.batch({0, 1, 2, 3})), second = pinned(data.batch({4, 5, 6, 7}));
+  for (const auto& devices : pipeline_placements()) {
+    CAPTURE(devices[1].str());
+    const PipelineOptions o = two_stages(devices[0], devices[1], Schedule::OneFOneB, false);
+    PipelineStrategy now(gpu_model(false), o, optimizer_factory({}), LossKind::BCEDice);
+    const double want_first = now.step(now.place(first));
+    const double want_second = now.step(now.place(second));
+
+    PipelineStrategy ahead(gpu_model(false), o, optimizer_factory({}), LossKind::BCEDice);
+    CHECK(ahead.places_ahead());
+    const PlacedBatch placed_first = ahead.place(first);
+    StreamGate gate;
+    OpenAtExit open_at_exit{gate};  // the upload streams live on (the device's own)
+    for (const Device& d : devices) gate.hold(cuda::upload_stream(d.index));
+    const PlacedBatch placed_second = ahead.place(second);
+    double got_first = 0;
+    bool stepped_while_held = false;
+    {
+      Safeguard safeguard({&gate}, 120);
+      got_first = ahead.step(placed_first);
+      stepped_while_held = !gate.open;
+    }
+    for (const Device& d : devices) {  // the gate's host functions have returned
+      cuda::DeviceGuard on(d.index);
+      CUDA_CHECK(cudaStreamSynchronize(cuda::upload_stream(d.index).get()));
+    }
+    CHECK(stepped_while_held);
+    CHECK(got_first == want_first);  // the same kernels on the same data: the same bits
+    CHECK(ahead.step(placed_second) == want_second);
+    check_same_state(now.model(), ahead.model());
+  }
+}

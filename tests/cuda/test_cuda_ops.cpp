@@ -34,6 +34,7 @@
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline.h"
 #include "train/strategy.h"
+#include "stream_gate.h"
 
 using namespace unetcu;
 
@@ -647,27 +648,8 @@ TEST_CASE("deterministic convolutions give the same bits twice, and their choice
   CHECK(found == 3);  // forward, backward data, backward filter
 }
 
-namespace {
-
-// Holds a stream at a host function until released (or the scope ends), so the work queued
-// behind it, and the events recorded after it, stay pending for as long as the test wants.
-struct StreamGate {
-  std::atomic<bool> open{false};
-  void hold(cudaStream_t s) {
-    CUDA_CHECK(cudaLaunchHostFunc(
-        s,
-        [](void* flag) {
-          while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::yield();
-        },
-        &open));
-  }
-};
-struct OpenAtExit {
-  StreamGate& gate;
-  ~OpenAtExit() { gate.open = true; }
-};
-
-}  // namespace
+using unetcu::testing::OpenAtExit;
+using unetcu::testing::StreamGate;
 
 TEST_CASE("the caching allocator hands a block to another stream, or the host, only after its work") {
   Setup setup;
@@ -676,7 +658,7 @@ TEST_CASE("the caching allocator hands a block to another stream, or the host, o
   OpenAtExit open_at_exit{gate};
   cuda::release_device_cache(0);  // no earlier block of these sizes
   const int64_t n = (int64_t(1) << 18) + 777;  // an unusual size: ~1 MiB
-  gate.hold(a.get());
+  gate.hold(a);
   void* freed = nullptr;
   {
     cuda::StreamScope on_a(a);
@@ -704,7 +686,7 @@ TEST_CASE("the caching allocator hands a block to another stream, or the host, o
 
   // Pinned memory read by an asynchronous upload is not rewritten by the host before it ran.
   gate.open = false;
-  gate.hold(a.get());
+  gate.hold(a);
   const int64_t m = (int64_t(1) << 16) + 333;
   void* pinned = nullptr;
   Tensor uploaded;
@@ -745,7 +727,7 @@ TEST_CASE("an upload runs beside the compute stream's work, and the work queued 
 
   // Beside: with the compute stream held, the upload still lands. (Read on a third stream,
   // which nothing orders after the compute stream.)
-  compute_gate.hold(compute.get());
+  compute_gate.hold(compute);
   const Tensor beside = host.upload_to(kGpu);
   {
     cuda::Stream reader(0);
@@ -757,7 +739,7 @@ TEST_CASE("an upload runs beside the compute stream's work, and the work queued 
 
   // After: with the upload stream held, the compute stream's next work (a copy back to the
   // host, which returns once it ran) waits for the upload instead of reading the block first.
-  upload_gate.hold(cuda::upload_stream(0).get());
+  upload_gate.hold(cuda::upload_stream(0));
   const Tensor after = host.upload_to(kGpu);
   std::thread opener([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
