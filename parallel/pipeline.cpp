@@ -123,7 +123,14 @@ void Pipeline::parameters_placed() {
     if (d.is_cuda()) cuda::synchronize(d.index);
 }
 
-Pipeline::~Pipeline() = default;
+Pipeline::~Pipeline() {
+  // The steps still queued read the model's and optimizers' memory, given back below.
+  try {
+    synchronize();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "warning: a pipeline's queued step failed as it was destroyed: %s\n", e.what());
+  }
+}
 
 std::vector<Batch> Pipeline::place(const Batch& batch) {
   std::vector<StageArrival> arrivals;
@@ -151,7 +158,7 @@ std::vector<Batch> Pipeline::place_ahead(const Batch& batch, std::vector<StageAr
   // work; the stage's own stream waits for them when arrive() is called.
   auto upload = [&](const Tensor& t, int s) {
     const Device dev = options_.devices[s];
-    if (t.device() == dev) return t;  // a view of the batch, which outlives the step
+    if (t.device() == dev) return t;  // a view of the batch: its caller keeps it until the step is done
     Arrival a = t.upload_ahead(dev);
     arrivals->push_back({s, a});
     return a.tensor;
@@ -165,6 +172,7 @@ std::vector<Batch> Pipeline::place_ahead(const Batch& batch, std::vector<StageAr
 }
 
 Tensor Pipeline::infer(const Tensor& images) {
+  synchronize();  // the parameters the last step_async() updates on the stages' streams
   const auto& blocks = model_->blocks();
   std::vector<Tensor> outs(blocks.size());
   for (size_t b = 0; b < blocks.size(); ++b) {
@@ -188,10 +196,10 @@ std::vector<Transfer> Pipeline::transfers() const {
 // backward(s, m) wait for what they need from the other stages.
 class Pipeline::Run {
  public:
-  // capturing: queued into a CUDA graph over the stages' streams (Pipeline::graph_step), so
-  // nothing waits for a stream.
-  Run(Pipeline& p, const std::vector<Batch>& micro_batches, LossKind loss, bool capturing = false)
-      : p_(p), loss_kind_(loss), capturing_(capturing), S_(p.stages()), M_(int(micro_batches.size())),
+  // Queued eagerly or into a CUDA graph over the stages' streams (Pipeline::graph_step): the
+  // same calls, and nothing here waits for a stream.
+  Run(Pipeline& p, const std::vector<Batch>& micro_batches, LossKind loss)
+      : p_(p), loss_kind_(loss), S_(p.stages()), M_(int(micro_batches.size())),
         inputs_(micro_batches), mb_(S_), fwd_done_(S_, std::vector<char>(M_, 0)),
         bwd_done_(fwd_done_), fwd_event_(S_, std::vector<cuda::Event>(M_)),
         bwd_event_(fwd_event_) {
@@ -203,7 +211,7 @@ class Pipeline::Run {
 
   // Stage s's whole step, on its own thread.
   void stage(int s) {
-    StageState st{s, p_.options_.devices[s], 0, {}};
+    StageState st{s, p_.options_.devices[s], 0};
     std::unique_ptr<cuda::StreamScope> on_stream;
     if (st.dev.is_cuda()) on_stream = std::make_unique<cuda::StreamScope>(*p_.streams_[s]);
     p_.optimizers_[s]->zero_grad();
@@ -213,9 +221,9 @@ class Pipeline::Run {
       else
         backward(st, a.micro_batch);
     }
-    // The end of the step: this stream (a capture ends with the origin waiting for it).
-    if (st.dev.is_cuda() && !capturing_) cuda::synchronize(st.dev.index);
-    st.keep_alive.clear();
+    // Nothing waits for the stream here: what this step's tensors held is handed out again
+    // in stream order when the Run is destroyed (each block waits for every stream that used
+    // it), and the next step's work on this stream follows this one's.
   }
 
   // A stage threw: the others stop waiting for it.
@@ -227,13 +235,12 @@ class Pipeline::Run {
     cv_.notify_all();
   }
 
-  double loss() const {
-    double l = 0;
-    for (int m = 0; m < M_; ++m) l += mb_[S_ - 1][m].loss.item();
-    return l;
+  // Each micro-batch's weighted loss, on the last stage's device.
+  std::vector<Tensor> losses() const {
+    std::vector<Tensor> out;
+    for (int m = 0; m < M_; ++m) out.push_back(mb_[S_ - 1][m].loss);
+    return out;
   }
-  // Micro-batch m's weighted loss, on the last stage's device.
-  const Tensor& micro_batch_loss(int m) const { return mb_[S_ - 1][m].loss; }
 
  private:
   struct MicroBatch {
@@ -246,10 +253,6 @@ class Pipeline::Run {
     int s;
     Device dev;
     int live = 0;
-    // Consumers' copies whose gradients this stage read: on a GPU their memory belongs to the
-    // consumer's stream, which could hand it out again before this stream has read it, so
-    // they live until this stage's stream is synchronised at the end of the step.
-    std::vector<Tensor> keep_alive;
   };
   using Flags = std::vector<std::vector<char>>;
   using Events = std::vector<std::vector<cuda::Event>>;
@@ -344,7 +347,9 @@ class Pipeline::Run {
             mb_[c][m].received.erase(it);  // its gradient comes home now
           }
           if (!copy.grad().defined()) continue;
-          if (st.dev.is_cuda()) st.keep_alive.push_back(copy);
+          // The consumer's gradient is read on this stage's stream; the copy records that
+          // stream as a user of its memory, so the consumer's stream does not hand it out again
+          // before this stream has read it (cuda::copy_after).
           Tensor g = copy.grad().to_after(st.dev, bwd_event_[c][m]);
           sum = sum.defined() ? add(sum, g) : g;
         }
@@ -365,7 +370,6 @@ class Pipeline::Run {
 
   Pipeline& p_;
   LossKind loss_kind_;
-  bool capturing_;
   const int S_, M_;
   const std::vector<Batch>& inputs_;
   std::vector<double> weight_;
@@ -401,34 +405,73 @@ void Pipeline::run_stages(Run& run) {
   }
 }
 
-// All backwards are done: every stage steps its own parameters.
+// All backwards are queued: every stage steps its own parameters on its stream.
 void Pipeline::step_optimizers() {
   pool_->run([&](int s) {
     std::unique_ptr<cuda::StreamScope> on_stream;
     if (streams_[s]) on_stream = std::make_unique<cuda::StreamScope>(*streams_[s]);
     optimizers_[s]->step();
-    if (streams_[s]) cuda::synchronize(options_.devices[s].index);
   });
 }
 
+void Pipeline::join_last_stage() {
+  const int S = stages();
+  if (!streams_[S - 1]) {  // a CPU last stage: its losses are read at once, so all of it is done
+    synchronize();
+    return;
+  }
+  std::vector<cuda::Event> tails;
+  for (int s = 0; s < S - 1; ++s) {
+    if (!streams_[s]) continue;
+    cuda::StreamScope on_stage(*streams_[s]);
+    tails.push_back(cuda::Event::record(options_.devices[s].index));
+  }
+  cuda::StreamScope on_last(*streams_[S - 1]);
+  for (const cuda::Event& e : tails) e.wait(options_.devices[S - 1].index);
+}
+
+void Pipeline::synchronize() {
+  if (!in_flight_) return;
+  for (size_t s = 0; s < streams_.size(); ++s) {
+    if (!streams_[s]) continue;
+    cuda::StreamScope on_stream(*streams_[s]);
+    cuda::synchronize(options_.devices[s].index);
+  }
+  in_flight_ = false;
+}
+
 double Pipeline::step(const std::vector<Batch>& micro_batches, LossKind loss_kind) {
+  const std::vector<Tensor> losses = step_async(micro_batches, loss_kind);
+  synchronize();
+  double l = 0;
+  for (const Tensor& t : losses) l += t.item();
+  return l;
+}
+
+std::vector<Tensor> Pipeline::step_async(const std::vector<Batch>& micro_batches, LossKind loss_kind) {
   UNETCU_CHECK(!micro_batches.empty(), "model parallelism: a step needs at least one micro-batch");
   const int S = stages();
   for (const Batch& b : micro_batches)
     UNETCU_CHECK(b.images.device() == options_.devices[0] && b.masks.device() == options_.devices[S - 1],
                  "model parallelism: micro-batches must be placed (images on ", options_.devices[0].str(),
                  ", masks on ", options_.devices[S - 1].str(), ")");
-  double graph_loss = 0;
-  if (options_.cuda_graphs && graph_step(micro_batches, loss_kind, &graph_loss)) return graph_loss;
+  std::vector<Tensor> losses;
+  if (options_.cuda_graphs && graph_step(micro_batches, loss_kind, &losses)) {
+    join_last_stage();
+    return losses;
+  }
   peak_live_.assign(S, 0);
   {
     std::lock_guard<std::mutex> lock(transfers_mu_);
     transfers_.clear();
   }
   Run run(*this, micro_batches, loss_kind);
+  // Set first: a stage that throws may have queued work already.
+  for (const auto& st : streams_) in_flight_ = in_flight_ || st != nullptr;
   run_stages(run);
   step_optimizers();
-  return run.loss();
+  join_last_stage();
+  return run.losses();
 }
 
 // ---- CUDA graphs ------------------------------------------------------------------------------
@@ -462,7 +505,8 @@ constexpr int kEagerStepsBeforeCapture = 2;
 
 }  // namespace
 
-bool Pipeline::graph_step(const std::vector<Batch>& micro_batches, LossKind loss_kind, double* out) {
+bool Pipeline::graph_step(const std::vector<Batch>& micro_batches, LossKind loss_kind,
+                          std::vector<Tensor>* losses) {
   // The profiler times ops on the host; a graph holds train-mode batch norm.
   if (Profiler::enabled() || !model_->is_training()) return false;
   const std::vector<Shape> shapes = micro_batch_shapes(micro_batches);
@@ -471,6 +515,8 @@ bool Pipeline::graph_step(const std::vector<Batch>& micro_batches, LossKind loss
   const int S = stages();
   if (!captured_) {
     if (eager_steps_++ < kEagerStepsBeforeCapture) return false;
+    // The steps before are done: this thread clears the gradients and gives the caches back.
+    synchronize();
     auto c = std::make_unique<Captured>();
     c->shapes = shapes;
     c->loss = loss_kind;
@@ -480,7 +526,7 @@ bool Pipeline::graph_step(const std::vector<Batch>& micro_batches, LossKind loss
     // The captured backwards write every gradient first (beta 0): there is none before them.
     for (auto& o : optimizers_) o->zero_grad();
     // Each device keeps one step's worth of memory, not two: the eager steps' cache goes back
-    // first (every stage's stream was synchronised at the end of the last step).
+    // first.
     for (const Device& d : options_.devices) cuda::release_device_cache(d.index);
     CapturedCounts counts(*model_);
     peak_live_.assign(S, 0);
@@ -492,9 +538,9 @@ bool Pipeline::graph_step(const std::vector<Batch>& micro_batches, LossKind loss
     for (const auto& st : streams_) streams.push_back(st.get());
     try {
       c->graph = cuda::Graph::capture(streams, [&] {
-        Run run(*this, c->inputs, loss_kind, /*capturing=*/true);
+        Run run(*this, c->inputs, loss_kind);
         run_stages(run);
-        for (int m = 0; m < int(c->inputs.size()); ++m) c->losses.push_back(run.micro_batch_loss(m));
+        c->losses = run.losses();
       });
       for (const Tensor& p : model_->parameters()) {
         UNETCU_CHECK(p.grad().defined(), "the captured pipeline step left a parameter without a gradient");
@@ -522,16 +568,25 @@ bool Pipeline::graph_step(const std::vector<Batch>& micro_batches, LossKind loss
   Captured& c = *captured_;
   if (shapes != c.shapes || loss_kind != c.loss) return false;
   // The micro-batches were placed on their stages' streams: the images on the first's, the
-  // masks on the last's. Each copy follows its upload there, and the launch on the first
-  // stage's stream (the graph's origin) follows both.
+  // masks on the last's. Each copy follows its upload there. The launch on the first stage's
+  // stream (the graph's origin) follows what every stage's stream has queued: the masks' copy
+  // on the last, and on each the step before (its optimizer, the reads of its losses, which
+  // this replay rewrites).
   cuda::Stream& origin = *streams_[0];
   {
     cuda::StreamScope on_last(*streams_[S - 1]);
     for (size_t m = 0; m < c.inputs.size(); ++m) c.inputs[m].masks.copy_(micro_batches[m].masks);
-    const cuda::Event masks_copied = cuda::Event::record(options_.devices[S - 1].index);
+  }
+  std::vector<cuda::Event> stage_tails;
+  for (int s = 1; s < S; ++s) {
+    cuda::StreamScope on_stage(*streams_[s]);
+    stage_tails.push_back(cuda::Event::record(options_.devices[s].index));
+  }
+  {
     cuda::StreamScope on_origin(origin);
     for (size_t m = 0; m < c.inputs.size(); ++m) c.inputs[m].images.copy_(micro_batches[m].images);
-    masks_copied.wait(options_.devices[0].index);
+    for (const cuda::Event& e : stage_tails) e.wait(options_.devices[0].index);
+    in_flight_ = true;
     c.graph.launch();
     ++graph_replays_;
     // The optimizers step on their stages' streams, after all of the graph.
@@ -551,10 +606,8 @@ bool Pipeline::graph_step(const std::vector<Batch>& micro_batches, LossKind loss
     std::lock_guard<std::mutex> lock(transfers_mu_);
     transfers_ = c.transfers;
   }
-  step_optimizers();  // each stage's stream synchronised: the graph's losses are final
-  double l = 0;
-  for (const Tensor& t : c.losses) l += t.item();
-  *out = l;
+  step_optimizers();
+  *losses = c.losses;
   return true;
 }
 

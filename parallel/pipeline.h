@@ -17,7 +17,9 @@
 //    them: the host thread until the producer has queued the work (a condition variable), and
 //    on a GPU the consumer's stream until the producer's stream has done it (an event the
 //    producer records), so no stage waits for the whole device. Each GPU stage has a stream of
-//    its own; the step ends with each stage waiting for its stream.
+//    its own. step() ends with the host waiting for every stage's stream; step_async() returns
+//    once the stages' threads have queued the step, so the host queues the next one while the
+//    GPUs run.
 #pragma once
 #include <functional>
 #include <map>
@@ -100,9 +102,22 @@ class Pipeline {
   std::vector<Batch> place_ahead(const Batch& batch, std::vector<StageArrival>* arrivals);
   void arrive(const std::vector<StageArrival>& arrivals);
   // One optimizer step on placed micro-batches; returns the batch loss (micro-batch losses
-  // weighted by their share).
+  // weighted by their share), every stage's stream waited for.
   double step(const std::vector<Batch>& micro_batches, LossKind loss);
   double step(const Batch& batch, LossKind loss) { return step(place(batch), loss); }
+  // The same step, queued: on GPUs it returns once every stage's thread has queued its work
+  // (forwards, backwards, optimizer), with each micro-batch's weighted loss on the last
+  // stage's device (their sum is the batch loss), written on stream(stages() - 1), which then
+  // follows every stage's work of the step (a read of them finds it all done); replayed as a
+  // CUDA graph, the same tensors every step, so read them (or queue their copy on that stream)
+  // before the next step. A next step_async() is ordered after this one on the streams.
+  // Anything else that reads or writes the model's or the optimizers' state from this thread
+  // calls synchronize() first (infer() does).
+  std::vector<Tensor> step_async(const std::vector<Batch>& micro_batches, LossKind loss);
+  // Waits for every GPU stage's stream: the steps queued by step_async() are done.
+  void synchronize();
+  // Stage s's stream (null for a CPU stage).
+  const cuda::Stream* stream(int s) const { return streams_.at(size_t(s)).get(); }
 
   UNet& model() { return *model_; }
   const UNet& model() const { return *model_; }
@@ -125,9 +140,11 @@ class Pipeline {
   class Run;  // one step's execution
   struct Captured;  // cuda_graphs: the captured step at one set of micro-batch shapes
   void run_stages(Run& run);
-  // The step's loss, or false: run it eagerly.
-  bool graph_step(const std::vector<Batch>& micro_batches, LossKind loss, double* out);
+  // The step queued as the graph, *losses its micro-batches' losses; or false: run it eagerly.
+  bool graph_step(const std::vector<Batch>& micro_batches, LossKind loss, std::vector<Tensor>* losses);
   void step_optimizers();
+  // The last stage's stream waits for what every other stage's has queued (step_async's end).
+  void join_last_stage();
   PipelineOptions options_;
   std::unique_ptr<UNet> model_;
   std::vector<std::unique_ptr<Optimizer>> optimizers_;  // one per stage
@@ -142,6 +159,7 @@ class Pipeline {
   int eager_steps_ = 0;             // steps run at those shapes before the capture
   int64_t graph_replays_ = 0;
   std::unique_ptr<Captured> captured_;
+  bool in_flight_ = false;  // GPU stages: a step_async() not yet waited for
 };
 
 }  // namespace unetcu

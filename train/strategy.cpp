@@ -109,12 +109,18 @@ StepLoss StepLoss::ready(double value) {
   return l;
 }
 
+StepLoss StepLoss::sum_of(const std::vector<Tensor>& losses) { return combine(losses, {}, 1.0); }
+
 StepLoss StepLoss::mean_of(const std::vector<Tensor>& losses, std::function<void()> check) {
+  return combine(losses, std::move(check), double(losses.size()));
+}
+
+StepLoss StepLoss::combine(const std::vector<Tensor>& losses, std::function<void()> check, double count) {
   UNETCU_CHECK(!losses.empty(), "a step loss needs at least one loss");
   StepLoss l;
   l.valid_ = true;
   l.check_ = std::move(check);
-  l.count_ = double(losses.size());
+  l.count_ = count;
   for (const Tensor& loss : losses) {
     UNETCU_CHECK(loss.numel() == 1, "a step loss is one value, got ", loss.numel());
     if (!loss.device().is_cuda()) {
@@ -232,12 +238,22 @@ PlacedBatch PipelineStrategy::place(Batch host) {
   return p;
 }
 
-double PipelineStrategy::step(const PlacedBatch& batch) {
+StepLoss PipelineStrategy::step_async(const PlacedBatch& batch) {
   if (batch.arrive) batch.arrive();
-  return pipe_.step(batch.parts, loss_);
+  const std::vector<Tensor> losses = pipe_.step_async(batch.parts, loss_);
+  // Copied behind the last stage's work on its stream, before the next step can rewrite them.
+  std::unique_ptr<cuda::StreamScope> on_last;
+  if (const cuda::Stream* last = pipe_.stream(pipe_.stages() - 1)) on_last = std::make_unique<cuda::StreamScope>(*last);
+  return StepLoss::sum_of(losses);
+}
+
+Module& PipelineStrategy::model() {
+  pipe_.synchronize();
+  return pipe_.model();
 }
 
 std::vector<Optimizer*> PipelineStrategy::optimizers() {
+  pipe_.synchronize();
   std::vector<Optimizer*> out;
   for (const auto& o : pipe_.optimizers()) out.push_back(o.get());
   return out;

@@ -52,15 +52,19 @@ class StepLoss {
   // thread's current stream of its device, a CPU's read at once.
   // `check` runs after the waits (it throws where the values are not to be trusted).
   static StepLoss mean_of(const std::vector<Tensor>& losses, std::function<void()> check = {});
+  // The sum of one-element losses (a pipeline's weighted micro-batch losses), likewise.
+  static StepLoss sum_of(const std::vector<Tensor>& losses);
   bool valid() const { return valid_; }
   double get() const;  // waits for the copies still in flight
 
  private:
+  // Σ loss / count, in the losses' order.
+  static StepLoss combine(const std::vector<Tensor>& losses, std::function<void()> check, double count);
   bool valid_ = false;
   double value_ = 0;                 // the CPU losses' part of the mean
   std::vector<Tensor> hosts_;        // one-element pinned tensors the GPUs' copies land in
   std::vector<cuda::Event> done_;    // their copies' events
-  double count_ = 1;                 // how many losses the mean is over
+  double count_ = 1;                 // what each loss is divided by: N for a mean, 1 for a sum
   std::function<void()> check_;
 };
 
@@ -92,8 +96,8 @@ class TrainingStrategy {
 
   // Uploads a host batch to where step() reads it.
   virtual PlacedBatch place(Batch host) = 0;
-  // Whether the epoch loop places batch s+1 before step s (the pipelines, whose step returns
-  // only once its stages have exchanged their work, on GPUs mostly done): place() then leaves
+  // Whether the epoch loop places batch s+1 before step s (a pipeline across processes, whose
+  // step returns only once its stage has exchanged its work, on GPUs mostly done): place() leaves
   // the streams' waits for the uploads to the step that reads them (PlacedBatch::arrive), and
   // the copies run beside step s. The others return from a GPU step once it is queued and place
   // batch s+1 after it.
@@ -205,12 +209,14 @@ class PipelineStrategy : public TrainingStrategy {
   std::string describe() const override;
   std::vector<Device> devices() const override { return pipe_.options().devices; }
   PlacedBatch place(Batch host) override;
-  bool places_ahead() const override { return true; }
-  double step(const PlacedBatch& batch) override;
+  // Its steps are queued (Pipeline::step_async), so the next batch is placed after each.
+  double step(const PlacedBatch& batch) override { return step_async(batch).get(); }
+  StepLoss step_async(const PlacedBatch& batch) override;
   Tensor infer(const Tensor& images) override { return pipe_.infer(images); }
   Device output_device() const override { return pipe_.options().devices.back(); }
-  void set_training(bool on) override { pipe_.model().train(on); }
-  Module& model() override { return pipe_.model(); }
+  // The model's and optimizers' state, once the steps queued have run.
+  void set_training(bool on) override { model().train(on); }
+  Module& model() override;
   std::vector<Optimizer*> optimizers() override;
   std::vector<int> live_micro_batches() const override { return pipe_.peak_live_micro_batches(); }
   void state_loaded() override { pipe_.parameters_placed(); }

@@ -210,8 +210,9 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
       PlacedBatch batch = std::move(next);
       // The next batch's upload beside this step's work on a GPU (Tensor::upload_to): placed
       // after the step is queued, so the host waits for the loader while the device computes;
-      // placed before it where the step waits for the devices (the pipelines), its streams then
-      // waiting for the upload only at the next step (TrainingStrategy::places_ahead).
+      // placed before it where the step waits for the devices (a pipeline across processes),
+      // its streams then waiting for the upload only at the next step
+      // (TrainingStrategy::places_ahead).
       const bool ahead = strategy.places_ahead();
       if (ahead && s + 1 < steps) next = strategy.place(loader.next());
       StepLoss loss = strategy.step_async(batch);

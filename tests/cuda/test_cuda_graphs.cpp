@@ -9,7 +9,9 @@
 
 #include <stdlib.h>
 
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "apps/cli.h"
@@ -190,21 +192,36 @@ TEST_CASE("a pipeline capture refused midway says so, and training goes on eager
 }
 #endif
 
+namespace {
+
+Batch pinned(const Batch& b) {
+  Batch p{Tensor::empty_pinned(b.images.shape(), b.images.dtype()),
+          Tensor::empty_pinned(b.masks.shape(), b.masks.dtype())};
+  p.images.copy_(b.images);
+  p.masks.copy_(b.masks);
+  return p;
+}
+
+// Whether everything queued on `stream` so far has run.
+bool stream_idle(const cuda::Stream& stream) {
+  cuda::Event e(stream.device());
+  e.record(stream.get());
+  const cudaError_t r = cudaEventQuery(e.get());
+  cudaGetLastError();  // cudaErrorNotReady is an answer here, not an error
+  return r == cudaSuccess;
+}
+
+}  // namespace
+
 TEST_CASE("a pipeline's batch placed ahead uploads beside the step before it, which does not wait for it") {
-  // The epoch loop places batch s+1 before a pipeline's step s (the step waits for its stages
-  // before it returns): the copies run beside step s, and only step s+1's streams wait for
-  // them. Here the upload streams are held behind a gate while step s runs: a step that waited
+  // A pipeline's batch may be placed before the step before it is queued (the epoch loop does
+  // so for a pipeline across processes, whose step waits for its stage): the copies run beside
+  // step s, and only step s+1's streams wait for them. Here the upload streams are held behind
+  // a gate while step s runs: a step that waited
   // for the next batch's uploads would end only once the safeguard below opened the gate,
   // after 120 s. The batches are in pinned memory, as the loader makes them for a GPU (a copy
   // from pageable memory makes the host wait for it).
   SyntheticSegmentation data(64, 33);
-  auto pinned = [](const Batch& b) {
-    Batch p{Tensor::empty_pinned(b.images.shape(), b.images.dtype()),
-            Tensor::empty_pinned(b.masks.shape(), b.masks.dtype())};
-    p.images.copy_(b.images);
-    p.masks.copy_(b.masks);
-    return p;
-  };
   const Batch first = pinned(data.batch({0, 1, 2, 3})), second = pinned(data.batch({4, 5, 6, 7}));
   for (const auto& devices : pipeline_placements()) {
     CAPTURE(devices[1].str());
@@ -214,7 +231,6 @@ TEST_CASE("a pipeline's batch placed ahead uploads beside the step before it, wh
     const double want_second = now.step(now.place(second));
 
     PipelineStrategy ahead(gpu_model(false), o, optimizer_factory({}), LossKind::BCEDice);
-    CHECK(ahead.places_ahead());
     const PlacedBatch placed_first = ahead.place(first);
     StreamGate gate;
     OpenAtExit open_at_exit{gate};  // the upload streams live on (the device's own)
@@ -236,4 +252,94 @@ TEST_CASE("a pipeline's batch placed ahead uploads beside the step before it, wh
     CHECK(ahead.step(placed_second) == want_second);
     check_same_state(now.model(), ahead.model());
   }
+}
+
+TEST_CASE("a pipeline step is queued: it returns before its stages' streams run it, and reads of the model wait") {
+  // The stages' streams are held behind a gate while two steps are queued (eagerly, and as
+  // replays of the captured graph): each returns with its work still held. Reading the model
+  // then waits for the streams (the gate opens a second later), and the losses, once read, and
+  // the state equal a twin's that stepped through step() (whose loss, once read, finds every
+  // stage's stream done: the last stage's stream joins the others'). A step that waited for
+  // its stages would return only when the safeguard opened the gate, after 60 s; a model()
+  // that did not wait would read the parameters before the held steps changed them.
+  SyntheticSegmentation data(64, 35);
+  std::vector<Batch> batches;
+  for (int k = 0; k < 5; ++k) batches.push_back(pinned(data.batch({4 * k, 4 * k + 1, 4 * k + 2, 4 * k + 3})));
+  // Eagerly on one GPU's two streams; replayed on two GPUs where there are two (the graph's
+  // launch then waits for the other GPU's stream, and the last stage's for the first's).
+  const auto placements = pipeline_placements();
+  for (bool graphs : {false, true}) {
+    const std::vector<Device>& devices = graphs ? placements.back() : placements.front();
+    CAPTURE(graphs);
+    CAPTURE(devices[1].str());
+    const PipelineOptions o = two_stages(devices[0], devices[1], Schedule::OneFOneB, graphs);
+    // Unheld first: cuDNN's algorithm search waits for its stream, and the graph's capture
+    // (third step) for every stage's.
+    const int unheld = graphs ? 3 : 1, steps = unheld + 2;
+    PipelineStrategy twin(gpu_model(false), o, optimizer_factory({}), LossKind::BCEDice);
+    std::vector<double> want;
+    for (int k = 0; k < steps; ++k) {
+      want.push_back(twin.step(twin.place(batches[size_t(k)])));
+      for (int s = 0; s < 2; ++s) CHECK(stream_idle(*twin.pipeline().stream(s)));
+    }
+
+    StreamGate gate;  // outlives the streams (their host functions)
+    PipelineStrategy queued(gpu_model(false), o, optimizer_factory({}), LossKind::BCEDice);
+    OpenAtExit open_at_exit{gate};  // before the streams go
+    CHECK_FALSE(queued.places_ahead());
+    for (int k = 0; k < unheld; ++k) CHECK(queued.step(queued.place(batches[size_t(k)])) == want[size_t(k)]);
+    CHECK(queued.pipeline().graph_captured() == graphs);
+    std::vector<PlacedBatch> placed;
+    for (int k = unheld; k < steps; ++k) placed.push_back(queued.place(batches[size_t(k)]));
+    for (int s = 0; s < 2; ++s) gate.hold(*queued.pipeline().stream(s));
+    std::vector<StepLoss> losses;
+    bool queued_while_held = false;
+    {
+      Safeguard safeguard({&gate}, 60);
+      for (const PlacedBatch& p : placed) losses.push_back(queued.step_async(p));
+      queued_while_held = !gate.open;
+      Safeguard later({&gate}, 1);  // opens it a second from now: model() waits for that
+      check_same_state(twin.model(), queued.model());
+    }
+    CHECK(queued_while_held);
+    for (size_t i = 0; i < losses.size(); ++i) CHECK(losses[i].get() == want[size_t(unheld) + i]);
+    CHECK(queued.pipeline().graph_replays() == twin.pipeline().graph_replays());
+  }
+}
+
+TEST_CASE("a replayed pipeline step's launch waits for every stage's stream") {
+  // Three stages on one GPU's three streams: a replay runs every stage's nodes from the first
+  // stage's stream, so it must wait for what the middle stage's stream still has queued (the
+  // step before's optimizer). That stream is held behind a gate while a replay is queued: the
+  // first stage's stream must not get past the launch until the gate opens (watched for 3 s;
+  // a launch that waited only for the last stage's stream, where the masks are copied, runs
+  // the whole replay meanwhile). Then the losses and the state equal a twin's.
+  SyntheticSegmentation data(64, 37);
+  std::vector<Batch> batches;
+  for (int k = 0; k < 4; ++k) batches.push_back(pinned(data.batch({4 * k, 4 * k + 1, 4 * k + 2, 4 * k + 3})));
+  PipelineOptions o = two_stages(Device::cuda(0), Device::cuda(0), Schedule::GPipe, true);
+  o.devices.push_back(Device::cuda(0));
+  o.cuts = cli::parse_cuts("layer2,layer4");
+  PipelineStrategy twin(gpu_model(false), o, optimizer_factory({}), LossKind::BCEDice);
+  std::vector<double> want;
+  for (const Batch& b : batches) want.push_back(twin.step(twin.place(b)));
+
+  StreamGate gate;  // outlives the streams (their host functions)
+  PipelineStrategy held(gpu_model(false), o, optimizer_factory({}), LossKind::BCEDice);
+  OpenAtExit open_at_exit{gate};  // before the streams go
+  for (int k = 0; k < 3; ++k) CHECK(held.step(held.place(batches[size_t(k)])) == want[size_t(k)]);
+  REQUIRE(held.pipeline().graph_captured());
+  const PlacedBatch last = held.place(batches[3]);
+  gate.hold(*held.pipeline().stream(1));
+  const StepLoss loss = held.step_async(last);
+  bool first_ran = false;
+  for (int i = 0; i < 30 && !first_ran; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    first_ran = stream_idle(*held.pipeline().stream(0));
+  }
+  gate.open = true;
+  CHECK_FALSE(first_ran);
+  CHECK(loss.get() == want[3]);
+  CHECK(held.pipeline().graph_replays() == twin.pipeline().graph_replays());
+  check_same_state(twin.model(), held.model());
 }
