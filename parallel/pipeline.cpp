@@ -414,20 +414,23 @@ void Pipeline::step_optimizers() {
   });
 }
 
-void Pipeline::join_last_stage() {
-  const int S = stages();
-  if (!streams_[S - 1]) {  // a CPU last stage: its losses are read at once, so all of it is done
-    synchronize();
-    return;
-  }
+void Pipeline::join_into(int stage) {
   std::vector<cuda::Event> tails;
-  for (int s = 0; s < S - 1; ++s) {
-    if (!streams_[s]) continue;
+  for (int s = 0; s < stages(); ++s) {
+    if (s == stage || !streams_[s]) continue;
     cuda::StreamScope on_stage(*streams_[s]);
     tails.push_back(cuda::Event::record(options_.devices[s].index));
   }
-  cuda::StreamScope on_last(*streams_[S - 1]);
-  for (const cuda::Event& e : tails) e.wait(options_.devices[S - 1].index);
+  cuda::StreamScope on_target(*streams_[stage]);
+  for (const cuda::Event& e : tails) e.wait(options_.devices[stage].index);
+}
+
+void Pipeline::join_last_stage() {
+  if (!streams_[stages() - 1]) {  // a CPU last stage: its losses are read at once, so all of it is done
+    synchronize();
+    return;
+  }
+  join_into(stages() - 1);
 }
 
 void Pipeline::synchronize() {
@@ -577,15 +580,10 @@ bool Pipeline::graph_step(const std::vector<Batch>& micro_batches, LossKind loss
     cuda::StreamScope on_last(*streams_[S - 1]);
     for (size_t m = 0; m < c.inputs.size(); ++m) c.inputs[m].masks.copy_(micro_batches[m].masks);
   }
-  std::vector<cuda::Event> stage_tails;
-  for (int s = 1; s < S; ++s) {
-    cuda::StreamScope on_stage(*streams_[s]);
-    stage_tails.push_back(cuda::Event::record(options_.devices[s].index));
-  }
+  join_into(0);
   {
     cuda::StreamScope on_origin(origin);
     for (size_t m = 0; m < c.inputs.size(); ++m) c.inputs[m].images.copy_(micro_batches[m].images);
-    for (const cuda::Event& e : stage_tails) e.wait(options_.devices[0].index);
     in_flight_ = true;
     c.graph.launch();
     ++graph_replays_;

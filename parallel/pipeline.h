@@ -143,7 +143,9 @@ class Pipeline {
   // The step queued as the graph, *losses its micro-batches' losses; or false: run it eagerly.
   bool graph_step(const std::vector<Batch>& micro_batches, LossKind loss, std::vector<Tensor>* losses);
   void step_optimizers();
-  // The last stage's stream waits for what every other stage's has queued (step_async's end).
+  // Stage `stage`'s stream (a GPU stage's) waits for what every other stage's has queued.
+  void join_into(int stage);
+  // join_into the last stage (step_async's end); a CPU last stage waits for all of them.
   void join_last_stage();
   PipelineOptions options_;
   std::unique_ptr<UNet> model_;
