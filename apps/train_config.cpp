@@ -32,7 +32,26 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
       ->capture_default_str();
   app.add_option("--image-size", cfg.image_size, "Image height and width (multiple of 32)")
       ->capture_default_str();
-  app.add_option("--lr", cfg.lr, "Learning rate")->capture_default_str();
+  app.add_option("--lr", cfg.lr, "Learning rate (with --lr-schedule: the base rate)")->capture_default_str();
+  add_enum(app, "--lr-schedule", cfg.lr_schedule, kLrScheduleNames,
+           "Learning rate over the run, set before every optimizer step as PyTorch's schedulers "
+           "stepped per step: constant; cosine (from --lr down to --min-lr at the run's end, "
+           "CosineAnnealingLR); poly (--lr x (1 - progress)^--lr-power, PolynomialLR); step "
+           "(x --lr-gamma every --lr-step-epochs epochs, StepLR)");
+  app.add_option("--warmup-steps", cfg.warmup_steps,
+                 "Linear warmup over the run's first N optimizer steps: step t at (t+1)/N of the "
+                 "rate (LinearLR), any --lr-schedule; cosine and poly start after it")
+      ->capture_default_str();
+  app.add_option_function<double>(
+      "--min-lr", [&cfg](double v) { cfg.min_lr = v; },
+      "--lr-schedule cosine: the rate at the end of the run (default 0)");
+  app.add_option_function<double>(
+      "--lr-power", [&cfg](double v) { cfg.lr_power = v; }, "--lr-schedule poly: the exponent (default 0.9)");
+  app.add_option_function<int>(
+      "--lr-step-epochs", [&cfg](int v) { cfg.lr_step_epochs = v; },
+      "--lr-schedule step: multiply the rate by --lr-gamma every N epochs (required)");
+  app.add_option_function<double>(
+      "--lr-gamma", [&cfg](double v) { cfg.lr_gamma = v; }, "--lr-schedule step: the factor (default 0.1)");
   app.add_option_function<std::string>(
          "--seed", checked("--seed", [&cfg](const std::string& s) { cfg.seed = cli::parse_uint64(s); }),
          "Seed of the initialisation, data and shuffling (0..2^64-1)")
@@ -140,7 +159,7 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
                  "written; CSV with a header, or JSON Lines when FILE ends in .jsonl; appended to "
                  "with --resume");
   app.add_option("--log-every", cfg.log_every,
-                 "With --log: also a row every N training steps (step, loss, img/s)")
+                 "With --log: also a row every N training steps (step, loss, img/s, learning rate)")
       ->capture_default_str();
   app.add_option("--checkpoint", cfg.checkpoint,
                  "Save a checkpoint after every epoch, in every mode: the model to FILE "
@@ -222,6 +241,18 @@ void check_train_count(const TrainConfig& c, int64_t train_n, const std::string&
 
 }  // namespace
 
+LrSchedule lr_schedule_of(const TrainConfig& c) {
+  LrSchedule s;
+  s.kind = c.lr_schedule;
+  s.lr = c.lr;
+  s.warmup_steps = c.warmup_steps;
+  if (c.min_lr) s.min_lr = *c.min_lr;
+  if (c.lr_power) s.power = *c.lr_power;
+  if (c.lr_step_epochs) s.step_epochs = *c.lr_step_epochs;
+  if (c.lr_gamma) s.gamma = *c.lr_gamma;
+  return s;
+}
+
 void validate(const TrainConfig& c) {
   // Upper bounds keep every size computed from them far from overflow (and from libgomp's
   // limits); they are documented in the README.
@@ -232,6 +263,13 @@ void validate(const TrainConfig& c) {
   UNETCU_CHECK(c.image_size >= 32 && c.image_size % 32 == 0 && c.image_size <= kMaxImageSize,
                "--image-size must be a multiple of 32 in 32..", kMaxImageSize, ", got ", c.image_size);
   UNETCU_CHECK(c.lr > 0 && std::isfinite(c.lr), "--lr must be a positive number, got ", c.lr);
+  UNETCU_CHECK(!c.min_lr || c.lr_schedule == LrScheduleKind::Cosine, "--min-lr belongs to --lr-schedule cosine");
+  UNETCU_CHECK(!c.lr_power || c.lr_schedule == LrScheduleKind::Poly, "--lr-power belongs to --lr-schedule poly");
+  UNETCU_CHECK((!c.lr_step_epochs && !c.lr_gamma) || c.lr_schedule == LrScheduleKind::Step,
+               "--lr-step-epochs and --lr-gamma belong to --lr-schedule step");
+  UNETCU_CHECK(c.lr_schedule != LrScheduleKind::Step || c.lr_step_epochs,
+               "--lr-schedule step needs --lr-step-epochs N (the epochs between two decays)");
+  lr_schedule_of(c).check();
   // With --data the folder decides the sizes; they are checked once it has been read.
   const bool sized = c.data.empty();
   UNETCU_CHECK(c.train_size >= 1 && c.train_size <= kMaxSamples, "--train-size must be in 1..",
@@ -471,8 +509,9 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
       << (cached ? " (kept in memory after the first epoch)" : "") << ", batch " << cfg.batch_size;
   if (N > 1) out << " per replica (global " << cfg.batch_size * N << ")";
   if (group && strategy->shard_count() > 1) out << ", each replica's processes reading only its shard";
+  const LrSchedule schedule = lr_schedule_of(cfg);
   out << ", loss " << loss_kind_name(cfg.loss) << ", " << name_of(kOptimizerNames, cfg.optimizer)
-      << " lr " << cfg.lr << "\n";
+      << " lr " << cfg.lr << (schedule.varies() ? ", " + schedule.describe() : "") << "\n";
   out.flush();
 
   FitOptions fo;
@@ -489,6 +528,7 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
   fo.checkpoint = cfg.checkpoint;
   fo.resume = cfg.resume;
   fo.init_encoder = cfg.init_encoder;
+  fo.lr_schedule = schedule;
   return fit(*strategy, *train_ds, *val_ds, fo, out, on_epoch);
 }
 

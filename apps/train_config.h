@@ -45,6 +45,12 @@ struct TrainConfig {
   int batch_size = 8;              // per replica with dp
   int image_size = 64;
   double lr = 1e-3;
+  // The learning rate over the run (train/lr_schedule.h); the values given only with the
+  // schedule they belong to.
+  LrScheduleKind lr_schedule = LrScheduleKind::Constant;
+  int64_t warmup_steps = 0;
+  std::optional<double> min_lr, lr_power, lr_gamma;
+  std::optional<int> lr_step_epochs;
   uint64_t seed = 0;
   LossKind loss = LossKind::BCEDice;
   std::optional<Device> device;    // single mode; nullopt: a GPU when one is usable, else the CPU
@@ -87,6 +93,9 @@ struct TrainConfig {
 
 // Declares every unet_train flag, bound to `cfg`.
 void add_train_flags(CLI::App& app, TrainConfig& cfg);
+
+// The schedule the flags make (lr_schedule.h).
+LrSchedule lr_schedule_of(const TrainConfig& cfg);
 
 // Throws unetcu::Error naming the flag for a configuration that cannot train. With --data the
 // dataset's sizes are checked once the folder has been read.

@@ -28,6 +28,19 @@ expect_error "is larger than the 8 training images" --batch-size 64 --train-size
 expect_error "not finite" --lr 1e300 --optimizer sgd --epochs 2 --image-size 32 \
   --train-size 16 --val-size 8 --width-divisor 16
 expect_error "Could not convert" --lr abc
+expect_error "unknown lr-schedule 'linear' (expected constant, cosine, poly or step)" --lr-schedule linear
+expect_error "--min-lr belongs to --lr-schedule cosine" --min-lr 1e-5
+expect_error "--lr-power belongs to --lr-schedule poly" --lr-schedule cosine --lr-power 2
+expect_error "--lr-step-epochs and --lr-gamma belong to --lr-schedule step" --lr-gamma 0.5
+expect_error "--lr-schedule step needs --lr-step-epochs N" --lr-schedule step
+expect_error "--lr-gamma must be in (0, 1], got 2" --lr-schedule step --lr-step-epochs 1 --lr-gamma 2
+expect_error "--lr-step-epochs must be at least 1, got 0" --lr-schedule step --lr-step-epochs 0
+expect_error "--min-lr must be in 0..--lr (0.001), got 0.01" --lr-schedule cosine --min-lr 0.01
+expect_error "--lr-power must be in (0, 100], got -1" --lr-schedule poly --lr-power -1
+expect_error "--warmup-steps must be in 0..1000000000, got -3" --warmup-steps -3
+expect_error "Could not convert" --warmup-steps 1.5
+expect_error "--warmup-steps 8 leaves no step at the full rate: the run has 8 steps" --warmup-steps 8 --epochs 2 \
+  --image-size 32 --train-size 16 --val-size 4 --batch-size 4 --width-divisor 16
 expect_error "--mode dp needs --devices" --mode dp
 expect_error "belongs to --mode dp" --sync-bn
 expect_error "twice" --mode dp --devices cpu:0,cpu:0

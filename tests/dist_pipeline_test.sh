@@ -2,7 +2,8 @@
 # Pipeline parallelism across processes (mpirun), one stage per process:
 #  - 2 and 3 processes, GPipe and 1F1B, write the same checkpoint bytes (model and every
 #    stage's optimizer state) as the in-process pipeline on as many CPU devices;
-#  - so do 2 processes in bf16 NHWC (mixed precision, channels-last);
+#  - so do 2 processes in bf16 NHWC (mixed precision, channels-last), and with a step
+#    learning-rate schedule after a warmup;
 #  - a run resumed from its epoch-1 checkpoint ends with the bytes of the uninterrupted run;
 #  - data x pipeline (--mode dp+mp): 2 stages x 2 replicas and 3 stages x 1 equal one device
 #    accumulating over the same micro-batches (dist_pipeline_check, float64), and unet_train
@@ -45,6 +46,15 @@ if "$train" "${args[@]}" --devices cpu:0,cpu:1 --dist none --checkpoint "$d/thre
   same "$d/threads16.safetensors" "$d/procs16.safetensors" "-np 2 bf16 NHWC equals the in-process pipeline"
 else
   echo "FAIL: bf16 NHWC pipeline"; cat "$d/threads16.log" "$d/procs16.log"; fail=1
+fi
+# A learning-rate schedule: every stage's process steps at the rate its step index gives.
+args=(--mode mp --split layer3 --batch-size 6 --split-size 2 --lr-schedule step --lr-step-epochs 1 --lr-gamma 0.5
+      --warmup-steps 2 "${common[@]}")
+if "$train" "${args[@]}" --devices cpu:0,cpu:1 --dist none --checkpoint "$d/threads_lr.safetensors" > "$d/threads_lr.log" 2>&1 &&
+   "${mpi[@]}" -np 2 "$train" "${args[@]}" --checkpoint "$d/procs_lr.safetensors" > "$d/procs_lr.log" 2>&1; then
+  same "$d/threads_lr.safetensors" "$d/procs_lr.safetensors" "-np 2 with a step schedule equals the in-process pipeline"
+else
+  echo "FAIL: step schedule pipeline"; cat "$d/threads_lr.log" "$d/procs_lr.log"; fail=1
 fi
 # --resume: epoch 1, then epoch 2 from its checkpoint, ends where the 2-epoch run ended.
 args=(--mode mp --split layer3 --batch-size 6 --split-size 3 --width-divisor 16 --image-size 64 --train-size 12

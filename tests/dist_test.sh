@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Data parallelism across processes (mpirun): 2 and 3 processes, ring and ps (and 3 with
-# bfloat16 gradients), write the same checkpoint bytes (model and optimizer state) as the same
+# bfloat16 gradients, 2 with a learning-rate schedule), write the same checkpoint bytes (model and optimizer state) as the same
 # run with the replicas as threads of one process; a rank that fails ends every rank, with its message, in bounded time.
 set -u
 train="$1"
@@ -31,6 +31,21 @@ for n in 2 3; do
     echo "ok: -np $n $algo equals $n replicas in one process"
   done
 done
+# A learning-rate schedule: every process steps at the rate its step index gives, as the threads do.
+lr=(--lr-schedule cosine --warmup-steps 2 --min-lr 1e-5)
+if "$train" --mode dp --devices cpu:0,cpu:1 "${common[@]}" "${lr[@]}" --dist none --checkpoint "$d/lr_threads.safetensors" \
+     > "$d/lr_threads.log" 2>&1 &&
+   timeout 300 "${mpi[@]}" -np 2 "$train" --mode dp "${common[@]}" "${lr[@]}" --checkpoint "$d/lr_procs.safetensors" \
+     > "$d/lr_procs.log" 2>&1; then
+  if cmp -s "$d/lr_threads.safetensors" "$d/lr_procs.safetensors" &&
+     cmp -s "$d/lr_threads.safetensors.train" "$d/lr_procs.safetensors.train"; then
+    echo "ok: -np 2 with a cosine schedule equals 2 replicas in one process"
+  else
+    echo "FAIL: -np 2 with a cosine schedule: checkpoints differ"; fail=1
+  fi
+else
+  echo "FAIL: the cosine schedule runs"; cat "$d/lr_threads.log" "$d/lr_procs.log"; fail=1
+fi
 # --allreduce mpi: the MPI library's MPI_Allreduce; its additions need not be ours in order,
 # so the run is held to the ring's printed losses and validation scores (4 decimals).
 "$train" --mode dp --devices cpu:0,cpu:1 --allreduce ring "${common[@]}" --dist none > "$d/ring.log" 2>&1 \

@@ -3,7 +3,8 @@
 //  - checkpoints move between strategies (optimizer state keyed by parameter name);
 //  - the loader's worker threads feed DP and MP without changing what they train on;
 //  - place() puts each part where its step reads it;
-//  - DP gradients live in the all-reduce buckets; the pipeline schedules on their own.
+//  - DP gradients live in the all-reduce buckets; the pipeline schedules on their own;
+//  - a learning-rate schedule reaches every replica's and stage's optimizer, and resumes.
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -411,6 +412,7 @@ TEST_CASE("the metrics file: a row per epoch with what the epoch line says, step
       CHECK(row.find(jsonl ? "\"kind\": \"epoch\"" : "epoch,") == 0 + (jsonl ? 1 : 0));
       CHECK(row.find("0.01") != std::string::npos);  // the learning rate
       CHECK(lines[header + 3 * e].find(jsonl ? "\"step\": 2" : ",2,") != std::string::npos);
+      CHECK(lines[header + 3 * e].find(jsonl ? "\"lr\": 0.01" : ",0.01,") != std::string::npos);  // its rate
     }
     // A resumed run appends; a fresh run starts the file anew.
     o.epochs = 3;
@@ -458,6 +460,81 @@ TEST_CASE("an interrupted run saves mid-epoch and its resume ends where an unint
     CHECK(slurp("strategy_int.safetensors.train") == slurp("strategy_int_whole.safetensors.train"));
     remove_checkpoint("strategy_int.safetensors");
     remove_checkpoint("strategy_int_whole.safetensors");
+  }
+}
+
+namespace {
+
+// Every optimizer that steps: each DP replica's and each pipeline stage's.
+std::vector<Optimizer*> stepping_optimizers(TrainingStrategy& s) {
+  std::vector<Optimizer*> out;
+  if (auto* dp = dynamic_cast<DataParallelStrategy*>(&s)) {
+    for (int r = 0; r < dp->data_parallel().size(); ++r) out.push_back(&dp->data_parallel().optimizer(r));
+  } else if (auto* mp = dynamic_cast<PipelineStrategy*>(&s)) {
+    for (const auto& o : mp->pipeline().optimizers()) out.push_back(o.get());
+  } else {
+    out = s.optimizers();
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a learning-rate schedule reaches every optimizer at every step, in every mode, and resumes on its curve") {
+  LrSchedule schedule;
+  schedule.kind = LrScheduleKind::Cosine;
+  schedule.lr = 1e-2;  // FitRun's optimizers'
+  schedule.warmup_steps = 3;
+  schedule.min_lr = 1e-4;
+  for (Mode mode : {Mode::Single, Mode::DataParallel, Mode::Pipeline}) {
+    CAPTURE(name_of(kModeNames, mode));
+    FitRun run;
+    std::ostringstream log;
+    auto whole = run.make(mode);
+    const int64_t steps = steps_per_epoch(run.train.size(), whole->replicas(), 4), total = 2 * steps;
+    FitOptions o = run.options("strategy_lr_whole.safetensors");
+    o.lr_schedule = schedule;
+    // Each step's hook comes after its optimizers stepped at the rate set before it.
+    int64_t seen = 0;
+    o.on_step = [&](int epoch, int64_t step) {
+      const double rate = schedule.at((epoch - 1) * steps + step - 1, steps, total);
+      for (Optimizer* opt : stepping_optimizers(*whole)) {
+        CHECK(opt->lr() == rate);
+        ++seen;
+      }
+    };
+    fit(*whole, run.train, run.val, o, log);
+    const size_t optimizers = stepping_optimizers(*whole).size();
+    CHECK(optimizers == (mode == Mode::Single ? 1u : 2u));
+    CHECK(seen == total * int64_t(optimizers));
+    INFO(log.str());
+    CHECK(log.str().find("  lr ") != std::string::npos);  // the epoch lines give the rate
+    if (auto* dp = dynamic_cast<DataParallelStrategy*>(whole.get())) {  // the replicas stay equal
+      const auto a = dp->data_parallel().replica(0).parameters(), b = dp->data_parallel().replica(1).parameters();
+      for (size_t i = 0; i < a.size(); ++i) CHECK(a[i].to_vector() == b[i].to_vector());
+    }
+    // Interrupted after step 1 of epoch 2, then resumed: the same bits as the whole run.
+    auto first = run.make(mode);
+    FitOptions f = run.options("strategy_lr.safetensors");
+    f.lr_schedule = schedule;
+    f.on_step = [](int epoch, int64_t step) {
+      if (epoch == 2 && step == 1) request_interrupt();
+    };
+    CHECK_THROWS_AS(fit(*first, run.train, run.val, f, log), Interrupted);
+    clear_interrupt();
+    auto rest = run.make(mode);
+    FitOptions r = run.options("strategy_lr.safetensors");
+    r.lr_schedule = schedule;
+    r.resume = "strategy_lr.safetensors";
+    fit(*rest, run.train, run.val, r, log);
+    CHECK(slurp("strategy_lr.safetensors") == slurp("strategy_lr_whole.safetensors"));
+    CHECK(slurp("strategy_lr.safetensors.train") == slurp("strategy_lr_whole.safetensors.train"));
+    // The rates reach the arithmetic: without the schedule the weights differ.
+    auto plain = run.make(mode);
+    fit(*plain, run.train, run.val, run.options("strategy_lr.safetensors"), log);
+    CHECK(slurp("strategy_lr.safetensors") != slurp("strategy_lr_whole.safetensors"));
+    remove_checkpoint("strategy_lr.safetensors");
+    remove_checkpoint("strategy_lr_whole.safetensors");
   }
 }
 

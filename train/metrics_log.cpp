@@ -8,7 +8,7 @@ namespace unetcu {
 
 namespace {
 
-// The columns after kind, epoch and step, in order; step rows fill time, train_loss and img/s.
+// The columns after kind, epoch and step, in order; step rows fill time, train_loss, img/s and lr.
 constexpr const char* kColumns[] = {"time_s",  "train_loss",   "val_loss",     "val_iou",
                                     "val_dice", "images_per_s", "lr",           "peak_mem_mib",
                                     "loader_wait_s"};
@@ -75,11 +75,12 @@ void MetricsLog::epoch(const EpochStats& st, double lr) {
   row("epoch", st.epoch, -1, fields);
 }
 
-void MetricsLog::step(int epoch, int64_t step, double loss, double seconds, int64_t images) {
+void MetricsLog::step(int epoch, int64_t step, double loss, double seconds, int64_t images, double lr) {
   std::string fields[kNumColumns];
   fields[0] = num(seconds);
   fields[1] = num(loss);
   fields[5] = num(seconds > 0 ? double(images) / seconds : NAN);
+  fields[6] = num(lr);
   row("step", epoch, step, fields);
 }
 

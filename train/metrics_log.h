@@ -1,6 +1,6 @@
 // The metrics file of a training run (--log): one row per epoch — epoch, training time, train
 // loss, validation loss / IoU / Dice, images/s, learning rate, peak device memory, loader wait
-// — and, every N steps, a step row (step, loss, images/s). CSV with a header, or JSON Lines
+// — and, every N steps, a step row (step, loss, images/s, learning rate). CSV with a header, or JSON Lines
 // when the name ends in ".jsonl". Every row is flushed when written, so a run that stops
 // leaves every finished row; a resumed run appends (a fresh one starts the file anew).
 #pragma once
@@ -22,8 +22,9 @@ class MetricsLog {
 
   bool enabled() const { return f_ != nullptr; }
   void epoch(const EpochStats& st, double lr);
-  // step: steps done in the epoch; seconds: since the epoch started; images: seen since then.
-  void step(int epoch, int64_t step, double loss, double seconds, int64_t images);
+  // step: steps done in the epoch; seconds: since the epoch started; images: seen since then;
+  // lr: the step's learning rate.
+  void step(int epoch, int64_t step, double loss, double seconds, int64_t images, double lr);
 
  private:
   void row(const char* kind, int epoch, int64_t step, const std::string* fields);

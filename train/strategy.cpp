@@ -21,6 +21,10 @@ Tensor on(const Tensor& t, Device device) { return t.device() == device ? t : t.
 
 }  // namespace
 
+void TrainingStrategy::set_learning_rate(double lr) {
+  for (Optimizer* o : optimizers()) o->set_lr(lr);
+}
+
 // ---- one device -----------------------------------------------------------------------------
 
 SingleDevice::SingleDevice(const UNetConfig& model, const OptimizerFactory& make_optimizer, LossKind loss,
@@ -215,6 +219,10 @@ void DataParallelStrategy::set_training(bool on_) {
   for (int r = 0; r < dp_.size(); ++r) dp_.replica(r).train(on_);
 }
 
+void DataParallelStrategy::set_learning_rate(double lr) {
+  for (int r = 0; r < dp_.size(); ++r) dp_.optimizer(r).set_lr(lr);
+}
+
 // ---- pipeline -------------------------------------------------------------------------------
 
 PipelineStrategy::PipelineStrategy(const UNetConfig& model, const PipelineOptions& options,
@@ -257,6 +265,12 @@ std::vector<Optimizer*> PipelineStrategy::optimizers() {
   std::vector<Optimizer*> out;
   for (const auto& o : pipe_.optimizers()) out.push_back(o.get());
   return out;
+}
+
+// The stage threads took their rates when they queued their optimizers' steps (before
+// step_async returned): no wait for the streams.
+void PipelineStrategy::set_learning_rate(double lr) {
+  for (const auto& o : pipe_.optimizers()) o->set_lr(lr);
 }
 
 // ---- pipeline across processes -------------------------------------------------------------

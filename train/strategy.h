@@ -118,6 +118,10 @@ class TrainingStrategy {
   // rank 0's; MP: each stage's), every one of their parameters a parameter of model().
   virtual Module& model() = 0;
   virtual std::vector<Optimizer*> optimizers() = 0;
+  // The learning rate of the next optimizer step, in every optimizer that steps (DP: every
+  // replica's; MP: every stage's), without waiting for the steps queued before (each took
+  // its rate when it was queued).
+  virtual void set_learning_rate(double lr);
   // After model() / optimizers() were loaded: make every replica agree with them.
   virtual void state_loaded() {}
 
@@ -193,6 +197,7 @@ class DataParallelStrategy : public TrainingStrategy {
   void set_training(bool on) override;
   Module& model() override { return dp_.replica(0); }
   std::vector<Optimizer*> optimizers() override { return {&dp_.optimizer(0)}; }
+  void set_learning_rate(double lr) override;
   void state_loaded() override { dp_.replicate_rank0(); }
   bool any_process(bool mine) override { return dp_.average_across_processes(mine ? 1.0 : 0.0) > 0; }
   DataParallel& data_parallel() { return dp_; }
@@ -218,6 +223,7 @@ class PipelineStrategy : public TrainingStrategy {
   void set_training(bool on) override { model().train(on); }
   Module& model() override;
   std::vector<Optimizer*> optimizers() override;
+  void set_learning_rate(double lr) override;
   std::vector<int> live_micro_batches() const override { return pipe_.peak_live_micro_batches(); }
   void state_loaded() override { pipe_.parameters_placed(); }
   Pipeline& pipeline() { return pipe_; }

@@ -150,6 +150,12 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
                " replicas none");
   UNETCU_CHECK(val_n >= 1, "training needs at least one validation sample");
   const int64_t steps = steps_per_epoch(train_n, N, o.batch_size);
+  // The learning rate of step t of the run (0-based over every epoch, so a resumed run takes
+  // up the same curve); the same in every process.
+  const LrSchedule& schedule = o.lr_schedule;
+  const bool scheduled = schedule.varies();
+  const int64_t total_steps = steps * o.epochs;
+  if (scheduled) schedule.check(total_steps);
   // Loader threads: one on the CPU (the cores train), a few for GPUs.
   const int workers = o.workers > 0 ? o.workers : (on_gpu ? 4 : 1);
 
@@ -188,6 +194,13 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
     int64_t seen = 0;
     PlacedBatch next;
     if (start < steps) next = strategy.place(loader.next());
+    // The rate of the step being queued and of the step whose loss is pending (its metrics row).
+    double step_lr = NAN;
+    if (!scheduled && o.log_every > 0) {
+      const std::vector<Optimizer*> opts = strategy.optimizers();
+      step_lr = opts.empty() ? NAN : opts[0]->lr();
+    }
+    double pending_lr = step_lr;
     // The loss of the step before, read after this step is queued (StepLoss); its batch stays
     // alive with it until then, as the copies from it may still be in flight.
     StepLoss pending;
@@ -202,7 +215,7 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
       seen += pending_batch.size();
       bar.update(pending_step + 1, seconds_since(t0), seen);
       if (o.log_every > 0 && (pending_step + 1) % o.log_every == 0)
-        metrics.step(epoch, pending_step + 1, loss, seconds_since(t0), seen);
+        metrics.step(epoch, pending_step + 1, loss, seconds_since(t0), seen, pending_lr);
       pending = StepLoss();
       pending_batch = PlacedBatch();
     };
@@ -215,12 +228,17 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
       // (TrainingStrategy::places_ahead).
       const bool ahead = strategy.places_ahead();
       if (ahead && s + 1 < steps) next = strategy.place(loader.next());
+      if (scheduled) {
+        step_lr = schedule.at(int64_t(epoch - 1) * steps + s, steps, total_steps);
+        strategy.set_learning_rate(step_lr);
+      }
       StepLoss loss = strategy.step_async(batch);
       if (!ahead && s + 1 < steps) next = strategy.place(loader.next());
       settle();  // the step before's loss: its kernels ran while this step was being queued
       pending = std::move(loss);
       pending_batch = std::move(batch);
       pending_step = s;
+      pending_lr = step_lr;
       // Step hooks, interrupts and the epoch's last step read this step's loss now.
       if (s + 1 == steps || o.on_step) settle();
       const auto live = strategy.live_micro_batches();
@@ -298,6 +316,11 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
     out << "  loader " << std::fixed << std::setprecision(0)
         << (st.load_seconds > 0 ? double(seen) / st.load_seconds : 0.0) << " img/s, waited "
         << std::setprecision(2) << st.wait_seconds << "s" << std::defaultfloat;
+    if (scheduled) {  // the rate of the epoch's last step
+      char rate[32];
+      std::snprintf(rate, sizeof rate, "  lr %.4g", step_lr);
+      out << rate;
+    }
     if (!peak_live.empty()) {
       out << "  live_micro_batches";
       for (int v : peak_live) out << " " << v;

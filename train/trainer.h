@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "data/dataset.h"
+#include "train/lr_schedule.h"
 #include "train/strategy.h"
 
 namespace unetcu {
@@ -37,6 +38,9 @@ struct FitOptions {
   // (0: none). Appended to when resuming.
   std::string log;
   int64_t log_every = 0;
+  // The learning rate of every step (train/lr_schedule.h). One that does not vary leaves the
+  // optimizers' rates as they were made.
+  LrSchedule lr_schedule;
   // Called after every training step (epoch, steps done in it): tests and progress hooks.
   std::function<void(int, int64_t)> on_step;
 };
