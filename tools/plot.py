@@ -3,7 +3,9 @@
 
   tools/plot.py metrics RUN.csv [RUN2.jsonl ...] [--out curves.png] [--labels a,b]
       Training curves from unet_train --log files: train and validation loss (left) and
-      validation IoU and Dice (right) per epoch, one colour per run, for comparing settings.
+      validation IoU and Dice (right) per epoch, one colour per run, for comparing settings;
+      where a run's learning rate varies (--lr-schedule, --warmup-steps), a third panel with
+      each run's rate at the end of each epoch (log scale).
   tools/plot.py bench bench.json [--out-dir DIR]
       The article's figures from unet_bench's bench.json: table2.png, the mean epoch time of
       each method as bars with their standard deviation as error bars (Table 2), and table1.png,
@@ -54,18 +56,25 @@ def metrics(args):
     labels = args.labels.split(",") if args.labels else [os.path.splitext(os.path.basename(p))[0] for p in args.files]
     if len(labels) != len(args.files):
         sys.exit("plot.py: --labels needs one label per file")
-    fig, (ax_loss, ax_iou) = plt.subplots(1, 2, figsize=(10, 4))
-    for i, (path, label) in enumerate(zip(args.files, labels)):
-        rows = read_metrics(path)
+    runs = [read_metrics(path) for path in args.files]
+    scheduled = any(len({r.get("lr") for r in rows}) > 1 for rows in runs)
+    fig, axes = plt.subplots(1, 3 if scheduled else 2, figsize=(15 if scheduled else 10, 4))
+    ax_loss, ax_iou = axes[0], axes[1]
+    for i, (rows, label) in enumerate(zip(runs, labels)):
         ep = [r["epoch"] for r in rows]
         c = f"C{i % 10}"
         ax_loss.plot(ep, [r.get("train_loss") for r in rows], color=c, label=f"{label} train")
         ax_loss.plot(ep, [r.get("val_loss") for r in rows], color=c, linestyle="--", label=f"{label} val")
         ax_iou.plot(ep, [r.get("val_iou") for r in rows], color=c, label=f"{label} IoU")
         ax_iou.plot(ep, [r.get("val_dice") for r in rows], color=c, linestyle=":", label=f"{label} Dice")
+        if scheduled:
+            axes[2].plot(ep, [r.get("lr") for r in rows], color=c, marker=".", label=label)
     ax_loss.set(xlabel="epoch", ylabel="loss", title="loss")
     ax_iou.set(xlabel="epoch", ylabel="score", title="validation IoU and Dice", ylim=(0, 1))
-    for ax in (ax_loss, ax_iou):
+    if scheduled:
+        axes[2].set(xlabel="epoch", ylabel="learning rate", title="learning rate (last step of each epoch)",
+                    yscale="log")
+    for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
