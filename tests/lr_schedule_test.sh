@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # unet_train's learning-rate schedules are PyTorch's: every step's rate, as the metrics file's
-# step rows give it (--log-every 1), against torch.optim.lr_scheduler's stepped once per
+# step rows give it (--log-every 1; the rate the first optimizer held for the step: in the
+# pipeline, stage 0's), against torch.optim.lr_scheduler's stepped once per
 # optimizer step (LinearLR warmup; SequentialLR into CosineAnnealingLR or PolynomialLR,
 # ChainedScheduler beside StepLR), in one-device, data-parallel and pipeline runs. The file
 # writes 9 significant digits: agreement to 1e-8 relative. Skipped (77) without Debian's

@@ -35,9 +35,12 @@ TEST_CASE("learning-rate schedules at their landmarks") {
     CHECK(near(w.at(2, per_epoch, T), 0.01 * 3 / 4));
     CHECK(w.at(3, per_epoch, T) == 0.01);
     CHECK(w.at(99, per_epoch, T) == 0.01);
-    // One warmup step is none: its only step is at the full rate.
+    // One warmup step is none: its only step is at the full rate, and the decays start at 0.
     CHECK(!make(LrScheduleKind::Constant, 1).varies());
     CHECK(make(LrScheduleKind::Constant, 1).at(0, per_epoch, T) == 0.01);
+    for (LrScheduleKind k : {LrScheduleKind::Cosine, LrScheduleKind::Poly})
+      for (int64_t t : {0, 1, 2, 50, 99}) CHECK(make(k, 1).at(t, per_epoch, T) == make(k, 0).at(t, per_epoch, T));
+    CHECK_NOTHROW(make(LrScheduleKind::Cosine, 1).check(1));
   }
 
   SUBCASE("cosine: lr after the warmup, halfway between lr and min_lr halfway, falling to min_lr") {

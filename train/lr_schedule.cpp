@@ -14,12 +14,12 @@ void LrSchedule::check(int64_t total_steps) const {
   UNETCU_CHECK(power > 0 && power <= 100, "--lr-power must be in (0, 100], got ", power);
   UNETCU_CHECK(step_epochs >= 1, "--lr-step-epochs must be at least 1, got ", step_epochs);
   UNETCU_CHECK(gamma > 0 && gamma <= 1, "--lr-gamma must be in (0, 1], got ", gamma);
-  UNETCU_CHECK(total_steps <= 0 || warmup_steps < total_steps, "--warmup-steps ", warmup_steps,
+  UNETCU_CHECK(total_steps <= 0 || warmup_steps <= 1 || warmup_steps < total_steps, "--warmup-steps ", warmup_steps,
                " leaves no step at the full rate: the run has ", total_steps, " steps");
 }
 
 double LrSchedule::at(int64_t t, int64_t steps_per_epoch, int64_t total_steps) const {
-  const int64_t W = warmup_steps;
+  const int64_t W = warmup_steps > 1 ? warmup_steps : 0;  // one warmup step is none
   // Progress after the warmup, 0 at step W; a run no longer than its warmup stays at 0.
   const double p = t <= W || total_steps <= W ? 0.0 : double(t - W) / double(total_steps - W);
   double rate = lr;
@@ -38,7 +38,7 @@ double LrSchedule::at(int64_t t, int64_t steps_per_epoch, int64_t total_steps) c
       break;
     }
   }
-  if (W > 1 && t < W) rate *= double(t + 1) / double(W);
+  if (t < W) rate *= double(t + 1) / double(W);
   return rate;
 }
 

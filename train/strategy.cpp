@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <ostream>
 
@@ -23,6 +24,11 @@ Tensor on(const Tensor& t, Device device) { return t.device() == device ? t : t.
 
 void TrainingStrategy::set_learning_rate(double lr) {
   for (Optimizer* o : optimizers()) o->set_lr(lr);
+}
+
+double TrainingStrategy::learning_rate() {
+  const std::vector<Optimizer*> opts = optimizers();
+  return opts.empty() ? NAN : opts[0]->lr();
 }
 
 // ---- one device -----------------------------------------------------------------------------

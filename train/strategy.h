@@ -122,6 +122,9 @@ class TrainingStrategy {
   // replica's; MP: every stage's), without waiting for the steps queued before (each took
   // its rate when it was queued).
   virtual void set_learning_rate(double lr);
+  // The rate the next optimizer step takes (the first optimizer's that steps), also without
+  // waiting: what the metrics file logs.
+  virtual double learning_rate();
   // After model() / optimizers() were loaded: make every replica agree with them.
   virtual void state_loaded() {}
 
@@ -224,6 +227,7 @@ class PipelineStrategy : public TrainingStrategy {
   Module& model() override;
   std::vector<Optimizer*> optimizers() override;
   void set_learning_rate(double lr) override;
+  double learning_rate() override { return pipe_.optimizers().at(0)->lr(); }
   std::vector<int> live_micro_batches() const override { return pipe_.peak_live_micro_batches(); }
   void state_loaded() override { pipe_.parameters_placed(); }
   Pipeline& pipeline() { return pipe_; }

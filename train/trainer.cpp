@@ -194,12 +194,9 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
     int64_t seen = 0;
     PlacedBatch next;
     if (start < steps) next = strategy.place(loader.next());
-    // The rate of the step being queued and of the step whose loss is pending (its metrics row).
-    double step_lr = NAN;
-    if (!scheduled && o.log_every > 0) {
-      const std::vector<Optimizer*> opts = strategy.optimizers();
-      step_lr = opts.empty() ? NAN : opts[0]->lr();
-    }
+    // The rate of the step being queued and of the step whose loss is pending (its metrics
+    // row), as the optimizers hold it.
+    double step_lr = strategy.learning_rate();
     double pending_lr = step_lr;
     // The loss of the step before, read after this step is queued (StepLoss); its batch stays
     // alive with it until then, as the copies from it may still be in flight.
@@ -229,8 +226,8 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
       const bool ahead = strategy.places_ahead();
       if (ahead && s + 1 < steps) next = strategy.place(loader.next());
       if (scheduled) {
-        step_lr = schedule.at(int64_t(epoch - 1) * steps + s, steps, total_steps);
-        strategy.set_learning_rate(step_lr);
+        strategy.set_learning_rate(schedule.at(int64_t(epoch - 1) * steps + s, steps, total_steps));
+        step_lr = strategy.learning_rate();
       }
       StepLoss loss = strategy.step_async(batch);
       if (!ahead && s + 1 < steps) next = strategy.place(loader.next());
