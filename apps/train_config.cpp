@@ -237,6 +237,9 @@ void check_train_count(const TrainConfig& c, int64_t train_n, const std::string&
                  " training images makes a micro-batch of one ", c.image_size, "x", c.image_size,
                  " image: one value per channel for batch norm");
   }
+  // A warmup as long as the run: refused before the model is built (fit() checks it again).
+  if (replicas >= 1)
+    lr_schedule_of(c).check(int64_t(c.epochs) * steps_per_epoch(train_n, int(replicas), c.batch_size));
 }
 
 }  // namespace
