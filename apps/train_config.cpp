@@ -238,8 +238,10 @@ void check_train_count(const TrainConfig& c, int64_t train_n, const std::string&
                  " image: one value per channel for batch norm");
   }
   // A warmup as long as the run: refused before the model is built (fit() checks it again).
-  if (replicas >= 1)
-    lr_schedule_of(c).check(int64_t(c.epochs) * steps_per_epoch(train_n, int(replicas), c.batch_size));
+  const int64_t total_steps =
+      replicas >= 1 ? int64_t(c.epochs) * steps_per_epoch(train_n, int(replicas), c.batch_size) : 0;
+  UNETCU_CHECK(c.warmup_steps <= 1 || total_steps <= 0 || c.warmup_steps < total_steps, "--warmup-steps ",
+               c.warmup_steps, " leaves no step at the full rate: the run has ", total_steps, " steps");
 }
 
 }  // namespace
@@ -272,7 +274,16 @@ void validate(const TrainConfig& c) {
                "--lr-step-epochs and --lr-gamma belong to --lr-schedule step");
   UNETCU_CHECK(c.lr_schedule != LrScheduleKind::Step || c.lr_step_epochs,
                "--lr-schedule step needs --lr-step-epochs N (the epochs between two decays)");
-  lr_schedule_of(c).check();
+  UNETCU_CHECK(c.warmup_steps >= 0 && c.warmup_steps <= kMaxWarmupSteps, "--warmup-steps must be in 0..",
+               kMaxWarmupSteps, ", got ", c.warmup_steps);
+  UNETCU_CHECK(!c.min_lr || (*c.min_lr >= 0 && *c.min_lr <= c.lr), "--min-lr must be in 0..--lr (", c.lr, "), got ",
+               c.min_lr.value_or(0));
+  UNETCU_CHECK(!c.lr_power || (*c.lr_power > 0 && *c.lr_power <= kMaxLrPower), "--lr-power must be in (0, ",
+               kMaxLrPower, "], got ", c.lr_power.value_or(0));
+  UNETCU_CHECK(!c.lr_step_epochs || *c.lr_step_epochs >= 1, "--lr-step-epochs must be at least 1, got ",
+               c.lr_step_epochs.value_or(0));
+  UNETCU_CHECK(!c.lr_gamma || (*c.lr_gamma > 0 && *c.lr_gamma <= 1), "--lr-gamma must be in (0, 1], got ",
+               c.lr_gamma.value_or(0));
   // With --data the folder decides the sizes; they are checked once it has been read.
   const bool sized = c.data.empty();
   UNETCU_CHECK(c.train_size >= 1 && c.train_size <= kMaxSamples, "--train-size must be in 1..",

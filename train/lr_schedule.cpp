@@ -7,15 +7,18 @@
 namespace unetcu {
 
 void LrSchedule::check(int64_t total_steps) const {
-  UNETCU_CHECK(lr > 0 && std::isfinite(lr), "--lr must be a positive number, got ", lr);
-  UNETCU_CHECK(warmup_steps >= 0 && warmup_steps <= 1000000000, "--warmup-steps must be in 0..1000000000, got ",
-               warmup_steps);
-  UNETCU_CHECK(min_lr >= 0 && min_lr <= lr, "--min-lr must be in 0..--lr (", lr, "), got ", min_lr);
-  UNETCU_CHECK(power > 0 && power <= 100, "--lr-power must be in (0, 100], got ", power);
-  UNETCU_CHECK(step_epochs >= 1, "--lr-step-epochs must be at least 1, got ", step_epochs);
-  UNETCU_CHECK(gamma > 0 && gamma <= 1, "--lr-gamma must be in (0, 1], got ", gamma);
-  UNETCU_CHECK(total_steps <= 0 || warmup_steps <= 1 || warmup_steps < total_steps, "--warmup-steps ", warmup_steps,
-               " leaves no step at the full rate: the run has ", total_steps, " steps");
+  UNETCU_CHECK(lr > 0 && std::isfinite(lr), "learning-rate schedule: the rate must be positive, got ", lr);
+  UNETCU_CHECK(warmup_steps >= 0 && warmup_steps <= kMaxWarmupSteps, "learning-rate schedule: the warmup must be 0..",
+               kMaxWarmupSteps, " steps, got ", warmup_steps);
+  UNETCU_CHECK(min_lr >= 0 && min_lr <= lr, "learning-rate schedule: the final rate must be in 0..", lr, ", got ",
+               min_lr);
+  UNETCU_CHECK(power > 0 && power <= kMaxLrPower, "learning-rate schedule: the power must be in (0, ", kMaxLrPower,
+               "], got ", power);
+  UNETCU_CHECK(step_epochs >= 1, "learning-rate schedule: the epochs between decays must be at least 1, got ",
+               step_epochs);
+  UNETCU_CHECK(gamma > 0 && gamma <= 1, "learning-rate schedule: the decay factor must be in (0, 1], got ", gamma);
+  UNETCU_CHECK(total_steps <= 0 || warmup_steps <= 1 || warmup_steps < total_steps, "learning-rate schedule: a warmup of ",
+               warmup_steps, " steps leaves no step at the full rate: the run has ", total_steps, " steps");
 }
 
 double LrSchedule::at(int64_t t, int64_t steps_per_epoch, int64_t total_steps) const {

@@ -30,6 +30,10 @@ inline constexpr NamedValue<LrScheduleKind> kLrScheduleNames[] = {{"constant", L
                                                                   {"poly", LrScheduleKind::Poly},
                                                                   {"step", LrScheduleKind::Step}};
 
+// Bounds of the values a schedule takes (apps/ checks its flags against them too).
+constexpr int64_t kMaxWarmupSteps = 1000000000;
+constexpr double kMaxLrPower = 100;
+
 struct LrSchedule {
   LrScheduleKind kind = LrScheduleKind::Constant;
   double lr = 1e-3;            // the base rate (--lr)
@@ -42,8 +46,8 @@ struct LrSchedule {
   // Whether the rate ever differs from lr (otherwise the epoch loop leaves the optimizers'
   // rates as they are).
   bool varies() const { return kind != LrScheduleKind::Constant || warmup_steps > 1; }
-  // Throws an Error, naming the flag, for values no schedule takes. `total_steps` (> 0 once the
-  // run's size is known, else 0: not checked yet) must exceed the warmup.
+  // Throws an Error for values no schedule takes. `total_steps` (> 0 once the run's size is
+  // known, else 0: not checked yet) must exceed the warmup.
   void check(int64_t total_steps = 0) const;
   // The rate of step t (0-based over the run) of a run of `total_steps` steps, `steps_per_epoch`
   // an epoch.
