@@ -324,8 +324,7 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
     }
     out << "\n";
     out.flush();
-    const std::vector<Optimizer*> opts = strategy.optimizers();
-    metrics.epoch(st, opts.empty() ? NAN : opts[0]->lr());
+    metrics.epoch(st, strategy.learning_rate());
     result.epochs.push_back(st);
     if (!o.checkpoint.empty() && lead) {
       UNETCU_CHECK(parameters_finite(strategy.model()), "a parameter is not finite after epoch ",
