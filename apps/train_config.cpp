@@ -169,6 +169,23 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
   app.add_option("--resume", cfg.resume,
                  "Continue from a checkpoint (model, optimizer, next epoch), written in any mode; "
                  "with the same flags and seed the losses are those of an uninterrupted run");
+  app.add_option("--save-best", cfg.save_best,
+                 "Save a checkpoint (FILE and FILE.train, as --checkpoint) after every epoch whose "
+                 "--monitor value is the best of the run so far");
+  app.add_option("--early-stop", cfg.early_stop,
+                 "Patience: end the run after N epochs in a row without a --monitor improvement "
+                 "(of more than --early-stop-delta); 0 never")
+      ->capture_default_str();
+  app.add_option_function<double>(
+      "--early-stop-delta", [&cfg](double v) { cfg.early_stop_delta = v; },
+      "--early-stop: the smallest change that counts as an improvement (default 0)");
+  app.add_option_function<std::string>(
+         "--monitor",
+         checked("--monitor",
+                 [&cfg](const std::string& s) { cfg.monitor = parse_named(kMonitorNames, "monitor", s); }),
+         "--save-best and --early-stop: the validation metric watched, higher is better for "
+         "val_iou and val_dice, lower for val_loss (" + names_list(kMonitorNames) + ")")
+      ->default_str("val_iou");
   app.add_option("--init-encoder", cfg.init_encoder,
                  "Load only the encoder.* entries of a safetensors file, e.g. ImageNet ResNet34 "
                  "weights exported from torchvision");
@@ -286,6 +303,15 @@ void validate(const TrainConfig& c) {
                c.lr_gamma.value_or(0));
   // With --data the folder decides the sizes; they are checked once it has been read.
   const bool sized = c.data.empty();
+  UNETCU_CHECK(c.early_stop >= 0 && c.early_stop <= kMaxPatience, "--early-stop must be in 0..", kMaxPatience,
+               " epochs, got ", c.early_stop);
+  UNETCU_CHECK(!c.early_stop_delta || c.early_stop > 0, "--early-stop-delta belongs to --early-stop N");
+  UNETCU_CHECK(!c.early_stop_delta || (*c.early_stop_delta >= 0 && std::isfinite(*c.early_stop_delta)),
+               "--early-stop-delta must be a finite number >= 0, got ", c.early_stop_delta.value_or(0));
+  UNETCU_CHECK(!c.monitor || c.early_stop > 0 || !c.save_best.empty(),
+               "--monitor belongs to --save-best or --early-stop");
+  UNETCU_CHECK(c.save_best.empty() || c.save_best != c.checkpoint,
+               "--save-best and --checkpoint name the same file: the best epoch's would be overwritten");
   UNETCU_CHECK(c.train_size >= 1 && c.train_size <= kMaxSamples, "--train-size must be in 1..",
                kMaxSamples, ", got ", c.train_size);
   UNETCU_CHECK(c.val_size >= 1 && c.val_size <= kMaxSamples, "--val-size must be in 1..",
@@ -543,6 +569,10 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
   fo.resume = cfg.resume;
   fo.init_encoder = cfg.init_encoder;
   fo.lr_schedule = schedule;
+  fo.save_best = cfg.save_best;
+  fo.monitor.patience = cfg.early_stop;
+  fo.monitor.min_delta = cfg.early_stop_delta.value_or(0.0);
+  fo.monitor.metric = cfg.monitor.value_or(MonitorKind::ValIou);
   return fit(*strategy, *train_ds, *val_ds, fo, out, on_epoch);
 }
 

@@ -82,6 +82,12 @@ struct TrainConfig {
   Schedule schedule = Schedule::GPipe;
   std::string profile;
   std::string checkpoint, resume, init_encoder;
+  // The watched validation metric (train/monitor.h): the best checkpoint and early stopping;
+  // --monitor and --early-stop-delta only with what they belong to.
+  std::string save_best;
+  int early_stop = 0;                    // patience in epochs; 0: never
+  std::optional<double> early_stop_delta;
+  std::optional<MonitorKind> monitor;
   std::string log;          // metrics file: CSV, or JSON Lines for *.jsonl
   int64_t log_every = 0;    // step rows every N steps (0: epoch rows only)
   std::string data, data_list, val_data;

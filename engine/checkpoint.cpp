@@ -23,6 +23,8 @@ constexpr uint64_t kMaxHeaderBytes = uint64_t(100) << 20;
 // Ranges of what a checkpoint may say about a run: anything outside is damage, not a run.
 constexpr int64_t kMaxEpoch = 10000000;
 constexpr int64_t kMaxStep = int64_t(1) << 40;
+// The longest key or value of a run record (engine/checkpoint.h RunRecord).
+constexpr size_t kMaxRunText = 64;
 constexpr int64_t kMaxCounter = int64_t(1) << 50;
 
 size_t dtype_bytes(const std::string& d) {
@@ -384,9 +386,13 @@ int64_t meta_int(const std::map<std::string, std::string>& meta, const std::stri
 void set_checkpoint_save_hook(std::function<void(int)> hook) { save_hook() = std::move(hook); }
 
 void save_checkpoint(const std::string& path, const Module& model,
-                     const std::vector<Optimizer*>& optimizers, int epoch, int64_t step) {
+                     const std::vector<Optimizer*>& optimizers, int epoch, int64_t step,
+                     const RunRecord& run) {
   UNETCU_CHECK(epoch >= 0 && epoch <= kMaxEpoch && step >= 0 && step <= kMaxStep,
                "checkpoint: epoch ", epoch, " step ", step, " out of range");
+  for (const auto& [key, value] : run)
+    UNETCU_CHECK(!key.empty() && key.size() <= kMaxRunText && value.size() <= kMaxRunText,
+                 "checkpoint: run value '", key, "' is empty or too long");
   // Both files are written in full (to .tmp) before either replaces its predecessor; the
   // .train file goes first. Both carry the epoch, the step and a save id: a reader that finds
   // the new .train beside the old model (a crash between the renames) rolls the model forward
@@ -410,6 +416,7 @@ void save_checkpoint(const std::string& path, const Module& model,
   SafeTensors train;
   std::map<std::string, std::string> meta{
       {"epoch", ep}, {"step", st}, {"producer", "unetcu"}, {"save_id", id}};
+  for (const auto& [key, value] : run) meta["run." + key] = value;
   for (Optimizer* opt : optimizers) {
     const std::vector<std::string> names = optimizer_param_names(model, *opt);
     const std::string kind = opt->kind();
@@ -434,10 +441,11 @@ void save_checkpoint(const std::string& path, const Module& model,
 }
 
 int load_checkpoint(const std::string& path, Module& model,
-                    const std::vector<Optimizer*>& optimizers, int64_t* step_out) {
+                    const std::vector<Optimizer*>& optimizers, int64_t* step_out, RunRecord* run_out) {
   const std::string train_path = path + ".train";
   std::map<std::string, std::string> model_meta, meta;
   SafeTensors model_file = read_safetensors(path, &model_meta);
+  if (run_out) run_out->clear();
   if (!exists(train_path)) {
     load_model_state(model, model_file, path);
     if (step_out) *step_out = 0;
@@ -472,6 +480,13 @@ int load_checkpoint(const std::string& path, Module& model,
   if (model_meta.count("epoch") && model_meta["epoch"] != meta["epoch"])
     bad(train_path, "is from epoch " + meta["epoch"] + " but the model file from epoch " +
                         model_meta["epoch"] + " (an interrupted save?)");
+  RunRecord run;
+  for (const auto& [key, value] : meta)
+    if (key.rfind("run.", 0) == 0) {
+      if (key.size() == 4 || key.size() > 4 + kMaxRunText || value.size() > kMaxRunText)
+        bad(train_path, "has a run value '" + key.substr(0, 40) + "' that is empty or too long");
+      run[key.substr(4)] = value;
+    }
   // Check the optimizer state completely before writing anything.
   struct Write {
     Tensor dst;
@@ -523,6 +538,7 @@ int load_checkpoint(const std::string& path, Module& model,
       w.dst.copy_(host_tensor(*w.src));
   }
   if (step_out) *step_out = step;
+  if (run_out) *run_out = std::move(run);
   return epoch;
 }
 

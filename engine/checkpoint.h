@@ -53,15 +53,22 @@ void load_model_state(Module& model, const SafeTensors& tensors, const std::stri
 // (each stage's optimizer holds its own parameters). Every optimizer parameter must be a
 // parameter of `model`. Each tensor's checksum is in the metadata; the pair of files is
 // replaced so that a reader always finds a complete, matching pair (see load_checkpoint).
+// `run` holds values of the run kept with the training state (the trainer's record of the
+// monitored metric, train/monitor.h): key k is written as "run.k" in the .train file's
+// metadata.
+using RunRecord = std::map<std::string, std::string>;
 void save_checkpoint(const std::string& path, const Module& model,
-                     const std::vector<Optimizer*>& optimizers, int epoch, int64_t step = 0);
+                     const std::vector<Optimizer*>& optimizers, int epoch, int64_t step = 0,
+                     const RunRecord& run = {});
 // Loads the model and, for each optimizer, the state of each of its parameters; returns the
 // epoch stored with the checkpoint (0 when there is no training state file) and the step in
-// *step. Everything read is checked (checksums, ranges of the epoch, step and counters,
+// *step, and the run's values in *run (as written; the reader of each checks it). Everything
+// read is checked (checksums, ranges of the epoch, step and counters,
 // shapes, finite values) before the model or an optimizer is written. A save that stopped
 // between its two renames is completed from its temporary model file.
 int load_checkpoint(const std::string& path, Module& model,
-                    const std::vector<Optimizer*>& optimizers, int64_t* step = nullptr);
+                    const std::vector<Optimizer*>& optimizers, int64_t* step = nullptr,
+                    RunRecord* run = nullptr);
 
 // Tests: called with 1..4 as save_checkpoint passes each stage (model written to .tmp, .train
 // written to .tmp, .train renamed, model renamed); a hook that throws stops the save there,

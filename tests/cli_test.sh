@@ -41,6 +41,12 @@ expect_error "--warmup-steps must be in 0..1000000000, got -3" --warmup-steps -3
 expect_error "Could not convert" --warmup-steps 1.5
 expect_error "--warmup-steps 8 leaves no step at the full rate: the run has 8 steps" --warmup-steps 8 --epochs 2 \
   --image-size 32 --train-size 16 --val-size 4 --batch-size 4 --width-divisor 16
+expect_error "--early-stop must be in 0..100000 epochs, got -1" --early-stop -1
+expect_error "--early-stop-delta belongs to --early-stop N" --early-stop-delta 0.01
+expect_error "--early-stop-delta must be a finite number >= 0, got -0.1" --early-stop 2 --early-stop-delta -0.1
+expect_error "--monitor belongs to --save-best or --early-stop" --monitor val_loss
+expect_error "--monitor: unknown monitor 'iou' (expected val_iou, val_dice or val_loss)" --monitor iou --early-stop 1
+expect_error "--save-best and --checkpoint name the same file" --save-best m.safetensors --checkpoint m.safetensors
 expect_error "--mode dp needs --devices" --mode dp
 expect_error "belongs to --mode dp" --sync-bn
 expect_error "twice" --mode dp --devices cpu:0,cpu:0
@@ -77,8 +83,32 @@ expect_error "not a block" --mode mp --devices cpu:0,cpu:1 --split 99999999999
 expect_error "cannot write the profile trace '/nonexistent/t.json': folder '/nonexistent' does not exist" \
   --profile /nonexistent/t.json --epochs 50
 expect_error "cannot write the checkpoint" --checkpoint /nonexistent/m.safetensors --epochs 50
+expect_error "cannot write the best checkpoint '/nonexistent/b.safetensors'" --save-best /nonexistent/b.safetensors \
+  --epochs 50
 # A non-finite validation loss is an error too.
 expect_error "validation loss is not finite" --lr 16 --epochs 3 --image-size 32 --train-size 16 \
   --val-size 8 --width-divisor 16
 if ! "$bin" --help | grep -q -- "--batch-size"; then echo "FAIL: --help"; fail=1; fi
+# Early stopping ends a run normally, and the best checkpoint resumes like any other: with a
+# smallest improvement of 1 no epoch after the first improves, so one epoch of patience stops
+# the run after epoch 2; the best file is that of the epoch the run names.
+tmp=$(mktemp -d)
+small=(--no-progress --image-size 32 --train-size 16 --val-size 8 --width-divisor 16 --batch-size 4)
+out=$("$bin" "${small[@]}" --epochs 5 --early-stop 1 --early-stop-delta 1 --save-best "$tmp/best.safetensors" 2>&1)
+rc=$?
+if [ $rc -ne 0 ] || ! grep -q "^early stop after epoch 2 of 5: val_iou has not improved on epoch 1's" <<<"$out" \
+   || [ "$(grep -c '^epoch ' <<<"$out")" -ne 2 ] || [ ! -f "$tmp/best.safetensors.train" ]; then
+  echo "FAIL: --early-stop 1 --early-stop-delta 1 (rc $rc): $out"; fail=1
+else
+  echo "ok: --early-stop stopped after epoch 2 with rc 0"
+fi
+best=$(sed -n "s|^best val_iou [0-9.]* at epoch \([12]\) ($tmp/best.safetensors)\$|\1|p" <<<"$out")
+out=$("$bin" "${small[@]}" --epochs 3 --resume "$tmp/best.safetensors" 2>&1)
+rc=$?
+if [ -z "$best" ] || [ $rc -ne 0 ] || ! grep -q "^resumed from $tmp/best.safetensors after epoch $best$" <<<"$out"; then
+  echo "FAIL: resuming from the best checkpoint (epoch '$best'): $out"; fail=1
+else
+  echo "ok: the best checkpoint (epoch $best) resumes"
+fi
+rm -rf "$tmp"
 exit $fail

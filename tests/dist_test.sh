@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Data parallelism across processes (mpirun): 2 and 3 processes, ring and ps (and 3 with
-# bfloat16 gradients, 2 with a learning-rate schedule), write the same checkpoint bytes (model and optimizer state) as the same
-# run with the replicas as threads of one process; a rank that fails ends every rank, with its message, in bounded time.
+# bfloat16 gradients, 2 with a learning-rate schedule, 2 stopping early), write the same
+# checkpoint bytes (model and optimizer state) as the same run with the replicas as threads of
+# one process; a rank that fails ends every rank, with its message, in bounded time.
 set -u
 train="$1"
 if ! command -v mpirun >/dev/null; then echo "SKIPPED: no mpirun (tools/setup.sh installs Open MPI)"; exit 77; fi
@@ -45,6 +46,24 @@ if "$train" --mode dp --devices cpu:0,cpu:1 "${common[@]}" "${lr[@]}" --dist non
   fi
 else
   echo "FAIL: the cosine schedule runs"; cat "$d/lr_threads.log" "$d/lr_procs.log"; fail=1
+fi
+# Early stopping and the best checkpoint: every process ends after the same epoch, normally,
+# and rank 0's best file is the one the threads write.
+es=(--width-divisor 16 --image-size 64 --train-size 12 --val-size 4 --batch-size 2 --epochs 5
+    --threads 1 --seed 3 --no-progress --early-stop 1 --early-stop-delta 1)
+if "$train" --mode dp --devices cpu:0,cpu:1 "${es[@]}" --dist none \
+     --save-best "$d/best_threads.safetensors" > "$d/es_threads.log" 2>&1 &&
+   timeout 300 "${mpi[@]}" -np 2 "$train" --mode dp "${es[@]}" \
+     --save-best "$d/best_procs.safetensors" > "$d/es_procs.log" 2>&1; then
+  if grep -q '^early stop after epoch 2 of 5' "$d/es_procs.log" && [ "$(grep -c '^epoch ' "$d/es_procs.log")" -eq 2 ] &&
+     cmp -s "$d/best_threads.safetensors" "$d/best_procs.safetensors" &&
+     cmp -s "$d/best_threads.safetensors.train" "$d/best_procs.safetensors.train"; then
+    echo "ok: -np 2 stops early after the epoch the threads stop after, with the same best checkpoint"
+  else
+    echo "FAIL: -np 2 early stopping:"; cat "$d/es_threads.log" "$d/es_procs.log"; fail=1
+  fi
+else
+  echo "FAIL: early stopping runs"; cat "$d/es_threads.log" "$d/es_procs.log"; fail=1
 fi
 # --allreduce mpi: the MPI library's MPI_Allreduce; its additions need not be ours in order,
 # so the run is held to the ring's printed losses and validation scores (4 decimals).

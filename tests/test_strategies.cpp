@@ -4,7 +4,8 @@
 //  - the loader's worker threads feed DP and MP without changing what they train on;
 //  - place() puts each part where its step reads it;
 //  - DP gradients live in the all-reduce buckets; the pipeline schedules on their own;
-//  - a learning-rate schedule reaches every replica's and stage's optimizer, and resumes.
+//  - a learning-rate schedule reaches every replica's and stage's optimizer, and resumes;
+//  - the best checkpoint and early stopping follow the monitored metric, across a resume.
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -115,9 +116,11 @@ TEST_CASE("a checkpoint moves between strategies with its optimizer state") {
   strategies.push_back(std::make_unique<DataParallelStrategy>(model, dpo, adam, LossKind::BCEDice));
   for (auto& s : strategies) {
     CAPTURE(s->describe());
-    CHECK(load_checkpoint(dp_cfg.checkpoint, s->model(), s->optimizers()) == 1);
+    RunRecord record;  // the run's record of its validation metric: passed through
+    CHECK(load_checkpoint(dp_cfg.checkpoint, s->model(), s->optimizers(), nullptr, &record) == 1);
+    CHECK(record.count("best"));
     s->state_loaded();
-    save_checkpoint("strategy_again.safetensors", s->model(), s->optimizers(), 1);
+    save_checkpoint("strategy_again.safetensors", s->model(), s->optimizers(), 1, 0, record);
     CHECK(slurp("strategy_again.safetensors") == slurp(dp_cfg.checkpoint));
     CHECK(slurp("strategy_again.safetensors.train") == slurp(dp_cfg.checkpoint + ".train"));
   }
@@ -555,4 +558,97 @@ TEST_CASE("a non-finite loss or parameter stops training and keeps the last good
   read_safetensors("strategy_nan.safetensors", &meta);
   CHECK(meta.at("epoch") == "1");
   remove_checkpoint("strategy_nan.safetensors");
+}
+
+TEST_CASE("the best checkpoint is the best epoch's, in every mode") {
+  struct Case {
+    Mode mode;
+    MonitorKind metric;
+  };
+  for (const Case c : {Case{Mode::Single, MonitorKind::ValIou}, Case{Mode::Single, MonitorKind::ValLoss},
+                       Case{Mode::DataParallel, MonitorKind::ValDice}, Case{Mode::Pipeline, MonitorKind::ValIou}}) {
+    CAPTURE(name_of(kModeNames, c.mode));
+    CAPTURE(name_of(kMonitorNames, c.metric));
+    FitRun run;
+    std::ostringstream log;
+    auto s = run.make(c.mode);
+    FitOptions o = run.options("strategy_best_each.safetensors");
+    o.epochs = 3;
+    o.save_best = "strategy_best.safetensors";
+    o.monitor.metric = c.metric;
+    // Each epoch's checkpoint (its record included) and value, as the epoch ends.
+    std::vector<std::vector<char>> model_bytes, train_bytes;
+    std::vector<double> values;
+    const TrainResult r = fit(*s, run.train, run.val, o, log, [&](const EpochStats& st) {
+          model_bytes.push_back(slurp(o.checkpoint));
+          train_bytes.push_back(slurp(o.checkpoint + ".train"));
+          values.push_back(c.metric == MonitorKind::ValIou    ? st.val_iou
+                           : c.metric == MonitorKind::ValDice ? st.val_dice
+                                                              : st.val_loss);
+        });
+    INFO(log.str());
+    REQUIRE(values.size() == 3);
+    // The first epoch of the best value, and how many epochs were best so far when they ended.
+    size_t best = 0, improvements = 1;
+    for (size_t e = 1; e < values.size(); ++e) {
+      const bool better = c.metric == MonitorKind::ValLoss ? values[e] < values[best] : values[e] > values[best];
+      if (better) best = e, ++improvements;
+    }
+    CHECK(r.best_epoch == int(best) + 1);
+    CHECK(r.best_value == values[best]);
+    CHECK(!r.stopped_early);
+    CHECK(slurp(o.save_best) == model_bytes[best]);
+    CHECK(slurp(o.save_best + ".train") == train_bytes[best]);
+    size_t said = 0;
+    const std::string text = log.str(), line = str_cat("best ", name_of(kMonitorNames, c.metric), " so far (");
+    for (size_t at = text.find(line); at != std::string::npos; at = text.find(line, at + 1)) ++said;
+    CHECK(said == improvements);
+    remove_checkpoint(o.checkpoint);
+    remove_checkpoint(o.save_best);
+  }
+}
+
+TEST_CASE("early stopping ends every mode at the same epoch, and a resumed run counts on") {
+  MonitorOptions patience;
+  patience.patience = 2;
+  patience.min_delta = 1;  // no IoU beats another by more than 1: epochs 2 and 3 do not improve
+  for (Mode mode : {Mode::Single, Mode::DataParallel, Mode::Pipeline}) {
+    CAPTURE(name_of(kModeNames, mode));
+    FitRun run;
+    std::ostringstream log;
+    FitOptions o = run.options("strategy_es_whole.safetensors");
+    o.epochs = 6;
+    o.monitor = patience;
+    const TrainResult whole = fit(*run.make(mode), run.train, run.val, o, log);
+    INFO(log.str());
+    CHECK(whole.epochs.size() == 3);
+    CHECK(whole.stopped_early);
+    CHECK(log.str().find("early stop after epoch 3 of 6: val_iou has not improved on epoch 1's ") != std::string::npos);
+    CHECK(log.str().find(" by more than 1 for 2 epochs (best ") != std::string::npos);
+    // Two epochs, then resumed for up to six: the record says epoch 2 did not improve, so the
+    // run stops after epoch 3 as the whole run did, with the same files.
+    FitOptions first = run.options("strategy_es.safetensors");
+    first.epochs = 2;
+    first.monitor = patience;
+    CHECK(!fit(*run.make(mode), run.train, run.val, first, log).stopped_early);
+    FitOptions rest = o;
+    rest.checkpoint = rest.resume = "strategy_es.safetensors";
+    const TrainResult resumed = fit(*run.make(mode), run.train, run.val, rest, log);
+    REQUIRE(resumed.epochs.size() == 1);
+    CHECK(resumed.epochs[0].epoch == 3);
+    CHECK(resumed.stopped_early);
+    CHECK(resumed.best_epoch == whole.best_epoch);
+    CHECK(log.str().find(str_cat("resumed from strategy_es.safetensors after epoch 2; best val_iou ")) !=
+          std::string::npos);
+    CHECK(log.str().find(str_cat(" at epoch ", whole.best_epoch, ", 1 epoch without improvement")) !=
+          std::string::npos);
+    CHECK(slurp("strategy_es.safetensors") == slurp(o.checkpoint));
+    CHECK(slurp("strategy_es.safetensors.train") == slurp(o.checkpoint + ".train"));
+    // Without a patience the same run trains all its epochs.
+    FitOptions all = run.options("");
+    all.epochs = 4;
+    CHECK(fit(*run.make(mode), run.train, run.val, all, log).epochs.size() == 4);
+    remove_checkpoint(o.checkpoint);
+    remove_checkpoint("strategy_es.safetensors");
+  }
 }

@@ -90,6 +90,10 @@ bool parameters_finite(Module& model) {
   return true;
 }
 
+double monitored(MonitorKind m, const EpochStats& st) {
+  return m == MonitorKind::ValLoss ? st.val_loss : m == MonitorKind::ValDice ? st.val_dice : st.val_iou;
+}
+
 }  // namespace
 
 int64_t steps_per_epoch(int64_t train_size, int replicas, int batch_size) {
@@ -120,7 +124,12 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
     if (d.is_cuda()) gpus.push_back(d);
   const bool on_gpu = !gpus.empty();
   if (lead) check_writable(o.checkpoint, "checkpoint");
+  if (lead) check_writable(o.save_best, "best checkpoint");
+  UNETCU_CHECK(o.save_best.empty() || o.save_best != o.checkpoint, "the best checkpoint and the checkpoint of "
+               "every epoch must be different files, both are ", o.save_best);
   check_writable(o.profile, "profile trace");
+  MetricMonitor monitor(o.monitor);
+  const bool watching = !o.save_best.empty() || o.monitor.patience > 0;
   int first_epoch = 1;
   int64_t first_step = 0;  // > 0: a run stopped mid-epoch resumes at this step
   if (!o.init_encoder.empty()) {
@@ -133,10 +142,21 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
     UNETCU_CHECK(::stat((o.resume + ".train").c_str(), &train_file) == 0, "resume from ", o.resume, ": no ",
                  o.resume, ".train beside it (optimizer state and epoch); load only the encoder "
                  "or the weights another way to start over");
-    first_epoch = load_checkpoint(o.resume, strategy.model(), strategy.optimizers(), &first_step) + 1;
+    RunRecord record;
+    first_epoch = load_checkpoint(o.resume, strategy.model(), strategy.optimizers(), &first_step, &record) + 1;
     strategy.state_loaded();
+    const bool restored = monitor.restore(record, first_epoch - 1, o.resume + ".train");
     out << "resumed from " << o.resume << " after epoch " << first_epoch - 1;
     if (first_step) out << " and " << first_step << " steps of epoch " << first_epoch;
+    if (watching && restored) {
+      char line[160];
+      std::snprintf(line, sizeof line, "; best %s %.4f at epoch %d, %d epoch%s without improvement",
+                    monitor.metric_name(), monitor.best(), monitor.best_epoch(), monitor.stale(),
+                    monitor.stale() == 1 ? "" : "s");
+      out << line;
+    } else if (watching && first_epoch > 1) {
+      out << "; it holds no record of " << monitor.metric_name() << ", counted from here";
+    }
     out << "\n";
     UNETCU_CHECK(first_epoch <= o.epochs, "resume: the checkpoint is from epoch ", first_epoch - 1,
                  ", nothing left to do with ", o.epochs, " epochs");
@@ -257,7 +277,7 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
           // Steps done into this epoch: a resume continues right after them.
           const bool epoch_done = s + 1 == steps;
           save_checkpoint(o.checkpoint, strategy.model(), strategy.optimizers(),
-                          epoch_done ? epoch : epoch - 1, epoch_done ? 0 : s + 1);
+                          epoch_done ? epoch : epoch - 1, epoch_done ? 0 : s + 1, monitor.record());
           saved = "checkpoint written to " + o.checkpoint + " (resuming continues from there)";
         }
         // The other processes wait for process 0's checkpoint before they end (a launcher ends
@@ -326,13 +346,41 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
     out.flush();
     metrics.epoch(st, strategy.learning_rate());
     result.epochs.push_back(st);
-    if (!o.checkpoint.empty() && lead) {
+    const MetricMonitor::Verdict verdict = monitor.update(epoch, monitored(o.monitor.metric, st));
+    const bool save_best = verdict.best && !o.save_best.empty() && lead;
+    if ((!o.checkpoint.empty() || save_best) && lead)
       UNETCU_CHECK(parameters_finite(strategy.model()), "a parameter is not finite after epoch ",
                    epoch, kept);
-      save_checkpoint(o.checkpoint, strategy.model(), strategy.optimizers(), epoch);
+    if (save_best) {
+      // The same files as the epoch's checkpoint, record included.
+      save_checkpoint(o.save_best, strategy.model(), strategy.optimizers(), epoch, 0, monitor.record());
+      char line[160];
+      std::snprintf(line, sizeof line, "best %s so far (%.4f): saved to ", monitor.metric_name(), monitor.best());
+      out << line << o.save_best << "\n";
+    }
+    if (!o.checkpoint.empty() && lead) {
+      save_checkpoint(o.checkpoint, strategy.model(), strategy.optimizers(), epoch, 0, monitor.record());
       kept = "; the checkpoint of epoch " + std::to_string(epoch) + " is kept";
     }
+    out.flush();
     if (on_epoch) on_epoch(st);
+    // Every process ends at the same epoch (their validations agree, but the decision is one).
+    if (strategy.any_process(verdict.stop) && epoch < o.epochs) {
+      char line[200];
+      std::snprintf(line, sizeof line, "early stop after epoch %d of %d: %s has not improved", epoch,
+                    o.epochs, monitor.metric_name());
+      out << line;
+      if (o.monitor.min_delta > 0) {  // the value to beat is not the best's then
+        std::snprintf(line, sizeof line, " on epoch %d's %.4f by more than %g", epoch - monitor.stale(),
+                      monitor.reference(), o.monitor.min_delta);
+        out << line;
+      }
+      std::snprintf(line, sizeof line, " for %d epoch%s (best %.4f at epoch %d)\n", monitor.stale(),
+                    monitor.stale() == 1 ? "" : "s", monitor.best(), monitor.best_epoch());
+      out << line;
+      result.stopped_early = true;
+      break;
+    }
     if (strategy.any_process(interrupt_requested()) && epoch < o.epochs)
       throw Interrupted(str_cat("interrupted after epoch ", epoch, "; ",
                                 o.checkpoint.empty() ? "no checkpoint was configured"
@@ -347,6 +395,16 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
     Profiler::write_trace(strategy.process_count() > 1 && !lead
                               ? o.profile + ".rank" + std::to_string(strategy.process_rank())
                               : o.profile);
+  }
+  result.best_epoch = monitor.best_epoch();
+  result.best_value = monitor.best();
+  if (watching && monitor.has_best()) {
+    char line[160];
+    std::snprintf(line, sizeof line, "best %s %.4f at epoch %d", monitor.metric_name(), monitor.best(),
+                  monitor.best_epoch());
+    out << line;
+    if (!o.save_best.empty() && monitor.best_epoch() >= first_epoch) out << " (" << o.save_best << ")";
+    out << "\n";
   }
   double sum = 0, sq = 0;
   for (const auto& e : result.epochs) sum += e.seconds;

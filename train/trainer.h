@@ -16,6 +16,7 @@
 
 #include "data/dataset.h"
 #include "train/lr_schedule.h"
+#include "train/monitor.h"
 #include "train/strategy.h"
 
 namespace unetcu {
@@ -41,6 +42,12 @@ struct FitOptions {
   // The learning rate of every step (train/lr_schedule.h). One that does not vary leaves the
   // optimizers' rates as they were made.
   LrSchedule lr_schedule;
+  // The validation metric watched after every epoch (train/monitor.h): save_best (non-empty)
+  // is a checkpoint written after each epoch that is the best of the run so far, and
+  // monitor.patience > 0 ends the run after that many epochs without an improvement. The
+  // monitor's record goes into every checkpoint, so a resumed run keeps counting.
+  MonitorOptions monitor;
+  std::string save_best;
   // Called after every training step (epoch, steps done in it): tests and progress hooks.
   std::function<void(int, int64_t)> on_step;
 };
@@ -60,6 +67,9 @@ struct TrainResult {
   std::vector<EpochStats> epochs;
   double mean_epoch_seconds = 0, std_epoch_seconds = 0;
   int64_t parameter_count = 0;
+  bool stopped_early = false;  // the monitor's patience ran out before the last epoch
+  int best_epoch = 0;          // the monitored metric's best epoch of the run (resumed: of
+  double best_value = 0;       // the whole run), 0 before any
 };
 
 // Trains `strategy` on `train`, validating on `val` after each epoch; each finished epoch is
@@ -67,6 +77,8 @@ struct TrainResult {
 //  - A non-finite training or validation loss, or a non-finite parameter, stops training with
 //    an Error before the checkpoint is written: the last good one stays.
 //  - The output files' folders are checked before training starts.
+//  - With a patience, the run ends (normally) after the epoch that exhausts it, in every
+//    process at once.
 //  - interrupt_requested() (train/interrupt.h) stops after the step in progress: the checkpoint
 //    (if configured) is written with the steps done so far and Interrupted is thrown; resuming
 //    from it continues mid-epoch exactly where it stopped.
