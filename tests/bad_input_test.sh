@@ -65,6 +65,13 @@ for name, epoch in (("epoch_max", "2147483647"), ("epoch_neg", "-5")):
     open(name + ".safetensors", "wb").write(good)
     h = dict(th); h["__metadata__"] = dict(th["__metadata__"], epoch=epoch)
     write(name + ".safetensors.train", h, train[8 + tn:])
+# A damaged record of the monitored metric (the run's best so far, epochs without improvement).
+assert th["__metadata__"]["run.monitor"] == "val_iou", th["__metadata__"]
+for name, key, value in (("record_nan", "run.best", "nan"), ("record_stale", "run.stale", "7"),
+                         ("record_long", "run.note", "x" * 200)):
+    open(name + ".safetensors", "wb").write(good)
+    h = dict(th); h["__metadata__"] = dict(th["__metadata__"], **{key: value})
+    write(name + ".safetensors.train", h, train[8 + tn:])
 # Images: a JPEG whose Huffman table counts sum to more than 256 (stb 2.27 writes out of
 # bounds on it), a BMP header claiming 40000 x 40000, a JPEG claiming 20000 x 20000.
 def seg(marker, payload):
@@ -111,6 +118,11 @@ check "truncated" "$train" "${small[@]}" --init-encoder truncated.safetensors
 check "runs past the end of the file" "$predict" data/images --checkpoint huge_header.safetensors --width-divisor 16
 check "outside 0..10000000" "$train" "${small[@]}" --resume epoch_max.safetensors
 check "outside 0..10000000" "$train" "${small[@]}" --resume epoch_neg.safetensors
+check "monitored metric has a best that is not a finite number: 'nan'" "$train" "${small[@]}" --epochs 3 \
+  --early-stop 2 --resume record_nan.safetensors
+check "has stale '7', not a whole number in 0..0" "$train" "${small[@]}" --epochs 3 --resume record_stale.safetensors
+check "has a run value 'run.note' that is empty or too long" "$train" "${small[@]}" --epochs 3 \
+  --resume record_long.safetensors
 # Images: an out-of-bounds JPEG, decompression bombs, masks of another size.
 check "dht.jpg" "$predict" dht.jpg --checkpoint good.safetensors --width-divisor 16 --out pred
 check "00004.jpg" "$train" "${small[@]}" --data bad_jpeg --val-fraction 0.2 --batch-size 2

@@ -2,7 +2,8 @@
 # Fuzzes the readers of untrusted files with clang's libFuzzer under ASan + UBSan:
 #   safetensors  read_safetensors + load_model_state into a small UNet (checkpoints, --resume)
 #   image        load_image (RGB and gray) + resize_bilinear / resize_nearest_mask (data sets)
-#   train        load_checkpoint's <file>.train reader (optimizer state) with Adam
+#   train        load_checkpoint's <file>.train reader (optimizer state) with Adam, and the
+#                run's record of its monitored metric (MetricMonitor::restore)
 # (tests/fuzz/targets.h says exactly what each does with an input.)
 #
 # Usage: tools/fuzz.sh [SECONDS] [TARGET...]   each target for SECONDS (default 60), all by default
@@ -36,7 +37,7 @@ targets=()
 for arg in "$@"; do
   case "$arg" in
     --update-seeds) update_seeds=1 ;;
-    -h|--help) sed -n "2,24p" "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n "2,25p" "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     ''|*[!0-9]*)
       [[ " ${all_targets[*]} " == *" $arg "* ]] || { echo "fuzz.sh: unknown target or flag '$arg'" >&2; exit 2; }
       targets+=("$arg") ;;

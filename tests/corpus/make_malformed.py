@@ -256,6 +256,33 @@ def make_train():
     neg = bytearray(data)
     neg[s0:s1] = struct.pack("<q", -5)
     out["step_count_negative"] = join(without_checksums(header), bytes(neg))
+    # The run's record of its monitored metric (train/monitor.h), as a run writes it after
+    # epoch 1: a seed that carries one, and the records the resume refuses.
+    record = {"run.monitor": "val_iou", "run.best": "0.5", "run.best_epoch": "1",
+              "run.reference": "0.5", "run.stale": "0"}
+
+    def with_record(**kv):  # the whole file, checksums kept; None drops a key
+        h = json.loads(json.dumps(header))
+        h["__metadata__"].update(record)
+        for k, v in kv.items():
+            if v is None:
+                h["__metadata__"].pop(k, None)
+            else:
+                h["__metadata__"][k] = v
+        return join(h, data)
+
+    write("train", "seed_unet_w64_adam_record.train", with_record())
+    out["record_best_nan"] = with_record(**{"run.best": "nan"})
+    out["record_best_overflow"] = with_record(**{"run.best": "1e999"})
+    out["record_best_trailing_text"] = with_record(**{"run.best": "0.5x"})
+    out["record_best_epoch_future"] = with_record(**{"run.best_epoch": "2"})
+    out["record_best_epoch_zero"] = with_record(**{"run.best_epoch": "0"})
+    out["record_stale_past_epochs"] = with_record(**{"run.stale": "1"})
+    out["record_stale_negative"] = with_record(**{"run.stale": "-1"})
+    out["record_stale_missing"] = with_record(**{"run.stale": None})
+    out["record_reference_better"] = with_record(**{"run.reference": "0.9"})
+    out["record_value_long"] = with_record(**{"run.best": "0." + "5" * 100})
+    out["record_key_empty"] = with_record(**{"run.": "x"})
     for name, b in out.items():
         write("train", "bad_" + name + ".train", b)
 

@@ -27,6 +27,7 @@
 #include "engine/optim.h"
 #include "models/unet.h"
 #include "runtime/common.h"
+#include "train/monitor.h"
 
 // The UBSan options of the fuzz programs, built in so that running one by hand on an input
 // reports what tools/fuzz.sh does (UBSAN_OPTIONS still overrides): every report fatal except
@@ -120,7 +121,8 @@ inline void run_image(const uint8_t* data, size_t size) {
 }
 
 // (c) The training-state reader: a valid model file (and an Adam optimizer over the model's
-// parameters) written once; the input is its `<file>.train`; load_checkpoint reads both.
+// parameters) written once; the input is its `<file>.train`; load_checkpoint reads both, and
+// the run's record of its monitored metric goes into a MetricMonitor, as fit() does on resume.
 struct TrainFixture {
   UNet model{fuzz_model_config()};
   Adam adam{model.parameters()};
@@ -134,7 +136,10 @@ inline TrainFixture& train_fixture() {
 inline void run_train(const uint8_t* data, size_t size) {
   TrainFixture& f = train_fixture();
   write_bytes(f.path + ".train", data, size);
-  load_checkpoint(f.path, f.model, {&f.adam});
+  RunRecord record;
+  const int epoch = load_checkpoint(f.path, f.model, {&f.adam}, nullptr, &record);
+  MetricMonitor monitor(MonitorOptions{});
+  monitor.restore(record, epoch, f.path + ".train");
 }
 
 // The targets by name; the name is also the folder of the corpus: tests/corpus/<name>/.
