@@ -65,10 +65,11 @@ for name, epoch in (("epoch_max", "2147483647"), ("epoch_neg", "-5")):
     open(name + ".safetensors", "wb").write(good)
     h = dict(th); h["__metadata__"] = dict(th["__metadata__"], epoch=epoch)
     write(name + ".safetensors.train", h, train[8 + tn:])
-# A damaged record of the monitored metric (the run's best so far, epochs without improvement).
-assert th["__metadata__"]["run.monitor"] == "val_iou", th["__metadata__"]
+# A damaged record of the monitored metric (the run's best so far, epochs without improvement)
+# or of the run's length.
+assert th["__metadata__"]["run.monitor"] == "val_iou" and "run.total_steps" in th["__metadata__"], th["__metadata__"]
 for name, key, value in (("record_nan", "run.best", "nan"), ("record_stale", "run.stale", "7"),
-                         ("record_long", "run.note", "x" * 200)):
+                         ("record_long", "run.note", "x" * 200), ("record_steps", "run.total_steps", "-3")):
     open(name + ".safetensors", "wb").write(good)
     h = dict(th); h["__metadata__"] = dict(th["__metadata__"], **{key: value})
     write(name + ".safetensors.train", h, train[8 + tn:])
@@ -123,6 +124,7 @@ check "monitored metric has a best that is not a finite number: 'nan'" "$train" 
 check "has stale '7', not a whole number in 0..0" "$train" "${small[@]}" --epochs 3 --resume record_stale.safetensors
 check "has a run value 'run.note' that is empty or too long" "$train" "${small[@]}" --epochs 3 \
   --resume record_long.safetensors
+check "has total_steps '-3', not a whole number >= 1" "$train" "${small[@]}" --epochs 3 --resume record_steps.safetensors
 # Images: an out-of-bounds JPEG, decompression bombs, masks of another size.
 check "dht.jpg" "$predict" dht.jpg --checkpoint good.safetensors --width-divisor 16 --out pred
 check "00004.jpg" "$train" "${small[@]}" --data bad_jpeg --val-fraction 0.2 --batch-size 2

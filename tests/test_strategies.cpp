@@ -4,7 +4,8 @@
 //  - the loader's worker threads feed DP and MP without changing what they train on;
 //  - place() puts each part where its step reads it;
 //  - DP gradients live in the all-reduce buckets; the pipeline schedules on their own;
-//  - a learning-rate schedule reaches every replica's and stage's optimizer, and resumes;
+//  - a learning-rate schedule reaches every replica's and stage's optimizer, and resumes (a
+//    resume into a run of another length says it follows the new curve);
 //  - the best checkpoint and early stopping follow the monitored metric, across a resume.
 #include <cstdio>
 #include <cstring>
@@ -452,11 +453,29 @@ TEST_CASE("an interrupted run saves mid-epoch and its resume ends where an unint
     CHECK_THROWS_WITH_AS(fit(*first, run.train, run.val, o, log),
                          doctest::Contains("interrupted at epoch 2 after step 1"), Interrupted);
     clear_interrupt();
+    std::filesystem::copy_file("strategy_int.safetensors", "strategy_int_mid.safetensors",
+                               std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::copy_file("strategy_int.safetensors.train", "strategy_int_mid.safetensors.train",
+                               std::filesystem::copy_options::overwrite_existing);
     auto rest = run.make(mode);
     FitOptions r = run.options("strategy_int.safetensors");
     r.resume = "strategy_int.safetensors";
     fit(*rest, run.train, run.val, r, log);
     INFO(log.str());
+    CHECK(log.str().find("note:") == std::string::npos);
+    // Resumed mid-epoch with another batch size, the epoch has other steps: the run says where
+    // it continues.
+    auto smaller = run.make(mode);
+    FitOptions b = run.options("");
+    b.batch_size = 2;
+    b.resume = "strategy_int_mid.safetensors";
+    std::ostringstream smaller_log;
+    fit(*smaller, run.train, run.val, b, smaller_log);
+    CHECK(smaller_log.str().find(str_cat("note: epoch 2 had ", steps_per_epoch(run.train.size(), rest->replicas(), 4),
+                                         " steps in the resumed run and has ",
+                                         steps_per_epoch(run.train.size(), rest->replicas(), 2),
+                                         " in this one: it continues at step 2\n")) != std::string::npos);
+    remove_checkpoint("strategy_int_mid.safetensors");
     CHECK(log.str().find("resumed from strategy_int.safetensors after epoch 1 and 1 steps of epoch 2") !=
           std::string::npos);
     CHECK(slurp("strategy_int.safetensors") == slurp("strategy_int_whole.safetensors"));
@@ -529,9 +548,23 @@ TEST_CASE("a learning-rate schedule reaches every optimizer at every step, in ev
     FitOptions r = run.options("strategy_lr.safetensors");
     r.lr_schedule = schedule;
     r.resume = "strategy_lr.safetensors";
-    fit(*rest, run.train, run.val, r, log);
+    std::ostringstream rest_log;
+    fit(*rest, run.train, run.val, r, rest_log);
     CHECK(slurp("strategy_lr.safetensors") == slurp("strategy_lr_whole.safetensors"));
     CHECK(slurp("strategy_lr.safetensors.train") == slurp("strategy_lr_whole.safetensors.train"));
+    CHECK(rest_log.str().find("note:") == std::string::npos);  // the same plan: nothing to say
+    // A longer run from the whole run's checkpoint follows its own curve, and says so.
+    auto longer = run.make(mode);
+    FitOptions l = run.options("");
+    l.lr_schedule = schedule;
+    l.epochs = 3;
+    l.resume = "strategy_lr_whole.safetensors";
+    std::ostringstream longer_log;
+    fit(*longer, run.train, run.val, l, longer_log);
+    INFO(longer_log.str());
+    CHECK(longer_log.str().find(str_cat("note: the learning-rate schedule spanned ", total, " steps in the resumed run ",
+                                        "and spans ", 3 * steps, " in this one: from step ", total + 1,
+                                        " the rate follows")) != std::string::npos);
     // The rates reach the arithmetic: without the schedule the weights differ.
     auto plain = run.make(mode);
     fit(*plain, run.train, run.val, run.options("strategy_lr.safetensors"), log);

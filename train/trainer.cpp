@@ -90,6 +90,19 @@ bool parameters_finite(Module& model) {
   return true;
 }
 
+// A whole number >= 1 of a checkpoint's run record, or 0 where the checkpoint has none (written
+// before the record kept it).
+int64_t record_count(const RunRecord& r, const std::string& key, const std::string& file) {
+  const auto it = r.find(key);
+  if (it == r.end()) return 0;
+  const std::string& s = it->second;
+  bool digits = !s.empty() && s.size() <= 15;
+  for (char c : s) digits = digits && c >= '0' && c <= '9';
+  const int64_t v = digits ? std::stoll(s) : 0;
+  UNETCU_CHECK(v >= 1, file, ": the run's record has ", key, " '", s, "', not a whole number >= 1");
+  return v;
+}
+
 double monitored(MonitorKind m, const EpochStats& st) {
   return m == MonitorKind::ValLoss ? st.val_loss : m == MonitorKind::ValDice ? st.val_dice : st.val_iou;
 }
@@ -132,6 +145,7 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
   const bool watching = !o.save_best.empty() || o.monitor.patience > 0;
   int first_epoch = 1;
   int64_t first_step = 0;  // > 0: a run stopped mid-epoch resumes at this step
+  RunRecord record;        // the resumed run's
   if (!o.init_encoder.empty()) {
     load_model_state(strategy.model(), read_safetensors(o.init_encoder), o.init_encoder, "encoder.");
     strategy.state_loaded();
@@ -142,7 +156,6 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
     UNETCU_CHECK(::stat((o.resume + ".train").c_str(), &train_file) == 0, "resume from ", o.resume, ": no ",
                  o.resume, ".train beside it (optimizer state and epoch); load only the encoder "
                  "or the weights another way to start over");
-    RunRecord record;
     first_epoch = load_checkpoint(o.resume, strategy.model(), strategy.optimizers(), &first_step, &record) + 1;
     strategy.state_loaded();
     const bool restored = monitor.restore(record, first_epoch - 1, o.resume + ".train");
@@ -176,6 +189,28 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
   const bool scheduled = schedule.varies();
   const int64_t total_steps = steps * o.epochs;
   if (scheduled) schedule.check(total_steps);
+  // What the resumed run planned: its epochs' steps and its length. Another batch size, data set
+  // or replica count, or another --epochs, is this run's to choose, but said.
+  const int64_t was_steps = record_count(record, "steps_per_epoch", o.resume + ".train"),
+                was_total = record_count(record, "total_steps", o.resume + ".train");
+  if (first_step > 0 && was_steps > 0 && was_steps != steps)
+    out << "note: epoch " << first_epoch << " had " << was_steps << " steps in the resumed run and has " << steps
+        << " in this one: it continues at step " << std::min(first_step, steps) + 1 << "\n";
+  if (scheduled && was_total > 0 && was_total != total_steps) {
+    const int64_t t = int64_t(first_epoch - 1) * steps + std::min(first_step, steps);
+    char line[200];
+    std::snprintf(line, sizeof line, "note: the learning-rate schedule spanned %lld steps in the resumed run and "
+                  "spans %lld in this one: from step %lld the rate follows this run's curve (%.6g there)\n",
+                  (long long)was_total, (long long)total_steps, (long long)t + 1, schedule.at(t, steps, total_steps));
+    out << line;
+  }
+  // The record every checkpoint of this run carries: the monitor's and the run's plan.
+  const auto run_record = [&] {
+    RunRecord r = monitor.record();
+    r["steps_per_epoch"] = std::to_string(steps);
+    r["total_steps"] = std::to_string(total_steps);
+    return r;
+  };
   // Loader threads: one on the CPU (the cores train), a few for GPUs.
   const int workers = o.workers > 0 ? o.workers : (on_gpu ? 4 : 1);
 
@@ -277,7 +312,7 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
           // Steps done into this epoch: a resume continues right after them.
           const bool epoch_done = s + 1 == steps;
           save_checkpoint(o.checkpoint, strategy.model(), strategy.optimizers(),
-                          epoch_done ? epoch : epoch - 1, epoch_done ? 0 : s + 1, monitor.record());
+                          epoch_done ? epoch : epoch - 1, epoch_done ? 0 : s + 1, run_record());
           saved = "checkpoint written to " + o.checkpoint + " (resuming continues from there)";
         }
         // The other processes wait for process 0's checkpoint before they end (a launcher ends
@@ -353,13 +388,13 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
                    epoch, kept);
     if (save_best) {
       // The same files as the epoch's checkpoint, record included.
-      save_checkpoint(o.save_best, strategy.model(), strategy.optimizers(), epoch, 0, monitor.record());
+      save_checkpoint(o.save_best, strategy.model(), strategy.optimizers(), epoch, 0, run_record());
       char line[160];
       std::snprintf(line, sizeof line, "best %s so far (%.4f): saved to ", monitor.metric_name(), monitor.best());
       out << line << o.save_best << "\n";
     }
     if (!o.checkpoint.empty() && lead) {
-      save_checkpoint(o.checkpoint, strategy.model(), strategy.optimizers(), epoch, 0, monitor.record());
+      save_checkpoint(o.checkpoint, strategy.model(), strategy.optimizers(), epoch, 0, run_record());
       kept = "; the checkpoint of epoch " + std::to_string(epoch) + " is kept";
     }
     out.flush();
