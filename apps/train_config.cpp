@@ -178,7 +178,7 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
       ->capture_default_str();
   app.add_option_function<double>(
       "--early-stop-delta", [&cfg](double v) { cfg.early_stop_delta = v; },
-      "--early-stop: the smallest change that counts as an improvement (default 0)");
+      "--early-stop: an improvement must exceed this change (default 0)");
   app.add_option_function<std::string>(
          "--monitor",
          checked("--monitor",
@@ -310,7 +310,7 @@ void validate(const TrainConfig& c) {
                "--early-stop-delta must be a finite number >= 0, got ", c.early_stop_delta.value_or(0));
   UNETCU_CHECK(!c.monitor || c.early_stop > 0 || !c.save_best.empty(),
                "--monitor belongs to --save-best or --early-stop");
-  UNETCU_CHECK(c.save_best.empty() || c.save_best != c.checkpoint,
+  UNETCU_CHECK(c.save_best.empty() || c.checkpoint.empty() || !same_file(c.save_best, c.checkpoint),
                "--save-best and --checkpoint name the same file: the best epoch's would be overwritten");
   UNETCU_CHECK(c.train_size >= 1 && c.train_size <= kMaxSamples, "--train-size must be in 1..",
                kMaxSamples, ", got ", c.train_size);

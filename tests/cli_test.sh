@@ -47,6 +47,7 @@ expect_error "--early-stop-delta must be a finite number >= 0, got -0.1" --early
 expect_error "--monitor belongs to --save-best or --early-stop" --monitor val_loss
 expect_error "--monitor: unknown monitor 'iou' (expected val_iou, val_dice or val_loss)" --monitor iou --early-stop 1
 expect_error "--save-best and --checkpoint name the same file" --save-best m.safetensors --checkpoint m.safetensors
+expect_error "--save-best and --checkpoint name the same file" --save-best ./m.safetensors --checkpoint m.safetensors
 expect_error "--mode dp needs --devices" --mode dp
 expect_error "belongs to --mode dp" --sync-bn
 expect_error "twice" --mode dp --devices cpu:0,cpu:0

@@ -2,7 +2,8 @@
 // tests/corpus/<target>/ goes through the same calls as its fuzz target (tests/fuzz/targets.h)
 // and must end in success or unetcu::Error — never a crash, a sanitizer report or another
 // exception type. Seeds (seed_*) must load: they are valid files of the current model and
-// formats, there to lead the fuzzer into the deep paths. tools/fuzz.sh adds every crashing
+// formats, there to lead the fuzzer into the deep paths. The hand-made train/bad_* files must
+// be refused (each breaks something the .train reader or the record's restore checks). tools/fuzz.sh adds every crashing
 // input it finds; tests/corpus/README.md lists the hand-made ones.
 #include <algorithm>
 #include <filesystem>
@@ -62,9 +63,12 @@ void replay(const std::string& target) {
     }
     const std::vector<uint8_t> bytes = fuzz::read_bytes(file.string());
     const bool seed = file.filename().string().rfind("seed_", 0) == 0;
+    // Every hand-made breakage of a .train file is one the reader must refuse.
+    const bool must_refuse = target == "train" && file.filename().string().rfind("bad_", 0) == 0;
     try {
       run(bytes.data(), bytes.size());
       ++loaded;
+      if (must_refuse) FAIL_CHECK("a damaged training state loaded");
     } catch (const Error& e) {
       ++refused;
       // A seed that no longer loads leads the fuzzer nowhere: the model or a format changed.

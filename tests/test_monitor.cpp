@@ -111,6 +111,7 @@ TEST_CASE("the monitor's record comes back exactly through a checkpoint, and a d
   CHECK(b.best() == a.best());
   CHECK(b.best_epoch() == a.best_epoch());
   CHECK(b.stale() == a.stale());
+  CHECK(b.reference() == a.reference());
   // The two go on alike: the same verdicts for the same values.
   for (double v : {0.33, 0.34, 0.2, 0.2}) {
     const auto x = a.update(4, v), y = b.update(4, v);
@@ -126,6 +127,11 @@ TEST_CASE("the monitor's record comes back exactly through a checkpoint, and a d
   CHECK(!c.restore(record, 3, path));
   CHECK(!c.has_best());
   CHECK(!c.restore({}, 3, path));
+  // A loss is not a ratio: past 1 it is still a record (epoch 1 set the reference, epoch 2 a
+  // better value within the smallest improvement).
+  CHECK(c.restore({{"monitor", "val_loss"}, {"best", "1.25"}, {"best_epoch", "2"}, {"reference", "1.5"}, {"stale", "2"}},
+                  3, path));
+  CHECK(c.best() == 1.25);
 
   // Damaged values: each refused with the file's name and what is wrong.
   auto refused = [&](const std::string& key, const std::string& value, const char* says) {
@@ -145,6 +151,11 @@ TEST_CASE("the monitor's record comes back exactly through a checkpoint, and a d
   refused("stale", "3", "has stale '3', not a whole number in 0..2");
   refused("stale", "-1", "not a whole number");
   refused("reference", "0.9", "has a reference better than its best");
+  refused("best", "1.5", "has a value no val_iou takes: 1.5");
+  refused("reference", "-0.25", "has a value no val_iou takes: -0.25");
+  // Epoch 3 moved the reference (stale 0), so it is the best's epoch too.
+  REQUIRE(record.at("stale") == "0");
+  refused("best_epoch", "2", "has best_epoch 2, before epoch 3 when its reference last moved");
   RunRecord missing = record;
   missing.erase("stale");
   MetricMonitor m(o);

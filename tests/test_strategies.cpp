@@ -677,6 +677,24 @@ TEST_CASE("early stopping ends every mode at the same epoch, and a resumed run c
           std::string::npos);
     CHECK(slurp("strategy_es.safetensors") == slurp(o.checkpoint));
     CHECK(slurp("strategy_es.safetensors.train") == slurp(o.checkpoint + ".train"));
+    // Interrupted at epoch 2's last step, the run validates epoch 2 before it ends: its
+    // checkpoint's record counts epoch 2, and the resume stops after epoch 3 again.
+    FitOptions cut = o;
+    cut.checkpoint = "strategy_es.safetensors";
+    const int64_t steps = steps_per_epoch(run.train.size(), run.make(mode)->replicas(), o.batch_size);
+    cut.on_step = [steps](int epoch, int64_t step) {
+      if (epoch == 2 && step == steps) request_interrupt();
+    };
+    CHECK_THROWS_WITH_AS(fit(*run.make(mode), run.train, run.val, cut, log),
+                         doctest::Contains("interrupted after epoch 2; checkpoint written"), Interrupted);
+    clear_interrupt();
+    std::map<std::string, std::string> meta;
+    read_safetensors("strategy_es.safetensors.train", &meta);
+    CHECK(meta.at("epoch") == "2");
+    CHECK(meta.at("step") == "0");
+    CHECK(meta.at("run.stale") == "1");
+    CHECK(fit(*run.make(mode), run.train, run.val, rest, log).epochs.size() == 1);
+    CHECK(slurp("strategy_es.safetensors.train") == slurp(o.checkpoint + ".train"));
     // Without a patience the same run trains all its epochs.
     FitOptions all = run.options("");
     all.epochs = 4;
@@ -684,4 +702,22 @@ TEST_CASE("early stopping ends every mode at the same epoch, and a resumed run c
     remove_checkpoint(o.checkpoint);
     remove_checkpoint("strategy_es.safetensors");
   }
+  // A resume that watches nothing keeps the resumed run's metric in its record, so a later
+  // resume that watches it again counts on.
+  FitRun run;
+  std::ostringstream log;
+  FitOptions loss = run.options("strategy_es_loss.safetensors");
+  loss.epochs = 1;
+  loss.monitor.metric = MonitorKind::ValLoss;
+  loss.monitor.patience = 5;
+  fit(*run.make(Mode::Single), run.train, run.val, loss, log);
+  FitOptions unwatched = run.options("strategy_es_loss.safetensors");
+  unwatched.resume = unwatched.checkpoint;
+  fit(*run.make(Mode::Single), run.train, run.val, unwatched, log);
+  std::map<std::string, std::string> meta;
+  read_safetensors("strategy_es_loss.safetensors.train", &meta);
+  CHECK(meta.at("run.monitor") == "val_loss");
+  CHECK(meta.at("run.best_epoch") != "");
+  CHECK(std::stoi(meta.at("run.best_epoch")) + std::stoi(meta.at("run.stale")) >= 2);  // epoch 2 counted
+  remove_checkpoint("strategy_es_loss.safetensors");
 }

@@ -100,6 +100,16 @@ bool MetricMonitor::restore(const std::map<std::string, std::string>& r, int epo
   const int stale = read_count(r, "stale", 0, epoch - 1, file);
   // The reference moves only to a value better than itself, the best to any such value.
   if (better(reference, best, 0)) bad_record(file, "has a reference better than its best");
+  // IoU and Dice are ratios, the losses (BCE, Dice, their sum) not negative.
+  const bool loss = o_.metric == MonitorKind::ValLoss;
+  for (double v : {best, reference})
+    if (v < 0 || (!loss && v > 1))
+      bad_record(file, str_cat("has a value no ", metric_name(), " takes: ", exact(v)));
+  // When the reference moves, the best moves with it (a value past the reference by more than
+  // the smallest improvement is past every value since): the best is no older than that epoch.
+  if (best_epoch < epoch - stale)
+    bad_record(file, str_cat("has best_epoch ", best_epoch, ", before epoch ", epoch - stale,
+                             " when its reference last moved"));
   best_ = best;
   reference_ = reference;
   best_epoch_ = best_epoch;

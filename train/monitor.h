@@ -47,6 +47,7 @@ class MetricMonitor {
   Verdict update(int epoch, double value);
 
   const MonitorOptions& options() const { return o_; }
+  MonitorKind metric() const { return o_.metric; }
   const char* metric_name() const;
   bool has_best() const { return best_.has_value(); }
   double best() const { return best_.value_or(0); }

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <memory>
@@ -109,6 +110,19 @@ double monitored(MonitorKind m, const EpochStats& st) {
 
 }  // namespace
 
+bool same_file(const std::string& a, const std::string& b) {
+  namespace fs = std::filesystem;
+  // absolute() first: weakly_canonical leaves a relative path none of whose parts exist as it is.
+  const auto resolved = [](const std::string& p, fs::path* out) {
+    std::error_code e;
+    const fs::path abs = fs::absolute(p, e);
+    if (!e) *out = fs::weakly_canonical(abs, e);
+    return !e;
+  };
+  fs::path ca, cb;
+  return resolved(a, &ca) && resolved(b, &cb) ? ca == cb : a == b;
+}
+
 int64_t steps_per_epoch(int64_t train_size, int replicas, int batch_size) {
   const int64_t per_rank = train_size / replicas;
   return (per_rank + batch_size - 1) / batch_size;
@@ -138,8 +152,9 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
   const bool on_gpu = !gpus.empty();
   if (lead) check_writable(o.checkpoint, "checkpoint");
   if (lead) check_writable(o.save_best, "best checkpoint");
-  UNETCU_CHECK(o.save_best.empty() || o.save_best != o.checkpoint, "the best checkpoint and the checkpoint of "
-               "every epoch must be different files, both are ", o.save_best);
+  UNETCU_CHECK(o.save_best.empty() || o.checkpoint.empty() || !same_file(o.save_best, o.checkpoint),
+               "the best checkpoint and the checkpoint of every epoch must be different files, both are ",
+               o.save_best);
   check_writable(o.profile, "profile trace");
   MetricMonitor monitor(o.monitor);
   const bool watching = !o.save_best.empty() || o.monitor.patience > 0;
@@ -158,6 +173,12 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
                  "or the weights another way to start over");
     first_epoch = load_checkpoint(o.resume, strategy.model(), strategy.optimizers(), &first_step, &record) + 1;
     strategy.state_loaded();
+    // A run that watches nothing keeps the metric the resumed run watched, so that a later
+    // resume which watches it again counts on.
+    if (!watching)
+      if (const auto it = record.find("monitor"); it != record.end())
+        for (const auto& m : kMonitorNames)
+          if (it->second == m.name) monitor = MetricMonitor(MonitorOptions{m.value});
     const bool restored = monitor.restore(record, first_epoch - 1, o.resume + ".train");
     out << "resumed from " << o.resume << " after epoch " << first_epoch - 1;
     if (first_step) out << " and " << first_step << " steps of epoch " << first_epoch;
@@ -193,15 +214,21 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
   // or replica count, or another --epochs, is this run's to choose, but said.
   const int64_t was_steps = record_count(record, "steps_per_epoch", o.resume + ".train"),
                 was_total = record_count(record, "total_steps", o.resume + ".train");
-  if (first_step > 0 && was_steps > 0 && was_steps != steps)
+  if (first_step > 0 && was_steps > 0 && was_steps != steps) {
     out << "note: epoch " << first_epoch << " had " << was_steps << " steps in the resumed run and has " << steps
-        << " in this one: it continues at step " << std::min(first_step, steps) + 1 << "\n";
-  if (scheduled && was_total > 0 && was_total != total_steps) {
-    const int64_t t = int64_t(first_epoch - 1) * steps + std::min(first_step, steps);
+        << " in this one: ";
+    if (first_step < steps)
+      out << "it continues at step " << first_step + 1 << "\n";
+    else
+      out << "its " << first_step << " steps done cover it, it is validated\n";
+  }
+  const int64_t next_step = int64_t(first_epoch - 1) * steps + std::min(first_step, steps);  // 0-based
+  if (scheduled && was_total > 0 && was_total != total_steps && next_step < total_steps) {
     char line[200];
     std::snprintf(line, sizeof line, "note: the learning-rate schedule spanned %lld steps in the resumed run and "
                   "spans %lld in this one: from step %lld the rate follows this run's curve (%.6g there)\n",
-                  (long long)was_total, (long long)total_steps, (long long)t + 1, schedule.at(t, steps, total_steps));
+                  (long long)was_total, (long long)total_steps, (long long)next_step + 1,
+                  schedule.at(next_step, steps, total_steps));
     out << line;
   }
   // The record every checkpoint of this run carries: the monitor's and the run's plan.
@@ -298,9 +325,10 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
       for (size_t i = 0; i < live.size(); ++i) peak_live[i] = std::max(peak_live[i], live[i]);
       if (o.on_step) o.on_step(epoch, s + 1);
       // Every process stops at the same step (a pipeline's stages, the replicas' collectives);
-      // several processes agree every 8 steps and at the epoch's end (the agreement is a
-      // collective: on GPUs a wait for the device).
-      const bool decide = strategy.process_count() == 1 || (s + 1) % 8 == 0 || s + 1 == steps;
+      // several processes agree every 8 steps (the agreement is a collective: on GPUs a wait for
+      // the device). An interrupt at the epoch's last step waits for its validation: the epoch's
+      // checkpoint then holds the epoch's metrics (best, early stopping) as an uninterrupted run's.
+      const bool decide = s + 1 < steps && (strategy.process_count() == 1 || (s + 1) % 8 == 0);
       if (decide && strategy.any_process(interrupt_requested())) {
         settle();
         strategy.collect_state();
@@ -310,9 +338,7 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
           UNETCU_CHECK(parameters_finite(strategy.model()), "a parameter is not finite at epoch ", epoch,
                        " step ", s + 1, kept);
           // Steps done into this epoch: a resume continues right after them.
-          const bool epoch_done = s + 1 == steps;
-          save_checkpoint(o.checkpoint, strategy.model(), strategy.optimizers(),
-                          epoch_done ? epoch : epoch - 1, epoch_done ? 0 : s + 1, run_record());
+          save_checkpoint(o.checkpoint, strategy.model(), strategy.optimizers(), epoch - 1, s + 1, run_record());
           saved = "checkpoint written to " + o.checkpoint + " (resuming continues from there)";
         }
         // The other processes wait for process 0's checkpoint before they end (a launcher ends
@@ -381,7 +407,7 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
     out.flush();
     metrics.epoch(st, strategy.learning_rate());
     result.epochs.push_back(st);
-    const MetricMonitor::Verdict verdict = monitor.update(epoch, monitored(o.monitor.metric, st));
+    const MetricMonitor::Verdict verdict = monitor.update(epoch, monitored(monitor.metric(), st));
     const bool save_best = verdict.best && !o.save_best.empty() && lead;
     if ((!o.checkpoint.empty() || save_best) && lead)
       UNETCU_CHECK(parameters_finite(strategy.model()), "a parameter is not finite after epoch ",

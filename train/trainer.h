@@ -92,4 +92,8 @@ std::vector<int64_t> global_batch_indices(const std::vector<int64_t>& permutatio
                                           int batch_size, int64_t step);
 int64_t steps_per_epoch(int64_t train_size, int replicas, int batch_size);
 
+// Whether two paths name the same file, also through ".", "..", another spelling or a symbolic
+// link (neither needs to exist).
+bool same_file(const std::string& a, const std::string& b);
+
 }  // namespace unetcu
