@@ -3,8 +3,9 @@
 // and must end in success or unetcu::Error — never a crash, a sanitizer report or another
 // exception type. Seeds (seed_*) must load: they are valid files of the current model and
 // formats, there to lead the fuzzer into the deep paths. The hand-made train/bad_* files must
-// be refused (each breaks something the .train reader or the record's restore checks). tools/fuzz.sh adds every crashing
-// input it finds; tests/corpus/README.md lists the hand-made ones.
+// be refused (each breaks something the .train reader or the record's restore checks).
+// tools/fuzz.sh adds every crashing input it finds; tests/corpus/README.md lists the hand-made
+// ones.
 #include <algorithm>
 #include <filesystem>
 #include <fstream>

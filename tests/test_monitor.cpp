@@ -129,8 +129,8 @@ TEST_CASE("the monitor's record comes back exactly through a checkpoint, and a d
   CHECK(!c.restore({}, 3, path));
   // A loss is not a ratio: past 1 it is still a record (epoch 1 set the reference, epoch 2 a
   // better value within the smallest improvement).
-  CHECK(c.restore({{"monitor", "val_loss"}, {"best", "1.25"}, {"best_epoch", "2"}, {"reference", "1.5"}, {"stale", "2"}},
-                  3, path));
+  CHECK(c.restore(
+      {{"monitor", "val_loss"}, {"best", "1.25"}, {"best_epoch", "2"}, {"reference", "1.5"}, {"stale", "2"}}, 3, path));
   CHECK(c.best() == 1.25);
 
   // Damaged values: each refused with the file's name and what is wrong.

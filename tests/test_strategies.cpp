@@ -562,9 +562,10 @@ TEST_CASE("a learning-rate schedule reaches every optimizer at every step, in ev
     std::ostringstream longer_log;
     fit(*longer, run.train, run.val, l, longer_log);
     INFO(longer_log.str());
-    CHECK(longer_log.str().find(str_cat("note: the learning-rate schedule spanned ", total, " steps in the resumed run ",
-                                        "and spans ", 3 * steps, " in this one: from step ", total + 1,
-                                        " the rate follows")) != std::string::npos);
+    const std::string note = str_cat("note: the learning-rate schedule spanned ", total, " steps in the resumed ",
+                                     "run and spans ", 3 * steps, " in this one: from step ", total + 1,
+                                     " the rate follows");
+    CHECK(longer_log.str().find(note) != std::string::npos);
     // The rates reach the arithmetic: without the schedule the weights differ.
     auto plain = run.make(mode);
     fit(*plain, run.train, run.val, run.options("strategy_lr.safetensors"), log);
