@@ -562,9 +562,8 @@ TEST_CASE("a learning-rate schedule reaches every optimizer at every step, in ev
     std::ostringstream longer_log;
     fit(*longer, run.train, run.val, l, longer_log);
     INFO(longer_log.str());
-    const std::string note = str_cat("note: the learning-rate schedule spanned ", total, " steps in the resumed ",
-                                     "run and spans ", 3 * steps, " in this one: from step ", total + 1,
-                                     " the rate follows");
+    const std::string note = str_cat("note: the resumed run was ", total, " steps long and this one is ", 3 * steps,
+                                     ": from step ", total + 1, " the learning rate follows this run's schedule");
     CHECK(longer_log.str().find(note) != std::string::npos);
     // The rates reach the arithmetic: without the schedule the weights differ.
     auto plain = run.make(mode);

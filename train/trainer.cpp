@@ -225,8 +225,8 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
   const int64_t next_step = int64_t(first_epoch - 1) * steps + std::min(first_step, steps);  // 0-based
   if (scheduled && was_total > 0 && was_total != total_steps && next_step < total_steps) {
     char line[200];
-    std::snprintf(line, sizeof line, "note: the learning-rate schedule spanned %lld steps in the resumed run and "
-                  "spans %lld in this one: from step %lld the rate follows this run's curve (%.6g there)\n",
+    std::snprintf(line, sizeof line, "note: the resumed run was %lld steps long and this one is %lld: from step %lld "
+                  "the learning rate follows this run's schedule (%.6g there)\n",
                   (long long)was_total, (long long)total_steps, (long long)next_step + 1,
                   schedule.at(next_step, steps, total_steps));
     out << line;
