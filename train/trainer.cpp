@@ -211,7 +211,7 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
   const int64_t total_steps = steps * o.epochs;
   if (scheduled) schedule.check(total_steps);
   // What the resumed run planned: its epochs' steps and its length. Another batch size, data set
-  // or replica count, or another --epochs, is this run's to choose, but said.
+  // or replica count, or another number of epochs, is this run's to choose, but said.
   const int64_t was_steps = record_count(record, "steps_per_epoch", o.resume + ".train"),
                 was_total = record_count(record, "total_steps", o.resume + ".train");
   if (first_step > 0 && was_steps > 0 && was_steps != steps) {
