@@ -69,6 +69,11 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
   app.add_option("--momentum", cfg.momentum, "SGD momentum")->capture_default_str();
   app.add_option("--weight-decay", cfg.weight_decay, "L2 weight decay (Adam and SGD)")
       ->capture_default_str();
+  app.add_option("--clip-grad-norm", cfg.clip_grad_norm,
+                 "Before every optimizer step, scale the gradients down so that their total 2-norm (over the whole "
+                 "model: every stage of a pipeline; data parallel: the averaged gradients) is at most X, as "
+                 "torch.nn.utils.clip_grad_norm_; 0 never")
+      ->capture_default_str();
   app.add_option("--width-divisor", cfg.width_divisor,
                  "Divide every channel count by this (1 = the real model)")
       ->capture_default_str();
@@ -319,6 +324,8 @@ void validate(const TrainConfig& c) {
   UNETCU_CHECK(c.width_divisor >= 1 && c.width_divisor <= 64, "--width-divisor must be in 1..64, got ",
                c.width_divisor);
   UNETCU_CHECK(c.weight_decay >= 0 && std::isfinite(c.weight_decay), "--weight-decay must be >= 0");
+  UNETCU_CHECK(c.clip_grad_norm >= 0 && std::isfinite(c.clip_grad_norm),
+               "--clip-grad-norm must be a finite number >= 0 (0: no clipping), got ", c.clip_grad_norm);
   UNETCU_CHECK(c.momentum >= 0 && c.momentum < 1, "--momentum must be in [0, 1)");
   UNETCU_CHECK(c.threads >= 0 && c.threads <= kMaxThreads, "--threads must be in 0..", kMaxThreads,
                ", got ", c.threads);
@@ -514,7 +521,7 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
   sc.model.format = format;
   sc.cuda_graphs = cfg.cuda_graphs;
   sc.model.seed = cfg.seed;
-  sc.optimizer = {cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay};
+  sc.optimizer = {cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay, cfg.clip_grad_norm};
   sc.loss = cfg.loss;
   sc.threads = cfg.threads;
   sc.allreduce = cfg.allreduce;
@@ -551,7 +558,9 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
   if (group && strategy->shard_count() > 1) out << ", each replica's processes reading only its shard";
   const LrSchedule schedule = lr_schedule_of(cfg);
   out << ", loss " << loss_kind_name(cfg.loss) << ", " << name_of(kOptimizerNames, cfg.optimizer)
-      << " lr " << cfg.lr << (schedule.varies() ? ", " + schedule.describe() : "") << "\n";
+      << " lr " << cfg.lr << (schedule.varies() ? ", " + schedule.describe() : "");
+  if (cfg.clip_grad_norm > 0) out << ", gradients clipped to norm " << cfg.clip_grad_norm;
+  out << "\n";
   out.flush();
 
   FitOptions fo;

@@ -23,6 +23,60 @@ static void check_grad(const Tensor& p, const Tensor& g) {
                shape_str(p.shape()));
 }
 
+void Optimizer::set_max_grad_norm(double max_norm) {
+  UNETCU_CHECK(max_norm >= 0 && std::isfinite(max_norm), "the largest gradient norm must be finite and >= 0, got ",
+               max_norm);
+  max_grad_norm_ = max_norm;
+}
+
+std::vector<Tensor> Optimizer::grads() const {
+  std::vector<Tensor> gs;
+  for (const Tensor& p : params_) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    check_grad(p, g);
+    UNETCU_CHECK(p.device() == params_[0].device() && p.dtype() == params_[0].dtype(),
+                 "gradient clipping: an optimizer's parameters must share one device and dtype");
+    gs.push_back(g);
+  }
+  return gs;
+}
+
+Tensor Optimizer::grad_square_sum() const {
+  UNETCU_CHECK(!params_.empty(), "gradient clipping: the optimizer has no parameters");
+  const std::vector<Tensor> gs = grads();
+  double n = 0;
+  for (const Tensor& g : gs) n += double(g.numel());
+  ProfileRange range("grad_norm", "op", 2 * n, n * double(dtype_size(params_[0].dtype())));
+  Tensor sum = Tensor::empty({1}, DType::F64, params_[0].device());
+  UNETCU_LAUNCH(sum.device(), square_sum_many, std::vector<TensorRef>(gs.begin(), gs.end()), sum);
+  return sum;
+}
+
+void Optimizer::step_clipped_by(const Tensor& square_sum) {
+  UNETCU_CHECK(max_grad_norm_ > 0, "step_clipped_by needs a largest gradient norm");
+  if (!params_.empty()) {
+    UNETCU_CHECK(square_sum.numel() == 1 && square_sum.dtype() == DType::F64 &&
+                     square_sum.device() == params_[0].device(),
+                 "gradient clipping: the square sum must be one float64 on the parameters' device");
+    const std::vector<Tensor> gs = grads();
+    double n = 0;
+    for (const Tensor& g : gs) n += double(g.numel());
+    const double bytes = 2 * n * double(dtype_size(params_[0].dtype()));
+    ProfileRange range("clip_grad_norm", "op", n, bytes);
+    UNETCU_LAUNCH(square_sum.device(), clip_scale_many, std::vector<TensorRef>(gs.begin(), gs.end()),
+                  square_sum, max_grad_norm_);
+  }
+  update();
+}
+
+void Optimizer::step() {
+  if (max_grad_norm_ > 0 && !params_.empty())
+    step_clipped_by(grad_square_sum());
+  else
+    update();
+}
+
 Adam::Adam(std::vector<Tensor> params, const AdamOptions& opt)
     : Optimizer(std::move(params)), opt_(opt) {
   UNETCU_CHECK(opt.lr >= 0 && opt.eps >= 0 && opt.beta1 >= 0 && opt.beta1 < 1 &&
@@ -40,7 +94,7 @@ Optimizer::ParamState Adam::param_state(size_t i) {
   return {{{"m", m_.at(i)}, {"v", v_.at(i)}}, {{"step", &steps_.at(i)}}};
 }
 
-void Adam::step() {
+void Adam::update() {
   double n = 0, bytes = 0;
   for (const Tensor& p : params_) n += double(p.numel()), bytes += 7.0 * double(p.nbytes());
   ProfileRange range("adam", "op", 12 * n, bytes);
@@ -82,7 +136,7 @@ Optimizer::ParamState SGD::param_state(size_t i) {
   return s;
 }
 
-void SGD::step() {
+void SGD::update() {
   double n = 0, bytes = 0;
   for (const Tensor& p : params_) n += double(p.numel()), bytes += 5.0 * double(p.nbytes());
   ProfileRange range("sgd", "op", 5 * n, bytes);
@@ -99,17 +153,21 @@ void SGD::step() {
 
 OptimizerFactory optimizer_factory(const OptimizerConfig& c) {
   return [c](std::vector<Tensor> params) -> std::unique_ptr<Optimizer> {
+    std::unique_ptr<Optimizer> opt;
     if (c.kind == OptimizerKind::Adam) {
       AdamOptions o;
       o.lr = c.lr;
       o.weight_decay = c.weight_decay;
-      return std::make_unique<Adam>(std::move(params), o);
+      opt = std::make_unique<Adam>(std::move(params), o);
+    } else {
+      SgdOptions o;
+      o.lr = c.lr;
+      o.momentum = c.momentum;
+      o.weight_decay = c.weight_decay;
+      opt = std::make_unique<SGD>(std::move(params), o);
     }
-    SgdOptions o;
-    o.lr = c.lr;
-    o.momentum = c.momentum;
-    o.weight_decay = c.weight_decay;
-    return std::make_unique<SGD>(std::move(params), o);
+    opt->set_max_grad_norm(c.max_grad_norm);
+    return opt;
   };
 }
 

@@ -16,7 +16,20 @@ class Optimizer {
  public:
   explicit Optimizer(std::vector<Tensor> params);
   virtual ~Optimizer() = default;
-  virtual void step() = 0;
+  // One update of every parameter that has a gradient, its gradients clipped first when
+  // max_grad_norm() > 0 (by the norm of this optimizer's own gradients).
+  void step();
+  // Gradient clipping, torch.nn.utils.clip_grad_norm_(params, max_norm) called before every
+  // step: the gradients are multiplied by min(1, max_norm / (‖g‖ + 1e-6)), ‖g‖ the 2-norm of
+  // all of them together. 0: none.
+  void set_max_grad_norm(double max_norm);
+  double max_grad_norm() const { return max_grad_norm_; }
+  // A model split over several optimizers (pipeline stages, in one process or several) clips
+  // by the norm of all its gradients: each optimizer's grad_square_sum() (Σ g² of its own
+  // gradients, float64 [1] on its parameters' device), added up, goes to step_clipped_by() of
+  // every one of them in place of step().
+  Tensor grad_square_sum() const;
+  void step_clipped_by(const Tensor& square_sum);
   void zero_grad();
   double lr() const { return lr_; }
   // "adam" / "sgd": checkpoints name the state with it, so another optimizer's state is
@@ -34,8 +47,13 @@ class Optimizer {
   const std::vector<Tensor>& params() const { return params_; }
 
  protected:
+  virtual void update() = 0;  // the step without clipping
   std::vector<Tensor> params_;
   double lr_ = 1e-3;
+
+ private:
+  std::vector<Tensor> grads() const;  // the gradients that are defined, checked against their parameters
+  double max_grad_norm_ = 0;
 };
 
 struct AdamOptions {
@@ -46,9 +64,11 @@ struct AdamOptions {
 class Adam : public Optimizer {
  public:
   Adam(std::vector<Tensor> params, const AdamOptions& opt = {});
-  void step() override;
   const char* kind() const override { return "adam"; }
   ParamState param_state(size_t i) override;
+
+ protected:
+  void update() override;
 
  private:
   AdamOptions opt_;
@@ -65,9 +85,11 @@ struct SgdOptions {
 class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> params, const SgdOptions& opt = {});
-  void step() override;
   const char* kind() const override { return "sgd"; }
   ParamState param_state(size_t i) override;
+
+ protected:
+  void update() override;
 
  private:
   SgdOptions opt_;
@@ -85,6 +107,7 @@ struct OptimizerConfig {
   double lr = 1e-3;
   double momentum = 0.9;     // SGD only
   double weight_decay = 0;
+  double max_grad_norm = 0;  // gradient clipping by the total norm (Optimizer::set_max_grad_norm); 0 none
 };
 using OptimizerFactory = std::function<std::unique_ptr<Optimizer>(std::vector<Tensor>)>;
 OptimizerFactory optimizer_factory(const OptimizerConfig& config);

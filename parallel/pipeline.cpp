@@ -405,12 +405,29 @@ void Pipeline::run_stages(Run& run) {
   }
 }
 
-// All backwards are queued: every stage steps its own parameters on its stream.
+// All backwards are queued: every stage steps its own parameters on its stream. Gradient
+// clipping takes the norm of the whole model's gradients: each stage's square sum is read on
+// the host (on a GPU a wait for that stage's backward), the parts are added in stage order and
+// every stage clips by the total, as a process per stage does (ProcessPipeline::step).
 void Pipeline::step_optimizers() {
+  const bool clip = optimizers_[0]->max_grad_norm() > 0 && stages() > 1;
+  std::vector<double> part(size_t(stages()), 0.0);
+  if (clip) {
+    pool_->run([&](int s) {
+      std::unique_ptr<cuda::StreamScope> on_stream;
+      if (streams_[s]) on_stream = std::make_unique<cuda::StreamScope>(*streams_[s]);
+      part[size_t(s)] = optimizers_[s]->grad_square_sum().item();
+    });
+  }
+  double total = 0;
+  for (double v : part) total += v;
   pool_->run([&](int s) {
     std::unique_ptr<cuda::StreamScope> on_stream;
     if (streams_[s]) on_stream = std::make_unique<cuda::StreamScope>(*streams_[s]);
-    optimizers_[s]->step();
+    if (clip)
+      optimizers_[s]->step_clipped_by(Tensor::full({1}, total, DType::F64, options_.devices[s]));
+    else
+      optimizers_[s]->step();
   });
 }
 

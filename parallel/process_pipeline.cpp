@@ -343,7 +343,19 @@ double ProcessPipeline::step(const std::vector<Batch>& micro_batches, LossKind l
       at += p.numel();
     }
   }
-  opt.step();
+  if (opt.max_grad_norm() > 0 && stages() > 1) {
+    // Clipped by the norm of the whole model's gradients: every stage's square sum in its own
+    // slot (the others 0, so the sum is exact in any order), added in stage order here: the
+    // total of an in-process pipeline, the same bits on every stage and replica.
+    std::vector<double> part(size_t(stages()), 0.0);
+    part[size_t(stage_)] = opt.grad_square_sum().item();
+    pipe_->all_reduce_sum(part.data(), int64_t(part.size()), DType::F64);
+    double total = 0;
+    for (double v : part) total += v;
+    opt.step_clipped_by(Tensor::full({1}, total, DType::F64, options_.device));
+  } else {
+    opt.step();
+  }
   // The loss is the last stage's; every process of this replica gets it, then the replicas' mean.
   double loss = stage_ == stages() - 1 ? run.loss() : 0.0;
   pipe_->broadcast(&loss, sizeof loss, stages() - 1);

@@ -184,3 +184,124 @@ TEST_CASE("Adam over many parameters in one pass gives the bits of one pass per 
     CHECK(pa[2].at(5) != std::sin(0.37 * double(5 + 22)));
   }
 }
+
+namespace {
+// Tensors of sizes across the square sum's chunk edges, values of mixed sign and magnitude.
+std::vector<Tensor> clip_tensors(DType dt, double magnitude) {
+  const std::vector<int64_t> sizes = {1, 4095, 4096, 4097, 10000, 3};
+  std::vector<Tensor> out;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    std::vector<double> v(size_t(sizes[k]));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = magnitude * std::sin(0.37 * double(i) + 1.3 * double(k));
+    out.push_back(Tensor::from_vector({sizes[k]}, v, dt));
+  }
+  return out;
+}
+
+double square_sum_by_hand(const std::vector<Tensor>& xs) {  // long double, element by element
+  long double s = 0;
+  for (const Tensor& x : xs)
+    for (double v : x.to_vector()) s += (long double)v * v;
+  return double(s);
+}
+}  // namespace
+
+TEST_CASE("gradient clipping: the square sum of many tensors, the same bits for any thread count") {
+  for (DType dt : {DType::F32, DType::F64}) {
+    CAPTURE(dtype_name(dt));
+    const std::vector<Tensor> xs = clip_tensors(dt, 0.5);
+    const std::vector<TensorRef> refs(xs.begin(), xs.end());
+    Tensor a = Tensor::empty({1}, DType::F64), b = Tensor::empty({1}, DType::F64);
+    const int threads = cpu_threads();
+    set_cpu_threads(1);
+    kernels::cpu::square_sum_many(refs, a);
+    set_cpu_threads(3);
+    kernels::cpu::square_sum_many(refs, b);
+    set_cpu_threads(threads);
+    // Float64 sums of about 2·10⁴ terms of one sign: relative error below 2·10⁴ · 2⁻⁵³ ≈ 2e-12
+    // (the float32 values are exact in float64, so both dtypes are held to it).
+    CHECK(a.item() == doctest::Approx(square_sum_by_hand(xs)).epsilon(1e-12));
+    CHECK(std::memcmp(a.raw(), b.raw(), sizeof(double)) == 0);
+  }
+  Tensor none = Tensor::full({1}, 7.0, DType::F64);
+  kernels::cpu::square_sum_many({}, none);
+  CHECK(none.item() == 0);  // written, not accumulated
+}
+
+TEST_CASE("gradient clipping: scaled by max_norm / (norm + 1e-6) when the norm is larger, untouched when not") {
+  for (DType dt : {DType::F32, DType::F64}) {
+    CAPTURE(dtype_name(dt));
+    const std::vector<Tensor> xs = clip_tensors(dt, 0.5);
+    const double sq = square_sum_by_hand(xs), norm = std::sqrt(sq);
+    REQUIRE(norm > 10);
+    // Below the norm: every element times max_norm / (norm + 1e-6), as clip_grad_norm_.
+    std::vector<Tensor> clipped;
+    for (const Tensor& x : xs) clipped.push_back(x.clone());
+    const Tensor sum = Tensor::full({1}, sq, DType::F64);
+    kernels::cpu::clip_scale_many(std::vector<TensorRef>(clipped.begin(), clipped.end()), sum, 2.0);
+    const double coef = 2.0 / (norm + 1e-6);
+    const double tol = dt == DType::F64 ? 1e-15 : 1e-7;  // one rounding of the product
+    for (size_t k = 0; k < xs.size(); ++k) {
+      const std::vector<double> before = xs[k].to_vector(), after = clipped[k].to_vector();
+      for (size_t i = 0; i < before.size(); ++i)
+        REQUIRE(after[i] == doctest::Approx(before[i] * coef).epsilon(tol).scale(1e-30));
+    }
+    CHECK(square_sum_by_hand(clipped) == doctest::Approx(4.0).epsilon(1e-6));
+    // At or above the norm: the same bits (PyTorch multiplies by exactly 1).
+    for (double max_norm : {norm + 1.0, 1e9}) {
+      std::vector<Tensor> kept;
+      for (const Tensor& x : xs) kept.push_back(x.clone());
+      kernels::cpu::clip_scale_many(std::vector<TensorRef>(kept.begin(), kept.end()), sum, max_norm);
+      for (size_t k = 0; k < xs.size(); ++k) CHECK(std::memcmp(kept[k].raw(), xs[k].raw(), xs[k].nbytes()) == 0);
+    }
+    // A non-finite norm passes through (torch.clamp keeps NaN): the gradients become NaN.
+    std::vector<Tensor> bad{xs[0].clone()};
+    kernels::cpu::clip_scale_many({bad[0]}, Tensor::full({1}, std::nan(""), DType::F64), 1.0);
+    CHECK(std::isnan(bad[0].at(0)));
+  }
+}
+
+TEST_CASE("gradient clipping in the optimizer: clip_grad_norm_ then SGD, by hand, also split over two optimizers") {
+  const std::vector<double> g1 = {3.0, -4.0}, g2 = {12.0};  // total norm 13
+  for (double max_norm : {0.0, 6.5, 13.5}) {
+    CAPTURE(max_norm);
+    const double coef = max_norm == 0 ? 1.0 : std::min(1.0, max_norm / (13.0 + 1e-6));
+    // One optimizer over both parameters.
+    Tensor p = Tensor::from_vector({2}, {1.0, 1.0}, DType::F64).set_requires_grad(true);
+    Tensor q = Tensor::from_vector({1}, {-1.0}, DType::F64).set_requires_grad(true);
+    SgdOptions o;
+    o.lr = 0.1;
+    o.momentum = 0;
+    SGD sgd({p, q}, o);
+    sgd.set_max_grad_norm(max_norm);
+    set_grad(p, g1);
+    set_grad(q, g2);
+    sgd.step();
+    CHECK(p.at(0) == doctest::Approx(1.0 - 0.1 * coef * 3.0).epsilon(1e-15));
+    CHECK(p.at(1) == doctest::Approx(1.0 + 0.1 * coef * 4.0).epsilon(1e-15));
+    CHECK(q.at(0) == doctest::Approx(-1.0 - 0.1 * coef * 12.0).epsilon(1e-15));
+    if (max_norm == 0) continue;
+    // Two optimizers (two pipeline stages): each alone would clip by its own norm (5 and 12);
+    // given the sum of both square sums they clip by the model's, 13.
+    Tensor p2 = Tensor::from_vector({2}, {1.0, 1.0}, DType::F64).set_requires_grad(true);
+    Tensor q2 = Tensor::from_vector({1}, {-1.0}, DType::F64).set_requires_grad(true);
+    SGD a({p2}, o), b({q2}, o);
+    a.set_max_grad_norm(max_norm);
+    b.set_max_grad_norm(max_norm);
+    set_grad(p2, g1);
+    set_grad(q2, g2);
+    const double sa = a.grad_square_sum().item(), sb = b.grad_square_sum().item();
+    CHECK(sa == 25.0);
+    CHECK(sb == 144.0);
+    const Tensor total = Tensor::full({1}, sa + sb, DType::F64);
+    a.step_clipped_by(total);
+    b.step_clipped_by(total);
+    CHECK(std::memcmp(p2.raw(), p.raw(), p.nbytes()) == 0);
+    CHECK(std::memcmp(q2.raw(), q.raw(), q.nbytes()) == 0);
+  }
+  Tensor r = Tensor::from_vector({1}, {1.0}, DType::F64).set_requires_grad(true);
+  SGD s({r}, SgdOptions{});
+  CHECK_THROWS_WITH(s.set_max_grad_norm(-1), doctest::Contains("largest gradient norm"));
+  CHECK_THROWS_WITH(s.set_max_grad_norm(INFINITY), doctest::Contains("largest gradient norm"));
+  CHECK_THROWS_WITH(s.step_clipped_by(Tensor::full({1}, 1.0, DType::F64)), doctest::Contains("needs a largest"));
+}

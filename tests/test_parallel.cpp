@@ -263,6 +263,41 @@ TEST_CASE("contract 4: DP on N CPU devices equals one device accumulating over t
   }
 }
 
+TEST_CASE("gradient clipping in DP: each replica clips the averaged gradients, as one device clips the whole batch's") {
+  const double max_norm = 0.05;
+  auto clipped_sgd = [max_norm](std::vector<Tensor> p) {
+    auto opt = make_sgd(std::move(p));
+    opt->set_max_grad_norm(max_norm);
+    return opt;
+  };
+  const int N = 2, b = 2;
+  SyntheticSegmentation data(kImage, 9);
+  DataParallelOptions o;
+  for (int r = 0; r < N; ++r) o.devices.push_back(Device::cpu(r));
+  DataParallel dp(small_model(), o, clipped_sgd);
+  UNet single(small_model());
+  auto opt = clipped_sgd(single.parameters());
+  for (int step = 0; step < 2; ++step) {
+    const auto shards = shards_for(data, step, N, b);
+    dp.step(shards, LossKind::BCEDice);
+    opt->zero_grad();
+    for (int r = 0; r < N; ++r) {
+      Tape tape;
+      Tensor loss;
+      {
+        TapeScope s(tape);
+        loss = scale(segmentation_loss(LossKind::BCEDice, single.forward(shards[r].images), shards[r].masks),
+                     1.0 / N);
+      }
+      tape.backward(loss);
+    }
+    CHECK(std::sqrt(opt->grad_square_sum().item()) > 10 * max_norm);  // the clip is in force
+    opt->step();
+    CHECK(max_rel_param_diff(dp.replica(0), single) < kParamTol);
+    CHECK(replicas_identical(dp));
+  }
+}
+
 namespace {
 std::vector<Tensor> buffers_of(const Module& m) {
   std::vector<Tensor> out;

@@ -123,6 +123,54 @@ TEST_CASE("contract 5: MP with 2 and 3 stages equals one device accumulating ove
     }
 }
 
+TEST_CASE("gradient clipping in MP: every stage clips by the whole model's norm, as one device does") {
+  // SGD (linear in the gradient): the gradients' ~1e-12 agreement (contract 5) carries to the
+  // parameters. A stage clipping by its own norm would differ by the ratio of the norms.
+  SyntheticSegmentation data(64, 5);
+  auto sgd = [](double max_norm) {
+    return [max_norm](std::vector<Tensor> p) -> std::unique_ptr<Optimizer> {
+      SgdOptions o;
+      o.lr = 0.1;
+      o.momentum = 0.9;
+      auto opt = std::make_unique<SGD>(std::move(p), o);
+      opt->set_max_grad_norm(max_norm);
+      return opt;
+    };
+  };
+  for (const char* cuts : {"layer3", "layer1,decoder.blocks.2"}) {
+    CAPTURE(cuts);
+    PipelineOptions o;
+    o.cuts = cli::parse_cuts(cuts);
+    for (size_t s = 0; s <= o.cuts.size(); ++s) o.devices.push_back(Device::cpu(int(s)));
+    o.split_size = 2;
+    const double max_norm = 0.05;
+    Pipeline pipe(pipe_model(), o, sgd(max_norm));
+    UNet single(pipe_model());
+    auto opt = sgd(max_norm)(single.parameters());
+    for (int step = 0; step < 2; ++step) {
+      std::vector<int64_t> idx;
+      for (int i = 0; i < 4; ++i) idx.push_back(step * 100 + i);
+      const Batch b = data.batch(idx, DType::F64);
+      pipe.step(b, LossKind::BCEDice);
+      opt->zero_grad();
+      for (int64_t lo = 0; lo < 4; lo += 2) {
+        const Batch part = rows(b, lo, lo + 2);
+        Tape tape;
+        Tensor l;
+        {
+          TapeScope s(tape);
+          l = scale(segmentation_loss(LossKind::BCEDice, single.forward(part.images), part.masks), 0.5);
+        }
+        tape.backward(l);
+      }
+      // The clip is in force: the gradients' norm is far above the largest allowed.
+      CHECK(std::sqrt(opt->grad_square_sum().item()) > 10 * max_norm);
+      opt->step();
+      CHECK(max_rel_diff(pipe.model(), single) < 1e-10);
+    }
+  }
+}
+
 TEST_CASE("a skip made on stage 0 and used on stage 2 goes straight there") {
   PipelineOptions o;
   o.devices = {Device::cpu(0), Device::cpu(1), Device::cpu(2)};

@@ -46,4 +46,17 @@ template <class T> HD void sgd_update(T* p, T g, T* buf, const SgdStep& s) {
   *p -= T(s.lr) * g;
 }
 
+// torch.nn.utils.clip_grad_norm_'s factor for gradients whose squares sum to square_sum:
+// min(1, max_norm / (‖g‖ + 1e-6)), ‖g‖ = sqrt(square_sum). A non-finite norm gives NaN or 0, as
+// torch.clamp passes NaN through: the step then writes non-finite parameters, and the loss of
+// the next step says so, rather than the step going on with gradients it cannot measure.
+HD double clip_coefficient(double square_sum, double max_norm) {
+  const double c = max_norm / (sqrt(square_sum) + 1e-6);
+  return c >= 1 ? 1.0 : c;  // NaN compares false: it stays NaN
+}
+
+// The elements of each chunk a square sum adds serially before the chunks are added in order
+// (square_sum_many): the result does not depend on the thread count on the CPU.
+constexpr int64_t kSquareSumChunk = 4096;
+
 }  // namespace unetcu::kernels

@@ -45,7 +45,104 @@ __global__ void adam_many_kernel(const __grid_constant__ AdamBatch b) {
     adam_update(b.p[t] + i, b.g[t][i], b.m[t] + i, b.v[t] + i, b.c[t]);
 }
 
+// Up to kAdamBatch tensors of a gradient-clipping pass in one launch: block b works on chunk
+// b - start[t] (kSquareSumChunk elements) of the tensor t whose range of blocks holds b.
+struct ClipBatch {
+  int count;
+  int64_t start[kAdamBatch + 1];
+  float* x[kAdamBatch];
+  int64_t n[kAdamBatch];
+};
+
+// The tensor and element range of this block.
+__device__ inline void clip_chunk(const ClipBatch& b, int* t, int64_t* first, int64_t* end) {
+  const int64_t block = blockIdx.x;
+  int lo = 0, hi = b.count;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (b.start[mid] <= block) lo = mid; else hi = mid;
+  }
+  *t = lo;
+  *first = (block - b.start[lo]) * kSquareSumChunk;
+  *end = min(*first + kSquareSumChunk, b.n[lo]);
+}
+
+// partials[offset + block] = the chunk's sum of squares.
+__global__ void square_sum_kernel(const __grid_constant__ ClipBatch b, double* partials, int64_t offset) {
+  int t;
+  int64_t first, end;
+  clip_chunk(b, &t, &first, &end);
+  double acc = 0;
+  for (int64_t i = first + threadIdx.x; i < end; i += blockDim.x) {
+    const double v = b.x[t][i];
+    acc += v * v;
+  }
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) partials[offset + blockIdx.x] = acc;
+}
+
+// One block: out[0] = the partials' sum, in a fixed order.
+__global__ void sum_square_partials_kernel(const double* partials, int64_t count, double* out) {
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) acc += partials[i];
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) out[0] = acc;
+}
+
+__global__ void clip_scale_kernel(const __grid_constant__ ClipBatch b, const double* square_sum,
+                                  double max_norm) {
+  const double c = clip_coefficient(square_sum[0], max_norm);
+  if (c == 1) return;  // x * 1 is x
+  const float cf = float(c);
+  int t;
+  int64_t first, end;
+  clip_chunk(b, &t, &first, &end);
+  for (int64_t i = first + threadIdx.x; i < end; i += blockDim.x) b.x[t][i] *= cf;
+}
+
+// The tensors in launches of at most kAdamBatch, f(batch, blocks) for each.
+template <class F> void for_clip_batches(const std::vector<TensorRef>& xs, F&& f) {
+  for (size_t at = 0; at < xs.size(); at += kAdamBatch) {
+    ClipBatch b;
+    b.count = int(std::min<size_t>(kAdamBatch, xs.size() - at));
+    int64_t blocks = 0;
+    for (int k = 0; k < b.count; ++k) {
+      const TensorRef& x = xs[at + size_t(k)];
+      b.start[k] = blocks;
+      b.x[k] = fdata(x);
+      b.n[k] = x.numel();
+      blocks += std::max<int64_t>(1, (b.n[k] + kSquareSumChunk - 1) / kSquareSumChunk);
+    }
+    b.start[b.count] = blocks;
+    f(b, blocks);
+  }
+}
+
 }  // namespace
+
+void square_sum_many(const std::vector<TensorRef>& xs, const TensorRef& out) {
+  Launch l(out);
+  int64_t total = 0;
+  for_clip_batches(xs, [&](const ClipBatch&, int64_t blocks) { total += blocks; });
+  unetcu::cuda::DeviceBuffer partials(out.device().index, size_t(std::max<int64_t>(total, 1)) * sizeof(double));
+  double* pp = static_cast<double*>(partials.get());
+  int64_t offset = 0;
+  for_clip_batches(xs, [&](const ClipBatch& b, int64_t blocks) {
+    square_sum_kernel<<<unsigned(blocks), kThreads, 0, l.stream>>>(b, pp, offset);
+    CUDA_CHECK_LAUNCH(l.stream, "square_sum_many");
+    offset += blocks;
+  });
+  sum_square_partials_kernel<<<1, kThreads, 0, l.stream>>>(pp, total, out.data<double>());
+  CUDA_CHECK_LAUNCH(l.stream, "square_sum_many (sum)");
+}
+
+void clip_scale_many(const std::vector<TensorRef>& xs, const TensorRef& square_sum, double max_norm) {
+  Launch l(square_sum);
+  for_clip_batches(xs, [&](const ClipBatch& b, int64_t blocks) {
+    clip_scale_kernel<<<unsigned(blocks), kThreads, 0, l.stream>>>(b, square_sum.data<double>(), max_norm);
+    CUDA_CHECK_LAUNCH(l.stream, "clip_scale_many");
+  });
+}
 
 void adam_update_many(const std::vector<AdamTensor>& tensors) {
   if (tensors.empty()) return;

@@ -30,6 +30,7 @@
 #include "engine/optim.h"
 #include "engine/random.h"
 #include "engine/tape.h"
+#include "kernels/launchers.h"
 #include "models/unet.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline.h"
@@ -348,6 +349,56 @@ TEST_CASE("CUDA Adam and SGD steps equal the CPU steps") {
   }
 }
 
+TEST_CASE("CUDA gradient clipping equals the CPU's: the square sum over many tensors, the scaling, a clipped step") {
+  Setup setup;
+  FRESH_RNG(rng);
+  // 300 tensors: two launches of at most 256; sizes across the 4096-element chunks.
+  std::vector<Tensor> c64, g32;
+  for (int k = 0; k < 300; ++k) {
+    const int64_t n = k % 5 == 0 ? 4095 + k % 3 : 1 + (k * 37) % 900;
+    c64.push_back(random64({n}, rng));
+    g32.push_back(gpu(c64.back()));
+  }
+  const std::vector<TensorRef> rc(c64.begin(), c64.end()), rg(g32.begin(), g32.end());
+  Tensor sc = Tensor::empty({1}, DType::F64), sg = Tensor::empty({1}, DType::F64, kGpu);
+  kernels::cpu::square_sum_many(rc, sc);
+  kernels::cuda::square_sum_many(rg, sg);
+  // Both sum the same float32 values in float64, in other orders: ~1e-16 relative per term.
+  CHECK(std::fabs(sg.item() - sc.item()) <= 1e-12 * sc.item());
+  Tensor again = Tensor::empty({1}, DType::F64, kGpu);
+  kernels::cuda::square_sum_many(rg, again);
+  CHECK(again.item() == sg.item());  // a fixed order: the same bits every time
+  const double norm = std::sqrt(sc.item());
+  // Scaled to norm 1 on both; untouched above the norm.
+  kernels::cpu::clip_scale_many(rc, sc, 1.0);
+  kernels::cuda::clip_scale_many(rg, sg, 1.0);
+  for (size_t k = 0; k < c64.size(); ++k) REQUIRE(rel(g32[k], c64[k]) < 1e-6);
+  const std::vector<double> before = g32[7].to_vector();
+  kernels::cuda::clip_scale_many(rg, sg, 2 * norm);
+  CHECK(g32[7].to_vector() == before);
+  // A clipped SGD step.
+  Tensor p64 = random64({5000}, rng), g = random64({5000}, rng, -10, 10);
+  Tensor pc = p64.clone().set_requires_grad(true), pg = gpu(p64).set_requires_grad(true);
+  auto oc = make_sgd({pc}), og = make_sgd({pg});
+  oc->set_max_grad_norm(0.5);
+  og->set_max_grad_norm(0.5);
+  for (auto [p, opt, grad] : {std::tuple{&pc, oc.get(), g.clone()}, std::tuple{&pg, og.get(), gpu(g)}}) {
+    Tape t;
+    Tensor y;
+    {
+      TapeScope s(t);
+      y = scale(*p, 1.0);
+    }
+    t.backward({y}, {grad});
+    opt->step();
+  }
+  CHECK(rel(pg, pc) < 1e-6);
+  double moved = 0;  // no element moves more than lr × max_norm
+  for (int64_t i = 0; i < pc.numel(); ++i) moved = std::max(moved, std::fabs(pc.at(i) - p64.at(i)));
+  CHECK(moved <= 0.1 * 0.5 * (1 + 1e-12));
+  CHECK(moved > 0.1 * 0.5 * 0.01);
+}
+
 namespace {
 
 // How far one training step (BCE+Dice, Adam) of the reduced-width UNet on the GPU (float32)
@@ -570,9 +621,17 @@ TEST_CASE("two pipeline stages on one GPU (two streams) equal the single-GPU ste
     o.cuts = cli::parse_cuts("layer3");
     o.split_size = 2;
     o.schedule = sched;
-    Pipeline pipe(c, o, make_sgd);
+    // GPipe with gradient clipping: both stages clip by the whole model's norm, read from the
+    // stages' streams on the host.
+    const double max_norm = sched == Schedule::GPipe ? 0.05 : 0.0;
+    auto make = [max_norm](std::vector<Tensor> p) {
+      auto opt = make_sgd(std::move(p));
+      opt->set_max_grad_norm(max_norm);
+      return opt;
+    };
+    Pipeline pipe(c, o, make);
     UNet single(c);
-    auto opt = make_sgd(single.parameters());
+    auto opt = make(single.parameters());
     for (int step = 0; step < 2; ++step) {
       Batch b{random64({5, 3, 64, 64}, rng, -2, 2).to(DType::F32), Tensor::empty({5, 1, 64, 64})};
       for (int64_t i = 0; i < b.masks.numel(); ++i) b.masks.set(i, rng.uniform() < 0.4);
@@ -594,6 +653,7 @@ TEST_CASE("two pipeline stages on one GPU (two streams) equal the single-GPU ste
         loss += l.item();
         tape.backward(l);
       }
+      if (max_norm > 0) CHECK(std::sqrt(opt->grad_square_sum().item()) > 10 * max_norm);  // in force
       opt->step();
       // Same kernels and, with one plan per shape and deterministic algorithms, the same
       // algorithms on the same GPU: what remains is float32 rounding where the pipeline adds
