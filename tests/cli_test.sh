@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Bad input to unet_train ends with one clear message and a non-zero exit; --help succeeds.
+# Bad input to unet_train ends with one clear message and a non-zero exit; --help succeeds;
+# early stopping, the best checkpoint and gradient clipping do what they say.
 set -u
 bin="$1"
 fail=0
@@ -48,6 +49,9 @@ expect_error "--monitor belongs to --save-best or --early-stop" --monitor val_lo
 expect_error "--monitor: unknown monitor 'iou' (expected val_iou, val_dice or val_loss)" --monitor iou --early-stop 1
 expect_error "--save-best and --checkpoint name the same file" --save-best m.safetensors --checkpoint m.safetensors
 expect_error "--save-best and --checkpoint name the same file" --save-best ./m.safetensors --checkpoint m.safetensors
+expect_error "--clip-grad-norm must be a finite number >= 0 (0: no clipping), got -1" --clip-grad-norm -1
+expect_error "--clip-grad-norm must be a finite number >= 0 (0: no clipping), got inf" --clip-grad-norm inf
+expect_error "Could not convert" --clip-grad-norm big
 expect_error "--mode dp needs --devices" --mode dp
 expect_error "belongs to --mode dp" --sync-bn
 expect_error "twice" --mode dp --devices cpu:0,cpu:0
@@ -110,6 +114,23 @@ if [ -z "$best" ] || [ $rc -ne 0 ] || ! grep -q "^resumed from $tmp/best.safeten
   echo "FAIL: resuming from the best checkpoint (epoch '$best'): $out"; fail=1
 else
   echo "ok: the best checkpoint (epoch $best) resumes"
+fi
+# Gradient clipping reaches the optimizer: clipped to a norm of 1e-9, SGD moves no weight by
+# more than 1e-10 a step, so the one batch of every epoch (the whole training set) has epoch
+# 1's loss again, while the unclipped run's loss falls.
+clip=(--no-progress --image-size 32 --train-size 8 --val-size 4 --width-divisor 16 --batch-size 8 --epochs 3
+      --optimizer sgd --lr 0.1)
+losses() { sed -n 's/^epoch [0-9]*\/3 .*  loss \([0-9.]*\)  .*/\1/p' <<<"$1" | tr '\n' ' '; }
+held=$("$bin" "${clip[@]}" --clip-grad-norm 1e-9 2>&1) && free=$("$bin" "${clip[@]}" 2>&1)
+rc=$?
+read -r h1 h2 h3 <<<"$(losses "$held")"
+read -r f1 f2 f3 <<<"$(losses "$free")"
+if [ $rc -ne 0 ] || ! grep -q "sgd lr 0.1, gradients clipped to norm 1e-09$" <<<"$held" || [ -z "${h3:-}" ] ||
+   [ "$h1" != "$h2" ] || [ "$h1" != "$h3" ] || [ -z "${f3:-}" ] || [ "$f1" != "$h1" ] || [ "$f3" = "$f1" ]; then
+  echo "FAIL: --clip-grad-norm 1e-9 (rc $rc): clipped losses '$h1 $h2 $h3', unclipped '$f1 ${f2:-} ${f3:-}'"
+  echo "$held"; fail=1
+else
+  echo "ok: --clip-grad-norm 1e-9 holds the loss at $h1 for 3 epochs; unclipped it goes $f1 -> $f3"
 fi
 rm -rf "$tmp"
 exit $fail

@@ -3,7 +3,9 @@
 // collects every stage and checks the contract: the same as one device accumulating the
 // gradients of every replica's micro-batches, each weighted by its share of the global batch.
 // Usage: dist_pipeline_check STAGES CUTS(block indices, comma separated) SPLIT BATCH_PER_REPLICA
-// [1f1b]. Exit 0 when it holds, 1 with the worst differences when it does not.
+// [1f1b] [clip=X] (clip: gradients clipped to total norm X, which must be in force: the one
+// device's gradient norm above 10 X at every step). Exit 0 when it holds, 1 with the worst
+// differences when it does not.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -28,23 +30,36 @@ UNetConfig model_config() {
   return c;
 }
 
+double max_grad_norm = 0;
+
 std::unique_ptr<Optimizer> adam(std::vector<Tensor> p) {
   AdamOptions o;
   o.lr = 1e-2;
-  return std::make_unique<Adam>(std::move(p), o);
+  auto opt = std::make_unique<Adam>(std::move(p), o);
+  opt->set_max_grad_norm(max_grad_norm);
+  return opt;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
-    UNETCU_CHECK(argc >= 5, "usage: dist_pipeline_check STAGES CUTS SPLIT BATCH_PER_REPLICA [1f1b]");
+    UNETCU_CHECK(argc >= 5, "usage: dist_pipeline_check STAGES CUTS SPLIT BATCH_PER_REPLICA [1f1b] [clip=X]");
     const int S = std::atoi(argv[1]);
     std::vector<int> cuts;
     std::stringstream cs(argv[2]);
     for (std::string t; std::getline(cs, t, ',');) cuts.push_back(std::atoi(t.c_str()));
     const int split = std::atoi(argv[3]), per_replica = std::atoi(argv[4]);
-    const bool one_f_one_b = argc > 5 && std::string(argv[5]) == "1f1b";
+    bool one_f_one_b = false;
+    for (int a = 5; a < argc; ++a) {
+      const std::string arg = argv[a];
+      if (arg == "1f1b")
+        one_f_one_b = true;
+      else if (arg.rfind("clip=", 0) == 0)
+        max_grad_norm = std::atof(arg.c_str() + 5);
+      else
+        UNETCU_CHECK(false, "unknown argument ", arg);
+    }
 
     const DistEnv env = detect_dist(DistMode::Auto);
     UNETCU_CHECK(env.multi(), "start under a launcher (mpirun -np S*R)");
@@ -64,7 +79,7 @@ int main(int argc, char** argv) {
     SyntheticSegmentation data(64, 5);
     UNet single(model_config());
     auto opt = adam(single.parameters());
-    double worst_loss = 0;
+    double worst_loss = 0, least_norm = INFINITY;
     for (int step = 0; step < 2; ++step) {
       std::vector<int64_t> idx;
       for (int i = 0; i < B; ++i) idx.push_back(step * 100 + i);
@@ -90,6 +105,7 @@ int main(int argc, char** argv) {
           ref += l.item();
           tape.backward(l);
         }
+      least_norm = std::min(least_norm, std::sqrt(opt->grad_square_sum().item()));
       opt->step();
       worst_loss = std::max(worst_loss, std::fabs(loss - ref) / std::fabs(ref));
     }
@@ -112,9 +128,12 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < pu.size(); ++i)
       for (int64_t k = 0; k < pu[i].numel(); ++k) moved = std::max(moved, std::fabs(pu[i].at(k) - pb[i].at(k)));
     std::printf("%d stages x %d replicas, split %d, batch %d per replica, %s: loss rel diff %.3g, "
-                "parameter rel diff %.3g (moved %.3g)\n",
+                "parameter rel diff %.3g (moved %.3g)",
                 S, R, split, per_replica, one_f_one_b ? "1f1b" : "gpipe", worst_loss, worst, moved);
-    const bool ok = worst_loss <= 1e-12 && worst <= 1e-7 && moved > 1e-3;
+    if (max_grad_norm > 0) std::printf(", clipped to norm %g (gradient norm at least %.3g)", max_grad_norm, least_norm);
+    std::printf("\n");
+    const bool ok = worst_loss <= 1e-12 && worst <= 1e-7 && moved > 1e-3 &&
+                    (max_grad_norm == 0 || least_norm > 10 * max_grad_norm);
     std::printf("%s\n", ok ? "ok: equals one device accumulating" : "FAIL");
     return ok ? 0 : 1;
   } catch (const std::exception& e) {

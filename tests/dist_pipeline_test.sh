@@ -3,11 +3,12 @@
 #  - 2 and 3 processes, GPipe and 1F1B, write the same checkpoint bytes (model and every
 #    stage's optimizer state) as the in-process pipeline on as many CPU devices;
 #  - so do 2 processes in bf16 NHWC (mixed precision, channels-last), and with a step
-#    learning-rate schedule after a warmup;
+#    learning-rate schedule after a warmup, and 3 with gradient clipping;
 #  - a run resumed from its epoch-1 checkpoint ends with the bytes of the uninterrupted run;
 #  - data x pipeline (--mode dp+mp): 2 stages x 2 replicas and 3 stages x 1 equal one device
-#    accumulating over the same micro-batches (dist_pipeline_check, float64), and unet_train
-#    runs it with one epoch line from process 0 (and with bfloat16 gradients);
+#    accumulating over the same micro-batches (dist_pipeline_check, float64; also with gradient
+#    clipping), and unet_train runs it with one epoch line from process 0 (and with bfloat16
+#    gradients);
 #  - a stage that fails ends every process with its message.
 set -u
 train="$1" check="$2"
@@ -56,6 +57,16 @@ if "$train" "${args[@]}" --devices cpu:0,cpu:1 --dist none --checkpoint "$d/thre
 else
   echo "FAIL: step schedule pipeline"; cat "$d/threads_lr.log" "$d/procs_lr.log"; fail=1
 fi
+# Gradient clipping: each stage's process clips by the whole model's norm, as the in-process
+# pipeline's stages do (3 stages: the norm has three parts).
+args=(--mode mp --split layer1,decoder.blocks.2 --batch-size 6 --split-size 2 --clip-grad-norm 0.05 "${common[@]}")
+if "$train" "${args[@]}" --devices cpu:0,cpu:1,cpu:2 --dist none --checkpoint "$d/threads_clip.safetensors" \
+     > "$d/threads_clip.log" 2>&1 &&
+   "${mpi[@]}" -np 3 "$train" "${args[@]}" --checkpoint "$d/procs_clip.safetensors" > "$d/procs_clip.log" 2>&1; then
+  same "$d/threads_clip.safetensors" "$d/procs_clip.safetensors" "-np 3 with gradient clipping equals the in-process pipeline"
+else
+  echo "FAIL: gradient clipping pipeline"; cat "$d/threads_clip.log" "$d/procs_clip.log"; fail=1
+fi
 # --resume: epoch 1, then epoch 2 from its checkpoint, ends where the 2-epoch run ended.
 args=(--mode mp --split layer3 --batch-size 6 --split-size 3 --width-divisor 16 --image-size 64 --train-size 12
       --val-size 4 --threads 1 --seed 3 --no-progress)
@@ -67,7 +78,7 @@ args=(--mode mp --split layer3 --batch-size 6 --split-size 3 --width-divisor 16 
   || { echo "FAIL: resumed run"; cat "$d/first.log" "$d/second.log"; fail=1; }
 same "$d/straight.safetensors" "$d/resumed.safetensors" "-np 2 resumed after epoch 1 equals the run without a stop"
 # Data x pipeline against one device accumulating (float64).
-for spec in "4 2 4 2 4" "4 2 4 2 4 1f1b" "3 3 2,7 2 4 1f1b"; do
+for spec in "4 2 4 2 4" "4 2 4 2 4 1f1b" "3 3 2,7 2 4 1f1b" "4 2 4 2 4 clip=0.05" "3 3 2,7 2 4 clip=0.05"; do
   set -- $spec
   np=$1; shift
   out=$("${mpi[@]}" -np $np "$check" "$@" 2>&1)
