@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Data parallelism across processes (mpirun): 2 and 3 processes, ring and ps (and 3 with
-# bfloat16 gradients, 2 with a learning-rate schedule, 2 stopping early), write the same
-# checkpoint bytes (model and optimizer state) as the same run with the replicas as threads of
-# one process; a rank that fails ends every rank, with its message, in bounded time.
+# bfloat16 gradients, 2 with a learning-rate schedule and gradient clipping, 2 stopping early),
+# write the same checkpoint bytes (model and optimizer state) as the same run with the replicas
+# as threads of one process; a rank that fails ends every rank, with its message, in bounded
+# time.
 set -u
 train="$1"
 if ! command -v mpirun >/dev/null; then echo "SKIPPED: no mpirun (tools/setup.sh installs Open MPI)"; exit 77; fi
@@ -32,17 +33,18 @@ for n in 2 3; do
     echo "ok: -np $n $algo equals $n replicas in one process"
   done
 done
-# A learning-rate schedule: every process steps at the rate its step index gives, as the threads do.
-lr=(--lr-schedule cosine --warmup-steps 2 --min-lr 1e-5)
+# A learning-rate schedule: every process steps at the rate its step index gives, as the threads
+# do; with gradient clipping, each process clips the averaged gradients, as each thread does.
+lr=(--lr-schedule cosine --warmup-steps 2 --min-lr 1e-5 --clip-grad-norm 0.05)
 if "$train" --mode dp --devices cpu:0,cpu:1 "${common[@]}" "${lr[@]}" --dist none --checkpoint "$d/lr_threads.safetensors" \
      > "$d/lr_threads.log" 2>&1 &&
    timeout 300 "${mpi[@]}" -np 2 "$train" --mode dp "${common[@]}" "${lr[@]}" --checkpoint "$d/lr_procs.safetensors" \
      > "$d/lr_procs.log" 2>&1; then
   if cmp -s "$d/lr_threads.safetensors" "$d/lr_procs.safetensors" &&
      cmp -s "$d/lr_threads.safetensors.train" "$d/lr_procs.safetensors.train"; then
-    echo "ok: -np 2 with a cosine schedule equals 2 replicas in one process"
+    echo "ok: -np 2 with a cosine schedule and gradient clipping equals 2 replicas in one process"
   else
-    echo "FAIL: -np 2 with a cosine schedule: checkpoints differ"; fail=1
+    echo "FAIL: -np 2 with a cosine schedule and gradient clipping: checkpoints differ"; fail=1
   fi
 else
   echo "FAIL: the cosine schedule runs"; cat "$d/lr_threads.log" "$d/lr_procs.log"; fail=1
