@@ -72,13 +72,16 @@ UNETCU_CUDA_SYNC=1 run profile "$train" "${model[@]}" --batch-size 2 --epochs 1 
 RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29561 \
   NCCL_COMM_ID=127.0.0.1:29562 run launched "$train" "${tiny[@]}" --mode dp --dist env && epochs launched
 # Data parallelism over two GPUs, NCCL inside the graph, with a learning-rate schedule (each
-# replica's eager optimizer takes the step's rate).
-run dp "$train" "${tiny[@]}" --mode dp --devices cuda:0,cuda:1 --cuda-graphs --lr-schedule cosine --warmup-steps 2 &&
-  { epochs dp; expect dp '^epoch 3/3 .*  lr [0-9.e-]+$' "no learning rate on the last epoch line"; }
+# replica's eager optimizer takes the step's rate) and gradient clipping (on the device).
+run dp "$train" "${tiny[@]}" --mode dp --devices cuda:0,cuda:1 --cuda-graphs --lr-schedule cosine --warmup-steps 2 \
+  --clip-grad-norm 0.5 &&
+  { epochs dp; expect dp '^epoch 3/3 .*  lr [0-9.e-]+$' "no learning rate on the last epoch line"
+    expect dp 'gradients clipped to norm 0.5$' "no gradient clipping on the data line"; }
 # The article's pipeline on one GPU (two stages, two streams), micro-batches of 1, as a graph;
-# its stages' optimizers take each step's rate without waiting for their streams.
+# its stages' optimizers take each step's rate without waiting for their streams, and clip by
+# both stages' gradient norm (read from their streams).
 run mp "$train" "${model[@]}" --batch-size 4 --epochs 3 --mode mp --devices cuda:0,cuda:0 --split-size 1 --cuda-graphs \
-  --lr-schedule step --lr-step-epochs 1 --lr-gamma 0.5 &&
+  --lr-schedule step --lr-step-epochs 1 --lr-gamma 0.5 --clip-grad-norm 0.5 &&
   { epochs mp; expect mp '^epoch 3/3 .*  lr 0.00025  live_micro_batches' "not lr 0.00025 on the last epoch line"; }
 # Prediction on the GPU from the float32 run's checkpoint.
 "$make_data" "$d/data" --count 2 --image-size 64 > /dev/null || { echo "FAIL: dataset"; fail=1; }
