@@ -27,8 +27,16 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
   using cli::checked;
   app.add_option("--epochs", cfg.epochs, "Number of epochs")->capture_default_str();
   app.add_option("--batch-size", cfg.batch_size,
-                 "Images per optimizer step; with --mode dp, per replica (the global batch is "
-                 "--batch-size x the number of devices, as in the article)")
+                 "Images per optimizer step (with --accumulate-grad-batches N: per forward and backward, "
+                 "N of them per step); with --mode dp, per replica (the global batch is --batch-size x the "
+                 "number of devices, as in the article)")
+      ->capture_default_str();
+  app.add_option("--accumulate-grad-batches", cfg.accumulate_grad_batches,
+                 "Gradient accumulation: each optimizer step takes N batches of --batch-size (per replica), "
+                 "run forward and backward one after another with their gradients added, as N loader batches "
+                 "before one optimizer.step() in PyTorch (batch norm sees each batch alone); steps, "
+                 "--warmup-steps and --log-every count optimizer steps. --mode mp and dp+mp: the N batches are "
+                 "more micro-batches of --split-size (default --batch-size)")
       ->capture_default_str();
   app.add_option("--image-size", cfg.image_size, "Image height and width (multiple of 32)")
       ->capture_default_str();
@@ -233,16 +241,22 @@ bool as_group(DistMode mode) {
 void check_train_count(const TrainConfig& c, int64_t train_n, const std::string& folder) {
   const std::string what = folder.empty() ? str_cat("--train-size ", train_n)
                                           : str_cat("the ", train_n, " training images of ", folder);
-  UNETCU_CHECK(c.batch_size <= train_n, "--batch-size ", c.batch_size, " is larger than the ",
-               train_n, " training images", folder.empty() ? "" : " of " + folder);
+  // A replica's samples per optimizer step.
+  const int64_t step = int64_t(c.batch_size) * c.accumulate_grad_batches;
+  const std::string step_what =
+      c.accumulate_grad_batches == 1
+          ? str_cat("--batch-size ", c.batch_size)
+          : str_cat("--batch-size ", c.batch_size, " x --accumulate-grad-batches ", c.accumulate_grad_batches, " = ", step);
+  UNETCU_CHECK(step <= train_n, step_what, " is larger than the ", train_n, " training images",
+               folder.empty() ? "" : " of " + folder);
   // Data parallel: one replica per device, or per process of a launched job.
   const DistEnv dist = detect_dist(c.dist);
   int64_t dp_replicas = as_group(c.dist) ? dist.world : std::max<int64_t>(1, int64_t(c.devices.size()));
   if (c.mode == Mode::DataPipeline) dp_replicas = dist.world / std::max(1, c.pipeline_stages);
   if (c.mode == Mode::DataParallel || c.mode == Mode::DataPipeline) {
     const int64_t n = dp_replicas;
-    UNETCU_CHECK(train_n / n >= c.batch_size, "the ", train_n, " training images give each of the ", n,
-                 " replicas ", train_n / n, " samples, fewer than --batch-size ", c.batch_size);
+    UNETCU_CHECK(train_n / n >= step, "the ", train_n, " training images give each of the ", n,
+                 " replicas ", train_n / n, " samples, fewer than ", step_what);
   }
   // BN in training needs more than one value per channel: at layer4 a sample is (S/32)² values.
   const int64_t last = int64_t(c.image_size / 32) * (c.image_size / 32);
@@ -253,15 +267,15 @@ void check_train_count(const TrainConfig& c, int64_t train_n, const std::string&
   if ((c.mode == Mode::Pipeline || c.mode == Mode::DataPipeline) && last == 1 && !c.split_auto) {
     // Every micro-batch, the epoch's last batch's included, needs two samples.
     const int64_t split = c.split_size ? c.split_size : c.batch_size;
-    const int64_t tail = (train_n / replicas) % c.batch_size;
-    UNETCU_CHECK(split >= 2 && c.batch_size % split != 1 && (tail == 0 || tail % split != 1),
-                 "--split-size ", split, " with --batch-size ", c.batch_size, " and ", train_n,
+    const int64_t tail = (train_n / replicas) % step;
+    UNETCU_CHECK(split >= 2 && step % split != 1 && (tail == 0 || tail % split != 1),
+                 "--split-size ", split, " with ", step_what, " and ", train_n,
                  " training images makes a micro-batch of one ", c.image_size, "x", c.image_size,
                  " image: one value per channel for batch norm");
   }
   // A warmup as long as the run: refused before the model is built (fit() checks it again).
   const int64_t total_steps =
-      replicas >= 1 ? int64_t(c.epochs) * steps_per_epoch(train_n, int(replicas), c.batch_size) : 0;
+      replicas >= 1 ? int64_t(c.epochs) * steps_per_epoch(train_n, int(replicas), int(step)) : 0;
   UNETCU_CHECK(c.warmup_steps <= 1 || total_steps <= 0 || c.warmup_steps < total_steps, "--warmup-steps ",
                c.warmup_steps, " leaves no step at the full rate: the run has ", total_steps, " steps");
 }
@@ -287,6 +301,11 @@ void validate(const TrainConfig& c) {
                ", got ", c.epochs);
   UNETCU_CHECK(c.batch_size >= 1 && c.batch_size <= kMaxBatch, "--batch-size must be in 1..",
                kMaxBatch, ", got ", c.batch_size);
+  UNETCU_CHECK(c.accumulate_grad_batches >= 1 && c.accumulate_grad_batches <= kMaxAccumulate,
+               "--accumulate-grad-batches must be in 1..", kMaxAccumulate, ", got ", c.accumulate_grad_batches);
+  UNETCU_CHECK(c.accumulate_grad_batches == 1 || !c.cuda_graphs || c.mode == Mode::Pipeline,
+               "--cuda-graphs captures one forward and backward per step: with --accumulate-grad-batches ",
+               c.accumulate_grad_batches, " train without it (--mode mp accumulates inside its graph)");
   UNETCU_CHECK(c.image_size >= 32 && c.image_size % 32 == 0 && c.image_size <= kMaxImageSize,
                "--image-size must be a multiple of 32 in 32..", kMaxImageSize, ", got ", c.image_size);
   UNETCU_CHECK(c.lr > 0 && std::isfinite(c.lr), "--lr must be a positive number, got ", c.lr);
@@ -520,6 +539,7 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
   sc.model.bf16_activations = cfg.precision == Precision::BF16;
   sc.model.format = format;
   sc.cuda_graphs = cfg.cuda_graphs;
+  sc.accumulate_rows = cfg.accumulate_grad_batches > 1 ? cfg.batch_size : 0;
   sc.model.seed = cfg.seed;
   sc.optimizer = {cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay, cfg.clip_grad_norm};
   sc.loss = cfg.loss;
@@ -555,6 +575,9 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
       << (cfg.augment == Augment::None ? "" : std::string(", augment ") + name_of(kAugmentNames, cfg.augment))
       << (cached ? " (kept in memory after the first epoch)" : "") << ", batch " << cfg.batch_size;
   if (N > 1) out << " per replica (global " << cfg.batch_size * N << ")";
+  if (cfg.accumulate_grad_batches > 1)
+    out << ", " << cfg.accumulate_grad_batches << " batches accumulated per optimizer step ("
+        << int64_t(cfg.batch_size) * cfg.accumulate_grad_batches * N << " images)";
   if (group && strategy->shard_count() > 1) out << ", each replica's processes reading only its shard";
   const LrSchedule schedule = lr_schedule_of(cfg);
   out << ", loss " << loss_kind_name(cfg.loss) << ", " << name_of(kOptimizerNames, cfg.optimizer)
@@ -566,6 +589,7 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
   FitOptions fo;
   fo.epochs = cfg.epochs;
   fo.batch_size = cfg.batch_size;
+  fo.accumulate = cfg.accumulate_grad_batches;
   fo.seed = cfg.seed;
   fo.dtype = cfg.dtype;
   fo.augment = cfg.augment;

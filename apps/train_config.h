@@ -22,6 +22,7 @@ namespace unetcu {
 // Upper bounds of the sizes a user gives: far from any overflow of what is computed from them.
 constexpr int kMaxEpochs = 100000;
 constexpr int kMaxBatch = 4096;
+constexpr int kMaxAccumulate = 1024;  // --accumulate-grad-batches
 constexpr int kMaxImageSize = 8192;
 constexpr int64_t kMaxSamples = 100000000;
 constexpr int kMaxThreads = 1024;
@@ -61,6 +62,7 @@ struct TrainConfig {
   double momentum = 0.9;           // sgd only
   double weight_decay = 0;
   double clip_grad_norm = 0;       // gradient clipping by the total norm; 0 none
+  int accumulate_grad_batches = 1; // batches of batch_size per optimizer step
   int threads = 0;                 // 0: every core (dp/mp: cores / devices each)
   DType dtype = DType::F32;
   bool progress = true;

@@ -139,6 +139,9 @@ DataParallel::DataParallel(const UNetConfig& model_cfg, const DataParallelOption
                  "data parallelism: the replicas must be all on CPU devices or all on GPUs");
   UNETCU_CHECK(!options.cuda_graphs || options.devices[0].is_cuda(),
                "CUDA graphs need GPU replicas; ", device_list_str(options.devices), " run eagerly");
+  UNETCU_CHECK(options.accumulate_rows >= 0 && (!options.cuda_graphs || options.accumulate_rows == 0),
+               "data parallelism: a CUDA graph captures one forward and backward per step: gradient "
+               "accumulation runs eagerly");
   UNETCU_CHECK(!options.bf16_allreduce || options.algo != AllReduceAlgo::Mpi,
                "data parallelism: the MPI library's own all-reduce has no bfloat16 sum; bfloat16 "
                "gradients take the ring or ps all-reduce");
@@ -364,20 +367,35 @@ Tensor DataParallel::forward_backward(int r, const Tensor& images, const Tensor&
   for (size_t i = 0; i < rep.params.size(); ++i)
     UNETCU_CHECK(rep.params[i].grad().defined() && rep.params[i].grad().same_storage(rep.flat[rep.bucket_of[i]]),
                  "data parallelism: a parameter's gradient was moved out of its bucket");
-  Tape tape;
-  tape.set_leaf_ready_hook([&](const TensorImpl* leaf) {
-    auto it = rep.param_index.find(leaf);
-    if (it == rep.param_index.end()) return;
-    ++rep.ready_in_bucket[rep.bucket_of[it->second]];
-    launch_ready();
-  });
-  if (log) tape.set_node_done_hook([&](const char* op) { event(std::string("backward ") + op); });
+  // Gradient accumulation: the chunks before the last add their gradients into the buckets;
+  // the last chunk's backward launches each bucket as it completes.
+  const int64_t rows = images.dim(0);
+  const int64_t chunk =
+      options_.accumulate_rows > 0 && options_.accumulate_rows < rows ? options_.accumulate_rows : rows;
   Tensor loss;
-  {
-    BatchNormSyncScope sync(rep.bn_sync.get());
-    TapeScope scope(tape);
-    loss = segmentation_loss(loss_kind, rep.model->forward(images), masks);
-    tape.backward(loss);
+  for (int64_t lo = 0; lo < rows; lo += chunk) {
+    const int64_t hi = std::min(lo + chunk, rows);
+    Tape tape;
+    if (hi == rows) {
+      tape.set_leaf_ready_hook([&](const TensorImpl* leaf) {
+        auto it = rep.param_index.find(leaf);
+        if (it == rep.param_index.end()) return;
+        ++rep.ready_in_bucket[rep.bucket_of[it->second]];
+        launch_ready();
+      });
+    }
+    if (log) tape.set_node_done_hook([&](const char* op) { event(std::string("backward ") + op); });
+    Tensor part;
+    {
+      BatchNormSyncScope sync(rep.bn_sync.get());
+      TapeScope scope(tape);
+      const bool whole = chunk == rows;
+      part = segmentation_loss(loss_kind, rep.model->forward(whole ? images : images.rows(lo, hi)),
+                               whole ? masks : masks.rows(lo, hi));
+      if (!whole) part = scale(part, double(hi - lo) / double(rows));
+      tape.backward(part);
+    }
+    loss = loss.defined() ? add(loss, part) : part;
   }
   // Buckets with a parameter no node used are still reduced, in order, on every rank.
   while (rep.next_launch < rep.buckets.size()) launch(rep.next_launch++);

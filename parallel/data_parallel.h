@@ -57,6 +57,11 @@ struct DataParallelOptions {
   bool record_events = false;   // keep an ordered log of backward nodes and bucket launches
   double collective_timeout = kDefaultCollectiveTimeout;  // seconds; then every rank fails
   bool cuda_graphs = false;     // GPU replicas: replay each step as a CUDA graph (see above)
+  // Gradient accumulation: a replica's shard of more rows than this runs forward and backward
+  // in chunks of this many rows (the last may be smaller), each chunk's loss weighted by its
+  // share of the shard, the gradients accumulated; the all-reduce overlaps the last chunk's
+  // backward only. Batch norm uses each chunk's statistics. 0: the whole shard at once.
+  int64_t accumulate_rows = 0;
   // One replica in this process (devices: its one CPU device), one rank of a job of several
   // processes: the communicators span the processes (parallel/process_communicator.h) of
   // `process_group` (null: every process of the job).

@@ -14,6 +14,7 @@
 #include "parallel/communicator.h"
 #include "parallel/data_parallel.h"
 #include "testing.h"
+#include "train/strategy.h"
 
 using namespace unetcu;
 using namespace unetcu::testing;
@@ -296,6 +297,50 @@ TEST_CASE("gradient clipping in DP: each replica clips the averaged gradients, a
     CHECK(max_rel_param_diff(dp.replica(0), single) < kParamTol);
     CHECK(replicas_identical(dp));
   }
+}
+
+TEST_CASE("gradient accumulation: N replicas of b rows equal fewer replicas of N·b/R rows in chunks of b, and one device") {
+  // 4 chunks of 2 rows each step, run as 4 replicas, as 2 replicas accumulating 2 chunks (the
+  // all-reduce after the second chunk's backward), as 1 replica accumulating 4, and as one
+  // device accumulating 4: the same mean gradient, summed in another order (kParamTol).
+  SyntheticSegmentation data(kImage, 9);
+  auto dp_of = [](int N, int64_t accumulate_rows) {
+    DataParallelOptions o;
+    for (int r = 0; r < N; ++r) o.devices.push_back(Device::cpu(r));
+    o.first_bucket_bytes = 4096;  // several buckets
+    o.bucket_bytes = 64 << 10;
+    o.accumulate_rows = accumulate_rows;
+    return std::make_unique<DataParallel>(small_model(), o, make_sgd);
+  };
+  auto four = dp_of(4, 0), two = dp_of(2, 2), one = dp_of(1, 2);
+  UNetConfig m = small_model();
+  m.device = Device::cpu();
+  SingleDevice single(m, make_sgd, LossKind::BCEDice, false, 2);
+  for (int step = 0; step < 2; ++step) {
+    CAPTURE(step);
+    const double l4 = [&] {
+      double mean = 0;
+      for (double l : four->step(shards_for(data, step, 4, 2), LossKind::BCEDice)) mean += l / 4;
+      return mean;
+    }();
+    double l2 = 0;
+    for (double l : two->step(shards_for(data, step, 2, 4), LossKind::BCEDice)) l2 += l / 2;
+    const double l1 = one->step(shards_for(data, step, 1, 8), LossKind::BCEDice)[0];
+    const double ls = single.step(single.place(shards_for(data, step, 1, 8)[0]));
+    CHECK(l2 == doctest::Approx(l4).epsilon(1e-12));
+    CHECK(l1 == doctest::Approx(l4).epsilon(1e-12));
+    CHECK(ls == doctest::Approx(l4).epsilon(1e-12));
+    CHECK(max_rel_param_diff(two->replica(0), four->replica(0)) < kParamTol);
+    CHECK(max_rel_param_diff(one->replica(0), four->replica(0)) < kParamTol);
+    CHECK(max_rel_param_diff(single.unet(), four->replica(0)) < kParamTol);
+    CHECK(replicas_identical(*two));
+  }
+  // Without the chunks the batch norms see 4 or 8 rows at once: another step.
+  auto whole = dp_of(1, 0);
+  whole->step(shards_for(data, 0, 1, 8), LossKind::BCEDice);
+  auto fresh = dp_of(4, 0);
+  fresh->step(shards_for(data, 0, 4, 2), LossKind::BCEDice);
+  CHECK(max_rel_param_diff(whole->replica(0), fresh->replica(0)) > 1e-6);
 }
 
 namespace {

@@ -34,10 +34,13 @@ double TrainingStrategy::learning_rate() {
 // ---- one device -----------------------------------------------------------------------------
 
 SingleDevice::SingleDevice(const UNetConfig& model, const OptimizerFactory& make_optimizer, LossKind loss,
-                           bool cuda_graphs)
+                           bool cuda_graphs, int64_t accumulate_rows)
     : TrainingStrategy(loss), device_(model.device), model_(std::make_unique<UNet>(model)),
-      optimizer_(make_optimizer(model_->parameters())), cuda_graphs_(cuda_graphs) {
+      optimizer_(make_optimizer(model_->parameters())), cuda_graphs_(cuda_graphs), accumulate_rows_(accumulate_rows) {
   UNETCU_CHECK(!cuda_graphs || device_.is_cuda(), "CUDA graphs need a GPU; ", device_.str(), " runs eagerly");
+  UNETCU_CHECK(accumulate_rows >= 0, "gradient accumulation: chunks of ", accumulate_rows, " rows");
+  UNETCU_CHECK(!cuda_graphs || accumulate_rows == 0,
+               "a CUDA graph captures one forward and backward per step: gradient accumulation runs eagerly");
 }
 
 std::string SingleDevice::describe() const {
@@ -160,6 +163,22 @@ double StepLoss::get() const {
 
 StepLoss SingleDevice::step_async(const PlacedBatch& batch) {
   const Batch& b = batch.parts.at(0);
+  const int64_t rows = b.images.dim(0);
+  if (accumulate_rows_ > 0 && accumulate_rows_ < rows) {
+    // Gradient accumulation: each chunk's loss weighted by its share of the batch.
+    optimizer_->zero_grad();
+    std::vector<Tensor> losses;
+    for (int64_t lo = 0; lo < rows; lo += accumulate_rows_) {
+      const int64_t hi = std::min(lo + accumulate_rows_, rows);
+      Tape tape;
+      TapeScope scope(tape);
+      losses.push_back(scale(segmentation_loss(loss_, model_->forward(b.images.rows(lo, hi)), b.masks.rows(lo, hi)),
+                             double(hi - lo) / double(rows)));
+      tape.backward(losses.back());
+    }
+    optimizer_->step();
+    return StepLoss::sum_of(losses);
+  }
   Tensor loss = cuda_graphs_ ? graph_step(b) : Tensor();
   if (!loss.defined()) {
     Tape tape;
@@ -406,7 +425,7 @@ std::unique_ptr<TrainingStrategy> make_strategy(const StrategyConfig& c, const B
       UNetConfig m = c.model;
       m.device = c.devices[0];
       if (m.device.is_cpu() && c.threads > 0) set_cpu_threads(c.threads);
-      return std::make_unique<SingleDevice>(m, make_optimizer, c.loss, c.cuda_graphs);
+      return std::make_unique<SingleDevice>(m, make_optimizer, c.loss, c.cuda_graphs, c.accumulate_rows);
     }
     case Mode::DataParallel: {
       DataParallelOptions o;
@@ -420,6 +439,7 @@ std::unique_ptr<TrainingStrategy> make_strategy(const StrategyConfig& c, const B
       o.process_count = c.process_count;
       o.threads_per_replica = c.threads;
       o.cuda_graphs = c.cuda_graphs;
+      o.accumulate_rows = c.accumulate_rows;
       return std::make_unique<DataParallelStrategy>(c.model, o, make_optimizer, c.loss);
     }
     case Mode::DataPipeline:

@@ -145,8 +145,13 @@ class SingleDevice : public TrainingStrategy {
   // step count is a host value). Other batch shapes (a short last batch), steps in eval mode
   // and profiled steps run eagerly; a capture that fails says why once and training goes on
   // eagerly.
+  //
+  // accumulate_rows > 0 (gradient accumulation; not with cuda_graphs): a batch of more rows
+  // runs forward and backward in chunks of that many rows (the last may be smaller), each
+  // chunk's loss weighted by its share of the batch, the gradients accumulated before the one
+  // optimizer step; batch norm uses each chunk's statistics.
   SingleDevice(const UNetConfig& model, const OptimizerFactory& make_optimizer, LossKind loss,
-               bool cuda_graphs = false);
+               bool cuda_graphs = false, int64_t accumulate_rows = 0);
   std::string describe() const override;
   std::vector<Device> devices() const override { return {device_}; }
   PlacedBatch place(Batch host) override;
@@ -173,6 +178,7 @@ class SingleDevice : public TrainingStrategy {
     cuda::Graph graph;
   };
   bool cuda_graphs_ = false;
+  int64_t accumulate_rows_ = 0;
   Shape graph_shape_;    // the first batch's images: the shape captured
   int eager_steps_ = 0;  // steps run at that shape before the capture
   std::unique_ptr<Captured> captured_;
@@ -300,6 +306,10 @@ struct StrategyConfig {
   // GPUs in one process: capture the training step into a CUDA graph (SingleDevice; MP: the
   // pipeline's step over its stages' streams).
   bool cuda_graphs = false;
+  // Single, DP: gradient accumulation, a batch (DP: a replica's shard) run in chunks of this
+  // many rows (SingleDevice, DataParallelOptions::accumulate_rows); 0: at once. Pipelines
+  // accumulate over their micro-batches (split_size) already.
+  int64_t accumulate_rows = 0;
 };
 
 // Builds the strategy. With search_split, `probe` (a host batch of the training batch size) is

@@ -145,7 +145,9 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
   const bool lead = strategy.process_rank() == 0;
   std::ostream null_out(nullptr);
   std::ostream& out = lead ? lead_out : null_out;
-  UNETCU_CHECK(o.epochs >= 1 && o.batch_size >= 1, "training needs at least one epoch and one sample a step");
+  UNETCU_CHECK(o.epochs >= 1 && o.batch_size >= 1 && o.accumulate >= 1,
+               "training needs at least one epoch and one sample a step");
+  const int step_batch = o.batch_size * o.accumulate;  // per replica and optimizer step
   std::vector<Device> gpus;
   for (const Device& d : strategy.devices())
     if (d.is_cuda()) gpus.push_back(d);
@@ -203,7 +205,7 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
   UNETCU_CHECK(per_rank >= 1, "the ", train_n, " training samples give each of the ", N,
                " replicas none");
   UNETCU_CHECK(val_n >= 1, "training needs at least one validation sample");
-  const int64_t steps = steps_per_epoch(train_n, N, o.batch_size);
+  const int64_t steps = steps_per_epoch(train_n, N, step_batch);
   // The learning rate of step t of the run (0-based over every epoch, so a resumed run takes
   // up the same curve); the same in every process.
   const LrSchedule& schedule = o.lr_schedule;
@@ -261,7 +263,7 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
     BatchLoader loader(
         steps - start,
         [&](int64_t k) {
-          std::vector<int64_t> idx = global_batch_indices(perm, N, o.batch_size, start + k);
+          std::vector<int64_t> idx = global_batch_indices(perm, N, step_batch, start + k);
           if (strategy.shard_count() > 1) {  // this process's shard only
             const int64_t b = int64_t(idx.size()) / N, r = strategy.shard_rank();
             idx = std::vector<int64_t>(idx.begin() + r * b, idx.begin() + (r + 1) * b);

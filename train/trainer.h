@@ -23,7 +23,12 @@ namespace unetcu {
 
 struct FitOptions {
   int epochs = 10;
-  int batch_size = 8;          // per replica
+  int batch_size = 8;          // per replica, per forward and backward (and validation batch)
+  // Gradient accumulation: each optimizer step takes batch_size × accumulate samples per
+  // replica, which the strategy runs batch_size at a time (StrategyConfig::accumulate_rows;
+  // a pipeline as that many more micro-batches). Steps, schedules and checkpoints count
+  // optimizer steps.
+  int accumulate = 1;
   uint64_t seed = 0;           // shuffling and augmentation
   DType dtype = DType::F32;
   Augment augment = Augment::None;
