@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Bad input to unet_train ends with one clear message and a non-zero exit; --help succeeds;
-# early stopping, the best checkpoint and gradient clipping do what they say.
+# early stopping, the best checkpoint and gradient clipping do what they say (gradient
+# accumulation: tests/test_strategies.cpp).
 set -u
 bin="$1"
 fail=0
@@ -52,6 +53,13 @@ expect_error "--save-best and --checkpoint name the same file" --save-best ./m.s
 expect_error "--clip-grad-norm must be a finite number >= 0 (0: no clipping), got -1" --clip-grad-norm -1
 expect_error "--clip-grad-norm must be a finite number >= 0 (0: no clipping), got inf" --clip-grad-norm inf
 expect_error "Could not convert" --clip-grad-norm big
+expect_error "--accumulate-grad-batches must be in 1..1024, got 0" --accumulate-grad-batches 0
+expect_error "--batch-size 8 x --accumulate-grad-batches 4 = 32 is larger than the 16 training images" \
+  --accumulate-grad-batches 4 --batch-size 8 --train-size 16
+expect_error "fewer than --batch-size 8 x --accumulate-grad-batches 2 = 16" --accumulate-grad-batches 2 \
+  --mode dp --devices cpu:0,cpu:1 --batch-size 8 --train-size 24
+expect_error "--cuda-graphs captures one forward and backward per step: with --accumulate-grad-batches 2" \
+  --accumulate-grad-batches 2 --cuda-graphs
 expect_error "--mode dp needs --devices" --mode dp
 expect_error "belongs to --mode dp" --sync-bn
 expect_error "twice" --mode dp --devices cpu:0,cpu:0

@@ -6,7 +6,8 @@
 //  - DP gradients live in the all-reduce buckets; the pipeline schedules on their own;
 //  - a learning-rate schedule reaches every replica's and stage's optimizer, and resumes (a
 //    resume into a run of another length says it follows the new curve);
-//  - the best checkpoint and early stopping follow the monitored metric, across a resume.
+//  - the best checkpoint and early stopping follow the monitored metric, across a resume;
+//  - gradient accumulation: an optimizer step takes N batches in every mode, and resumes.
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -720,4 +721,70 @@ TEST_CASE("early stopping ends every mode at the same epoch, and a resumed run c
   CHECK(meta.at("run.best_epoch") != "");
   CHECK(std::stoi(meta.at("run.best_epoch")) + std::stoi(meta.at("run.stale")) >= 2);  // epoch 2 counted
   remove_checkpoint("strategy_es_loss.safetensors");
+}
+
+TEST_CASE("gradient accumulation through train_unet: an optimizer step takes N batches, in every mode") {
+  auto step_rows = [](const std::string& csv) {
+    std::ifstream f(csv);
+    int n = 0;
+    for (std::string line; std::getline(f, line);) n += line.rfind("step,", 0) == 0;
+    return n;
+  };
+  // 16 images, 2 epochs: optimizer steps of 2 x 2 images (DP: per replica, 2 replicas).
+  for (Mode mode : {Mode::Single, Mode::DataParallel, Mode::Pipeline}) {
+    CAPTURE(name_of(kModeNames, mode));
+    TrainConfig acc = small_run(mode);
+    acc.batch_size = 2;
+    acc.accumulate_grad_batches = 2;
+    acc.checkpoint = "strategy_acc.safetensors";
+    acc.log = "strategy_acc.csv";
+    acc.log_every = 1;
+    std::ostringstream log;
+    const TrainResult r = train_unet(acc, log);
+    INFO(log.str());
+    const int replicas = mode == Mode::DataParallel ? 2 : 1;
+    CHECK(step_rows(acc.log) == 2 * 16 / (4 * replicas));
+    CHECK(log.str().find("2 batches accumulated per optimizer step (" + std::to_string(4 * replicas) + " images)") !=
+          std::string::npos);
+    // Not the run with batches of 4: batch norm saw 2 rows at a time (MP: micro-batches of 2
+    // either way, so the same bytes).
+    TrainConfig four = small_run(mode);
+    four.batch_size = 4;
+    four.checkpoint = "strategy_four.safetensors";
+    train_unet(four, log);
+    if (mode == Mode::Pipeline) {
+      CHECK(slurp(acc.checkpoint) == slurp(four.checkpoint));
+      CHECK(slurp(acc.checkpoint + ".train") == slurp(four.checkpoint + ".train"));
+    } else {
+      CHECK(slurp(acc.checkpoint) != slurp(four.checkpoint));
+    }
+    // Stopped after epoch 1 and resumed: the bytes of the whole run.
+    TrainConfig first = acc;
+    first.log.clear();
+    first.log_every = 0;
+    first.checkpoint = "strategy_acc_part.safetensors";
+    first.epochs = 1;
+    train_unet(first, log);
+    TrainConfig rest = acc;
+    rest.log.clear();
+    rest.log_every = 0;
+    rest.resume = first.checkpoint;
+    rest.checkpoint = first.checkpoint;
+    const TrainResult resumed = train_unet(rest, log);
+    REQUIRE(resumed.epochs.size() == 1);
+    CHECK(resumed.epochs[0].train_loss == r.epochs[1].train_loss);
+    CHECK(slurp(rest.checkpoint) == slurp(acc.checkpoint));
+    CHECK(slurp(rest.checkpoint + ".train") == slurp(acc.checkpoint + ".train"));
+    for (const auto& p : {acc.checkpoint, four.checkpoint, first.checkpoint}) remove_checkpoint(p);
+    std::remove(acc.log.c_str());
+  }
+  // The pipeline's micro-batches default to --batch-size, not the step's rows.
+  TrainConfig mp = small_run(Mode::Pipeline);
+  mp.split_size = 0;
+  mp.batch_size = 2;
+  mp.accumulate_grad_batches = 2;
+  mp.epochs = 1;
+  std::ostringstream log;
+  train_unet(mp, log);
+  CHECK(log.str().find("micro-batches of 2") != std::string::npos);
 }
