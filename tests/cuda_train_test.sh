@@ -2,10 +2,10 @@
 # The commands tools/gpu_check.sh runs on a GPU at 512² — unet_train single (fp32, bf16 NHWC,
 # bf16 NHWC with CUDA graphs), under --profile with UNETCU_CUDA_SYNC=1, as one launched data-
 # parallel process, the pipeline as two stages on one GPU, unet_bench on cuda:0 — here at tiny
-# sizes, plus data parallelism over two GPUs, a resumed run and unet_predict on the GPU. In the
-# CUDA emulator build (ctest "cuda-emu: ..."), so the host side of every GPU run (flags, the
-# trainer's GPU paths, checkpoints from device memory, the epoch line gpu_check.sh reads its
-# figures from) has run before a GPU is lent.
+# sizes, plus data parallelism over two GPUs, a resumed run, gradient clipping and accumulation
+# and unet_predict on the GPU. In the CUDA emulator build (ctest "cuda-emu: ..."), so the host
+# side of every GPU run (flags, the trainer's GPU paths, checkpoints from device memory, the
+# epoch line gpu_check.sh reads its figures from) has run before a GPU is lent.
 #
 #   tests/cuda_train_test.sh unet_train unet_predict unet_bench unet_synthetic_dataset
 set -u
@@ -68,9 +68,11 @@ run bf16g "$train" "${tiny[@]}" --device cuda:0 --precision bf16 --memory-format
 UNETCU_CUDA_SYNC=1 run profile "$train" "${model[@]}" --batch-size 2 --epochs 1 --device cuda:0 --precision bf16 --memory-format nhwc \
   --profile "$d/trace.json" && expect profile '^\| op \| calls' "no per-op table"
 [ -s "$d/trace.json" ] || { echo "FAIL: no profile trace"; fail=1; }
-# One process of a launched job (torchrun's variables, world 1): an NCCL rank through NCCL_COMM_ID.
+# One process of a launched job (torchrun's variables, world 1): an NCCL rank through NCCL_COMM_ID,
+# accumulating two batches a step (the all-reduce after the second one's backward).
 RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29561 \
-  NCCL_COMM_ID=127.0.0.1:29562 run launched "$train" "${tiny[@]}" --mode dp --dist env && epochs launched
+  NCCL_COMM_ID=127.0.0.1:29562 run launched "$train" "${tiny[@]}" --mode dp --dist env --accumulate-grad-batches 2 &&
+  { epochs launched; expect launched '2 batches accumulated per optimizer step \(4 images\)' "no accumulation on the data line"; }
 # Data parallelism over two GPUs, NCCL inside the graph, with a learning-rate schedule (each
 # replica's eager optimizer takes the step's rate) and gradient clipping (on the device).
 run dp "$train" "${tiny[@]}" --mode dp --devices cuda:0,cuda:1 --cuda-graphs --lr-schedule cosine --warmup-steps 2 \
