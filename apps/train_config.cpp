@@ -261,7 +261,11 @@ void check_train_count(const TrainConfig& c, int64_t train_n, const std::string&
   // BN in training needs more than one value per channel: at layer4 a sample is (S/32)² values.
   const int64_t last = int64_t(c.image_size / 32) * (c.image_size / 32);
   const int64_t replicas = c.mode == Mode::DataParallel || c.mode == Mode::DataPipeline ? dp_replicas : 1;
-  UNETCU_CHECK(last > 1 || (train_n / replicas) % c.batch_size != 1, what,
+  // With accumulation one device and DP run a step in batches of --batch-size (the last batch's
+  // rows are then n % step % batch = n % batch); a pipeline cuts the step into micro-batches
+  // (checked below).
+  const bool pipeline = c.mode == Mode::Pipeline || c.mode == Mode::DataPipeline;
+  UNETCU_CHECK(last > 1 || (pipeline && c.accumulate_grad_batches > 1) || (train_n / replicas) % c.batch_size != 1, what,
                " leaves a last batch of one ", c.image_size, "x", c.image_size,
                " image: one value per channel for batch norm; change the sizes or --batch-size");
   if ((c.mode == Mode::Pipeline || c.mode == Mode::DataPipeline) && last == 1 && !c.split_auto) {
@@ -303,9 +307,6 @@ void validate(const TrainConfig& c) {
                kMaxBatch, ", got ", c.batch_size);
   UNETCU_CHECK(c.accumulate_grad_batches >= 1 && c.accumulate_grad_batches <= kMaxAccumulate,
                "--accumulate-grad-batches must be in 1..", kMaxAccumulate, ", got ", c.accumulate_grad_batches);
-  UNETCU_CHECK(c.accumulate_grad_batches == 1 || !c.cuda_graphs || c.mode == Mode::Pipeline,
-               "--cuda-graphs captures one forward and backward per step: with --accumulate-grad-batches ",
-               c.accumulate_grad_batches, " train without it (--mode mp accumulates inside its graph)");
   UNETCU_CHECK(c.image_size >= 32 && c.image_size % 32 == 0 && c.image_size <= kMaxImageSize,
                "--image-size must be a multiple of 32 in 32..", kMaxImageSize, ", got ", c.image_size);
   UNETCU_CHECK(c.lr > 0 && std::isfinite(c.lr), "--lr must be a positive number, got ", c.lr);
@@ -367,6 +368,12 @@ void validate(const TrainConfig& c) {
                "--cuda-graphs under a launcher belongs to --mode dp (one GPU replica per process); "
                "--mode ", name_of(kModeNames, c.mode), " with graphs runs in one process: drop it, "
                "or give --dist none");
+  UNETCU_CHECK(c.accumulate_grad_batches == 1 || !c.cuda_graphs || c.mode == Mode::Pipeline,
+               "--cuda-graphs captures one forward and backward per step: with --accumulate-grad-batches ",
+               c.accumulate_grad_batches, " train without it (--mode mp accumulates inside its graph)");
+  UNETCU_CHECK(c.accumulate_grad_batches == 1 || !c.split_auto,
+               "--split auto times one batch of --batch-size; with --accumulate-grad-batches ",
+               c.accumulate_grad_batches, " give the cuts and --split-size");
   UNETCU_CHECK(!c.bf16_allreduce || c.mode == Mode::DataParallel || c.mode == Mode::DataPipeline,
                "--allreduce-precision belongs to --mode dp and dp+mp");
   UNETCU_CHECK(!c.bf16_allreduce || c.allreduce != AllReduceAlgo::Mpi,

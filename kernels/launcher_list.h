@@ -144,14 +144,15 @@
   /* Parameter, moments and momentum buffer updated in place. */                                   \
   X(adam_update, (const TensorRef& p, const TensorRef& g, const TensorRef& m, const TensorRef& v,  \
                   const AdamStep& s))                                                              \
-  /* adam_update over many parameters at once, each with its own scalars, in one pass: on a    \
+  /* adam_update over many parameters at once, each with its own scalars, in one pass: on a        \
      GPU one launch per 256 tensors (every parameter of the UNet in one). The same per-element     \
      arithmetic as adam_update, so the results are the same bits. */                               \
   X(adam_update_many, (const std::vector<AdamTensor>& tensors))                                    \
   X(sgd_update, (const TensorRef& p, const TensorRef& g, const TensorRef& buf, const SgdStep& s))  \
   /* Gradient clipping by the total norm (torch.nn.utils.clip_grad_norm_). out (float64 [1] on     \
-     the tensors' device) = the sum of x² over every element of every tensor (float32 or float64,  \
-     any format), written; accumulated in float64 in a fixed order, so the same bits every run. */ \
+     the tensors' device) = the sum of x² over every element of every tensor (float32, or float64  \
+     on the CPU; any format), written; accumulated in float64 in a fixed order: the same bits      \
+     every run. */                                                                                 \
   X(square_sum_many, (const std::vector<TensorRef>& xs, const TensorRef& out))                     \
   /* Every x multiplied in place by clip_coefficient(square_sum[0], max_norm)                      \
      (kernels/bodies/optim.h), square_sum float64 [1] read on the tensors' device. */              \

@@ -60,6 +60,8 @@ expect_error "fewer than --batch-size 8 x --accumulate-grad-batches 2 = 16" --ac
   --mode dp --devices cpu:0,cpu:1 --batch-size 8 --train-size 24
 expect_error "--cuda-graphs captures one forward and backward per step: with --accumulate-grad-batches 2" \
   --accumulate-grad-batches 2 --cuda-graphs
+expect_error "--split auto times one batch of --batch-size; with --accumulate-grad-batches 2 give the cuts" \
+  --mode mp --devices cpu:0,cpu:1 --split auto --accumulate-grad-batches 2
 expect_error "--mode dp needs --devices" --mode dp
 expect_error "belongs to --mode dp" --sync-bn
 expect_error "twice" --mode dp --devices cpu:0,cpu:0

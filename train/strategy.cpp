@@ -40,7 +40,7 @@ SingleDevice::SingleDevice(const UNetConfig& model, const OptimizerFactory& make
   UNETCU_CHECK(!cuda_graphs || device_.is_cuda(), "CUDA graphs need a GPU; ", device_.str(), " runs eagerly");
   UNETCU_CHECK(accumulate_rows >= 0, "gradient accumulation: chunks of ", accumulate_rows, " rows");
   UNETCU_CHECK(!cuda_graphs || accumulate_rows == 0,
-               "a CUDA graph captures one forward and backward per step: gradient accumulation runs eagerly");
+               "a CUDA graph captures one forward and backward per step: gradient accumulation needs eager steps");
 }
 
 std::string SingleDevice::describe() const {
