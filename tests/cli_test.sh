@@ -142,5 +142,14 @@ if [ $rc -ne 0 ] || ! grep -q "sgd lr 0.1, gradients clipped to norm 1e-09$" <<<
 else
   echo "ok: --clip-grad-norm 1e-9 holds the loss at $h1 for 3 epochs; unclipped it goes $f1 -> $f3"
 fi
+# Accumulating batches of 3 at 32x32 over 10 images leaves a last batch of one image, but a
+# pipeline runs the step's images as micro-batches of 2 (2,2,2 and 2,2): accepted.
+if out=$("$bin" --no-progress --mode mp --devices cpu:0,cpu:1 --image-size 32 --batch-size 3 --accumulate-grad-batches 2 \
+           --split-size 2 --train-size 10 --val-size 4 --width-divisor 16 --epochs 1 2>&1) &&
+   grep -q "^epoch 1/1 .*live_micro_batches 3 3$" <<<"$out"; then
+  echo "ok: --mode mp accumulates batches of 3 as micro-batches of 2"
+else
+  echo "FAIL: --mode mp with --accumulate-grad-batches 2, batches of 3, micro-batches of 2: $out"; fail=1
+fi
 rm -rf "$tmp"
 exit $fail
