@@ -80,7 +80,8 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
   app.add_option("--clip-grad-norm", cfg.clip_grad_norm,
                  "Before every optimizer step, scale the gradients down so that their total 2-norm (over the whole "
                  "model: every stage of a pipeline; data parallel: the averaged gradients) is at most X, as "
-                 "torch.nn.utils.clip_grad_norm_; 0 never")
+                 "torch.nn.utils.clip_grad_norm_; 0 never. Each epoch line then gives the mean and largest norm "
+                 "before clipping and the share of steps clipped")
       ->capture_default_str();
   app.add_option("--width-divisor", cfg.width_divisor,
                  "Divide every channel count by this (1 = the real model)")
@@ -168,9 +169,10 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
       ->capture_default_str();
   app.add_option("--log", cfg.log,
                  "Metrics file: a row per epoch (epoch, time, train loss, validation loss / IoU / "
-                 "Dice, img/s, learning rate, peak device memory, loader wait), flushed as "
+                 "Dice, img/s, learning rate, peak device memory, loader wait; with --clip-grad-norm "
+                 "the mean and largest gradient norm and the share of steps clipped), flushed as "
                  "written; CSV with a header, or JSON Lines when FILE ends in .jsonl; appended to "
-                 "with --resume");
+                 "with --resume (a CSV only when its header is this run's)");
   app.add_option("--log-every", cfg.log_every,
                  "With --log: also a row every N training steps (step, loss, img/s, learning rate)")
       ->capture_default_str();

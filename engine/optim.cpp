@@ -66,8 +66,26 @@ void Optimizer::step_clipped_by(const Tensor& square_sum) {
     ProfileRange range("clip_grad_norm", "op", n, bytes);
     UNETCU_LAUNCH(square_sum.device(), clip_scale_many, std::vector<TensorRef>(gs.begin(), gs.end()),
                   square_sum, max_grad_norm_);
+    // Made on the stream of the step that first updates it (a new record starts with a new one).
+    if (!clip_stats_.defined()) clip_stats_ = Tensor::zeros({3}, DType::F64, square_sum.device());
+    UNETCU_LAUNCH(square_sum.device(), clip_stats_update, square_sum, max_grad_norm_, clip_stats_);
+    ++clip_steps_;
   }
   update();
+}
+
+Optimizer::ClipStats Optimizer::take_clip_stats() {
+  ClipStats s;
+  if (clip_steps_ > 0 && clip_stats_.defined()) {
+    const std::vector<double> v = clip_stats_.to_vector();
+    s.steps = clip_steps_;
+    s.norm_mean = v[0] / double(clip_steps_);
+    s.norm_max = v[1];
+    s.clipped = int64_t(v[2]);
+  }
+  clip_stats_ = Tensor();
+  clip_steps_ = 0;
+  return s;
 }
 
 void Optimizer::step() {

@@ -30,6 +30,15 @@ class Optimizer {
   // every one of them in place of step().
   Tensor grad_square_sum() const;
   void step_clipped_by(const Tensor& square_sum);
+  // What clipping saw since the last call (which starts the record anew): the steps clipped by
+  // this optimizer, the mean and largest norm of their gradients before clipping (a pipeline
+  // stage's: the whole model's), and how many of them the clip scaled down. Read on the host:
+  // on a GPU once the steps are done (after the epoch's last loss was read).
+  struct ClipStats {
+    int64_t steps = 0, clipped = 0;
+    double norm_mean = 0, norm_max = 0;
+  };
+  ClipStats take_clip_stats();
   void zero_grad();
   double lr() const { return lr_; }
   // "adam" / "sgd": checkpoints name the state with it, so another optimizer's state is
@@ -54,6 +63,8 @@ class Optimizer {
  private:
   std::vector<Tensor> grads() const;  // the gradients that are defined, checked against their parameters
   double max_grad_norm_ = 0;
+  Tensor clip_stats_;        // float64 [3] on the parameters' device (clip_stats_update)
+  int64_t clip_steps_ = 0;   // steps it holds
 };
 
 struct AdamOptions {

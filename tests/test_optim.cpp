@@ -299,6 +299,28 @@ TEST_CASE("gradient clipping in the optimizer: clip_grad_norm_ then SGD, by hand
     CHECK(std::memcmp(p2.raw(), p.raw(), p.nbytes()) == 0);
     CHECK(std::memcmp(q2.raw(), q.raw(), q.nbytes()) == 0);
   }
+  // The record of clipped steps: norms 13 (scaled down to 6.5) and 5 (kept), then a new record.
+  {
+    Tensor p = Tensor::from_vector({2}, {1.0, 1.0}, DType::F64).set_requires_grad(true);
+    SGD sgd({p}, SgdOptions{});
+    sgd.set_max_grad_norm(6.5);
+    CHECK(sgd.take_clip_stats().steps == 0);
+    set_grad(p, {5.0, -12.0});
+    sgd.step();
+    set_grad(p, {3.0, 4.0});
+    sgd.step();
+    const Optimizer::ClipStats c = sgd.take_clip_stats();
+    CHECK(c.steps == 2);
+    CHECK(c.clipped == 1);
+    CHECK(c.norm_mean == doctest::Approx(9.0).epsilon(1e-15));
+    CHECK(c.norm_max == doctest::Approx(13.0).epsilon(1e-15));
+    set_grad(p, {0.0, 1.0});
+    sgd.step();
+    const Optimizer::ClipStats next = sgd.take_clip_stats();
+    CHECK(next.steps == 1);
+    CHECK(next.clipped == 0);
+    CHECK(next.norm_max == doctest::Approx(1.0).epsilon(1e-15));
+  }
   Tensor r = Tensor::from_vector({1}, {1.0}, DType::F64).set_requires_grad(true);
   SGD s({r}, SgdOptions{});
   CHECK_THROWS_WITH(s.set_max_grad_norm(-1), doctest::Contains("largest gradient norm"));

@@ -168,6 +168,17 @@ TEST_CASE("gradient clipping in MP: every stage clips by the whole model's norm,
       opt->step();
       CHECK(max_rel_diff(pipe.model(), single) < 1e-10);
     }
+    // Every stage recorded the whole model's norms, those one device saw.
+    const Optimizer::ClipStats want = opt->take_clip_stats();
+    CHECK(want.steps == 2);
+    CHECK(want.clipped == 2);
+    for (const auto& stage : pipe.optimizers()) {
+      const Optimizer::ClipStats got = stage->take_clip_stats();
+      CHECK(got.steps == 2);
+      CHECK(got.clipped == 2);
+      CHECK(got.norm_mean == doctest::Approx(want.norm_mean).epsilon(1e-10));
+      CHECK(got.norm_max == doctest::Approx(want.norm_max).epsilon(1e-10));
+    }
   }
 }
 

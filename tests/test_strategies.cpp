@@ -19,6 +19,7 @@
 #include "engine/checkpoint.h"
 #include "testing.h"
 #include "train/interrupt.h"
+#include "train/metrics_log.h"
 #include "train/strategy.h"
 #include "train/trainer.h"
 
@@ -433,6 +434,16 @@ TEST_CASE("the metrics file: a row per epoch with what the epoch line says, step
     CHECK(read_lines().size() == header + 1);
     std::remove(name);
   }
+  // A CSV whose header is not this run's (another program's, another version's columns) is not
+  // appended to: its rows would fall into the wrong columns.
+  {
+    std::ofstream("metrics_test.csv") << "kind,epoch,step,time_s,train_loss\nepoch,1,,0.5,1.2\n";
+    CHECK_THROWS_WITH(MetricsLog("metrics_test.csv", true), doctest::Contains("has other columns than this run writes"));
+    std::ifstream f("metrics_test.csv");
+    const std::string kept((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    CHECK(kept == "kind,epoch,step,time_s,train_loss\nepoch,1,,0.5,1.2\n");  // untouched
+    std::remove("metrics_test.csv");
+  }
   std::remove("metrics_test.safetensors");
   std::remove("metrics_test.safetensors.train");
 }
@@ -787,4 +798,44 @@ TEST_CASE("gradient accumulation through train_unet: an optimizer step takes N b
   std::ostringstream log;
   train_unet(mp, log);
   CHECK(log.str().find("micro-batches of 2") != std::string::npos);
+}
+
+TEST_CASE("gradient clipping through train_unet: the epoch line and the metrics file give the norms, in every mode") {
+  for (Mode mode : {Mode::Single, Mode::DataParallel, Mode::Pipeline}) {
+    CAPTURE(name_of(kModeNames, mode));
+    TrainConfig cfg = small_run(mode);
+    cfg.clip_grad_norm = 0.01;  // far below the norms (0.4 to 0.9): every step clipped
+    cfg.log = "strategy_clip.csv";
+    std::ostringstream log;
+    const TrainResult r = train_unet(cfg, log);
+    INFO(log.str());
+    REQUIRE(r.epochs.size() == 2);
+    for (const EpochStats& st : r.epochs) {
+      CHECK(st.grad_norm > 10 * cfg.clip_grad_norm);
+      CHECK(st.grad_norm_max >= st.grad_norm);
+      CHECK(st.clipped_fraction == 1.0);
+    }
+    CHECK(log.str().find("% clipped)") != std::string::npos);
+    CHECK(log.str().find("100% clipped)") != std::string::npos);
+    // The metrics file's last three columns.
+    std::ifstream f(cfg.log);
+    std::string header, row;
+    std::getline(f, header);
+    std::getline(f, row);
+    CHECK(header.find(",grad_norm,grad_norm_max,clipped_fraction") != std::string::npos);
+    CHECK(row.substr(row.rfind(',')) == ",1");
+    // Without clipping: no norms, empty columns.
+    TrainConfig plain = small_run(mode);
+    plain.epochs = 1;
+    plain.log = cfg.log;
+    std::ostringstream plain_log;
+    const TrainResult p = train_unet(plain, plain_log);
+    CHECK(std::isnan(p.epochs[0].grad_norm));
+    CHECK(plain_log.str().find("grad_norm") == std::string::npos);
+    std::ifstream g(plain.log);
+    std::getline(g, header);
+    std::getline(g, row);
+    CHECK(row.substr(row.size() - 3) == ",,,");
+    std::remove(cfg.log.c_str());
+  }
 }

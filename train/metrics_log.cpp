@@ -9,9 +9,10 @@ namespace unetcu {
 namespace {
 
 // The columns after kind, epoch and step, in order; step rows fill time, train_loss, img/s and lr.
-constexpr const char* kColumns[] = {"time_s",  "train_loss",   "val_loss",     "val_iou",
-                                    "val_dice", "images_per_s", "lr",           "peak_mem_mib",
-                                    "loader_wait_s"};
+// Epoch rows leave the gradient-norm columns empty without gradient clipping.
+constexpr const char* kColumns[] = {"time_s",        "train_loss",   "val_loss",     "val_iou",
+                                    "val_dice",      "images_per_s", "lr",           "peak_mem_mib",
+                                    "loader_wait_s", "grad_norm",    "grad_norm_max", "clipped_fraction"};
 constexpr int kNumColumns = int(sizeof(kColumns) / sizeof(kColumns[0]));
 
 std::string num(double v) {
@@ -32,12 +33,26 @@ MetricsLog::MetricsLog(const std::string& path, bool append) : jsonl_(ends_with(
   if (path.empty()) return;
   f_ = std::fopen(path.c_str(), append ? "a" : "w");
   UNETCU_CHECK(f_, "cannot write the metrics file ", path, ": ", std::strerror(errno));
+  std::string header = "kind,epoch,step";
+  for (const char* c : kColumns) header += std::string(",") + c;
   std::fseek(f_, 0, SEEK_END);
   if (!jsonl_ && std::ftell(f_) == 0) {
-    std::fprintf(f_, "kind,epoch,step");
-    for (const char* c : kColumns) std::fprintf(f_, ",%s", c);
-    std::fprintf(f_, "\n");
+    std::fprintf(f_, "%s\n", header.c_str());
     std::fflush(f_);
+  } else if (!jsonl_) {
+    // Rows appended under another header (a file of another program or version) would be
+    // read into the wrong columns.
+    std::FILE* in = std::fopen(path.c_str(), "r");
+    std::string first;
+    for (int ch; in && (ch = std::fgetc(in)) != EOF && ch != '\n' && first.size() <= header.size();)
+      first += char(ch);
+    if (in) std::fclose(in);
+    if (first != header) {
+      std::fclose(f_);
+      f_ = nullptr;
+      UNETCU_CHECK(false, "the metrics file ", path, " has other columns than this run writes (", header,
+                   "): name another file");
+    }
   }
 }
 
@@ -71,7 +86,9 @@ void MetricsLog::epoch(const EpochStats& st, double lr) {
       num(lr),
       // Device memory exists only on GPUs: empty for CPU runs.
       st.peak_device_bytes ? num(double(st.peak_device_bytes) / (1 << 20)) : std::string(),
-      num(st.wait_seconds)};
+      num(st.wait_seconds),
+      num(st.grad_norm),      num(st.grad_norm_max),
+      num(st.clipped_fraction)};
   row("epoch", st.epoch, -1, fields);
 }
 

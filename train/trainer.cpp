@@ -379,6 +379,18 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
                  ") after epoch ", epoch, "; lower the learning rate", kept);
     st.val_iou = counts.iou();
     st.val_dice = counts.dice();
+    // Gradient clipping's record of the epoch (the steps are done: their last loss was read).
+    // Every stage of a pipeline clips by the same norm; a replica's is rank 0's; across
+    // processes this process's stage's.
+    bool clip_seen = false;
+    for (Optimizer* opt : strategy.optimizers()) {
+      const Optimizer::ClipStats c = opt->take_clip_stats();
+      if (c.steps == 0 || clip_seen) continue;
+      clip_seen = true;
+      st.grad_norm = c.norm_mean;
+      st.grad_norm_max = c.norm_max;
+      st.clipped_fraction = double(c.clipped) / double(c.steps);
+    }
     for (const Device& d : gpus)
       st.peak_device_bytes = std::max(st.peak_device_bytes, cuda::device_memory_stats(d.index).peak_bytes);
 
@@ -400,6 +412,12 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
       char rate[32];
       std::snprintf(rate, sizeof rate, "  lr %.4g", step_lr);
       out << rate;
+    }
+    if (clip_seen) {
+      char norms[96];
+      std::snprintf(norms, sizeof norms, "  grad_norm %.4g (max %.4g, %.0f%% clipped)", st.grad_norm,
+                    st.grad_norm_max, 100 * st.clipped_fraction);
+      out << norms;
     }
     if (!peak_live.empty()) {
       out << "  live_micro_batches";

@@ -9,6 +9,7 @@
 // permutation is cut to a multiple of N and replica r takes every N-th sample from position r
 // (DistributedSampler semantics): disjoint, equal shards.
 #pragma once
+#include <cmath>
 #include <functional>
 #include <ostream>
 #include <string>
@@ -66,6 +67,9 @@ struct EpochStats {
   size_t peak_device_bytes = 0;    // GPUs: the largest peak of the caching allocators
   double load_seconds = 0;         // the loader's time per worker making training batches
   double wait_seconds = 0;         // time the step waited for a batch
+  // Gradient clipping (the optimizers' max_grad_norm): the epoch's mean and largest gradient
+  // norm before clipping and the share of its steps the clip scaled down; NaN without it.
+  double grad_norm = NAN, grad_norm_max = NAN, clipped_fraction = NAN;
 };
 
 struct TrainResult {

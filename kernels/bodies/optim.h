@@ -55,6 +55,15 @@ HD double clip_coefficient(double square_sum, double max_norm) {
   return c >= 1 ? 1.0 : c;  // NaN compares false: it stays NaN
 }
 
+// The record of the clipped steps, stats float64 [3]: the sum of the gradients' norms (before
+// clipping), their largest (NaN once one was NaN), and the number of steps the clip scaled down.
+HD void clip_stats_update(double square_sum, double max_norm, double* stats) {
+  const double norm = sqrt(square_sum);
+  stats[0] += norm;
+  if (norm > stats[1] || norm != norm) stats[1] = norm;
+  if (clip_coefficient(square_sum, max_norm) < 1) stats[2] += 1;
+}
+
 // The elements of each chunk a square sum adds serially before the chunks are added in order
 // (square_sum_many): the result does not depend on the thread count on the CPU.
 constexpr int64_t kSquareSumChunk = 4096;

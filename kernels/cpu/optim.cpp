@@ -96,6 +96,10 @@ void square_sum_many(const std::vector<TensorRef>& xs, const TensorRef& out) {
   out.data<double>()[0] = sum;
 }
 
+void clip_stats_update(const TensorRef& square_sum, double max_norm, const TensorRef& stats) {
+  kernels::clip_stats_update(square_sum.data<double>()[0], max_norm, stats.data<double>());
+}
+
 void clip_scale_many(const std::vector<TensorRef>& xs, const TensorRef& square_sum, double max_norm) {
   const double c = clip_coefficient(square_sum.data<double>()[0], max_norm);
   if (c == 1) return;  // x * 1 is x

@@ -100,6 +100,10 @@ __global__ void clip_scale_kernel(const __grid_constant__ ClipBatch b, const dou
   for (int64_t i = first + threadIdx.x; i < end; i += blockDim.x) b.x[t][i] *= cf;
 }
 
+__global__ void clip_stats_kernel(const double* square_sum, double max_norm, double* stats) {
+  kernels::clip_stats_update(square_sum[0], max_norm, stats);
+}
+
 // The tensors in launches of at most kAdamBatch, f(batch, blocks) for each.
 template <class F> void for_clip_batches(const std::vector<TensorRef>& xs, F&& f) {
   for (size_t at = 0; at < xs.size(); at += kAdamBatch) {
@@ -134,6 +138,12 @@ void square_sum_many(const std::vector<TensorRef>& xs, const TensorRef& out) {
   });
   sum_square_partials_kernel<<<1, kThreads, 0, l.stream>>>(pp, total, out.data<double>());
   CUDA_CHECK_LAUNCH(l.stream, "square_sum_many (sum)");
+}
+
+void clip_stats_update(const TensorRef& square_sum, double max_norm, const TensorRef& stats) {
+  Launch l(square_sum);
+  clip_stats_kernel<<<1, 1, 0, l.stream>>>(square_sum.data<double>(), max_norm, stats.data<double>());
+  CUDA_CHECK_LAUNCH(l.stream, "clip_stats_update");
 }
 
 void clip_scale_many(const std::vector<TensorRef>& xs, const TensorRef& square_sum, double max_norm) {
