@@ -408,16 +408,16 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
     out << "  loader " << std::fixed << std::setprecision(0)
         << (st.load_seconds > 0 ? double(seen) / st.load_seconds : 0.0) << " img/s, waited "
         << std::setprecision(2) << st.wait_seconds << "s" << std::defaultfloat;
-    if (scheduled) {  // the rate of the epoch's last step
-      char rate[32];
-      std::snprintf(rate, sizeof rate, "  lr %.4g", step_lr);
-      out << rate;
-    }
     if (clip_seen) {
       char norms[96];
       std::snprintf(norms, sizeof norms, "  grad_norm %.4g (max %.4g, %.0f%% clipped)", st.grad_norm,
                     st.grad_norm_max, 100 * st.clipped_fraction);
       out << norms;
+    }
+    if (scheduled) {  // the rate of the epoch's last step
+      char rate[32];
+      std::snprintf(rate, sizeof rate, "  lr %.4g", step_lr);
+      out << rate;
     }
     if (!peak_live.empty()) {
       out << "  live_micro_batches";

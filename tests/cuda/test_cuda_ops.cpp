@@ -393,6 +393,12 @@ TEST_CASE("CUDA gradient clipping equals the CPU's: the square sum over many ten
     opt->step();
   }
   CHECK(rel(pg, pc) < 1e-6);
+  // The clip's record, kept on the device.
+  const Optimizer::ClipStats sc_ = oc->take_clip_stats(), sg_ = og->take_clip_stats();
+  CHECK(sg_.steps == 1);
+  CHECK(sg_.clipped == 1);
+  CHECK(std::fabs(sg_.norm_max - sc_.norm_max) <= 1e-6 * sc_.norm_max);
+  CHECK(sg_.norm_mean == sg_.norm_max);
   double moved = 0;  // no element moves more than lr × max_norm
   for (int64_t i = 0; i < pc.numel(); ++i) moved = std::max(moved, std::fabs(pc.at(i) - p64.at(i)));
   CHECK(moved <= 0.1 * 0.5 * (1 + 1e-12));
