@@ -81,7 +81,7 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
                  "Before every optimizer step, scale the gradients down so that their total 2-norm (over the whole "
                  "model: every stage of a pipeline; data parallel: the averaged gradients) is at most X, as "
                  "torch.nn.utils.clip_grad_norm_; 0 never. Each epoch line then gives the mean and largest norm "
-                 "before clipping and the share of steps clipped")
+                 "before clipping and how many of its steps were clipped")
       ->capture_default_str();
   app.add_option("--width-divisor", cfg.width_divisor,
                  "Divide every channel count by this (1 = the real model)")

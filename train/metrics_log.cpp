@@ -36,22 +36,26 @@ MetricsLog::MetricsLog(const std::string& path, bool append) : jsonl_(ends_with(
   std::string header = "kind,epoch,step";
   for (const char* c : kColumns) header += std::string(",") + c;
   std::fseek(f_, 0, SEEK_END);
-  if (!jsonl_ && std::ftell(f_) == 0) {
+  const long size = std::ftell(f_);  // -1 where it cannot seek (a terminal, a pipe): no header
+  if (!jsonl_ && size == 0) {
     std::fprintf(f_, "%s\n", header.c_str());
     std::fflush(f_);
-  } else if (!jsonl_) {
+  } else if (!jsonl_ && append && size > 0) {
     // Rows appended under another header (a file of another program or version) would be
     // read into the wrong columns.
     std::FILE* in = std::fopen(path.c_str(), "r");
+    const int open_error = errno;
     std::string first;
     for (int ch; in && (ch = std::fgetc(in)) != EOF && ch != '\n' && first.size() <= header.size();)
       first += char(ch);
     if (in) std::fclose(in);
-    if (first != header) {
+    if (!first.empty() && first.back() == '\r') first.pop_back();  // written on Windows
+    if (!in || first != header) {
       std::fclose(f_);
       f_ = nullptr;
-      UNETCU_CHECK(false, "the metrics file ", path, " has other columns than this run writes (", header,
-                   "): name another file");
+      UNETCU_CHECK(in, "cannot read the metrics file ", path, " to append to it: ", std::strerror(open_error));
+      UNETCU_CHECK(false, "the metrics file ", path, " has other columns than this run writes (written by "
+                   "another version or program?): move it aside or name another file; this run writes ", header);
     }
   }
 }

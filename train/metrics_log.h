@@ -1,8 +1,10 @@
 // The metrics file of a training run (--log): one row per epoch — epoch, training time, train
-// loss, validation loss / IoU / Dice, images/s, learning rate, peak device memory, loader wait
-// — and, every N steps, a step row (step, loss, images/s, learning rate). CSV with a header, or JSON Lines
-// when the name ends in ".jsonl". Every row is flushed when written, so a run that stops
-// leaves every finished row; a resumed run appends (a fresh one starts the file anew).
+// loss, validation loss / IoU / Dice, images/s, learning rate, peak device memory, loader
+// wait, and with gradient clipping the epoch's mean and largest gradient norm and the share of
+// steps clipped — and, every N steps, a step row (step, loss, images/s, learning rate). CSV
+// with a header, or JSON Lines when the name ends in ".jsonl". Every row is flushed when
+// written, so a run that stops leaves every finished row; a resumed run appends (a fresh one
+// starts the file anew).
 #pragma once
 #include <cstdio>
 #include <string>
@@ -13,7 +15,8 @@ namespace unetcu {
 
 class MetricsLog {
  public:
-  // Opens `path` (truncated, or appended to when `append`); Error when it cannot be written.
+  // Opens `path` (truncated, or appended to when `append`); Error when it cannot be written, or
+  // when a CSV to append to starts with another header than this version writes.
   // An empty path: no file, every write is a no-op.
   MetricsLog(const std::string& path, bool append);
   ~MetricsLog();

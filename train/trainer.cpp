@@ -254,6 +254,8 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
     EpochStats st;
     st.epoch = epoch;
     strategy.set_training(true);
+    // Gradient clipping's record starts with the epoch (steps before fit() are not its).
+    for (Optimizer* opt : strategy.optimizers()) opt->take_clip_stats();
     std::vector<int> peak_live;
     const auto perm = epoch_permutation(train_n, o.seed, epoch);
     // A run resumed mid-epoch starts at the step it stopped at; the batches are those it would
@@ -383,10 +385,13 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
     // Every stage of a pipeline clips by the same norm; a replica's is rank 0's; across
     // processes this process's stage's.
     bool clip_seen = false;
+    int64_t clip_steps = 0, clip_clipped = 0;
     for (Optimizer* opt : strategy.optimizers()) {
       const Optimizer::ClipStats c = opt->take_clip_stats();
       if (c.steps == 0 || clip_seen) continue;
       clip_seen = true;
+      clip_steps = c.steps;
+      clip_clipped = c.clipped;
       st.grad_norm = c.norm_mean;
       st.grad_norm_max = c.norm_max;
       st.clipped_fraction = double(c.clipped) / double(c.steps);
@@ -410,8 +415,8 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
         << std::setprecision(2) << st.wait_seconds << "s" << std::defaultfloat;
     if (clip_seen) {
       char norms[96];
-      std::snprintf(norms, sizeof norms, "  grad_norm %.4g (max %.4g, %.0f%% clipped)", st.grad_norm,
-                    st.grad_norm_max, 100 * st.clipped_fraction);
+      std::snprintf(norms, sizeof norms, "  grad_norm %.4g (max %.4g, %lld/%lld clipped)", st.grad_norm,
+                    st.grad_norm_max, static_cast<long long>(clip_clipped), static_cast<long long>(clip_steps));
       out << norms;
     }
     if (scheduled) {  // the rate of the epoch's last step
