@@ -312,6 +312,21 @@ TEST_CASE("CUDA losses equal the CPU losses, values and gradients") {
   }
 }
 
+namespace {
+// One optimizer step of `opt` over the parameter p, whose gradient is set to `grad` first.
+void step_with_gradient(Tensor& p, Optimizer& opt, const Tensor& grad) {
+  opt.zero_grad();
+  Tape t;
+  Tensor y;
+  {
+    TapeScope s(t);
+    y = scale(p, 1.0);
+  }
+  t.backward({y}, {grad});
+  opt.step();
+}
+}  // namespace
+
 TEST_CASE("CUDA Adam and SGD steps equal the CPU steps") {
   Setup setup;
   FRESH_RNG(rng);
@@ -332,17 +347,8 @@ TEST_CASE("CUDA Adam and SGD steps equal the CPU steps") {
       og = std::make_unique<SGD>(std::vector<Tensor>{pg}, o);
     }
     for (const Tensor* g : {&g1, &g2}) {
-      for (auto [p, opt, grad] : {std::tuple{&pc, oc.get(), g->clone()}, std::tuple{&pg, og.get(), gpu(*g)}}) {
-        opt->zero_grad();
-        Tape t;
-        Tensor y;
-        {
-          TapeScope s(t);
-          y = scale(*p, 1.0);
-        }
-        t.backward({y}, {grad});
-        opt->step();
-      }
+      step_with_gradient(pc, *oc, g->clone());
+      step_with_gradient(pg, *og, gpu(*g));
     }
     CAPTURE(which);
     CHECK(rel(pg, pc) < 1e-6);
@@ -382,16 +388,8 @@ TEST_CASE("CUDA gradient clipping equals the CPU's: the square sum over many ten
   auto oc = make_sgd({pc}), og = make_sgd({pg});
   oc->set_max_grad_norm(0.5);
   og->set_max_grad_norm(0.5);
-  for (auto [p, opt, grad] : {std::tuple{&pc, oc.get(), g.clone()}, std::tuple{&pg, og.get(), gpu(g)}}) {
-    Tape t;
-    Tensor y;
-    {
-      TapeScope s(t);
-      y = scale(*p, 1.0);
-    }
-    t.backward({y}, {grad});
-    opt->step();
-  }
+  step_with_gradient(pc, *oc, g.clone());
+  step_with_gradient(pg, *og, gpu(g));
   CHECK(rel(pg, pc) < 1e-6);
   // The clip's record, kept on the device.
   const Optimizer::ClipStats sc_ = oc->take_clip_stats(), sg_ = og->take_clip_stats();
