@@ -31,16 +31,26 @@ struct AdamBatch {
   AdamCoeffs<float> c[kAdamBatch];
 };
 
-__global__ void adam_many_kernel(const __grid_constant__ AdamBatch b) {
+// In a launch over many tensors (start[t]: the first block of tensor t of `count`, n[t] its
+// elements, `chunk` elements per block): the tensor t with start[t] <= this block < start[t + 1]
+// and the block's elements [first, end) of it.
+__device__ inline void block_range(const int64_t* start, const int64_t* n, int count, int64_t chunk, int* t,
+                                   int64_t* first, int64_t* end) {
   const int64_t block = blockIdx.x;
-  int lo = 0, hi = b.count;  // the tensor t with start[t] <= block < start[t + 1]
+  int lo = 0, hi = count;
   while (hi - lo > 1) {
     const int mid = (lo + hi) / 2;
-    if (b.start[mid] <= block) lo = mid; else hi = mid;
+    if (start[mid] <= block) lo = mid; else hi = mid;
   }
-  const int t = lo;
-  const int64_t first = (block - b.start[t]) * kAdamChunk;
-  const int64_t end = min(first + kAdamChunk, b.n[t]);
+  *t = lo;
+  *first = (block - start[lo]) * chunk;
+  *end = min(*first + chunk, n[lo]);
+}
+
+__global__ void adam_many_kernel(const __grid_constant__ AdamBatch b) {
+  int t;
+  int64_t first, end;
+  block_range(b.start, b.n, b.count, kAdamChunk, &t, &first, &end);
   for (int64_t i = first + threadIdx.x; i < end; i += blockDim.x)
     adam_update(b.p[t] + i, b.g[t][i], b.m[t] + i, b.v[t] + i, b.c[t]);
 }
@@ -56,15 +66,7 @@ struct ClipBatch {
 
 // The tensor and element range of this block.
 __device__ inline void clip_chunk(const ClipBatch& b, int* t, int64_t* first, int64_t* end) {
-  const int64_t block = blockIdx.x;
-  int lo = 0, hi = b.count;
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (b.start[mid] <= block) lo = mid; else hi = mid;
-  }
-  *t = lo;
-  *first = (block - b.start[lo]) * kSquareSumChunk;
-  *end = min(*first + kSquareSumChunk, b.n[lo]);
+  block_range(b.start, b.n, b.count, kSquareSumChunk, t, first, end);
 }
 
 // partials[offset + block] = the chunk's sum of squares.
