@@ -370,9 +370,6 @@ void validate(const TrainConfig& c) {
                "--cuda-graphs under a launcher belongs to --mode dp (one GPU replica per process); "
                "--mode ", name_of(kModeNames, c.mode), " with graphs runs in one process: drop it, "
                "or give --dist none");
-  UNETCU_CHECK(c.accumulate_grad_batches == 1 || !c.cuda_graphs || c.mode == Mode::Pipeline,
-               "--cuda-graphs captures one forward and backward per step: with --accumulate-grad-batches ",
-               c.accumulate_grad_batches, " train without it (--mode mp accumulates inside its graph)");
   UNETCU_CHECK(c.accumulate_grad_batches == 1 || !c.split_auto,
                "--split auto times one batch of --batch-size; with --accumulate-grad-batches ",
                c.accumulate_grad_batches, " give the cuts and --split-size");

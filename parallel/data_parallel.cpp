@@ -141,9 +141,6 @@ DataParallel::DataParallel(const UNetConfig& model_cfg, const DataParallelOption
                "CUDA graphs need GPU replicas; ", device_list_str(options.devices), " run eagerly");
   UNETCU_CHECK(options.accumulate_rows >= 0, "data parallelism: chunks of ", options.accumulate_rows,
                " rows for gradient accumulation");
-  UNETCU_CHECK(!options.cuda_graphs || options.accumulate_rows == 0,
-               "data parallelism: a CUDA graph captures one forward and backward per step: gradient "
-               "accumulation needs eager steps");
   UNETCU_CHECK(!options.bf16_allreduce || options.algo != AllReduceAlgo::Mpi,
                "data parallelism: the MPI library's own all-reduce has no bfloat16 sum; bfloat16 "
                "gradients take the ring or ps all-reduce");

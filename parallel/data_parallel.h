@@ -60,7 +60,8 @@ struct DataParallelOptions {
   // Gradient accumulation: a replica's shard of more rows than this runs forward and backward
   // in chunks of this many rows (the last may be smaller), each chunk's loss weighted by its
   // share of the shard, the gradients accumulated; the all-reduce overlaps the last chunk's
-  // backward only. Batch norm uses each chunk's statistics. 0: the whole shard at once.
+  // backward only. Batch norm uses each chunk's statistics. 0: the whole shard at once. With
+  // cuda_graphs every chunk is in the one graph.
   int64_t accumulate_rows = 0;
   // One replica in this process (devices: its one CPU device), one rank of a job of several
   // processes: the communicators span the processes (parallel/process_communicator.h) of

@@ -58,8 +58,9 @@ expect_error "--batch-size 8 x --accumulate-grad-batches 4 = 32 is larger than t
   --accumulate-grad-batches 4 --batch-size 8 --train-size 16
 expect_error "fewer than --batch-size 8 x --accumulate-grad-batches 2 = 16" --accumulate-grad-batches 2 \
   --mode dp --devices cpu:0,cpu:1 --batch-size 8 --train-size 24
-expect_error "--cuda-graphs captures one forward and backward per step: with --accumulate-grad-batches 2" \
-  --accumulate-grad-batches 2 --cuda-graphs
+# Accumulation and CUDA graphs go together: on the CPU only the graphs are refused.
+expect_error "--cuda-graphs needs a GPU; cpu" --device cpu --batch-size 2 --accumulate-grad-batches 2 --cuda-graphs \
+  --epochs 1 --train-size 8 --val-size 4 --width-divisor 16
 expect_error "--split auto times one batch of --batch-size; with --accumulate-grad-batches 2 give the cuts" \
   --mode mp --devices cpu:0,cpu:1 --split auto --accumulate-grad-batches 2
 expect_error "--mode dp needs --devices" --mode dp

@@ -3,9 +3,10 @@
 # bf16 NHWC with CUDA graphs), under --profile with UNETCU_CUDA_SYNC=1, as one launched data-
 # parallel process, the pipeline as two stages on one GPU, unet_bench on cuda:0 — here at tiny
 # sizes, plus data parallelism over two GPUs, a resumed run, gradient clipping and accumulation
-# and unet_predict on the GPU. In the CUDA emulator build (ctest "cuda-emu: ..."), so the host
-# side of every GPU run (flags, the trainer's GPU paths, checkpoints from device memory, the
-# epoch line gpu_check.sh reads its figures from) has run before a GPU is lent.
+# (eager and in a CUDA graph) and unet_predict on the GPU. In the CUDA emulator build (ctest
+# "cuda-emu: ..."), so the host side of every GPU run (flags, the trainer's GPU paths,
+# checkpoints from device memory, the epoch line gpu_check.sh reads its figures from) has run
+# before a GPU is lent.
 #
 #   tests/cuda_train_test.sh unet_train unet_predict unet_bench unet_synthetic_dataset
 set -u
@@ -64,6 +65,13 @@ run bf16g "$train" "${tiny[@]}" --device cuda:0 --precision bf16 --memory-format
   { epochs bf16g; expect bf16g '^strategy: one device, cuda:0, CUDA graphs$' "strategy line"; }
 [ -n "$(losses bf16)" ] && [ "$(losses bf16)" = "$(losses bf16g)" ] ||
   { echo "FAIL: bf16 losses with CUDA graphs differ from eager:"; paste <(losses bf16) <(losses bf16g) | sed 's/^/  /'; fail=1; }
+# Two batches accumulated per step, eager and as one graph holding both: the same losses.
+run acc "$train" "${tiny[@]}" --device cuda:0 --precision bf16 --memory-format nhwc --deterministic \
+  --accumulate-grad-batches 2 && epochs acc
+run accg "$train" "${tiny[@]}" --device cuda:0 --precision bf16 --memory-format nhwc --deterministic \
+  --accumulate-grad-batches 2 --cuda-graphs && epochs accg
+[ -n "$(losses acc)" ] && [ "$(losses acc)" = "$(losses accg)" ] ||
+  { echo "FAIL: accumulated losses with CUDA graphs differ from eager:"; paste <(losses acc) <(losses accg) | sed 's/^/  /'; fail=1; }
 # gpu_check.sh's profile step: the per-op table.
 UNETCU_CUDA_SYNC=1 run profile "$train" "${model[@]}" --batch-size 2 --epochs 1 --device cuda:0 --precision bf16 --memory-format nhwc \
   --profile "$d/trace.json" && expect profile '^\| op \| calls' "no per-op table"

@@ -39,8 +39,6 @@ SingleDevice::SingleDevice(const UNetConfig& model, const OptimizerFactory& make
       optimizer_(make_optimizer(model_->parameters())), cuda_graphs_(cuda_graphs), accumulate_rows_(accumulate_rows) {
   UNETCU_CHECK(!cuda_graphs || device_.is_cuda(), "CUDA graphs need a GPU; ", device_.str(), " runs eagerly");
   UNETCU_CHECK(accumulate_rows >= 0, "gradient accumulation: chunks of ", accumulate_rows, " rows");
-  UNETCU_CHECK(!cuda_graphs || accumulate_rows == 0,
-               "a CUDA graph captures one forward and backward per step: gradient accumulation needs eager steps");
 }
 
 std::string SingleDevice::describe() const {
@@ -51,21 +49,22 @@ std::string SingleDevice::describe() const {
 // cache are all settled before the capture, which can hold none of them.
 constexpr int kEagerStepsBeforeCapture = 2;
 
-Tensor SingleDevice::graph_step(const Batch& b) {
+const std::vector<Tensor>* SingleDevice::graph_step(const Batch& b) {
   // The profiler times ops on the host; a graph holds train-mode batch norm.
-  if (Profiler::enabled() || !model_->is_training()) return Tensor();
+  if (Profiler::enabled() || !model_->is_training()) return nullptr;
   if (graph_shape_.empty()) graph_shape_ = b.images.shape();
-  if (b.images.shape() != graph_shape_) return Tensor();  // another shape: eager
+  if (b.images.shape() != graph_shape_) return nullptr;  // another shape: eager
   if (!captured_) {
     // Only at the captured shape: cuDNN's algorithms for it are chosen by then (a search
     // cannot run inside a capture).
-    if (eager_steps_++ < kEagerStepsBeforeCapture) return Tensor();
+    if (eager_steps_++ < kEagerStepsBeforeCapture) return nullptr;
     auto c = std::make_unique<Captured>();
     c->images = b.images.shape();
     c->masks = b.masks.shape();
     c->x = Tensor::empty(b.images.shape(), b.images.dtype(), device_, b.images.format());
     c->target = Tensor::empty(b.masks.shape(), b.masks.dtype(), device_, b.masks.format());
-    // The captured backward writes every gradient (beta 0): there is none before it.
+    // The captured backward writes every gradient (the first chunk's with beta 0: there is none
+    // before it); the eager steps' go back with the cache below.
     optimizer_->zero_grad();
     // The capture takes memory of its own for everything the step makes; the cache the eager
     // steps left (their activations, the algorithm search's workspace) goes back first, so the
@@ -75,19 +74,14 @@ Tensor SingleDevice::graph_step(const Batch& b) {
     // Batch norm counts its batches on the host: what one capture adds, each replay adds.
     CapturedCounts counts(*model_);
     try {
-      c->graph = cuda::Graph::capture(device_.index, [&] {
-        Tape tape;
-        TapeScope scope(tape);
-        c->loss = segmentation_loss(loss_, model_->forward(c->x), c->target);
-        tape.backward(c->loss);
-      });
+      c->graph = cuda::Graph::capture(device_.index, [&] { c->losses = forward_backward(c->x, c->target); });
     } catch (const std::exception& e) {
       counts.undo();
       optimizer_->zero_grad();  // whatever the failed capture left
       cuda_graphs_ = false;
       std::fprintf(stderr, "warning: capturing the training step as a CUDA graph failed, training "
                            "goes on without graphs: %s\n", e.what());
-      return Tensor();
+      return nullptr;
     }
     counts.undo();  // nothing ran yet: the first launch below counts
     c->counts = std::move(counts);
@@ -98,7 +92,7 @@ Tensor SingleDevice::graph_step(const Batch& b) {
     captured_ = std::move(c);
   }
   Captured& c = *captured_;
-  if (b.images.shape() != c.images || b.masks.shape() != c.masks) return Tensor();  // eager
+  if (b.images.shape() != c.images || b.masks.shape() != c.masks) return nullptr;  // eager
   c.x.copy_(b.images);
   c.target.copy_(b.masks);
   c.graph.launch();
@@ -107,7 +101,7 @@ Tensor SingleDevice::graph_step(const Batch& b) {
   // optimizer reads the graph's.
   const auto params = model_->parameters();
   for (size_t i = 0; i < params.size(); ++i) params[i].impl().grad = c.grads[i].impl_ptr();
-  return c.loss;
+  return &c.losses;
 }
 
 PlacedBatch SingleDevice::place(Batch host) {
@@ -161,34 +155,33 @@ double StepLoss::get() const {
   return mean;
 }
 
-StepLoss SingleDevice::step_async(const PlacedBatch& batch) {
-  const Batch& b = batch.parts.at(0);
-  const int64_t rows = b.images.dim(0);
-  if (accumulate_rows_ > 0 && accumulate_rows_ < rows) {
-    // Gradient accumulation: each chunk's loss weighted by its share of the batch.
-    optimizer_->zero_grad();
-    std::vector<Tensor> losses;
-    for (int64_t lo = 0; lo < rows; lo += accumulate_rows_) {
-      const int64_t hi = std::min(lo + accumulate_rows_, rows);
-      Tape tape;
-      TapeScope scope(tape);
-      losses.push_back(scale(segmentation_loss(loss_, model_->forward(b.images.rows(lo, hi)), b.masks.rows(lo, hi)),
-                             double(hi - lo) / double(rows)));
-      tape.backward(losses.back());
-    }
-    optimizer_->step();
-    return StepLoss::sum_of(losses);
-  }
-  Tensor loss = cuda_graphs_ ? graph_step(b) : Tensor();
-  if (!loss.defined()) {
+std::vector<Tensor> SingleDevice::forward_backward(const Tensor& images, const Tensor& masks) {
+  optimizer_->zero_grad();
+  const int64_t rows = images.dim(0);
+  const int64_t chunk = accumulate_rows_ > 0 && accumulate_rows_ < rows ? accumulate_rows_ : rows;
+  std::vector<Tensor> losses;
+  for (int64_t lo = 0; lo < rows; lo += chunk) {
+    const int64_t hi = std::min(lo + chunk, rows);
     Tape tape;
     TapeScope scope(tape);
-    loss = segmentation_loss(loss_, model_->forward(b.images), b.masks);
-    optimizer_->zero_grad();
-    tape.backward(loss);
+    if (chunk == rows) {
+      losses.push_back(segmentation_loss(loss_, model_->forward(images), masks));
+    } else {
+      // Gradient accumulation: each chunk's loss weighted by its share of the batch.
+      losses.push_back(scale(segmentation_loss(loss_, model_->forward(images.rows(lo, hi)), masks.rows(lo, hi)),
+                             double(hi - lo) / double(rows)));
+    }
+    tape.backward(losses.back());
   }
+  return losses;
+}
+
+StepLoss SingleDevice::step_async(const PlacedBatch& batch) {
+  const Batch& b = batch.parts.at(0);
+  const std::vector<Tensor>* captured = cuda_graphs_ ? graph_step(b) : nullptr;
+  const std::vector<Tensor> losses = captured ? *captured : forward_backward(b.images, b.masks);
   optimizer_->step();
-  return StepLoss::mean_of({loss});
+  return StepLoss::sum_of(losses);
 }
 
 Tensor SingleDevice::infer(const Tensor& images) { return model_->forward(on(images, device_)); }

@@ -146,10 +146,12 @@ class SingleDevice : public TrainingStrategy {
   // and profiled steps run eagerly; a capture that fails says why once and training goes on
   // eagerly.
   //
-  // accumulate_rows > 0 (gradient accumulation; not with cuda_graphs): a batch of more rows
-  // runs forward and backward in chunks of that many rows (the last may be smaller), each
-  // chunk's loss weighted by its share of the batch, the gradients accumulated before the one
-  // optimizer step; batch norm uses each chunk's statistics.
+  // accumulate_rows > 0 (gradient accumulation): a batch of more rows runs forward and
+  // backward in chunks of that many rows (the last may be smaller), each chunk's loss weighted
+  // by its share of the batch, the gradients accumulated before the one optimizer step; batch
+  // norm uses each chunk's statistics. With cuda_graphs every chunk's forward and backward is
+  // in the one graph (their activations share the graph's memory, a chunk's freed before the
+  // next).
   SingleDevice(const UNetConfig& model, const OptimizerFactory& make_optimizer, LossKind loss,
                bool cuda_graphs = false, int64_t accumulate_rows = 0);
   std::string describe() const override;
@@ -172,7 +174,8 @@ class SingleDevice : public TrainingStrategy {
   // CUDA graphs: the captured step at one batch shape.
   struct Captured {
     Shape images, masks;          // the shape it was captured at
-    Tensor x, target, loss;       // its input and output tensors (fixed addresses)
+    Tensor x, target;             // its input tensors (fixed addresses)
+    std::vector<Tensor> losses;   // its output: each chunk's weighted loss
     std::vector<Tensor> grads;    // each parameter's gradient, which every replay rewrites
     CapturedCounts counts;        // batch counts each replay adds
     cuda::Graph graph;
@@ -182,7 +185,10 @@ class SingleDevice : public TrainingStrategy {
   Shape graph_shape_;    // the first batch's images: the shape captured
   int eager_steps_ = 0;  // steps run at that shape before the capture
   std::unique_ptr<Captured> captured_;
-  Tensor graph_step(const Batch& b);  // the loss of the step, or undefined: run eagerly
+  // The chunks' losses of the replayed step, or null: run eagerly.
+  const std::vector<Tensor>* graph_step(const Batch& b);
+  // Gradients zeroed, then forward, loss and backward of each chunk: the chunks' losses.
+  std::vector<Tensor> forward_backward(const Tensor& images, const Tensor& masks);
 };
 
 // A replica per device, gradients averaged by all-reduce (parallel/data_parallel.h). A global

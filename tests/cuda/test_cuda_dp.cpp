@@ -398,18 +398,24 @@ TEST_CASE("data parallelism on two GPUs replayed as a CUDA graph equals the eage
   // short batch (eager) between replays.
   SyntheticSegmentation data(64, 25);
   const std::vector<int> order = {0, 1, 0, 1, -1, 0, 1};  // -1: one sample per replica
+  // The third variant accumulates: each replica's shard of 2 in chunks of 1, both chunks in
+  // the graph, the all-reduces in the second's backward.
   struct Variant {
     AllReduceAlgo algo;
     bool sync_bn, bf16_grads, mixed;
+    int64_t accumulate_rows;
   };
-  for (const Variant v : {Variant{AllReduceAlgo::Ring, false, false, false},
-                          Variant{AllReduceAlgo::ParameterServer, true, true, true}}) {
+  for (const Variant v : {Variant{AllReduceAlgo::Ring, false, false, false, 0},
+                          Variant{AllReduceAlgo::ParameterServer, true, true, true, 0},
+                          Variant{AllReduceAlgo::Ring, false, false, true, 1}}) {
     CAPTURE(int(v.algo));
     CAPTURE(v.sync_bn);
+    CAPTURE(v.accumulate_rows);
     DataParallelOptions o = two_gpus();
     o.algo = v.algo;
     o.sync_bn = v.sync_bn;
     o.bf16_allreduce = v.bf16_grads;
+    o.accumulate_rows = v.accumulate_rows;
     DataParallelOptions og = o;
     og.cuda_graphs = true;
     DataParallel eager(graph_model(v.mixed), o, make_sgd), graph(graph_model(v.mixed), og, make_sgd);
@@ -432,7 +438,8 @@ TEST_CASE("data parallelism on two GPUs replayed as a CUDA graph equals the eage
 
 TEST_CASE("data parallelism with one GPU rank replayed as a CUDA graph equals the eager step, bit for bit") {
   // The in-process NCCL group of one (the two-GPU case above where one GPU is visible):
-  // synchronized BN and bfloat16 gradients, so both groups' collectives are in the graph.
+  // synchronized BN and bfloat16 gradients, so both groups' collectives are in the graph; then
+  // the same with gradient accumulation.
   SyntheticSegmentation data(64, 29);
   DataParallelOptions o;
   o.devices = {Device::cuda(0)};
@@ -444,6 +451,13 @@ TEST_CASE("data parallelism with one GPU rank replayed as a CUDA graph equals th
   og.cuda_graphs = true;
   DataParallel eager(graph_model(true), o, make_sgd), graph(graph_model(true), og, make_sgd);
   check_one_replica_graph(eager, graph, data);
+  {
+    // Accumulated chunks: shards of 2 in chunks of 1, both chunks' forwards and backwards in
+    // the one graph.
+    o.accumulate_rows = og.accumulate_rows = 1;
+    DataParallel eager1(graph_model(true), o, make_sgd), graph1(graph_model(true), og, make_sgd);
+    check_one_replica_graph(eager1, graph1, data);
+  }
 }
 
 TEST_CASE("a data-parallel step on two GPUs replayed as a CUDA graph takes no GPU memory from the system") {
