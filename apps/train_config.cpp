@@ -80,8 +80,9 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
   app.add_option("--clip-grad-norm", cfg.clip_grad_norm,
                  "Before every optimizer step, scale the gradients down so that their total 2-norm (over the whole "
                  "model: every stage of a pipeline; data parallel: the averaged gradients) is at most X, as "
-                 "torch.nn.utils.clip_grad_norm_; 0 never. Each epoch line then gives the mean and largest norm "
-                 "before clipping and how many of its steps were clipped")
+                 "torch.nn.utils.clip_grad_norm_; 0 never; inf: the norm measured and reported, the gradients never "
+                 "scaled. Each epoch line then gives the mean and largest norm before clipping and how many of its "
+                 "steps were clipped")
       ->capture_default_str();
   app.add_option("--width-divisor", cfg.width_divisor,
                  "Divide every channel count by this (1 = the real model)")
@@ -346,8 +347,9 @@ void validate(const TrainConfig& c) {
   UNETCU_CHECK(c.width_divisor >= 1 && c.width_divisor <= 64, "--width-divisor must be in 1..64, got ",
                c.width_divisor);
   UNETCU_CHECK(c.weight_decay >= 0 && std::isfinite(c.weight_decay), "--weight-decay must be >= 0");
-  UNETCU_CHECK(c.clip_grad_norm >= 0 && std::isfinite(c.clip_grad_norm),
-               "--clip-grad-norm must be a finite number >= 0 (0: no clipping), got ", c.clip_grad_norm);
+  UNETCU_CHECK(c.clip_grad_norm >= 0 && !std::isnan(c.clip_grad_norm),
+               "--clip-grad-norm must be a number >= 0 (0: no clipping) or inf (the norm measured, never "
+               "clipped), got ", c.clip_grad_norm);
   UNETCU_CHECK(c.momentum >= 0 && c.momentum < 1, "--momentum must be in [0, 1)");
   UNETCU_CHECK(c.threads >= 0 && c.threads <= kMaxThreads, "--threads must be in 0..", kMaxThreads,
                ", got ", c.threads);
@@ -588,7 +590,10 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
   const LrSchedule schedule = lr_schedule_of(cfg);
   out << ", loss " << loss_kind_name(cfg.loss) << ", " << name_of(kOptimizerNames, cfg.optimizer)
       << " lr " << cfg.lr << (schedule.varies() ? ", " + schedule.describe() : "");
-  if (cfg.clip_grad_norm > 0) out << ", gradients clipped to norm " << cfg.clip_grad_norm;
+  if (std::isinf(cfg.clip_grad_norm))
+    out << ", gradient norm measured (never clipped)";
+  else if (cfg.clip_grad_norm > 0)
+    out << ", gradients clipped to norm " << cfg.clip_grad_norm;
   out << "\n";
   out.flush();
 

@@ -24,7 +24,7 @@ static void check_grad(const Tensor& p, const Tensor& g) {
 }
 
 void Optimizer::set_max_grad_norm(double max_norm) {
-  UNETCU_CHECK(max_norm >= 0 && std::isfinite(max_norm), "the largest gradient norm must be finite and >= 0, got ",
+  UNETCU_CHECK(max_norm >= 0 && !std::isnan(max_norm), "the largest gradient norm must be >= 0 (or infinite), got ",
                max_norm);
   max_grad_norm_ = max_norm;
 }
@@ -63,9 +63,11 @@ void Optimizer::step_clipped_by(const Tensor& square_sum) {
     double n = 0;
     for (const Tensor& g : gs) n += double(g.numel());
     const double bytes = 2 * n * double(dtype_size(params_[0].dtype()));
-    ProfileRange range("clip_grad_norm", "op", n, bytes);
-    UNETCU_LAUNCH(square_sum.device(), clip_scale_many, std::vector<TensorRef>(gs.begin(), gs.end()),
-                  square_sum, max_grad_norm_);
+    if (std::isfinite(max_grad_norm_)) {  // an infinite one only measures: the scale would be 1
+      ProfileRange range("clip_grad_norm", "op", n, bytes);
+      UNETCU_LAUNCH(square_sum.device(), clip_scale_many, std::vector<TensorRef>(gs.begin(), gs.end()),
+                    square_sum, max_grad_norm_);
+    }
     // Made on the stream of the step that first updates it (a new record starts with a new one).
     if (!clip_stats_.defined()) clip_stats_ = Tensor::zeros({3}, DType::F64, square_sum.device());
     UNETCU_LAUNCH(square_sum.device(), clip_stats_update, square_sum, max_grad_norm_, clip_stats_);

@@ -21,7 +21,8 @@ class Optimizer {
   void step();
   // Gradient clipping, torch.nn.utils.clip_grad_norm_(params, max_norm) called before every
   // step: the gradients are multiplied by min(1, max_norm / (‖g‖ + 1e-6)), ‖g‖ the 2-norm of
-  // all of them together. 0: none.
+  // all of them together. 0: none. Infinity: the norm is measured and recorded
+  // (take_clip_stats), the gradients never scaled (PyTorch's idiom for logging the norm).
   void set_max_grad_norm(double max_norm);
   double max_grad_norm() const { return max_grad_norm_; }
   // A model split over several optimizers (pipeline stages, in one process or several) clips

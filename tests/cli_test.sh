@@ -50,8 +50,10 @@ expect_error "--monitor belongs to --save-best or --early-stop" --monitor val_lo
 expect_error "--monitor: unknown monitor 'iou' (expected val_iou, val_dice or val_loss)" --monitor iou --early-stop 1
 expect_error "--save-best and --checkpoint name the same file" --save-best m.safetensors --checkpoint m.safetensors
 expect_error "--save-best and --checkpoint name the same file" --save-best ./m.safetensors --checkpoint m.safetensors
-expect_error "--clip-grad-norm must be a finite number >= 0 (0: no clipping), got -1" --clip-grad-norm -1
-expect_error "--clip-grad-norm must be a finite number >= 0 (0: no clipping), got inf" --clip-grad-norm inf
+expect_error "--clip-grad-norm must be a number >= 0 (0: no clipping) or inf (the norm measured, never clipped), got -1" \
+  --clip-grad-norm -1
+expect_error "--clip-grad-norm must be a number >= 0 (0: no clipping) or inf (the norm measured, never clipped), got nan" \
+  --clip-grad-norm nan
 expect_error "Could not convert" --clip-grad-norm big
 expect_error "--accumulate-grad-batches must be in 1..1024, got 0" --accumulate-grad-batches 0
 expect_error "--batch-size 8 x --accumulate-grad-batches 4 = 32 is larger than the 16 training images" \
@@ -142,6 +144,17 @@ if [ $rc -ne 0 ] || ! grep -q "sgd lr 0.1, gradients clipped to norm 1e-09$" <<<
   echo "$held"; fail=1
 else
   echo "ok: --clip-grad-norm 1e-9 holds the loss at $h1 for 3 epochs; unclipped it goes $f1 -> $f3"
+fi
+# --clip-grad-norm inf measures and reports the norm and never scales: the unclipped losses.
+measured=$("$bin" "${clip[@]}" --clip-grad-norm inf 2>&1)
+rc=$?
+if [ $rc -ne 0 ] || [ -z "$(losses "$measured")" ] || [ "$(losses "$measured")" != "$(losses "$free")" ] ||
+   ! grep -q "sgd lr 0.1, gradient norm measured (never clipped)$" <<<"$measured" ||
+   [ "$(grep -cE '^epoch [1-3]/3 .*  grad_norm [0-9.e+-]+ \(max [0-9.e+-]+, 0/1 clipped\)' <<<"$measured")" != 3 ]; then
+  echo "FAIL: --clip-grad-norm inf (rc $rc): losses '$(losses "$measured")', unclipped '$(losses "$free")'"
+  echo "$measured"; fail=1
+else
+  echo "ok: --clip-grad-norm inf reports the norm, with the unclipped losses $(losses "$free")"
 fi
 # Accumulating batches of 3 at 32x32 over 10 images leaves a last batch of one image, but a
 # pipeline runs the step's images as micro-batches of 2 (2,2,2 and 2,2): accepted.

@@ -35,6 +35,7 @@
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline.h"
 #include "train/strategy.h"
+#include "same_state.h"
 #include "stream_gate.h"
 
 using namespace unetcu;
@@ -401,6 +402,18 @@ TEST_CASE("CUDA gradient clipping equals the CPU's: the square sum over many ten
   for (int64_t i = 0; i < pc.numel(); ++i) moved = std::max(moved, std::fabs(pc.at(i) - p64.at(i)));
   CHECK(moved <= 0.1 * 0.5 * (1 + 1e-12));
   CHECK(moved > 0.1 * 0.5 * 0.01);
+  // An infinite largest norm measures and never scales: the unclipped step's bits, the norm
+  // recorded, no step counted clipped.
+  Tensor pm = gpu(p64).set_requires_grad(true), pu = gpu(p64).set_requires_grad(true);
+  auto om = make_sgd({pm}), ou = make_sgd({pu});
+  om->set_max_grad_norm(INFINITY);
+  step_with_gradient(pm, *om, gpu(g));
+  step_with_gradient(pu, *ou, gpu(g));
+  CHECK(testing::same_bits(pm, pu));
+  const Optimizer::ClipStats sm = om->take_clip_stats();
+  CHECK(sm.steps == 1);
+  CHECK(sm.clipped == 0);
+  CHECK(std::fabs(sm.norm_max - sc_.norm_max) <= 1e-6 * sc_.norm_max);
 }
 
 namespace {
