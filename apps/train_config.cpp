@@ -6,7 +6,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 
 #include "apps/cli.h"
@@ -77,12 +79,21 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
   app.add_option("--momentum", cfg.momentum, "SGD momentum")->capture_default_str();
   app.add_option("--weight-decay", cfg.weight_decay, "L2 weight decay (Adam and SGD)")
       ->capture_default_str();
+  // inf is PyTorch's way of logging the norm; a number beyond float64's range (1e999) reads as
+  // inf too, and would silently turn clipping off.
+  const auto named_inf = [](std::string s) -> std::string {
+    if (!std::isinf(std::strtod(s.c_str(), nullptr))) return "";
+    if (!s.empty() && (s[0] == '+' || s[0] == '-')) s.erase(0, 1);
+    for (char& ch : s) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+    return s == "inf" || s == "infinity" ? "" : "out of range of a number (inf: the norm measured, never clipped)";
+  };
   app.add_option("--clip-grad-norm", cfg.clip_grad_norm,
                  "Before every optimizer step, scale the gradients down so that their total 2-norm (over the whole "
                  "model: every stage of a pipeline; data parallel: the averaged gradients) is at most X, as "
                  "torch.nn.utils.clip_grad_norm_; 0 never; inf: the norm measured and reported, the gradients never "
                  "scaled. Each epoch line then gives the mean and largest norm before clipping and how many of its "
                  "steps were clipped")
+      ->check(named_inf)
       ->capture_default_str();
   app.add_option("--width-divisor", cfg.width_divisor,
                  "Divide every channel count by this (1 = the real model)")

@@ -61,7 +61,7 @@ struct TrainConfig {
   OptimizerKind optimizer = OptimizerKind::Adam;
   double momentum = 0.9;           // sgd only
   double weight_decay = 0;
-  double clip_grad_norm = 0;       // gradient clipping by the total norm; 0 none
+  double clip_grad_norm = 0;       // gradient clipping by the total norm; 0 none; inf: measured, never clipped
   int accumulate_grad_batches = 1; // batches of batch_size per optimizer step
   int threads = 0;                 // 0: every core (dp/mp: cores / devices each)
   DType dtype = DType::F32;

@@ -63,11 +63,11 @@ void Optimizer::step_clipped_by(const Tensor& square_sum) {
     double n = 0;
     for (const Tensor& g : gs) n += double(g.numel());
     const double bytes = 2 * n * double(dtype_size(params_[0].dtype()));
-    if (std::isfinite(max_grad_norm_)) {  // an infinite one only measures: the scale would be 1
-      ProfileRange range("clip_grad_norm", "op", n, bytes);
-      UNETCU_LAUNCH(square_sum.device(), clip_scale_many, std::vector<TensorRef>(gs.begin(), gs.end()),
-                    square_sum, max_grad_norm_);
-    }
+    ProfileRange range("clip_grad_norm", "op", n, bytes);
+    // An infinite max_norm scales too: by 1 for a finite norm, by NaN for an infinite one, as
+    // PyTorch's clip_grad_norm_(params, inf).
+    UNETCU_LAUNCH(square_sum.device(), clip_scale_many, std::vector<TensorRef>(gs.begin(), gs.end()),
+                  square_sum, max_grad_norm_);
     // Made on the stream of the step that first updates it (a new record starts with a new one).
     if (!clip_stats_.defined()) clip_stats_ = Tensor::zeros({3}, DType::F64, square_sum.device());
     UNETCU_LAUNCH(square_sum.device(), clip_stats_update, square_sum, max_grad_norm_, clip_stats_);

@@ -17,12 +17,13 @@ class Optimizer {
   explicit Optimizer(std::vector<Tensor> params);
   virtual ~Optimizer() = default;
   // One update of every parameter that has a gradient, its gradients clipped first when
-  // max_grad_norm() > 0 (by the norm of this optimizer's own gradients).
+  // max_grad_norm() > 0 (by the norm of this optimizer's own gradients; infinite: measured).
   void step();
   // Gradient clipping, torch.nn.utils.clip_grad_norm_(params, max_norm) called before every
   // step: the gradients are multiplied by min(1, max_norm / (‖g‖ + 1e-6)), ‖g‖ the 2-norm of
   // all of them together. 0: none. Infinity: the norm is measured and recorded
-  // (take_clip_stats), the gradients never scaled (PyTorch's idiom for logging the norm).
+  // (take_clip_stats) and the factor is 1 (NaN where the norm is infinite, as in PyTorch):
+  // PyTorch's idiom for logging the norm.
   void set_max_grad_norm(double max_norm);
   double max_grad_norm() const { return max_grad_norm_; }
   // A model split over several optimizers (pipeline stages, in one process or several) clips
@@ -119,7 +120,7 @@ struct OptimizerConfig {
   double lr = 1e-3;
   double momentum = 0.9;     // SGD only
   double weight_decay = 0;
-  double max_grad_norm = 0;  // gradient clipping by the total norm (Optimizer::set_max_grad_norm); 0 none
+  double max_grad_norm = 0;  // gradient clipping by the total norm (Optimizer::set_max_grad_norm); 0 none, inf measured
 };
 using OptimizerFactory = std::function<std::unique_ptr<Optimizer>(std::vector<Tensor>)>;
 OptimizerFactory optimizer_factory(const OptimizerConfig& config);

@@ -55,6 +55,7 @@ expect_error "--clip-grad-norm must be a number >= 0 (0: no clipping) or inf (th
 expect_error "--clip-grad-norm must be a number >= 0 (0: no clipping) or inf (the norm measured, never clipped), got nan" \
   --clip-grad-norm nan
 expect_error "Could not convert" --clip-grad-norm big
+expect_error "--clip-grad-norm: out of range of a number (inf: the norm measured, never clipped)" --clip-grad-norm 1e999
 expect_error "--accumulate-grad-batches must be in 1..1024, got 0" --accumulate-grad-batches 0
 expect_error "--batch-size 8 x --accumulate-grad-batches 4 = 32 is larger than the 16 training images" \
   --accumulate-grad-batches 4 --batch-size 8 --train-size 16

@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
       else
         UNETCU_CHECK(false, "unknown argument ", arg);
     }
+    UNETCU_CHECK(std::isfinite(max_grad_norm) && max_grad_norm >= 0, "clip=X needs a finite X >= 0 (one in force)");
 
     const DistEnv env = detect_dist(DistMode::Auto);
     UNETCU_CHECK(env.multi(), "start under a launcher (mpirun -np S*R)");

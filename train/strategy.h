@@ -309,8 +309,9 @@ struct StrategyConfig {
   bool search_split = false;    // two stages: profile, predict every cut x split, run the best
   int split_size = 0;           // 0: the whole batch (with search_split: every power of two)
   Schedule schedule = Schedule::GPipe;
-  // GPUs in one process: capture the training step into a CUDA graph (SingleDevice; MP: the
-  // pipeline's step over its stages' streams).
+  // GPUs: capture the training step into a CUDA graph (SingleDevice; DP: each replica's, in
+  // one process or one per process; MP in one process: the pipeline's step over its stages'
+  // streams), with every accumulated chunk or micro-batch of the step.
   bool cuda_graphs = false;
   // Single, DP: gradient accumulation, a batch (DP: a replica's shard) run in chunks of this
   // many rows (SingleDevice, DataParallelOptions::accumulate_rows); 0: at once. Pipelines

@@ -399,7 +399,8 @@ TEST_CASE("data parallelism on two GPUs replayed as a CUDA graph equals the eage
   SyntheticSegmentation data(64, 25);
   const std::vector<int> order = {0, 1, 0, 1, -1, 0, 1};  // -1: one sample per replica
   // The third variant accumulates: each replica's shard of 2 in chunks of 1, both chunks in
-  // the graph, the all-reduces in the second's backward.
+  // the graph (with synchronized BN: each chunk's statistics collectives), the gradient
+  // all-reduces in the second's backward.
   struct Variant {
     AllReduceAlgo algo;
     bool sync_bn, bf16_grads, mixed;
@@ -407,7 +408,7 @@ TEST_CASE("data parallelism on two GPUs replayed as a CUDA graph equals the eage
   };
   for (const Variant v : {Variant{AllReduceAlgo::Ring, false, false, false, 0},
                           Variant{AllReduceAlgo::ParameterServer, true, true, true, 0},
-                          Variant{AllReduceAlgo::Ring, false, false, true, 1}}) {
+                          Variant{AllReduceAlgo::Ring, true, false, true, 1}}) {
     CAPTURE(int(v.algo));
     CAPTURE(v.sync_bn);
     CAPTURE(v.accumulate_rows);
