@@ -120,7 +120,8 @@ struct OptimizerConfig {
   double lr = 1e-3;
   double momentum = 0.9;     // SGD only
   double weight_decay = 0;
-  double max_grad_norm = 0;  // gradient clipping by the total norm (Optimizer::set_max_grad_norm); 0 none, inf measured
+  // Gradient clipping by the total norm (Optimizer::set_max_grad_norm); 0 none, inf measured.
+  double max_grad_norm = 0;
 };
 using OptimizerFactory = std::function<std::unique_ptr<Optimizer>(std::vector<Tensor>)>;
 OptimizerFactory optimizer_factory(const OptimizerConfig& config);
