@@ -3,10 +3,10 @@
 # bf16 NHWC with CUDA graphs), under --profile with UNETCU_CUDA_SYNC=1, as one launched data-
 # parallel process, the pipeline as two stages on one GPU, unet_bench on cuda:0 — here at tiny
 # sizes, plus data parallelism over two GPUs, a resumed run, gradient clipping and accumulation
-# (eager and in a CUDA graph) and unet_predict on the GPU. In the CUDA emulator build (ctest
-# "cuda-emu: ..."), so the host side of every GPU run (flags, the trainer's GPU paths,
-# checkpoints from device memory, the epoch line gpu_check.sh reads its figures from) has run
-# before a GPU is lent.
+# (eager and in a CUDA graph) and unet_predict on the GPU (also in bf16 NHWC batches with
+# flips). In the CUDA emulator build (ctest "cuda-emu: ..."), so the host side of every GPU run
+# (flags, the trainer's GPU paths, checkpoints from device memory, the epoch line gpu_check.sh
+# reads its figures from) has run before a GPU is lent.
 #
 #   tests/cuda_train_test.sh unet_train unet_predict unet_bench unet_synthetic_dataset
 set -u
@@ -100,6 +100,10 @@ run mp "$train" "${model[@]}" --batch-size 4 --epochs 3 --mode mp --devices cuda
 run predict "$predict" "$d/data/images" --checkpoint "$d/m.safetensors" --width-divisor 8 --image-size 64 \
   --masks "$d/data/masks" --device cuda:0 --out "$d/pred" &&
   expect predict '^all 2 images: IoU [0-9.]+  Dice [0-9.]+$' "no IoU/Dice summary"
+# ... and in one batch, bf16 and channels-last, with the left-right flip.
+run predict_bf16 "$predict" "$d/data/images" --checkpoint "$d/m.safetensors" --width-divisor 8 --image-size 64 \
+  --device cuda:0 --out "$d/pred_bf16" --batch-size 2 --precision bf16 --memory-format nhwc --tta hflip &&
+  expect predict_bf16 '^2 images in [0-9.]+ s .*, batch 2, bf16 NHWC, tta hflip, cuda:0$' "no summary line"
 # unet_bench on cuda:0 (one device: DP of one replica, MP as two stages on it).
 # (Table 1 runs every cut: a narrower model and one step per cell.)
 run bench "$bench" --devices cuda:0 --image-size 64 --width-divisor 16 --batch-size 2 --mp-batch 2 \
