@@ -7,7 +7,8 @@
 // Every input is checked from its header (a regular file, within the pixel limit, the size of
 // its ground-truth mask) before the model is loaded or anything is written; each output is
 // written to a temporary name and renamed. Should decoding or writing still fail part way, the
-// error says which masks were already written.
+// error says which masks were already written: those of the batches before the failing one (a
+// batch's images are all decoded before its masks are written).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -63,12 +64,12 @@ int main(int argc, char** argv) {
   app.add_option("--device", device_s, "auto, cpu, cpu:N or cuda:N")->capture_default_str();
   app.add_option("--batch-size", batch_size,
                  "Images per forward pass (1..4096): more is faster on a GPU and takes more memory; "
-                 "the masks do not depend on it")
+                 "the masks do not depend on it (up to float rounding at the threshold)")
       ->capture_default_str();
   cli::add_enum(app, "--precision", precision, kPrecisionNames,
                 "Arithmetic, as unet_train's: auto (tf32 on GPUs, fp32 on the CPU), fp32, tf32 (GPUs), "
                 "bf16 (activations in bfloat16, computed in float32; faster on GPUs and AVX-512 "
-                "bf16 CPUs, logits within bfloat16's rounding of fp32's)");
+                "bf16 CPUs, logits close to fp32's)");
   cli::add_enum(app, "--memory-format", memory_format, kFormatNames,
                 "Memory order of the activations, as unet_train's: nchw, nhwc (channels-last) or auto (nchw)");
   cli::add_enum(app, "--tta", tta, kTtaNames,
@@ -176,6 +177,8 @@ int main(int argc, char** argv) {
       }
       const auto n0 = std::chrono::steady_clock::now();
       const Tensor batch_logits = predict_logits(model, x, tta);
+      UNETCU_CHECK(batch_logits.dim(1) == 1, "prediction writes one mask per image; the model has ",
+                   batch_logits.dim(1), " classes");
       network_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - n0).count();
       for (size_t k = 0; k < count; ++k) {
         const size_t i = first + k;
@@ -206,7 +209,11 @@ int main(int argc, char** argv) {
         if (overlay) {
           Image o = img;
           for (size_t q = 0; q < mask.pixels.size(); ++q)
-            if (mask.pixels[q]) o.pixels[q * 3] = uint8_t(std::min(255, o.pixels[q * 3] / 2 + 128)), o.pixels[q * 3 + 1] /= 2, o.pixels[q * 3 + 2] /= 2;
+            if (mask.pixels[q]) {
+              o.pixels[q * 3] = uint8_t(std::min(255, o.pixels[q * 3] / 2 + 128));
+              o.pixels[q * 3 + 1] /= 2;
+              o.pixels[q * 3 + 2] /= 2;
+            }
           save_png((fs::path(out_dir) / (stem + "_overlay.png")).string(), o);
           ++overlays_written;
         }

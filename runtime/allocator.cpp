@@ -70,13 +70,15 @@ void HostAllocator::free(void* ptr, size_t capacity) {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   s.stats.current_bytes -= capacity;
-  // The cache holds at most twice what the busiest moment ever needed in tensors (plus a
-  // floor), so sizes that stop recurring cannot pile up without bound. Twice: an evaluation
-  // pass at 512², batch 4, held 457 MB at most but needed 628 MB of cached blocks to take
-  // nothing from the system in the next pass (with the peak alone as the bound, the blocks
-  // freed last went back to the system every pass and came back as fresh pages).
+  // Blocks in tensors and in the cache together stay within twice what the busiest moment
+  // ever needed in tensors (at least a floor), so sizes that stop recurring cannot pile up
+  // without bound. Twice: an evaluation pass at 512², batch 4, held 457 MB at most but needed
+  // 628 MB of cached blocks to take nothing from the system in the next pass (with the cache
+  // alone bounded by the peak, the blocks freed last went back to the system every pass and
+  // came back as fresh pages). Since tensors never hold more than the peak, the cache may
+  // always hold at least that much.
   const size_t limit = std::max<size_t>(2 * s.stats.peak_bytes, size_t(256) << 20);
-  if (s.stats.cached_bytes + capacity > limit) {
+  if (s.stats.current_bytes + s.stats.cached_bytes + capacity > limit) {
     std::free(ptr);
     return;
   }

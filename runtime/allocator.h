@@ -1,9 +1,9 @@
 // Caching host allocator: tensor storage on CPU devices. A training step allocates the same
 // sizes every time; keeping freed blocks (by size) avoids a fresh mmap and its page faults for
-// every activation. The cache is bounded by twice the peak bytes ever held in tensors (at least
-// 256 MB): a pass that frees each activation once the next layer has read it (prediction)
-// allocates more blocks in all than it ever holds at once. Blocks are 64-byte aligned.
-// Thread-safe.
+// every activation. Tensors and cache together are bounded by twice the peak bytes ever held in
+// tensors (at least 256 MB): a pass that frees each activation once the next layer has read it
+// (prediction) allocates more blocks in all than it ever holds at once. Blocks are 64-byte
+// aligned. Thread-safe.
 #pragma once
 #include <cstddef>
 

@@ -27,26 +27,28 @@ grep -qE "^all 6 images: IoU [0-9.]+  Dice [0-9.]+$" <<<"$out" || { echo "FAIL: 
 # or two flipped by the kernels' float32 rounding where a logit sits on the threshold);
 # bfloat16 and the flips move logits near the threshold, so their masks differ in part (this
 # one-epoch model has many such pixels): IoU below 1 shows the flag reached the model.
-vs_first() {  # vs_first NAME ARGS...: predict into $d/NAME, print the IoU against $d/pred's masks
-  local name=$1
-  shift
-  "$predict" "$d/data/images" --checkpoint "$d/model.safetensors" --width-divisor 16 --image-size 64 \
-    --device cpu --out "$d/$name" --masks "$d/pred" "$@" > "$d/$name.log" 2>&1 || { echo "FAIL: $name: $(cat "$d/$name.log")"; fail=1; }
-  awk '/^all 6 images: IoU / {print $5}' "$d/$name.log"
+# vs_first NAME SUMMARY TEST ARGS...: predict into $d/NAME with ARGS, scored against $d/pred's
+# masks; the summary line must end with SUMMARY and the IoU v pass the awk condition TEST.
+vs_first() {
+  local name=$1 want=$2 test=$3 iou
+  shift 3
+  if ! "$predict" "$d/data/images" --checkpoint "$d/model.safetensors" --width-divisor 16 --image-size 64 \
+      --device cpu --out "$d/$name" --masks "$d/pred" "$@" > "$d/$name.log" 2>&1; then
+    echo "FAIL: $name: $(cat "$d/$name.log")"
+    fail=1
+    return
+  fi
+  grep -qE "^6 images in [0-9.]+ s \([0-9.]+ images/s; the network alone [0-9.]+ images/s\), $want$" \
+    "$d/$name.log" || { echo "FAIL: $name: summary line: $(cat "$d/$name.log")"; fail=1; }
+  iou=$(awk '/^all 6 images: IoU / {print $5}' "$d/$name.log")
+  awk -v v="$iou" "BEGIN { exit !(v ~ /^[0-9.]+\$/ && ($test)) }" \
+    || { echo "FAIL: $name: IoU '$iou' against batch 1, fp32, NCHW, not $test"; fail=1; }
 }
-summary() {  # summary NAME PATTERN: the run's last line but one (before the IoU line) matches
-  grep -qE "^6 images in [0-9.]+ s \([0-9.]+ images/s; the network alone [0-9.]+ images/s\), $2$" "$d/$1.log" \
-    || { echo "FAIL: $1: summary line: $(cat "$d/$1.log")"; fail=1; }
-}
-iou=$(vs_first b4 --batch-size 4); summary b4 "batch 4, fp32 NCHW, tta none, cpu:0"
-awk -v v="$iou" 'BEGIN { exit !(v >= 0.999) }' || { echo "FAIL: batches of 4: IoU $iou against batch 1"; fail=1; }
-iou=$(vs_first nhwc --memory-format nhwc --batch-size 3); summary nhwc "batch 3, fp32 NHWC, tta none, cpu:0"
-awk -v v="$iou" 'BEGIN { exit !(v >= 0.999) }' || { echo "FAIL: channels-last: IoU $iou against NCHW"; fail=1; }
-iou=$(vs_first bf16 --precision bf16); summary bf16 "batch 1, bf16 NCHW, tta none, cpu:0"
-awk -v v="$iou" 'BEGIN { exit !(v >= 0.9 && v < 1) }' || { echo "FAIL: bf16: IoU $iou against fp32"; fail=1; }
+vs_first b4 "batch 4, fp32 NCHW, tta none, cpu:0" "v >= 0.999" --batch-size 4
+vs_first nhwc "batch 3, fp32 NHWC, tta none, cpu:0" "v >= 0.999" --memory-format nhwc --batch-size 3
+vs_first bf16 "batch 1, bf16 NCHW, tta none, cpu:0" "v >= 0.9 && v < 1" --precision bf16
 for tta in hflip flips; do
-  iou=$(vs_first "$tta" --tta "$tta" --batch-size 6); summary "$tta" "batch 6, fp32 NCHW, tta $tta, cpu:0"
-  awk -v v="$iou" 'BEGIN { exit !(v > 0 && v < 1) }' || { echo "FAIL: --tta $tta: IoU $iou against none"; fail=1; }
+  vs_first "$tta" "batch 6, fp32 NCHW, tta $tta, cpu:0" "v > 0 && v < 1" --tta "$tta" --batch-size 6
 done
 # The written mask is the same size as its image and only 0/255 (checked by the engine's reader
 # through a second prediction of a mask file as an image would be overkill: check the PNG header).
@@ -112,10 +114,12 @@ expect_error "is 64x64 (4096 pixels), more than the limit of 4095 pixels" "--max
 expect_error "max-image-pixels must be at least 1" "--max-image-pixels 0" \
   "$predict" "$good" "${common[@]}" --out "$d/bad" --max-image-pixels 0
 "$predict" --help | grep -q -- "--max-image-pixels" || { echo "FAIL: --max-image-pixels not in --help"; fail=1; }
-expect_error "batch-size must be in 1..4096, got 0" "--batch-size 0" "$predict" "$good" "${common[@]}" --out "$d/bad" --batch-size 0
+expect_error "batch-size must be in 1..4096, got 0" "--batch-size 0" \
+  "$predict" "$good" "${common[@]}" --out "$d/bad" --batch-size 0
 expect_error "precision tf32 is the GPUs' tensor-core format; on cpu:0 use fp32 or bf16" "--precision tf32 on the CPU" \
   "$predict" "$good" "${common[@]}" --out "$d/bad" --precision tf32
-expect_error "unknown tta 'rotate' (expected none, hflip or flips)" "--tta rotate" "$predict" "$good" "${common[@]}" --out "$d/bad" --tta rotate
+expect_error "unknown tta 'rotate' (expected none, hflip or flips)" "--tta rotate" \
+  "$predict" "$good" "${common[@]}" --out "$d/bad" --tta rotate
 # A ground-truth mask of another size: found from the headers, before anything is written.
 "$make_data" "$d/small" --count 1 --image-size 32 > /dev/null || { echo "FAIL: small dataset"; exit 1; }
 mkdir -p "$d/gt" && cp "$d/small/masks/00000.png" "$d/gt/"
@@ -130,6 +134,16 @@ expect_error "cannot read image '$d/mixed/c.png'" "a damaged image" "$predict" "
 grep -qx "unet_predict: 2 of 3 masks were written to $d/part before the error: a.png, b.png" <<<"$msg" \
   || { echo "FAIL: written masks not reported: $msg"; fail=1; }
 [ "$(ls -A "$d/part" | tr '\n' ' ')" = "a.png b.png " ] || { echo "FAIL: outputs after a failure: $(ls -A "$d/part")"; fail=1; }
+# In batches: those of the batches before the failing one. Of 2 (a, b | c): a and b; of 3
+# (a, b, c): none, and no line naming written masks.
+expect_error "cannot read image '$d/mixed/c.png'" "a damaged image, batches of 2" \
+  "$predict" "$d/mixed" "${common[@]}" --out "$d/part2" --batch-size 2
+grep -qx "unet_predict: 2 of 3 masks were written to $d/part2 before the error: a.png, b.png" <<<"$msg" \
+  || { echo "FAIL: batches of 2: written masks not reported: $msg"; fail=1; }
+expect_error "cannot read image '$d/mixed/c.png'" "a damaged image, one batch of 3" \
+  "$predict" "$d/mixed" "${common[@]}" --out "$d/part3" --batch-size 3
+grep -q "were written" <<<"$msg" && { echo "FAIL: one batch of 3: masks reported written: $msg"; fail=1; }
+[ -z "$(ls -A "$d/part3")" ] || { echo "FAIL: one batch of 3: outputs after a failure: $(ls -A "$d/part3")"; fail=1; }
 # unet_train's --data-list goes through the same checks: a folder or a FIFO is refused.
 mkfifo "$d/list.fifo"
 for list in "$d/data/images" "$d/list.fifo"; do

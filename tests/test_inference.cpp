@@ -36,7 +36,8 @@ void settle(UNet& model, uint64_t seed) {
 // Rows [lo, hi) of a CPU tensor, as a tensor of their own.
 Tensor rows(const Tensor& t, int64_t lo, int64_t hi) { return t.rows(lo, hi).clone(); }
 
-// The test's own mirror of a float32 NCHW tensor: out[n][c][y][x] = in[n][c][v ? H-1-y : y][h ? W-1-x : x].
+// The test's own mirror of a float32 NCHW tensor:
+// out[n][c][y][x] = in[n][c][v ? H-1-y : y][h ? W-1-x : x].
 Tensor mirror(const Tensor& t, bool h, bool v) {
   const int64_t N = t.dim(0), C = t.dim(1), H = t.dim(2), W = t.dim(3);
   Tensor out = Tensor::empty(t.shape());
