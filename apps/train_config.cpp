@@ -454,6 +454,14 @@ void validate(const TrainConfig& c) {
   if (sized) check_train_count(c, c.train_size, "");
 }
 
+void apply_precision(Precision precision, bool tf32, const Device& d) {
+  if (d.is_cuda())
+    cuda::set_allow_tf32(tf32 && precision != Precision::FP32);
+  else
+    UNETCU_CHECK(precision != Precision::TF32, "--precision tf32 is the GPUs' tensor-core format; on ", d.str(),
+                 " use fp32 or bf16");
+}
+
 TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
                        const std::function<void(const EpochStats&)>& on_epoch) {
   validate(cfg);
@@ -508,15 +516,10 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
   for (const Device& d : devices) {
     UNETCU_CHECK(d.is_cpu() || cfg.dtype == DType::F32, "--dtype ", dtype_name(cfg.dtype),
                  " is CPU only; ", d.str(), " trains in float32");
-    if (d.is_cuda()) {
-      cuda::set_allow_tf32(cfg.tf32 && cfg.precision != Precision::FP32);
-      cuda::set_deterministic(cfg.deterministic);
-    } else {
-      UNETCU_CHECK(cfg.precision != Precision::TF32, "--precision tf32 is the GPUs' tensor-core format; on ",
-                   d.str(), " use fp32 or bf16");
-    }
+    apply_precision(cfg.precision, cfg.tf32, d);
+    if (d.is_cuda()) cuda::set_deterministic(cfg.deterministic);
   }
-  const MemoryFormat format = cfg.memory_format == FormatChoice::NHWC ? MemoryFormat::NHWC : MemoryFormat::NCHW;
+  const MemoryFormat format = memory_format_of(cfg.memory_format);
   if (cfg.precision == Precision::BF16 || format == MemoryFormat::NHWC)
     out << "precision: " << (cfg.precision == Precision::BF16 ? "bf16 activations and gradients (float32 "
                                                                "math; parameters, optimizer, batch-norm "

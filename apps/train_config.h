@@ -40,6 +40,13 @@ inline constexpr NamedValue<Precision> kPrecisionNames[] = {
 enum class FormatChoice { Auto, NCHW, NHWC };
 inline constexpr NamedValue<FormatChoice> kFormatNames[] = {
     {"auto", FormatChoice::Auto}, {"nchw", FormatChoice::NCHW}, {"nhwc", FormatChoice::NHWC}};
+inline MemoryFormat memory_format_of(FormatChoice f) {
+  return f == FormatChoice::NHWC ? MemoryFormat::NHWC : MemoryFormat::NCHW;
+}
+
+// The precision on device d, for unet_train and unet_predict alike: on a GPU cuDNN's TF32
+// switch (on where `tf32` allows it, unless fp32), on the CPU tf32 refused.
+void apply_precision(Precision precision, bool tf32, const Device& d);
 
 struct TrainConfig {
   int epochs = 10;

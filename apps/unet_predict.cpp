@@ -27,7 +27,6 @@
 #include "data/dataset.h"
 #include "data/image_io.h"
 #include "models/unet.h"
-#include "runtime/cuda_api.h"
 #include "train/inference.h"
 
 using namespace unetcu;
@@ -92,11 +91,7 @@ int main(int argc, char** argv) {
     set_max_image_pixels(max_pixels);
     std::string note;
     const Device device = resolve_device(device_s, &note);
-    if (device.is_cuda())
-      cuda::set_allow_tf32(precision != Precision::FP32);
-    else
-      UNETCU_CHECK(precision != Precision::TF32, "--precision tf32 is the GPUs' tensor-core format; on ",
-                   device.str(), " use fp32 or bf16");
+    apply_precision(precision, /*tf32=*/true, device);
     check_regular_file(checkpoint, "checkpoint");  // a FIFO would block the reader
     auto is_image_name = [](const fs::path& p) {
       std::string ext = p.extension().string();
@@ -154,7 +149,7 @@ int main(int argc, char** argv) {
     cfg.width_divisor = width_divisor;
     cfg.device = device;
     cfg.bf16_activations = precision == Precision::BF16;
-    cfg.format = memory_format == FormatChoice::NHWC ? MemoryFormat::NHWC : MemoryFormat::NCHW;
+    cfg.format = memory_format_of(memory_format);
     UNet model(cfg);
     load_model_state(model, read_safetensors(checkpoint), checkpoint);
     model.eval();

@@ -55,7 +55,8 @@ Tensor predict_logits(UNet& model, const Tensor& inputs, Tta tta) {
     Tensor x = h || v ? mirrored(inputs, h, v) : inputs;
     if (cfg.dtype != DType::F32) x = x.to(cfg.dtype);
     if (cfg.device != x.device()) x = x.to(cfg.device);
-    Tensor logits = model.forward(x).to(Device::cpu());
+    Tensor logits = model.forward(x);
+    if (logits.device() != Device::cpu()) logits = logits.to(Device::cpu());
     if (logits.dtype() != DType::F32) logits = logits.to(DType::F32);
     return h || v ? mirrored(logits, h, v) : logits;
   };
