@@ -173,7 +173,7 @@ few_files "$d"
 # ---- 5. the real steps, with stand-ins for the GPU, CMake and PyTorch ------------------------
 bin="$tmp/bin"
 mkdir -p "$bin"
-printf '#!/bin/sh\necho "NVIDIA H200, 143771 MiB, 580.0, 9.0"\n' > "$bin/nvidia-smi"
+printf '#!/bin/sh\necho "NVIDIA H100 80GB HBM3, 81559 MiB, 580.0, 9.0"\n' > "$bin/nvidia-smi"
 printf '#!/bin/sh\necho "fake cmake: no build here"\nexit 1\n' > "$bin/cmake"
 # As tools/pytorch_reference.py bench --device cuda prints: per mode a JSON line and one for people.
 cat > "$bin/torch-python" <<'EOF'
@@ -204,7 +204,8 @@ PATH="$bin:$PATH" GPU_CHECK_PYTHON="$bin/torch-python" GPU_CHECK_RESERVE=0 \
   "$script" --deadline 200 --out "$d" > "$tmp/real.out" 2>&1
 t="$d/table.md"
 if [ -f "$t" ]; then
-  has "$t" "| device facts | ok: NVIDIA H200"
+  has "$t" "| device facts | ok: NVIDIA H100 80GB HBM3, 81559 MiB"
+  has "$t" "GPU: NVIDIA H100 80GB HBM3. images/s"
   has "$t" "| train single 512² batch 14 | skipped: no build |"
   has "$t" "| train single bf16 NHWC 512² batch 14 | skipped: no build |"
   has "$t" "| train single bf16 NHWC 512² batch 64 | skipped: no build |"

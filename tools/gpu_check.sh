@@ -39,11 +39,11 @@
 #    CUDA device; where none does, those rows read "skipped: no PyTorch with CUDA".
 #    At the end table.md gets the comparison: per batch, unetcu's images/s (the single-GPU
 #    training rows: fp32, bf16 NHWC, bf16 NHWC with CUDA graphs) and each PyTorch mode's, with
-#    the fraction of the H200's peak each reached (unetcu fp32 against the TF32 peak, both
-#    unetcu bf16 columns against the bf16 one), the ratios unetcu fp32 / PyTorch (each mode),
-#    unetcu bf16 / PyTorch bf16 and unetcu bf16 graphs / PyTorch bf16 (AMP and compiled); a
-#    figure that is missing says why (the step's result: skipped, FAILED, interrupted,
-#    "compile failed: ...", or "not run").
+#    the fraction of the dense peak each reached (the H100 SXM's and H200's, the same; unetcu
+#    fp32 against the TF32 peak, both unetcu bf16 columns against the bf16 one), the ratios
+#    unetcu fp32 / PyTorch (each mode), unetcu bf16 / PyTorch bf16 and unetcu bf16 graphs /
+#    PyTorch bf16 (AMP and compiled); a figure that is missing says why (the step's result:
+#    skipped, FAILED, interrupted, "compile failed: ...", or "not run").
 # --quick: steps 1-5 and the batch-14 trainings only, fp32 then bf16 NHWC, no CUDA graphs row
 # (a few minutes; a second call after a fix; on a machine still warm the build is
 # incremental). No PyTorch rows, no comparison.
@@ -274,6 +274,7 @@ step_machine() {
   nvcc_v=$(nvcc --version 2>/dev/null | sed -nE 's/.*release ([0-9.]+).*/\1/p')
   if [ -n "$gpu" ]; then
     tell HAVE_GPU=1
+    tell "GPU_NAME=$(printf %q "${gpu%%,*}")"
     say "$gpu; $(nproc) cores; nvcc ${nvcc_v:-missing}"
   else
     say "no GPU (nvidia-smi: ${gpu:-$(command -v nvidia-smi > /dev/null && echo 'none listed' || echo 'not found')}); $(nproc) cores; nvcc ${nvcc_v:-missing}"
@@ -519,8 +520,8 @@ fake_step() {  # tests: a step that sleeps, then tells its figures (comma-separa
 COMPARE_BATCHES="14 64"
 COMPARE_MODES="fp32 tf32 bf16 bf16_compile"
 GFLOP_PER_IMAGE=188  # one training step at 512x512 (tools/pytorch_reference.py says how)
-TF32_PEAK=494        # TFLOP/s, H200 dense (NVIDIA's datasheet): unetcu's convolutions may use TF32
-BF16_PEAK=989        # TFLOP/s, H200 dense: unetcu's bf16 NHWC rows (bfloat16 tensor cores)
+TF32_PEAK=494        # TFLOP/s, H100 SXM and H200 dense (NVIDIA's datasheets, the same figures for
+BF16_PEAK=989        # both): unetcu fp32's convolutions may use TF32; its bf16 NHWC rows bfloat16
 figure() { local v=$1; echo "${!v:-}"; }
 col_label() {  # unetcu's column as a missing cell names it
   case "$1" in unetcu_bf16g) echo "unetcu bf16 graphs" ;; *) echo "${1//_/ }" ;; esac
@@ -548,8 +549,10 @@ compare_table() {
   echo
   echo "## unetcu against PyTorch: training step at 512x512"
   echo
-  echo "images/s, and in brackets the fraction of the H200's dense peak reached, counting $GFLOP_PER_IMAGE GFLOP"
-  echo "per image per step (fp32 67, TF32 $TF32_PEAK, bf16 $BF16_PEAK TFLOP/s: NVIDIA's H200 datasheet)."
+  echo "GPU: ${GPU_NAME:-not known}. images/s, and in brackets the fraction of the dense peak reached,"
+  echo "counting $GFLOP_PER_IMAGE GFLOP per image per step (fp32 67, TF32 $TF32_PEAK, bf16 $BF16_PEAK TFLOP/s:"
+  echo "NVIDIA's datasheets give these for both the H100 SXM and the H200; another GPU's fractions are"
+  echo "against them all the same)."
   echo "unetcu fp32: the single-GPU training rows above (float32; cuDNN may use TF32: against the TF32 peak)."
   echo "unetcu bf16 NHWC: the rows with --precision bf16 --memory-format nhwc (bfloat16 activations and gradients,"
   echo "float32 math and parameters, channels-last: against the bf16 peak)."

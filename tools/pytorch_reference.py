@@ -39,10 +39,11 @@ module names, to check unetcu against PyTorch.
       line for people. Step times are CUDA events around each step after the warm-up; the
       median gives images/s; peak memory is torch.cuda.max_memory_allocated over the mode; the
       fraction of peak counts 188 GFLOP per image per step at 512x512 (scaled by (size/512)^2)
-      against the H200's dense peak of the mode's arithmetic (fp32 67, TF32 494, bf16 989
-      TFLOP/s). status is "ok", "skipped: no CUDA", "failed: <reason>" or "compile failed:
-      <reason>". Exit status: 0 when every mode ran or only the compile failed, 1 when a mode
-      failed, 77 when PyTorch sees no CUDA device (every mode then says "skipped: no CUDA").
+      against the dense peak of the mode's arithmetic on an H100 SXM or H200 (the same for
+      both: fp32 67, TF32 494, bf16 989 TFLOP/s). status is "ok", "skipped: no CUDA",
+      "failed: <reason>" or "compile failed: <reason>". Exit status: 0 when every mode ran or
+      only the compile failed, 1 when a mode failed, 77 when PyTorch sees no CUDA device (every
+      mode then says "skipped: no CUDA").
 
 Needs PyTorch (Debian: python3-torch; run it with /usr/bin/python3) and nothing else: the
 safetensors format is read and written here directly."""
@@ -294,9 +295,9 @@ def bench(args):
 # take 62.5 GFLOP forward (counted from the layer shapes), and backward twice that (gradients of
 # the inputs and of the weights). Other layers are a few percent and are not counted.
 GFLOP_PER_IMAGE_512 = 188.0
-# Peak rates of the H200 (SXM), from NVIDIA's H200 datasheet, dense: the datasheet gives the
-# tensor-core rates with sparsity (TF32 989, BF16 1,979 TFLOP/s), twice the dense ones; plain
-# fp32 (no tensor cores) is 67.
+# Peak rates of the H100 SXM and the H200 (the same figures in NVIDIA's datasheets of both),
+# dense: the datasheets give the tensor-core rates with sparsity (TF32 989, BF16 1,979 TFLOP/s),
+# twice the dense ones; plain fp32 (no tensor cores) is 67.
 PEAK_TFLOPS = {"fp32": 67.0, "tf32": 494.0, "bf16": 989.0}
 # mode: (what it is, the arithmetic whose peak it is measured against)
 GPU_MODES = {
