@@ -181,7 +181,7 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
       ->capture_default_str();
   app.add_option("--log", cfg.log,
                  "Metrics file: a row per epoch (epoch, time, train loss, validation loss / IoU / "
-                 "Dice, img/s, learning rate, peak device memory, loader wait; with --clip-grad-norm "
+                 "Dice, img/s, learning rate, peak memory in tensors, loader wait; with --clip-grad-norm "
                  "the mean and largest gradient norm and the share of steps clipped), flushed as "
                  "written; CSV with a header, or JSON Lines when FILE ends in .jsonl; appended to "
                  "with --resume (a CSV only when its header is this run's)");

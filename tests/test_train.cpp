@@ -26,6 +26,35 @@ TEST_CASE("a short training run lowers the loss") {
   CHECK(log.str().find("mean epoch time") != std::string::npos);
 }
 
+TEST_CASE("the epoch line gives the CPU's peak memory in tensors, which grows with the batch") {
+  auto peak = [](int batch, std::string* log_text) {
+    TrainConfig cfg;
+    cfg.epochs = 1;
+    cfg.batch_size = batch;
+    cfg.image_size = 64;
+    cfg.train_size = batch;
+    cfg.val_size = 2;
+    cfg.width_divisor = 8;
+    cfg.device = Device::cpu();
+    cfg.progress = false;
+    std::ostringstream log;
+    TrainResult r = train_unet(cfg, log);
+    REQUIRE(r.epochs.size() == 1);
+    *log_text = log.str();
+    // Adam in float32 holds each parameter four times at least: the weight, its gradient and
+    // the two moments.
+    CHECK(r.epochs[0].peak_device_bytes >= size_t(r.parameter_count) * 4 * sizeof(float));
+    return r.epochs[0].peak_device_bytes;
+  };
+  std::string log2, log8;
+  const size_t p2 = peak(2, &log2), p8 = peak(8, &log8);
+  INFO(log2 << log8);
+  CHECK(log2.find(" peak_mem ") != std::string::npos);
+  // Six more images in the step: at least their float32 pixels and masks (3 + 1 channels)
+  // more, besides every activation they bring.
+  CHECK(p8 >= p2 + size_t(6 * 4 * 64 * 64) * sizeof(float));
+}
+
 TEST_CASE("bad training configurations are refused with a clear message") {
   std::ostringstream log;
   TrainConfig cfg;

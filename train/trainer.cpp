@@ -19,6 +19,7 @@
 #include "engine/checkpoint.h"
 #include "runtime/cuda_api.h"
 #include "engine/profiler.h"
+#include "runtime/allocator.h"
 
 namespace unetcu {
 
@@ -275,6 +276,7 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
         workers, workers + 1);
     Progress bar(o.progress && lead, epoch, steps);
     for (const Device& d : gpus) cuda::reset_device_peak(d.index);
+    if (!on_gpu) HostAllocator::reset_peak();
     const auto t0 = Clock::now();
     double loss_sum = 0;
     int64_t seen = 0;
@@ -398,6 +400,7 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
     }
     for (const Device& d : gpus)
       st.peak_device_bytes = std::max(st.peak_device_bytes, cuda::device_memory_stats(d.index).peak_bytes);
+    if (!on_gpu) st.peak_device_bytes = HostAllocator::stats().peak_bytes;
 
     char line[256];
     std::snprintf(line, sizeof line,
@@ -406,9 +409,8 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
                   epoch, o.epochs, st.seconds, st.train_loss, st.val_loss, st.val_iou, st.val_dice,
                   st.images_per_second);
     out << line;
-    if (on_gpu)
-      out << "  peak_mem " << std::fixed << std::setprecision(0)
-          << double(st.peak_device_bytes) / (1 << 20) << " MiB" << std::defaultfloat;
+    out << "  peak_mem " << std::fixed << std::setprecision(0) << double(st.peak_device_bytes) / (1 << 20)
+        << " MiB" << std::defaultfloat;
     // The loader: its rate, and how much of the epoch the step waited for it.
     out << "  loader " << std::fixed << std::setprecision(0)
         << (st.load_seconds > 0 ? double(seen) / st.load_seconds : 0.0) << " img/s, waited "

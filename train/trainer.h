@@ -64,7 +64,9 @@ struct EpochStats {
   double train_loss = 0;   // mean over the epoch's steps, weighted by their sizes
   double val_loss = 0, val_iou = 0, val_dice = 0;
   double images_per_second = 0;
-  size_t peak_device_bytes = 0;    // GPUs: the largest peak of the caching allocators
+  size_t peak_device_bytes = 0;    // the most held in tensors at once over the epoch: GPUs, the
+                                   // largest peak of their caching allocators; CPU devices,
+                                   // the host allocator's (all of them and the loader together)
   double load_seconds = 0;         // the loader's time per worker making training batches
   double wait_seconds = 0;         // time the step waited for a batch
   // Gradient clipping (the optimizers' max_grad_norm): the epoch's mean and largest gradient
