@@ -261,7 +261,7 @@ double Tensor::at(int64_t i) const {
     double v = 0;
     UNETCU_DISPATCH_STORAGE(dtype(), T, {
       T host;
-      cuda::copy(&host, Device::cpu(), data<T>() + i, device(), sizeof(T));
+      cuda::copy(&host, Device::cpu(), static_cast<const T*>(raw()) + i, device(), sizeof(T));
       v = double(host);
     });
     return v;
@@ -277,7 +277,7 @@ void Tensor::set(int64_t i, double value) {
   if (device().is_cuda()) {
     UNETCU_DISPATCH_STORAGE(dtype(), T, {
       const T host = static_cast<T>(value);
-      cuda::copy(data<T>() + i, device(), &host, Device::cpu(), sizeof(T));
+      cuda::copy(static_cast<T*>(raw()) + i, device(), &host, Device::cpu(), sizeof(T));
       cuda::synchronize(device().index);  // `host` dies with this scope
     });
     return;

@@ -84,10 +84,14 @@ class Tensor {
   operator TensorRef() const {
     return defined() ? TensorRef(raw(), dtype(), device(), shape(), format()) : TensorRef();
   }
-  // Typed pointer to the elements (device memory for a CUDA tensor).
+  // Typed pointer to the elements, for host code: a tensor on another device is refused (its
+  // memory is the device's, which a GPU faults on and the CUDA emulator would let the host read;
+  // copy it with to(Device::cpu()) first). Launchers take raw() through TensorRef.
   template <class T> T* data() const {
     UNETCU_CHECK(dtype_of<T>() == dtype(), "tensor holds ", dtype_name(dtype()),
                  " but was read as ", dtype_name(dtype_of<T>()));
+    UNETCU_CHECK(device().is_cpu(), "host access to the elements of a tensor on ", device().str(),
+                 ": copy it to the CPU first");
     return static_cast<T*>(raw());
   }
 

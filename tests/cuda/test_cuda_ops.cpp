@@ -533,6 +533,26 @@ TEST_CASE("the CUDA runtime: device name, allocator statistics, NCCL linked") {
   CHECK_THROWS_WITH(Tensor::zeros({1}, DType::F32, Device::cuda(999)), doctest::Contains("does not exist"));
 }
 
+TEST_CASE("host code cannot read a CUDA tensor's elements through a pointer, only through copies") {
+  // A GPU faults on a host read of device memory; the emulator's device memory is host memory,
+  // so the refusal is what keeps such a read from passing here.
+  Setup setup;
+  for (DType dt : {DType::F32, DType::BF16}) {
+    Tensor t = Tensor::zeros({2, 3}, dt, kGpu);
+    if (dt == DType::F32) {
+      CHECK_THROWS_WITH(t.data<float>(), doctest::Contains("host access to the elements of a tensor on cuda:0"));
+    } else {
+      CHECK_THROWS_WITH(t.data<bf16>(), doctest::Contains("host access to the elements of a tensor on cuda:0"));
+    }
+    t.set(4, 2.5);  // element access copies, one element each way
+    CHECK(t.at(4) == 2.5);
+    CHECK(t.to_vector() == std::vector<double>{0, 0, 0, 0, 2.5, 0});
+    Tensor host = t.to(Device::cpu());
+    CHECK(host.at(4) == 2.5);
+    if (dt == DType::F32) CHECK(host.data<float>()[4] == 2.5f);
+  }
+}
+
 TEST_CASE("data parallelism through NCCL with one GPU rank equals the single-GPU step") {
   Setup setup;
   for (bool sync_bn : {false, true}) {
