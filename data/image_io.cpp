@@ -143,7 +143,9 @@ std::string check_huffman_tables(const std::vector<uint8_t>& d, size_t p, size_t
 // Walks the segments of a JPEG: the whole file up to EOI (DHT segments may also come between
 // scans), or, for the header only, up to and including the frame header, which is all that
 // stbi_info reads. Empty when sound; *truncated tells that the bytes ran out.
-std::string check_jpeg_segments(const std::vector<uint8_t>& d, bool whole, bool* truncated) {
+//
+// *scan_bytes: the bytes of image data in the whole file's scans (for jpeg_data_covers).
+std::string check_jpeg_segments(const std::vector<uint8_t>& d, bool whole, bool* truncated, uint64_t* scan_bytes) {
   const size_t n = d.size();
   auto cut = [&](const std::string& where) {
     *truncated = true;
@@ -158,6 +160,7 @@ std::string check_jpeg_segments(const std::vector<uint8_t>& d, bool whole, bool*
   while (d[pos] == 0xFF) ++pos;  // looks_like_jpeg() found the D8 after these
   ++pos;
   bool frame = false;
+  *scan_bytes = 0;
   for (;;) {
     if (pos >= n) return cut("before its end-of-image marker");
     if (d[pos] != 0xFF) {
@@ -187,6 +190,7 @@ std::string check_jpeg_segments(const std::vector<uint8_t>& d, bool whole, bool*
       if (!whole) return "";
     } else if (m == 0xDA) {  // a scan: its entropy-coded data follows
       if (!frame) return str_cat("a scan at byte ", at, " before the frame header");
+      const size_t data_start = pos;
       for (;;) {
         if (pos >= n) return cut("inside the image data");
         if (d[pos] != 0xFF) {
@@ -202,8 +206,21 @@ std::string check_jpeg_segments(const std::vector<uint8_t>& d, bool whole, bool*
         }
         break;  // a marker: the next segment starts at pos
       }
+      *scan_bytes += pos - data_start;
     }
   }
+}
+
+// Whether a whole JPEG's image data can cover its width x height: every 8x8 block of a
+// full-resolution component has its DC coefficient coded at least once (in the sequential
+// scan, or the first DC scan of a progressive image) with a Huffman code of at least one bit.
+// Shorter data is a file cut short and closed with an EOI, which stb may decode as gray
+// (a few hundred bytes claiming a 65-megapixel image took seconds to decode as one).
+std::string jpeg_data_covers(uint64_t scan_bytes, int width, int height) {
+  const uint64_t blocks = (uint64_t(width) + 7) / 8 * ((uint64_t(height) + 7) / 8);
+  if (scan_bytes * 8 >= blocks) return "";
+  return str_cat("its image data (", scan_bytes, " bytes) is too short for a ", width, "x", height,
+                 " image, which needs at least one bit per 8x8 block (", blocks, " blocks): truncated?");
 }
 
 // ---- header and decode ------------------------------------------------------------------------
@@ -216,9 +233,11 @@ uint32_t le32(const std::vector<uint8_t>& d, size_t at) { return le16(d, at) | l
 ImageInfo checked_header(const std::string& path, const std::vector<uint8_t>& d, uint64_t file_size,
                          bool whole, bool* need_more) {
   *need_more = false;
-  if (looks_like_jpeg(d)) {
+  const bool jpeg = looks_like_jpeg(d);
+  uint64_t scan_bytes = 0;
+  if (jpeg) {
     bool truncated = false;
-    const std::string why = check_jpeg_segments(d, whole, &truncated);
+    const std::string why = check_jpeg_segments(d, whole, &truncated, &scan_bytes);
     if (truncated && d.size() < file_size) {
       *need_more = true;
       return {};
@@ -242,6 +261,10 @@ ImageInfo checked_header(const std::string& path, const std::vector<uint8_t>& d,
   UNETCU_CHECK(pixels <= max_image_pixels(), "image '", path, "' is ", info.width, "x", info.height,
                " (", pixels, " pixels), more than the limit of ", max_image_pixels(),
                " pixels set for images");
+  if (jpeg && whole) {
+    const std::string why = jpeg_data_covers(scan_bytes, info.width, info.height);
+    if (!why.empty()) throw Error("cannot read image '" + path + "': corrupt JPEG: " + why);
+  }
   if (bmp) {
     // stb reads zeros past the end of a short BMP: a black image instead of an error. Each
     // row is padded to 4 bytes, after the 14-byte file header and the info header.

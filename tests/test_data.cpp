@@ -379,6 +379,35 @@ TEST_CASE("images: truncated or garbled JPEG structure is refused") {
   CHECK_THROWS_WITH(load_image(path, 1), doctest::Contains("unexpected marker FF01"));
 }
 
+TEST_CASE("images: a JPEG whose image data cannot cover its blocks is refused before decoding") {
+  TempDir d("jpeg_short");
+  const std::string path = (d.path / "x.jpg").string();
+  // Within the pixel limit, a few hundred bytes claiming 8000x8000 (a million 8x8 blocks, so at
+  // least 125,000 bytes of image data): stb would decode seconds of gray.
+  write_file(path, flat_jpeg(8000, 8000, 1, [](int, int, int) { return 128; }, false, 4));
+  CHECK(fs::file_size(path) < 1024);
+  CHECK_THROWS_WITH(load_image(path, 1),
+                    contains("cannot read image '" + path + "': corrupt JPEG: its image data (3 bytes) is too short for "
+                             "a 8000x8000 image, which needs at least one bit per 8x8 block (1000000 blocks): truncated?"));
+  CHECK(read_image_info(path).width == 8000);  // the header alone is sound
+  // A 64x64 gray image is 64 blocks, 8 bytes at one bit each. flat_jpeg spends 5 bits on a flat
+  // block (a 4-bit DC code, a 1-bit end of block): 12 blocks are 60 bits, 8 bytes once padded,
+  // just enough for the bound (what stb then makes of the missing blocks is its own matter).
+  write_file(path, flat_jpeg(64, 64, 1, [](int, int, int) { return 128; }, false, 12));
+  std::string at_bound = "decoded";
+  try {
+    load_image(path, 1);
+  } catch (const Error& e) {
+    at_bound = e.what();
+  }
+  CHECK_MESSAGE(at_bound.find("too short") == std::string::npos, at_bound);
+  write_file(path, flat_jpeg(64, 64, 1, [](int, int, int) { return 128; }, false, 11));  // 55 bits: 7 bytes
+  CHECK_THROWS_WITH(load_image(path, 1), doctest::Contains("its image data (7 bytes) is too short for a 64x64 image"));
+  // Every block coded decodes, colour too.
+  write_file(path, flat_jpeg(64, 64, {10, 200, 30}));
+  CHECK(load_image(path, 3).width == 64);
+}
+
 TEST_CASE("images: the pixel limit refuses an image from its header, before any decoding") {
   TempDir d("bombs");
   // 54 bytes claiming 9000x9000 (81 Mi pixels): stb would allocate 243 MB and read zeros.
