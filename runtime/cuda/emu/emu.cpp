@@ -739,8 +739,11 @@ thread_local Coords t_coords;
 
 namespace {
 
-// Context switch: saves the callee-saved registers and the floating-point control words on
-// the current stack, stores its pointer in *from, and continues on the stack `to`.
+// Context switch: saves the callee-saved registers on the current stack, stores its pointer in
+// *from, and continues on the stack `to`. The floating-point control words (MXCSR, the x87
+// control word) are not switched: every fiber of a block runs on the scheduler's host thread
+// and no kernel changes them, so they are the same in every context; loading them at each
+// switch (ldmxcsr and fldcw serialise the pipeline) took most of a block's barrier time.
 #if defined(__x86_64__)
 extern "C" void unetcu_emu_switch(void** from, void* to);
 asm(R"(
@@ -754,14 +757,8 @@ unetcu_emu_switch:
   pushq %r13
   pushq %r14
   pushq %r15
-  subq $8, %rsp
-  stmxcsr (%rsp)
-  fnstcw 4(%rsp)
   movq %rsp, (%rdi)
   movq %rsi, %rsp
-  ldmxcsr (%rsp)
-  fldcw 4(%rsp)
-  addq $8, %rsp
   popq %r15
   popq %r14
   popq %r13
@@ -802,34 +799,69 @@ struct BlockRun {
   ucontext_t scheduler_ctx;
 #endif
   int current = -1;
+  bool from_scheduler = false;  // the running fiber was switched to by the scheduler
   int live = 0;
   std::vector<uint64_t> exchange;  // [warp][parity][lane]
 };
 thread_local BlockRun* t_run = nullptr;  // the block running as fibers on this thread
 thread_local const char* t_sequential = nullptr;  // the kernel running barrier-free
 
-// On a fiber's stack, just after a switch to it: tells AddressSanitizer where it now runs.
+// On a fiber's stack, just after a switch to it: tells AddressSanitizer where it now runs (and,
+// coming from the scheduler, where the scheduler's stack is).
 void arrived_on_fiber(BlockRun* r) {
 #if defined(UNETCU_EMU_ASAN)
-  __sanitizer_finish_switch_fiber(r->fibers[r->current].asan_fake, &r->scheduler_bottom, &r->scheduler_size);
+  const void* bottom = nullptr;
+  size_t size = 0;
+  __sanitizer_finish_switch_fiber(r->fibers[r->current].asan_fake, &bottom, &size);
+  if (r->from_scheduler) {
+    r->scheduler_bottom = bottom;
+    r->scheduler_size = size;
+  }
 #else
   (void)r;
 #endif
 }
 
-// `finished`: the fiber never runs again.
-void to_scheduler(BlockRun* r, bool finished = false) {
-  Fiber& f = r->fibers[r->current];
-#if defined(UNETCU_EMU_ASAN)
-  __sanitizer_start_switch_fiber(finished ? nullptr : &f.asan_fake, r->scheduler_bottom, r->scheduler_size);
-#else
+// The first fiber after i that can run, or -1.
+int next_runnable(const BlockRun* r, int i) {
+  for (int j = i + 1; j < int(r->fibers.size()); ++j)
+    if (r->fibers[size_t(j)].state == State::Runnable) return j;
+  return -1;
+}
+
+// The current fiber waits at a barrier (or, `finished`, has ended): control passes straight to
+// the next fiber after it that can run, else back to the scheduler, which releases a barrier.
+// The order is the scheduler's own (a pass over the block in thread order), at half the
+// switches of a return to the scheduler between two fibers.
+void yield_fiber(BlockRun* r, bool finished = false) {
+  Fiber& f = r->fibers[size_t(r->current)];
+  const int j = next_runnable(r, r->current);
+#if !defined(UNETCU_EMU_ASAN)
   (void)finished;
 #endif
-#if defined(__x86_64__)
-  unetcu_emu_switch(&f.sp, r->scheduler_sp);
-#else
-  swapcontext(&f.ctx, &r->scheduler_ctx);
+  if (j < 0) {
+#if defined(UNETCU_EMU_ASAN)
+    __sanitizer_start_switch_fiber(finished ? nullptr : &f.asan_fake, r->scheduler_bottom, r->scheduler_size);
 #endif
+#if defined(__x86_64__)
+    unetcu_emu_switch(&f.sp, r->scheduler_sp);
+#else
+    swapcontext(&f.ctx, &r->scheduler_ctx);
+#endif
+  } else {
+    Fiber& to = r->fibers[size_t(j)];
+    r->current = j;
+    r->from_scheduler = false;
+    t_coords.thread = to.thread;
+#if defined(UNETCU_EMU_ASAN)
+    __sanitizer_start_switch_fiber(finished ? nullptr : &f.asan_fake, to.stack, kFiberStack);
+#endif
+#if defined(__x86_64__)
+    unetcu_emu_switch(&f.sp, to.sp);
+#else
+    swapcontext(&f.ctx, &to.ctx);
+#endif
+  }
   arrived_on_fiber(r);
 }
 
@@ -843,12 +875,13 @@ void fiber_main() {
   }
   r->fibers[r->current].state = State::Done;
   --r->live;
-  to_scheduler(r, /*finished=*/true);
+  yield_fiber(r, /*finished=*/true);
   die("a finished fiber was resumed");
 }
 
 void resume(BlockRun* r, int i) {
   r->current = i;
+  r->from_scheduler = true;
   t_coords.thread = r->fibers[i].thread;
 #if defined(UNETCU_EMU_ASAN)
   __sanitizer_start_switch_fiber(&r->asan_fake, r->fibers[i].stack, kFiberStack);
@@ -888,14 +921,8 @@ void run_block_fibers(BlockRun& r, int threads) {
     uintptr_t top = (reinterpret_cast<uintptr_t>(base) + kFiberStack) & ~uintptr_t(15);
     void** slot = reinterpret_cast<void**>(top - 16);  // 16-aligned: fiber_main starts as if called
     *slot = reinterpret_cast<void*>(&fiber_main);
-    uint64_t* frame = reinterpret_cast<uint64_t*>(slot) - 7;  // control words, 6 registers
-    std::memset(frame, 0, 7 * sizeof(uint64_t));
-    uint32_t mxcsr;
-    uint16_t fpucw;
-    asm volatile("stmxcsr %0" : "=m"(mxcsr));
-    asm volatile("fnstcw %0" : "=m"(fpucw));
-    std::memcpy(frame, &mxcsr, 4);
-    std::memcpy(reinterpret_cast<char*>(frame) + 4, &fpucw, 2);
+    uint64_t* frame = reinterpret_cast<uint64_t*>(slot) - 6;  // the 6 registers switch pops
+    std::memset(frame, 0, 6 * sizeof(uint64_t));
     f.sp = frame;
 #else
     getcontext(&f.ctx);
@@ -948,7 +975,7 @@ void syncthreads() {
     die(std::string("kernel ") + (t_sequential ? t_sequential : "?") +
         " calls __syncthreads but was translated as barrier-free (runtime/cuda/emu/translate.py)");
   r->fibers[size_t(r->current)].state = State::AtBlockBarrier;
-  to_scheduler(r);
+  yield_fiber(r);
 }
 
 uint64_t shuffle_down(uint64_t bits, unsigned mask, unsigned delta, int width) {
@@ -963,7 +990,7 @@ uint64_t shuffle_down(uint64_t bits, unsigned mask, unsigned delta, int width) {
   ++f.shuffles;
   slots[lane] = bits;
   f.state = State::AtWarpBarrier;
-  to_scheduler(r);
+  yield_fiber(r);
   const int src = lane + int(delta);
   const int lanes = std::min(32, int(r->fibers.size()) - warp * 32);
   return src < lanes ? slots[src] : bits;
