@@ -8,9 +8,16 @@
 # (flags, the trainer's GPU paths, checkpoints from device memory, the epoch line gpu_check.sh
 # reads its figures from) has run before a GPU is lent.
 #
-#   tests/cuda_train_test.sh unet_train unet_predict unet_bench unet_synthetic_dataset
+#   tests/cuda_train_test.sh GROUP unet_train unet_predict unet_bench unet_synthetic_dataset
+#
+# GROUP picks the runs, each group its own ctest case (they run side by side under ctest -j):
+# single (float32 with a checkpoint, its resume, prediction from it), graphs (bf16 NHWC eager
+# and as a CUDA graph), accumulate (accumulation eager and as a graph), launched (the profile
+# and one launched process), dp (two GPUs), mp (the pipeline on one GPU), bench.
 set -u
-train=$1 predict=$2 bench=$3 make_data=$4
+group=$1 train=$2 predict=$3 bench=$4 make_data=$5
+case "$group" in single|graphs|accumulate|launched|dp|mp|bench) ;;
+  *) echo "FAIL: unknown group '$group'"; exit 1 ;; esac
 d=$(mktemp -d)
 trap 'rm -rf "$d"' EXIT
 export UNETCU_CACHE_DIR="$d/cache"  # the algorithm choices: this test's own
@@ -50,64 +57,78 @@ epochs() {
 }
 losses() { sed -nE 's/^epoch ([0-9]+)\/[0-9]+ .* loss ([0-9.]+) .*/\1 \2/p' "$d/$1.log"; }
 
-# One GPU, float32 (TF32 allowed, any algorithm: the search's fastest), with a checkpoint.
-run single "$train" "${tiny[@]}" --device cuda:0 --checkpoint "$d/m.safetensors" --log "$d/m.csv" &&
-  { epochs single; expect single '^strategy: one device, cuda:0$' "strategy line"; }
-[ -s "$d/m.safetensors" ] && [ -s "$d/m.safetensors.train" ] || { echo "FAIL: no checkpoint written"; fail=1; }
-[ "$(grep -c . "$d/m.csv" 2>/dev/null)" = 4 ] || { echo "FAIL: the metrics log has not a header and 3 rows"; fail=1; }
-# Resumed for a fourth epoch.
-run resume "$train" "${model[@]}" --batch-size 2 --epochs 4 --device cuda:0 --resume "$d/m.safetensors" &&
-  expect resume '^epoch 4/4 ' "the resumed run has no epoch 4"
-# Mixed precision, channels-last; then the same replayed as a CUDA graph: the same printed
-# losses (--deterministic; the CUDA suite holds the graph step to the eager one bit for bit).
-run bf16 "$train" "${tiny[@]}" --device cuda:0 --precision bf16 --memory-format nhwc --deterministic && epochs bf16
-run bf16g "$train" "${tiny[@]}" --device cuda:0 --precision bf16 --memory-format nhwc --deterministic --cuda-graphs &&
-  { epochs bf16g; expect bf16g '^strategy: one device, cuda:0, CUDA graphs$' "strategy line"; }
-[ -n "$(losses bf16)" ] && [ "$(losses bf16)" = "$(losses bf16g)" ] ||
-  { echo "FAIL: bf16 losses with CUDA graphs differ from eager:"; paste <(losses bf16) <(losses bf16g) | sed 's/^/  /'; fail=1; }
-# Two batches accumulated per step, eager and as one graph holding both: the same losses.
-run acc "$train" "${tiny[@]}" --device cuda:0 --precision bf16 --memory-format nhwc --deterministic \
-  --accumulate-grad-batches 2 && epochs acc
-run accg "$train" "${tiny[@]}" --device cuda:0 --precision bf16 --memory-format nhwc --deterministic \
-  --accumulate-grad-batches 2 --cuda-graphs && epochs accg
-[ -n "$(losses acc)" ] && [ "$(losses acc)" = "$(losses accg)" ] ||
-  { echo "FAIL: accumulated losses with CUDA graphs differ from eager:"; paste <(losses acc) <(losses accg) | sed 's/^/  /'; fail=1; }
-# gpu_check.sh's profile step: the per-op table.
-UNETCU_CUDA_SYNC=1 run profile "$train" "${model[@]}" --batch-size 2 --epochs 1 --device cuda:0 --precision bf16 --memory-format nhwc \
-  --profile "$d/trace.json" && expect profile '^\| op \| calls' "no per-op table"
-[ -s "$d/trace.json" ] || { echo "FAIL: no profile trace"; fail=1; }
-# One process of a launched job (torchrun's variables, world 1): an NCCL rank through NCCL_COMM_ID,
-# accumulating two batches a step (the all-reduce after the second one's backward).
-RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29561 \
-  NCCL_COMM_ID=127.0.0.1:29562 run launched "$train" "${tiny[@]}" --mode dp --dist env --accumulate-grad-batches 2 &&
-  { epochs launched; expect launched '2 batches accumulated per optimizer step \(4 images\)' "no accumulation on the data line"; }
-# Data parallelism over two GPUs, NCCL inside the graph, with a learning-rate schedule (each
-# replica's eager optimizer takes the step's rate) and gradient clipping (on the device).
-run dp "$train" "${tiny[@]}" --mode dp --devices cuda:0,cuda:1 --cuda-graphs --lr-schedule cosine --warmup-steps 2 \
-  --clip-grad-norm 0.5 &&
-  { epochs dp; expect dp '^epoch 3/3 .*  lr [0-9.e-]+$' "no learning rate on the last epoch line"
-    expect dp 'gradients clipped to norm 0.5$' "no gradient clipping on the data line"
-    expect dp '^epoch 3/3 .*  grad_norm [0-9.e+-]+ \(max [0-9.e+-]+, [0-9]+/[0-9]+ clipped\)' "no gradient norms on the epoch line"; }
-# The article's pipeline on one GPU (two stages, two streams), micro-batches of 1, as a graph;
-# its stages' optimizers take each step's rate without waiting for their streams, and clip by
-# both stages' gradient norm (read from their streams).
-run mp "$train" "${model[@]}" --batch-size 4 --epochs 3 --mode mp --devices cuda:0,cuda:0 --split-size 1 --cuda-graphs \
-  --lr-schedule step --lr-step-epochs 1 --lr-gamma 0.5 --clip-grad-norm 0.5 &&
-  { epochs mp; expect mp '^epoch 3/3 .*  lr 0.00025  live_micro_batches' "not lr 0.00025 on the last epoch line"
-    expect mp '^epoch 3/3 .*  grad_norm [0-9.e+-]+ \(max [0-9.e+-]+, [0-9]+/[0-9]+ clipped\)  lr ' "no gradient norms on the epoch line"; }
-# Prediction on the GPU from the float32 run's checkpoint.
-"$make_data" "$d/data" --count 2 --image-size 64 > /dev/null || { echo "FAIL: dataset"; fail=1; }
-run predict "$predict" "$d/data/images" --checkpoint "$d/m.safetensors" --width-divisor 8 --image-size 64 \
-  --masks "$d/data/masks" --device cuda:0 --out "$d/pred" &&
-  expect predict '^all 2 images: IoU [0-9.]+  Dice [0-9.]+$' "no IoU/Dice summary"
-# ... and in one batch, bf16 and channels-last, with the left-right flip.
-run predict_bf16 "$predict" "$d/data/images" --checkpoint "$d/m.safetensors" --width-divisor 8 --image-size 64 \
-  --device cuda:0 --out "$d/pred_bf16" --batch-size 2 --precision bf16 --memory-format nhwc --tta hflip &&
-  expect predict_bf16 '^2 images in [0-9.]+ s .*, batch 2, bf16 NHWC, tta hflip, cuda:0$' "no summary line"
-# unet_bench on cuda:0 (one device: DP of one replica, MP as two stages on it).
-# (Table 1 runs every cut: a narrower model and one step per cell.)
-run bench "$bench" --devices cuda:0 --image-size 64 --width-divisor 16 --batch-size 2 --mp-batch 2 \
-  --split-sizes 1 --epochs 1 --warmup 0 --mp-steps 1 --epoch-images 2 --out "$d/bench" &&
-  { [ "$(grep -cE '^\| (single|DP ring|MP best)' "$d/bench.log")" = 3 ] ||
-    { echo "FAIL: bench: not the three Table 2 rows single, DP ring, MP best"; fail=1; }; }
+if [ "$group" = single ]; then
+  # One GPU, float32 (TF32 allowed, any algorithm: the search's fastest), with a checkpoint.
+  run single "$train" "${tiny[@]}" --device cuda:0 --checkpoint "$d/m.safetensors" --log "$d/m.csv" &&
+    { epochs single; expect single '^strategy: one device, cuda:0$' "strategy line"; }
+  [ -s "$d/m.safetensors" ] && [ -s "$d/m.safetensors.train" ] || { echo "FAIL: no checkpoint written"; fail=1; }
+  [ "$(grep -c . "$d/m.csv" 2>/dev/null)" = 4 ] || { echo "FAIL: the metrics log has not a header and 3 rows"; fail=1; }
+  # Resumed for a fourth epoch.
+  run resume "$train" "${model[@]}" --batch-size 2 --epochs 4 --device cuda:0 --resume "$d/m.safetensors" &&
+    expect resume '^epoch 4/4 ' "the resumed run has no epoch 4"
+  # Prediction on the GPU from the float32 run's checkpoint.
+  "$make_data" "$d/data" --count 2 --image-size 64 > /dev/null || { echo "FAIL: dataset"; fail=1; }
+  run predict "$predict" "$d/data/images" --checkpoint "$d/m.safetensors" --width-divisor 8 --image-size 64 \
+    --masks "$d/data/masks" --device cuda:0 --out "$d/pred" &&
+    expect predict '^all 2 images: IoU [0-9.]+  Dice [0-9.]+$' "no IoU/Dice summary"
+  # ... and in one batch, bf16 and channels-last, with the left-right flip.
+  run predict_bf16 "$predict" "$d/data/images" --checkpoint "$d/m.safetensors" --width-divisor 8 --image-size 64 \
+    --device cuda:0 --out "$d/pred_bf16" --batch-size 2 --precision bf16 --memory-format nhwc --tta hflip &&
+    expect predict_bf16 '^2 images in [0-9.]+ s .*, batch 2, bf16 NHWC, tta hflip, cuda:0$' "no summary line"
+fi
+if [ "$group" = graphs ]; then
+  # Mixed precision, channels-last; then the same replayed as a CUDA graph: the same printed
+  # losses (--deterministic; the CUDA suite holds the graph step to the eager one bit for bit).
+  run bf16 "$train" "${tiny[@]}" --device cuda:0 --precision bf16 --memory-format nhwc --deterministic && epochs bf16
+  run bf16g "$train" "${tiny[@]}" --device cuda:0 --precision bf16 --memory-format nhwc --deterministic --cuda-graphs &&
+    { epochs bf16g; expect bf16g '^strategy: one device, cuda:0, CUDA graphs$' "strategy line"; }
+  [ -n "$(losses bf16)" ] && [ "$(losses bf16)" = "$(losses bf16g)" ] ||
+    { echo "FAIL: bf16 losses with CUDA graphs differ from eager:"; paste <(losses bf16) <(losses bf16g) | sed 's/^/  /'; fail=1; }
+fi
+if [ "$group" = accumulate ]; then
+  # Two batches accumulated per step, eager and as one graph holding both: the same losses.
+  run acc "$train" "${tiny[@]}" --device cuda:0 --precision bf16 --memory-format nhwc --deterministic \
+    --accumulate-grad-batches 2 && epochs acc
+  run accg "$train" "${tiny[@]}" --device cuda:0 --precision bf16 --memory-format nhwc --deterministic \
+    --accumulate-grad-batches 2 --cuda-graphs && epochs accg
+  [ -n "$(losses acc)" ] && [ "$(losses acc)" = "$(losses accg)" ] ||
+    { echo "FAIL: accumulated losses with CUDA graphs differ from eager:"; paste <(losses acc) <(losses accg) | sed 's/^/  /'; fail=1; }
+fi
+if [ "$group" = launched ]; then
+  # gpu_check.sh's profile step: the per-op table.
+  UNETCU_CUDA_SYNC=1 run profile "$train" "${model[@]}" --batch-size 2 --epochs 1 --device cuda:0 --precision bf16 --memory-format nhwc \
+    --profile "$d/trace.json" && expect profile '^\| op \| calls' "no per-op table"
+  [ -s "$d/trace.json" ] || { echo "FAIL: no profile trace"; fail=1; }
+  # One process of a launched job (torchrun's variables, world 1): an NCCL rank through NCCL_COMM_ID,
+  # accumulating two batches a step (the all-reduce after the second one's backward).
+  RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29561 \
+    NCCL_COMM_ID=127.0.0.1:29562 run launched "$train" "${tiny[@]}" --mode dp --dist env --accumulate-grad-batches 2 &&
+    { epochs launched; expect launched '2 batches accumulated per optimizer step \(4 images\)' "no accumulation on the data line"; }
+fi
+if [ "$group" = dp ]; then
+  # Data parallelism over two GPUs, NCCL inside the graph, with a learning-rate schedule (each
+  # replica's eager optimizer takes the step's rate) and gradient clipping (on the device).
+  run dp "$train" "${tiny[@]}" --mode dp --devices cuda:0,cuda:1 --cuda-graphs --lr-schedule cosine --warmup-steps 2 \
+    --clip-grad-norm 0.5 &&
+    { epochs dp; expect dp '^epoch 3/3 .*  lr [0-9.e-]+$' "no learning rate on the last epoch line"
+      expect dp 'gradients clipped to norm 0.5$' "no gradient clipping on the data line"
+      expect dp '^epoch 3/3 .*  grad_norm [0-9.e+-]+ \(max [0-9.e+-]+, [0-9]+/[0-9]+ clipped\)' "no gradient norms on the epoch line"; }
+fi
+if [ "$group" = mp ]; then
+  # The article's pipeline on one GPU (two stages, two streams), micro-batches of 1, as a graph;
+  # its stages' optimizers take each step's rate without waiting for their streams, and clip by
+  # both stages' gradient norm (read from their streams).
+  run mp "$train" "${model[@]}" --batch-size 4 --epochs 3 --mode mp --devices cuda:0,cuda:0 --split-size 1 --cuda-graphs \
+    --lr-schedule step --lr-step-epochs 1 --lr-gamma 0.5 --clip-grad-norm 0.5 &&
+    { epochs mp; expect mp '^epoch 3/3 .*  lr 0.00025  live_micro_batches' "not lr 0.00025 on the last epoch line"
+      expect mp '^epoch 3/3 .*  grad_norm [0-9.e+-]+ \(max [0-9.e+-]+, [0-9]+/[0-9]+ clipped\)  lr ' "no gradient norms on the epoch line"; }
+fi
+if [ "$group" = bench ]; then
+  # unet_bench on cuda:0 (one device: DP of one replica, MP as two stages on it).
+  # (Table 1 runs every cut: a narrower model and one step per cell.)
+  run bench "$bench" --devices cuda:0 --image-size 64 --width-divisor 16 --batch-size 2 --mp-batch 2 \
+    --split-sizes 1 --epochs 1 --warmup 0 --mp-steps 1 --epoch-images 2 --out "$d/bench" &&
+    { [ "$(grep -cE '^\| (single|DP ring|MP best)' "$d/bench.log")" = 3 ] ||
+      { echo "FAIL: bench: not the three Table 2 rows single, DP ring, MP best"; fail=1; }; }
+fi
 exit "$fail"

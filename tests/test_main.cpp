@@ -1,5 +1,6 @@
 // doctest main that fails when a run selects no test case: ctest runs each case through a
-// name filter, and a filter that matches nothing must not pass silently.
+// name filter, and a filter that matches nothing must not pass silently. Each run works in a
+// scratch folder of its own (scratch_dir.h), so cases run side by side (ctest -j) never share a file.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -7,6 +8,7 @@
 #include <cstdio>
 
 #include "kernels/cpu/cpu_select.h"
+#include "scratch_dir.h"
 
 namespace {
 std::atomic<int> g_cases_started{0};
@@ -32,6 +34,7 @@ REGISTER_LISTENER("counting", 1, CountingListener);
 int main(int argc, char** argv) {
   unetcu::kernels::cpu::select_gemm_kernels(argv);  // the matching GEMM kernels (may re-run)
   doctest::Context context(argc, argv);
+  const unetcu::testing::ScratchDir scratch;  // cases run in parallel write apart
   const int rc = context.run();
   if (context.shouldExit()) return rc;  // --help, --list-test-cases, ...
   if (rc == 0 && g_cases_started == 0) {

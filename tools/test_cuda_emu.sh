@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA suite without a GPU: builds the CUDA parts with the host compiler against the CUDA
 # emulator (-DUNETCU_CUDA=EMU, runtime/cuda/emu/README.md; their kernels run on the CPU) in
-# build-emu/, and runs the suite's cases through ctest, each in its own process, then
+# build-emu/, and runs the suite's cases through ctest, each in its own process, side by side, then
 # tools/gpu_check.sh's commands (unet_train, unet_predict, unet_bench) on the emulated GPUs at
 # tiny sizes (tests/cuda_train_test.sh). cuDNN (its legacy convolution API) and NCCL (for the
 # ranks of one process) are the emulator's own.
@@ -32,7 +32,16 @@ else
   flags=(-DCMAKE_BUILD_TYPE=Release)
 fi
 tools/setup.sh
+t=$SECONDS
+rm -f "$build/times.txt"
 cmake -S . -B "$build" -DUNETCU_CUDA=EMU "${flags[@]}" >/dev/null
 cmake --build "$build" -j"$(nproc)" --target unetcu_cuda_tests unet_train unet_predict unet_bench \
   unet_synthetic_dataset
-ctest --test-dir "$build" -R '^cuda-emu:' --output-on-failure
+build_s=$((SECONDS - t))
+t=$SECONDS
+# Side by side, one case per core: the emulator runs each on one host thread (and its CPU
+# references on one OpenMP thread: the cases' ENVIRONMENT).
+status=0
+ctest --test-dir "$build" -R '^cuda-emu:' --output-on-failure -j"$(nproc)" 2>&1 | tee "$build/ctest.log" || status=$?
+printf 'emulator build: %s s\nemulator suite: %s s\n' "$build_s" "$((SECONDS - t))" > "$build/times.txt"
+exit "$status"

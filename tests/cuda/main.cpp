@@ -22,6 +22,7 @@
 
 #include "runtime/cuda_api.h"
 #include "runtime/device.h"
+#include "../scratch_dir.h"
 
 namespace {
 
@@ -95,6 +96,7 @@ int main(int argc, char** argv) {
     }
   }
   doctest::Context context(argc, argv);
+  const unetcu::testing::ScratchDir scratch;  // cases run in parallel (ctest -j) write apart
   if (!listing)  // listed, so that ctest reports them skipped
     for (const LeftOut& u : left_out) context.addFilter("test-case-exclude", escaped(u.name).c_str());
   const int rc = context.run();
