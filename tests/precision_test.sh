@@ -1,29 +1,28 @@
 #!/usr/bin/env bash
-# --precision bf16 --memory-format nhwc on the CPU trains as well as float32 NCHW: the same
-# synthetic runs (width 1/4, 512 images at 64x64, 20 epochs, seeds 0 and 1) end within 0.02
-# validation IoU of each other. bf16 stores every activation and gradient rounded to bfloat16,
-# so the two take different paths; 20 epochs bring both near their plateau, where the
-# difference measures the precision rather than where each run happens to be on its way.
+# --precision bf16 --memory-format nhwc on the CPU learns as float32 NCHW does: the same
+# synthetic runs (width 1/8, 512 images at 32x32, lr 0.003, 12 epochs, batch 8, seeds 0 and 1)
+# end within 0.05 validation IoU of each other, float32 above 0.5. bf16 stores every activation
+# and gradient rounded to bfloat16, so the two take different paths; what is compared is the
+# mean validation IoU of epochs 9-12 over both seeds.
 #
-# What is compared: the mean validation IoU of epochs 16-20 over both seeds. One run's IoU moves
-# by up to 0.04 from one epoch to the next near the plateau, and two float32 runs whose only
-# difference is the order of their float32 additions end up to 0.02 apart (docs/benchmarks.md):
-# one seed's mean of three epochs put bf16 0.018 above float32 at one commit and 0.021 below
-# at another. Measured at the commit that made it two seeds (2-core AMD EPYC), fp32 - bf16,
-# means of epochs 16-20: seed 0 0.020, seed 1 0.004, seed 2 0.005; of both seeds 0.012.
+# The bound: measured at the commit that set it (2-core Xeon), fp32 - bf16 of that mean per
+# seed: 0.008 (seed 0), 0.019 (1), -0.019 (2), -0.026 (3), so about 0.015 for a mean over two
+# seeds; float32 alone moves 0.05 from one seed to another. A bf16 path that does not learn as
+# float32 does falls far outside it: with the bf16 copy of each convolution's weights made once
+# and reused (a stale cast), the same runs end at IoU 0.13 and 0.02. The 20-epoch run of width
+# 1/4 at 64x64, to the plateau, held to 0.02, is bench/precision_bf16.sh (docs/benchmarks.md).
+# The fp32 and bf16 runs of a seed run side by side on one thread each.
 #
 # With "brief" as its second argument (the sanitizer build: cmake -DUNETCU_ACCURACY_TESTS=OFF), it
 # runs the same two configurations for two epochs of 20 images (a partial last batch) and checks
-# only that both finish with finite losses: the code paths without the minutes of training that
-# the accuracy figure needs, which the ordinary build measures.
+# only that both finish with finite losses: the code paths without the training that the
+# accuracy figure needs, which the ordinary build measures.
 set -u
 train="$1"
 length="${2:-full}"
 case "$length" in full|brief) ;; *) echo "FAIL: length must be full or brief, not '$length'"; exit 1 ;; esac
 d=$(mktemp -d)
 trap 'rm -rf "$d"' EXIT
-args=(--width-divisor 4 --image-size 64 --train-size 512 --val-size 128 --epochs 20 --batch-size 8
-      --threads 2 --no-progress)
 out=$("$train" --precision bf16 --memory-format nhwc --epochs 1 --train-size 16 --val-size 8 \
         --width-divisor 16 --no-progress 2>&1) || { echo "FAIL: --precision bf16: $out"; exit 1; }
 grep -q "precision: bf16 activations and gradients .*, NHWC" <<<"$out" || { echo "FAIL: no precision line: $out"; exit 1; }
@@ -41,20 +40,24 @@ if [ "$length" = brief ]; then
   done
   exit 0
 fi
+args=(--width-divisor 8 --image-size 32 --train-size 512 --val-size 128 --epochs 12 --batch-size 8 --lr 0.003
+      --threads 1 --no-progress)
 for seed in 0 1; do
-  "$train" "${args[@]}" --seed $seed --precision fp32 > "$d/fp32.$seed.log" 2>&1 ||
-    { echo "FAIL: fp32 run, seed $seed"; cat "$d/fp32.$seed.log"; exit 1; }
-  "$train" "${args[@]}" --seed $seed --precision bf16 --memory-format nhwc > "$d/bf16.$seed.log" 2>&1 ||
-    { echo "FAIL: bf16 run, seed $seed"; cat "$d/bf16.$seed.log"; exit 1; }
+  "$train" "${args[@]}" --seed $seed --precision fp32 > "$d/fp32.$seed.log" 2>&1 &
+  fp32=$!
+  "$train" "${args[@]}" --seed $seed --precision bf16 --memory-format nhwc > "$d/bf16.$seed.log" 2>&1
+  bf16_rc=$?
+  wait "$fp32" || { echo "FAIL: fp32 run, seed $seed"; cat "$d/fp32.$seed.log"; exit 1; }
+  [ "$bf16_rc" = 0 ] || { echo "FAIL: bf16 run, seed $seed"; cat "$d/bf16.$seed.log"; exit 1; }
 done
-# The mean validation IoU of epochs 16-20 of the given logs (empty unless each has all five).
-iou() { for f in "$@"; do grep -E '^epoch (1[6-9]|20)/20' "$f" | sed -nE 's/.* val_iou ([0-9.]+) .*/\1/p'; done |
-          awk -v want=$((5 * $#)) '{s += $1; n++} END {if (n == want) printf "%.4f", s / n}'; }
+# The mean validation IoU of epochs 9-12 of the given logs (empty unless each has all four).
+iou() { for f in "$@"; do grep -E '^epoch (9|1[0-2])/12 ' "$f" | sed -nE 's/.* val_iou ([0-9.]+) .*/\1/p'; done |
+          awk -v want=$((4 * $#)) '{s += $1; n++} END {if (n == want) printf "%.4f", s / n}'; }
 a=$(iou "$d/fp32.0.log" "$d/fp32.1.log") b=$(iou "$d/bf16.0.log" "$d/bf16.1.log")
 [ -n "$a" ] && [ -n "$b" ] || { echo "FAIL: no final IoU"; cat "$d"/*.log; exit 1; }
 per_seed="seed 0: fp32 $(iou "$d/fp32.0.log"), bf16 $(iou "$d/bf16.0.log"); seed 1: fp32 $(iou "$d/fp32.1.log"), bf16 $(iou "$d/bf16.1.log")"
-if awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.02 && a > 0.5) }'; then
-  echo "ok: validation IoU, mean of epochs 16-20 over seeds 0 and 1: fp32 $a, bf16 $b ($per_seed)"
+if awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.05 && a > 0.5) }'; then
+  echo "ok: validation IoU, mean of epochs 9-12 over seeds 0 and 1: fp32 $a, bf16 $b ($per_seed)"
 else
-  echo "FAIL: validation IoU, mean of epochs 16-20 over seeds 0 and 1: fp32 $a, bf16 $b, more than 0.02 apart or not trained ($per_seed)"; exit 1
+  echo "FAIL: validation IoU, mean of epochs 9-12 over seeds 0 and 1: fp32 $a, bf16 $b, more than 0.05 apart or not trained ($per_seed)"; exit 1
 fi
