@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the build needs, only those missing. Safe to run again.
+# ccache is optional to the build (CMakeLists.txt uses it when present) and keeps rebuilds short.
 # --plots also installs matplotlib for tools/plot.py (and unet_bench --plot); --pytorch installs
 # PyTorch and torchvision for tools/pytorch_reference.py (export-encoder, bench, golden) and
 # bench/cpu_vs_pytorch.py.
 set -euo pipefail
-pkgs=(cmake g++ make libopenblas-openmp-dev libdnnl-dev openmpi-bin libopenmpi-dev libgloo-dev doctest-dev libstb-dev nlohmann-json3-dev libcli11-dev)
+pkgs=(cmake g++ make ccache libopenblas-openmp-dev libdnnl-dev openmpi-bin libopenmpi-dev libgloo-dev doctest-dev libstb-dev nlohmann-json3-dev libcli11-dev)
 for arg in "$@"; do
   case "$arg" in
     --plots) pkgs+=(python3-matplotlib) ;;
