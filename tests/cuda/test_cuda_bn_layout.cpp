@@ -13,13 +13,16 @@
 //    bound plus 1e-5 of the tensor's largest value for the float32 arithmetic before the
 //    rounding. The statistics and dgamma/dbeta are float32: 1e-5 relative.
 // Shapes include planes of several reduction blocks, more than one NHWC channel group with a
-// partial last one, odd sizes, and [16, 64, 128, 128] (128 NCHW blocks and 2048 NHWC chunks per
-// channel). Device blocks are poisoned with NaN, so an element a kernel forgets to write fails.
+// partial last one, odd sizes, and many blocks per channel: NCHW [16, 4, 128, 128] (128
+// partials a channel), NHWC [9, 64, 128, 128] (576 float32 or 288 bf16 chunks a channel).
+// Device blocks are poisoned with NaN, so an element a kernel forgets to write fails.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
+#include <utility>
 #include <vector>
 
 #include "../bn_mask_check.h"
@@ -202,8 +205,10 @@ void compare(const Result& g, const Result& c, DType act, bool with_residual) {
   }
 }
 
-// The CPU float64 op once, then the GPU op in float32 and bf16, NCHW and NHWC, against it.
-void check_case(Op op, const Shape& s, bool training, bool with_residual, Rng& rng) {
+// The CPU float64 op once, then the GPU op in float32 and bf16, in each of `formats` (NCHW and
+// NHWC unless told), against it.
+void check_case(Op op, const Shape& s, bool training, bool with_residual, Rng& rng,
+                std::initializer_list<MemoryFormat> formats = {MemoryFormat::NCHW, MemoryFormat::NHWC}) {
   CAPTURE(op_name(op));
   CAPTURE(shape_str(s));
   CAPTURE(training);
@@ -212,7 +217,7 @@ void check_case(Op op, const Shape& s, bool training, bool with_residual, Rng& r
   if (op == Op::BatchNormRelu || op == Op::BatchNormAddRelu) avoid_kinks(in, training, with_residual);
   const Result cpu = run(op, in, training, with_residual);
   for (DType act : {DType::F32, DType::BF16})
-    for (MemoryFormat fmt : {MemoryFormat::NCHW, MemoryFormat::NHWC}) {
+    for (MemoryFormat fmt : formats) {
       CAPTURE(dtype_name(act));
       CAPTURE(format_name(fmt));
       const Result gpu = run(op, to_gpu(in, act, fmt), training, with_residual);
@@ -255,14 +260,20 @@ TEST_CASE("CUDA batch norm ops in float32 and bf16, NCHW and NHWC, equal the CPU
         }
 }
 
-TEST_CASE("CUDA batch norm ops at [16, 64, 128, 128]: many blocks per channel") {
+TEST_CASE("CUDA batch norm ops with many blocks per channel: NCHW [16, 4, 128, 128], NHWC [9, 64, 128, 128]") {
+  // NCHW: 16 planes of 16384 values a channel, 8 reduction blocks each, 128 partials a channel
+  // (the grid's channels only multiply the blocks: 4 of them, not the 64 of the NHWC shape).
+  // NHWC: 576 float32 and 288 bf16 chunks a channel (256 and 512 pixels), more partials than
+  // the finishing block has threads, so some of them add two or three.
   Setup setup;
   Rng rng(302);
-  const Shape s = {16, 64, 128, 128};
-  check_case(Op::BatchNormAddRelu, s, true, true, rng);
-  check_case(Op::BatchNorm, s, true, false, rng);
-  check_case(Op::BatchNormSync, s, true, false, rng);
-  check_case(Op::BatchNormRelu, s, false, false, rng);
+  for (const auto& [s, fmt] : {std::pair{Shape{16, 4, 128, 128}, MemoryFormat::NCHW},
+                               std::pair{Shape{9, 64, 128, 128}, MemoryFormat::NHWC}}) {
+    check_case(Op::BatchNormAddRelu, s, true, true, rng, {fmt});
+    check_case(Op::BatchNorm, s, true, false, rng, {fmt});
+    check_case(Op::BatchNormSync, s, true, false, rng, {fmt});
+    check_case(Op::BatchNormRelu, s, false, false, rng, {fmt});
+  }
 }
 
 TEST_CASE("CUDA batch_norm_relu's backward recomputes the forward's ReLU mask from x, bit for bit") {
@@ -281,16 +292,17 @@ TEST_CASE("CUDA batch_norm_relu's backward recomputes the forward's ReLU mask fr
 }
 
 TEST_CASE("CUDA batch norm results are the same bits run to run (fixed reduction order)") {
+  // The shapes of many blocks per channel above, each in its format.
   Setup setup;
   Rng rng(303);
-  const Shape s = {16, 64, 128, 128};
-  const Inputs in = make_inputs(s, rng);
   auto same_bits = [](const Tensor& a, const Tensor& b) {
     const Tensor ha = a.to(Device::cpu()), hb = b.to(Device::cpu());
     return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
   };
-  for (DType act : {DType::F32, DType::BF16})
-    for (MemoryFormat fmt : {MemoryFormat::NCHW, MemoryFormat::NHWC}) {
+  for (const auto& [s, fmt] : {std::pair{Shape{16, 4, 128, 128}, MemoryFormat::NCHW},
+                               std::pair{Shape{9, 64, 128, 128}, MemoryFormat::NHWC}}) {
+    const Inputs in = make_inputs(s, rng);
+    for (DType act : {DType::F32, DType::BF16}) {
       CAPTURE(dtype_name(act));
       CAPTURE(format_name(fmt));
       const Inputs g = to_gpu(in, act, fmt);
@@ -302,6 +314,7 @@ TEST_CASE("CUDA batch norm results are the same bits run to run (fixed reduction
       CHECK(same_bits(a.ggamma, b.ggamma));
       CHECK(same_bits(a.gres, b.gres));
     }
+  }
 }
 
 TEST_CASE("CUDA bf16 training statistics: a large mean over a million values per channel") {
