@@ -1,4 +1,6 @@
-#include "apps/cli.h"
+#include "apps/parse.h"
+
+#include "models/unet.h"
 
 #include <algorithm>
 #include <cerrno>

@@ -1,14 +1,13 @@
 // Command-line helpers shared by the apps and benchmarks: each flag is parsed once, into a
 // typed value, by the table or parser that owns its allowed values; a bad value ends parsing
-// with "--flag: what was wrong (what is allowed)".
+// with "--flag: what was wrong (what is allowed)". The parsers alone, without CLI11 (whose
+// header costs about 4 s of compile time in every file that includes it), are apps/parse.h.
 #pragma once
 #include <CLI/CLI.hpp>
 
-#include <optional>
 #include <string>
-#include <vector>
 
-#include "runtime/device.h"
+#include "apps/parse.h"
 #include "engine/named.h"
 #include "models/unet.h"
 
@@ -39,20 +38,5 @@ CLI::Option* add_enum(CLI::App& app, const std::string& flag, E& field,
           help + " (" + names_list(table) + ")")
       ->default_str(name_of(table, field));
 }
-
-// "cpu", "cpu:N", "cuda:N" or, where `allow_auto`, "auto" (nullopt).
-std::optional<Device> parse_device(const std::string& s, bool allow_auto);
-// "cpu:0,cpu:1,...": a comma-separated list (empty items skipped).
-std::vector<Device> parse_device_list(const std::string& s);
-// Cut points for model parallelism: block names (encoder.layer3 or its last part, layer3) or
-// block indices, comma separated, in increasing order; each names the block a cut follows.
-// Returns the first block of each later stage.
-std::vector<int> parse_cuts(const std::string& spec);
-// A whole number in 0..2^64-1, digits only (no sign: "-1" is refused, not wrapped).
-uint64_t parse_uint64(const std::string& s);
-// Positive integers, comma separated ("1,2,4").
-std::vector<int> parse_int_list(const std::string& s);
-// The block names of the UNet, in order (what --split accepts).
-const std::vector<std::string>& unet_block_names();
 
 }  // namespace unetcu::cli

@@ -1,0 +1,28 @@
+// The flag values' parsers (devices, cuts, numbers), without CLI11: apps/cli.h builds the
+// command lines on them; tests and benchmarks that only parse include this.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/device.h"
+
+namespace unetcu::cli {
+
+// "cpu", "cpu:N", "cuda:N" or, where `allow_auto`, "auto" (nullopt).
+std::optional<Device> parse_device(const std::string& s, bool allow_auto);
+// "cpu:0,cpu:1,...": a comma-separated list (empty items skipped).
+std::vector<Device> parse_device_list(const std::string& s);
+// Cut points for model parallelism: block names (encoder.layer3 or its last part, layer3) or
+// block indices, comma separated, in increasing order; each names the block a cut follows.
+// Returns the first block of each later stage.
+std::vector<int> parse_cuts(const std::string& spec);
+// A whole number in 0..2^64-1, digits only (no sign: "-1" is refused, not wrapped).
+uint64_t parse_uint64(const std::string& s);
+// Positive integers, comma separated ("1,2,4").
+std::vector<int> parse_int_list(const std::string& s);
+// The block names of the UNet, in order (what --split accepts).
+const std::vector<std::string>& unet_block_names();
+
+}  // namespace unetcu::cli
