@@ -31,6 +31,7 @@ trap report EXIT
 # matplotlib and torchvision too: tests/plot_test.sh renders every plot, and
 # tests/encoder_export_test.sh checks the engine's encoder against torchvision's.
 tools/setup.sh --plots --pytorch
+rm -f build/ctest.log build-emu/ctest.log build-emu/times.txt  # the report reads this run's only
 t=$SECONDS
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90}" >/dev/null
 cmake --build build -j"$(nproc)"
@@ -40,5 +41,4 @@ ctest --test-dir build --output-on-failure -j"$(nproc)" 2>&1 | tee build/ctest.l
 times+=("CPU suite: $((SECONDS - t)) s")
 # The CUDA suite on the CUDA emulator (runtime/cuda/emu/README.md): no GPU needed. It writes
 # its own build and suite times.
-rm -f build-emu/times.txt
 tools/test_cuda_emu.sh

@@ -33,7 +33,6 @@ else
 fi
 tools/setup.sh
 t=$SECONDS
-rm -f "$build/times.txt"
 cmake -S . -B "$build" -DUNETCU_CUDA=EMU "${flags[@]}" >/dev/null
 cmake --build "$build" -j"$(nproc)" --target unetcu_cuda_tests unet_train unet_predict unet_bench \
   unet_synthetic_dataset
