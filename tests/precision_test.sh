@@ -9,18 +9,28 @@
 # seed: 0.008 (seed 0), 0.019 (1), -0.019 (2), -0.026 (3), so about 0.015 for a mean over two
 # seeds; float32 alone moves 0.05 from one seed to another. A bf16 path that does not learn as
 # float32 does falls far outside it: with the bf16 copy of each convolution's weights made once
-# and reused (a stale cast), the same runs end at IoU 0.13 and 0.02. The 20-epoch run of width
-# 1/4 at 64x64, to the plateau, held to 0.02, is bench/precision_bf16.sh (docs/benchmarks.md).
+# and reused (a stale cast), the same runs end at IoU 0.13 and 0.02.
 # The fp32 and bf16 runs of a seed run side by side on one thread each.
 #
-# With "brief" as its second argument (the sanitizer build: cmake -DUNETCU_ACCURACY_TESTS=OFF), it
-# runs the same two configurations for two epochs of 20 images (a partial last batch) and checks
-# only that both finish with finite losses: the code paths without the training that the
-# accuracy figure needs, which the ordinary build measures.
+#   tests/precision_test.sh unet_train [full|plateau|brief]
+#
+# plateau (bench/precision_bf16.sh, not a test: minutes): the same at width 1/4, 64x64 and the
+# default lr for 20 epochs, near both runs' plateau, compared over epochs 16-20 and held to
+# 0.02, how far two float32 runs that differ only in the order of their additions end apart
+# (docs/benchmarks.md).
+# brief (the sanitizer build: cmake -DUNETCU_ACCURACY_TESTS=OFF): the same two configurations
+# for two epochs of 20 images (a partial last batch), checking only that both finish with
+# finite losses: the code paths without the training that the accuracy figure needs, which
+# the ordinary build measures.
 set -u
 train="$1"
 length="${2:-full}"
-case "$length" in full|brief) ;; *) echo "FAIL: length must be full or brief, not '$length'"; exit 1 ;; esac
+case "$length" in
+  full) args=(--width-divisor 8 --image-size 32 --lr 0.003) epochs=12 first=9 bound=0.05 ;;
+  plateau) args=(--width-divisor 4 --image-size 64) epochs=20 first=16 bound=0.02 ;;
+  brief) ;;
+  *) echo "FAIL: length must be full, plateau or brief, not '$length'"; exit 1 ;;
+esac
 d=$(mktemp -d)
 trap 'rm -rf "$d"' EXIT
 out=$("$train" --precision bf16 --memory-format nhwc --epochs 1 --train-size 16 --val-size 8 \
@@ -40,8 +50,7 @@ if [ "$length" = brief ]; then
   done
   exit 0
 fi
-args=(--width-divisor 8 --image-size 32 --train-size 512 --val-size 128 --epochs 12 --batch-size 8 --lr 0.003
-      --threads 1 --no-progress)
+args+=(--epochs "$epochs" --train-size 512 --val-size 128 --batch-size 8 --threads 1 --no-progress)
 for seed in 0 1; do
   "$train" "${args[@]}" --seed $seed --precision fp32 > "$d/fp32.$seed.log" 2>&1 &
   fp32=$!
@@ -50,14 +59,18 @@ for seed in 0 1; do
   wait "$fp32" || { echo "FAIL: fp32 run, seed $seed"; cat "$d/fp32.$seed.log"; exit 1; }
   [ "$bf16_rc" = 0 ] || { echo "FAIL: bf16 run, seed $seed"; cat "$d/bf16.$seed.log"; exit 1; }
 done
-# The mean validation IoU of epochs 9-12 of the given logs (empty unless each has all four).
-iou() { for f in "$@"; do grep -E '^epoch (9|1[0-2])/12 ' "$f" | sed -nE 's/.* val_iou ([0-9.]+) .*/\1/p'; done |
-          awk -v want=$((4 * $#)) '{s += $1; n++} END {if (n == want) printf "%.4f", s / n}'; }
+# The mean validation IoU of epochs first..epochs of the given logs (empty unless each has them all).
+last=$(seq -s '|' "$first" "$epochs")
+iou() { for f in "$@"; do grep -E "^epoch ($last)/$epochs " "$f" | sed -nE 's/.* val_iou ([0-9.]+) .*/\1/p'; done |
+          awk -v want=$(((epochs - first + 1) * $#)) '{s += $1; n++} END {if (n == want) printf "%.4f", s / n}'; }
 a=$(iou "$d/fp32.0.log" "$d/fp32.1.log") b=$(iou "$d/bf16.0.log" "$d/bf16.1.log")
 [ -n "$a" ] && [ -n "$b" ] || { echo "FAIL: no final IoU"; cat "$d"/*.log; exit 1; }
 per_seed="seed 0: fp32 $(iou "$d/fp32.0.log"), bf16 $(iou "$d/bf16.0.log"); seed 1: fp32 $(iou "$d/fp32.1.log"), bf16 $(iou "$d/bf16.1.log")"
-if awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.05 && a > 0.5) }'; then
-  echo "ok: validation IoU, mean of epochs 9-12 over seeds 0 and 1: fp32 $a, bf16 $b ($per_seed)"
+what="validation IoU, mean of epochs $first-$epochs over seeds 0 and 1: fp32 $a, bf16 $b"
+epoch_s() { sed -nE 's/^mean epoch time ([0-9.]+)s.*/\1/p' "$1"; }
+echo "mean epoch time, seed 0, one thread each side by side: fp32 $(epoch_s "$d/fp32.0.log") s, bf16 NHWC $(epoch_s "$d/bf16.0.log") s"
+if awk -v a="$a" -v b="$b" -v bound="$bound" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= bound && a > 0.5) }'; then
+  echo "ok: $what ($per_seed)"
 else
-  echo "FAIL: validation IoU, mean of epochs 9-12 over seeds 0 and 1: fp32 $a, bf16 $b, more than 0.05 apart or not trained ($per_seed)"; exit 1
+  echo "FAIL: $what, more than $bound apart or not trained ($per_seed)"; exit 1
 fi
