@@ -31,6 +31,9 @@ class ScratchDir {
     std::filesystem::current_path(std::filesystem::temp_directory_path(ec), ec);
     std::filesystem::remove_all(path_, ec);
   }
+  // The folder, or "" where it could not be made.
+  const std::string& path() const { return path_; }
+
   ScratchDir(const ScratchDir&) = delete;
   ScratchDir& operator=(const ScratchDir&) = delete;
 

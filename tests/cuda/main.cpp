@@ -87,22 +87,14 @@ int main(int argc, char** argv) {
     for (const LeftOut& u : left_out) std::printf("left out: \"%s\" (%s)\n", u.name, u.reason);
   }
   unetcu::cuda::set_deterministic(true);
-  std::string own_cache_dir;
-  if (!listing && !std::getenv("UNETCU_CACHE_DIR")) {
-    char dir[] = "/tmp/unetcu_cuda_tests_XXXXXX";
-    if (mkdtemp(dir)) {
-      own_cache_dir = dir;
-      setenv("UNETCU_CACHE_DIR", dir, 1);
-    }
+  const unetcu::testing::ScratchDir scratch;  // cases run in parallel (ctest -j) write apart
+  if (!listing && !std::getenv("UNETCU_CACHE_DIR") && !scratch.path().empty()) {
+    const std::string dir = scratch.path() + "/algo_cache";  // removed with the scratch folder
+    std::error_code ec;
+    if (std::filesystem::create_directory(dir, ec)) setenv("UNETCU_CACHE_DIR", dir.c_str(), 1);
   }
   doctest::Context context(argc, argv);
-  const unetcu::testing::ScratchDir scratch;  // cases run in parallel (ctest -j) write apart
   if (!listing)  // listed, so that ctest reports them skipped
     for (const LeftOut& u : left_out) context.addFilter("test-case-exclude", escaped(u.name).c_str());
-  const int rc = context.run();
-  if (!own_cache_dir.empty()) {
-    std::error_code ec;
-    std::filesystem::remove_all(own_cache_dir, ec);
-  }
-  return rc;
+  return context.run();
 }
