@@ -89,4 +89,6 @@ if [ "$fail" -ne 0 ]; then
   echo "cli_docs: $doc differs from the programs' --help (above)"
   exit 1
 fi
-echo "cli_docs: $flags_total flags of $checked programs, each with one row in $doc"
+programs="programs"
+[ "$checked" -eq 1 ] && programs="program"
+echo "cli_docs: $flags_total flags of $checked $programs, each with one row in $doc"
