@@ -1,8 +1,9 @@
 // The epoch loop, written once over every training strategy (train/strategy.h): the loader
 // (worker threads make each global batch ahead of the step, pinned for GPUs, and the next
-// batch is placed on the devices before the current step runs), the progress bar, validation,
-// the per-epoch metrics line, checkpoints (save, resume, encoder initialisation) and
-// profiling.
+// batch is placed on the devices before the current step runs), the steps and validation.
+// What happens around them (progress and the epoch line, the metrics file, checkpoints and
+// resume, early stopping, the clip record, interrupts, profiling) is the callbacks' of
+// train/callbacks/, called at fixed points (train/callback.h).
 //
 // One epoch = every training sample once, in a seeded per-epoch order, in steps of
 // batch_size samples per replica (a smaller last step is kept). With N replicas each epoch's
@@ -64,6 +65,8 @@ struct EpochStats {
   double train_loss = 0;   // mean over the epoch's steps, weighted by their sizes
   double val_loss = 0, val_iou = 0, val_dice = 0;
   double images_per_second = 0;
+  int64_t images = 0;      // the samples this process trained on in the epoch
+  double lr = 0;           // the learning rate of the epoch's last step
   size_t peak_device_bytes = 0;    // the most held in tensors at once over the epoch: GPUs, the
                                    // largest peak of their caching allocators; CPU devices,
                                    // the host allocator's (all of them and the loader together)
@@ -72,6 +75,7 @@ struct EpochStats {
   // Gradient clipping (the optimizers' max_grad_norm): the epoch's mean and largest gradient
   // norm before clipping and the share of its steps the clip scaled down; NaN without it.
   double grad_norm = NAN, grad_norm_max = NAN, clipped_fraction = NAN;
+  int64_t clip_steps = 0, clip_clipped = 0;  // the steps clipping saw, and those it scaled down
 };
 
 struct TrainResult {
