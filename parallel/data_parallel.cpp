@@ -60,13 +60,6 @@ struct DataParallel::Replica {
   std::vector<Tensor> flat;    // per bucket, on the replica's device: the gradients live here
   std::vector<Tensor> low;     // per bucket with bf16_allreduce: the bfloat16 copy that travels
   Tensor buffers;              // the BN running statistics, packed (pack_buffers)
-  // cuda_graphs: the step up to the optimizer, captured at one shard shape.
-  struct Captured {
-    Tensor x, target, loss;  // its input and output tensors (fixed addresses)
-    CapturedCounts counts;   // batch counts each replay adds
-    cuda::Graph graph;
-  };
-  std::unique_ptr<Captured> captured;
   // per step
   std::vector<int> ready_in_bucket;
   std::vector<std::unique_ptr<Work>> work;
@@ -127,7 +120,7 @@ Tensor pack_buffers(const Module& model) {
 
 DataParallel::DataParallel(const UNetConfig& model_cfg, const DataParallelOptions& options,
                            const OptimizerFactory& make_optimizer)
-    : options_(options) {
+    : options_(options), graph_(options.cuda_graphs, int(options.devices.size())) {
   const int N = int(options.devices.size());
   UNETCU_CHECK(N >= 1, "data parallelism needs at least one device");
   for (int r = 0; r < N; ++r)
@@ -409,48 +402,30 @@ Tensor DataParallel::forward_backward(int r, const Tensor& images, const Tensor&
   return loss;
 }
 
-// Two eager steps first: cuDNN's algorithm search, the optimizer's state, NCCL's own setup of
-// each communicator and the allocator's cache are settled before the capture, which can hold
-// none of them.
-constexpr int kEagerStepsBeforeCapture = 2;
-
 bool DataParallel::graph_step_ready(const std::vector<Batch>& shards, LossKind loss_kind) {
-  if (!options_.cuda_graphs || Profiler::enabled() || !replicas_[0]->model->is_training()) return false;
-  if (graph_shape_.empty()) graph_shape_ = shards[0].images.shape();
-  if (shards[0].images.shape() != graph_shape_) return false;  // another shape: eager
-  if (graph_captured_) return shards[0].masks.shape() == graph_masks_ && loss_kind == graph_loss_;
-  if (eager_steps_++ < kEagerStepsBeforeCapture) return false;
+  const Shape loss_key{int64_t(loss_kind)};
+  if (!graph_.due(replicas_[0]->model->is_training(), {shards[0].images.shape(), shards[0].masks.shape(), loss_key}))
+    return false;
+  if (graph_.captured()) return true;
   // Every replica captures its step (nothing runs: its collectives are recorded, not issued
   // to the peers); then all agree: NCCL requires a collective to be captured on every rank of
-  // its communicator or on none, and its graph launched by every rank.
-  run([&](int r) {
-    Replica& rep = *replicas_[r];
-    const int dev = rep.device.index;
-    // The capture takes memory of its own; the eager steps' cache goes back first, so the
-    // device holds one step's worth, not two. Every collective of the last step was queued on
-    // every device before the step returned, so they all finish here: cudaFree then waits for
-    // no peer.
-    cuda::synchronize(dev);
-    cuda::release_device_cache(dev);
-  });
+  // its communicator or on none, and its graph launched by every rank. Every collective of the
+  // last step was queued on every device before the step returned, so they all finish before
+  // the caches go back: cudaFree then waits for no peer.
+  run([&](int r) { GraphStep::release_cache(replicas_[r]->device); });
   std::vector<std::string> failures(replicas_.size());
   run([&](int r) {
     Replica& rep = *replicas_[r];
-    auto c = std::make_unique<Replica::Captured>();
-    const Batch& b = shards[r];
-    c->x = Tensor::empty(b.images.shape(), b.images.dtype(), rep.device, b.images.format());
-    c->target = Tensor::empty(b.masks.shape(), b.masks.dtype(), rep.device, b.masks.format());
-    // Batch norm counts its batches on the host: what one capture adds, each replay adds.
-    CapturedCounts counts(*rep.model);
     try {
-      c->graph = cuda::Graph::capture(rep.device.index, [&] { c->loss = forward_backward(r, c->x, c->target, loss_kind); });
+      const auto on_device = [&](const Tensor& t) { return t.device() == rep.device ? t : t.to(rep.device); };
+      graph_.capture(r, *rep.model, {on_device(shards[r].images), on_device(shards[r].masks)}, {}, {},
+                     [&](const std::vector<Tensor>& in) {
+                       return std::vector<Tensor>{forward_backward(r, in[0], in[1], loss_kind)};
+                     });
     } catch (const std::exception& e) {
       failures[r] = e.what();
       rep.work.clear();
     }
-    counts.undo();  // nothing ran yet: the first launch counts
-    c->counts = std::move(counts);
-    if (failures[r].empty()) rep.captured = std::move(c);
   });
   std::string why;
   for (size_t r = 0; r < failures.size(); ++r)
@@ -462,22 +437,18 @@ bool DataParallel::graph_step_ready(const std::vector<Batch>& shards, LossKind l
   // Across processes, every process must take the same decision.
   if (options_.across_processes) failed = average_across_processes(failed ? 1.0 : 0.0) > 0;
   if (!failed) {
-    graph_captured_ = true;
-    graph_masks_ = shards[0].masks.shape();
-    graph_loss_ = loss_kind;
+    graph_.set_captured();
     return true;
   }
   // Whether a collective is captured must be the same on every rank (NCCL's rule for graphs),
   // and a failed capture holds only part of the step's: the communicators may not be used
-  // again. The graphs go first (NCCL's persistent resources are theirs).
-  for (auto& rep : replicas_) rep->captured.reset();
+  // again.
   if (why.empty()) why = "another process's capture failed";
   UNETCU_CHECK(!options_.across_processes, "capturing the data-parallel step as a CUDA graph failed (", why,
                "); NCCL cannot go on after a capture that differed between the ranks: train without "
                "CUDA graphs");
   options_.cuda_graphs = false;
-  std::fprintf(stderr, "warning: capturing the data-parallel step as a CUDA graph failed, training goes on "
-                       "without graphs over new NCCL communicators: %s\n", why.c_str());
+  graph_.fall_back("the data-parallel step", why, " over new NCCL communicators");
   connect();
   return false;
 }
@@ -504,21 +475,20 @@ std::vector<Tensor> DataParallel::step_async(const std::vector<Batch>& shards, L
     auto on_device = [&](const Tensor& t) { return t.device() == rep.device ? t : t.to(rep.device); };
     Tensor loss;
     if (replay) {
-      Replica::Captured& c = *rep.captured;
-      c.x.copy_(on_device(shards[r].images));
-      c.target.copy_(on_device(shards[r].masks));
-      c.graph.launch();
+      GraphStep::Slot& c = graph_.slot(r);
+      c.inputs[0].copy_(on_device(shards[r].images));
+      c.inputs[1].copy_(on_device(shards[r].masks));
+      c.launch();
       rep.grad_comm->watch_launch("CUDA graph of the step (gradient all-reduces)");
       rep.ctrl_comm->watch_launch("CUDA graph of the step (batch-norm collectives)");
-      c.counts.replay();
-      loss = c.loss;
+      loss = c.outputs[0];
     } else {
       loss = forward_backward(r, on_device(shards[r].images), on_device(shards[r].masks), loss_kind);
     }
     rep.opt->step();
     losses[r] = loss;  // a GPU's is read behind the step's work on this stream (no host wait here)
   });
-  if (replay) ++graph_replays_;
+  if (replay) graph_.count_replay();
   return losses;
 }
 

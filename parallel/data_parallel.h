@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "data/batch.h"
+#include "engine/graph_step.h"
 #include "engine/optim.h"
 #include "models/unet.h"
 #include "parallel/communicator.h"
@@ -130,10 +131,10 @@ class DataParallel {
   // Rank r's gradient buckets: the flat buffers its parameters' gradients are views into.
   std::vector<Tensor> buckets(int rank) const;
   // cuda_graphs: whether the step is captured (replayed at its shape), and the steps replayed.
-  bool graph_captured() const { return graph_captured_; }
-  int64_t graph_replays() const { return graph_replays_; }
+  bool graph_captured() const { return graph_.captured(); }
+  int64_t graph_replays() const { return graph_.replays(); }
   // cuda_graphs and not fallen back to eager steps.
-  bool uses_cuda_graphs() const { return options_.cuda_graphs; }
+  bool uses_cuda_graphs() const { return graph_.on(); }
   // This process's replicas whose capture failed (then all went on eagerly).
   int graph_capture_failures() const { return graph_capture_failures_; }
 
@@ -146,18 +147,15 @@ class DataParallel {
   bool graph_step_ready(const std::vector<Batch>& shards, LossKind loss);
   // Makes the replicas' communicator groups (releasing any they had).
   void connect();
-  Shape graph_shape_;     // the first step's shard shape: the shape captured
-  Shape graph_masks_;     // the captured step's masks
-  LossKind graph_loss_ = LossKind::BCEDice;
   int graph_capture_failures_ = 0;
-  int eager_steps_ = 0;   // steps run at that shape before the capture
-  bool graph_captured_ = false;
-  int64_t graph_replays_ = 0;
   DataParallelOptions options_;
   std::vector<std::unique_ptr<Replica>> replicas_;
   std::unique_ptr<WorkerPool> pool_;
   mutable std::mutex events_mu_;
   std::vector<std::string> events_;
+  // cuda_graphs: each replica's captured step (a slot each). Last, so that the graphs go
+  // before the communicators (NCCL's persistent resources are theirs).
+  GraphStep graph_;
 };
 
 }  // namespace unetcu

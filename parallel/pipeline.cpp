@@ -63,7 +63,7 @@ Tensor forward_stage(const UNet& model, const std::vector<int>& stage_of_block, 
 
 Pipeline::Pipeline(const UNetConfig& model_cfg, const PipelineOptions& options,
                    const OptimizerFactory& make_optimizer)
-    : options_(options) {
+    : options_(options), graph_(options.cuda_graphs) {
   const int S = int(options.devices.size());
   UNETCU_CHECK(S >= 2, "model parallelism needs at least two stages (devices)");
   UNETCU_CHECK(int(options.cuts.size()) == S - 1, "model parallelism: ", S, " stages need ", S - 1,
@@ -476,7 +476,7 @@ std::vector<Tensor> Pipeline::step_async(const std::vector<Batch>& micro_batches
                  "model parallelism: micro-batches must be placed (images on ", options_.devices[0].str(),
                  ", masks on ", options_.devices[S - 1].str(), ")");
   std::vector<Tensor> losses;
-  if (options_.cuda_graphs && graph_step(micro_batches, loss_kind, &losses)) {
+  if (graph_step(micro_batches, loss_kind, &losses)) {
     join_last_stage();
     return losses;
   }
@@ -496,59 +496,33 @@ std::vector<Tensor> Pipeline::step_async(const std::vector<Batch>& micro_batches
 
 // ---- CUDA graphs ------------------------------------------------------------------------------
 
-struct Pipeline::Captured {
-  std::vector<Shape> shapes;       // each micro-batch's images and masks shapes, in turn
-  LossKind loss;
-  std::vector<Batch> inputs;       // the graph's micro-batches (fixed addresses)
-  std::vector<Tensor> losses;      // each micro-batch's weighted loss, which every replay rewrites
-  std::vector<Tensor> grads;       // each parameter's gradient, which every replay rewrites
-  CapturedCounts counts;           // batch counts each replay adds
-  std::vector<int> peak_live;      // what the captured step's schedule held
-  std::vector<Transfer> transfers;
-  cuda::Graph graph;
-};
-
 namespace {
 
-std::vector<Shape> micro_batch_shapes(const std::vector<Batch>& micro_batches) {
+// A step's graph key: each micro-batch's images and masks shapes, in turn, and the loss.
+std::vector<Shape> graph_key(const std::vector<Batch>& micro_batches, LossKind loss) {
   std::vector<Shape> out;
   for (const Batch& b : micro_batches) {
     out.push_back(b.images.shape());
     out.push_back(b.masks.shape());
   }
+  out.push_back({int64_t(loss)});
   return out;
 }
-
-// Two eager steps first, as on one GPU (train/strategy.cpp): cuDNN's algorithm search, the
-// optimizers' state and the allocator's caches are all settled before the capture.
-constexpr int kEagerStepsBeforeCapture = 2;
 
 }  // namespace
 
 bool Pipeline::graph_step(const std::vector<Batch>& micro_batches, LossKind loss_kind,
                           std::vector<Tensor>* losses) {
-  // The profiler times ops on the host; a graph holds train-mode batch norm.
-  if (Profiler::enabled() || !model_->is_training()) return false;
-  const std::vector<Shape> shapes = micro_batch_shapes(micro_batches);
-  if (graph_shape_.empty()) graph_shape_ = shapes;
-  if (shapes != graph_shape_) return false;  // another shape: eager
+  if (!graph_.due(model_->is_training(), graph_key(micro_batches, loss_kind))) return false;
   const int S = stages();
-  if (!captured_) {
-    if (eager_steps_++ < kEagerStepsBeforeCapture) return false;
-    // The steps before are done: this thread clears the gradients and gives the caches back.
+  if (!graph_.captured()) {
+    // The steps before are done: this thread clears the gradients (the captured backwards
+    // write every one first, beta 0) and gives the caches back.
     synchronize();
-    auto c = std::make_unique<Captured>();
-    c->shapes = shapes;
-    c->loss = loss_kind;
-    for (const Batch& b : micro_batches)
-      c->inputs.push_back({Tensor::empty(b.images.shape(), b.images.dtype(), b.images.device(), b.images.format()),
-                           Tensor::empty(b.masks.shape(), b.masks.dtype(), b.masks.device(), b.masks.format())});
-    // The captured backwards write every gradient first (beta 0): there is none before them.
-    for (auto& o : optimizers_) o->zero_grad();
-    // Each device keeps one step's worth of memory, not two: the eager steps' cache goes back
-    // first.
-    for (const Device& d : options_.devices) cuda::release_device_cache(d.index);
-    CapturedCounts counts(*model_);
+    std::vector<Optimizer*> opts;
+    for (auto& o : optimizers_) opts.push_back(o.get());
+    for (Optimizer* o : opts) o->zero_grad();
+    for (const Device& d : options_.devices) GraphStep::release_cache(d);
     peak_live_.assign(S, 0);
     {
       std::lock_guard<std::mutex> lock(transfers_mu_);
@@ -556,37 +530,32 @@ bool Pipeline::graph_step(const std::vector<Batch>& micro_batches, LossKind loss
     }
     std::vector<const cuda::Stream*> streams;
     for (const auto& st : streams_) streams.push_back(st.get());
+    std::vector<Tensor> like;
+    for (const Batch& b : micro_batches) {
+      like.push_back(b.images);
+      like.push_back(b.masks);
+    }
     try {
-      c->graph = cuda::Graph::capture(streams, [&] {
-        Run run(*this, c->inputs, loss_kind);
+      graph_.capture(0, *model_, like, streams, opts, [&](const std::vector<Tensor>& in) {
+        std::vector<Batch> inputs;
+        for (size_t m = 0; m < in.size(); m += 2) inputs.push_back({in[m], in[m + 1]});
+        Run run(*this, inputs, loss_kind);
         run_stages(run);
-        c->losses = run.losses();
+        return run.losses();
       });
-      for (const Tensor& p : model_->parameters()) {
-        UNETCU_CHECK(p.grad().defined(), "the captured pipeline step left a parameter without a gradient");
-        c->grads.push_back(p.grad());
-      }
     } catch (const std::exception& e) {
-      c.reset();  // the graph, if one was made, and its tensors
-      counts.undo();
-      for (auto& o : optimizers_) o->zero_grad();  // whatever the failed capture left
       // Each stage's thread queued work into the capture: an error a failed call left there
       // must not be taken for the next eager launch's.
       pool_->run([](int) { cuda::clear_last_error(); });
-      cuda::clear_last_error();
       options_.cuda_graphs = false;
-      std::fprintf(stderr, "warning: capturing the pipeline's step as a CUDA graph failed, training "
-                           "goes on without graphs: %s\n", e.what());
+      graph_.fall_back("the pipeline's step", e.what());
       return false;
     }
-    counts.undo();  // nothing ran yet: the first launch below counts
-    c->counts = std::move(counts);
-    c->peak_live = peak_live_;
-    c->transfers = transfers();
-    captured_ = std::move(c);
+    graph_.set_captured();
+    captured_peak_live_ = peak_live_;
+    captured_transfers_ = transfers();
   }
-  Captured& c = *captured_;
-  if (shapes != c.shapes || loss_kind != c.loss) return false;
+  GraphStep::Slot& c = graph_.slot(0);
   // The micro-batches were placed on their stages' streams: the images on the first's, the
   // masks on the last's. Each copy follows its upload there. The launch on the first stage's
   // stream (the graph's origin) follows what every stage's stream has queued: the masks' copy
@@ -595,15 +564,15 @@ bool Pipeline::graph_step(const std::vector<Batch>& micro_batches, LossKind loss
   cuda::Stream& origin = *streams_[0];
   {
     cuda::StreamScope on_last(*streams_[S - 1]);
-    for (size_t m = 0; m < c.inputs.size(); ++m) c.inputs[m].masks.copy_(micro_batches[m].masks);
+    for (size_t m = 0; m < micro_batches.size(); ++m) c.inputs[2 * m + 1].copy_(micro_batches[m].masks);
   }
   join_into(0);
   {
     cuda::StreamScope on_origin(origin);
-    for (size_t m = 0; m < c.inputs.size(); ++m) c.inputs[m].images.copy_(micro_batches[m].images);
+    for (size_t m = 0; m < micro_batches.size(); ++m) c.inputs[2 * m].copy_(micro_batches[m].images);
     in_flight_ = true;
-    c.graph.launch();
-    ++graph_replays_;
+    c.launch();  // the graph, and the batch counts it adds
+    graph_.count_replay();
     // The optimizers step on their stages' streams, after all of the graph.
     const cuda::Event replayed = cuda::Event::record(options_.devices[0].index);
     for (int s = 1; s < S; ++s) {
@@ -611,18 +580,16 @@ bool Pipeline::graph_step(const std::vector<Batch>& micro_batches, LossKind loss
       replayed.wait(options_.devices[s].index);
     }
   }
-  c.counts.replay();
   // An eager step in between (another shape) may have left gradients of its own: the
   // optimizers read the graph's.
-  const auto params = model_->parameters();
-  for (size_t i = 0; i < params.size(); ++i) params[i].impl().grad = c.grads[i].impl_ptr();
-  peak_live_ = c.peak_live;
+  c.use_gradients(*model_);
+  peak_live_ = captured_peak_live_;
   {
     std::lock_guard<std::mutex> lock(transfers_mu_);
-    transfers_ = c.transfers;
+    transfers_ = captured_transfers_;
   }
   step_optimizers();
-  *losses = c.losses;
+  *losses = c.outputs;
   return true;
 }
 

@@ -133,12 +133,11 @@ class Pipeline {
   // Of the last step: the most micro-batches whose activations a stage held at once.
   std::vector<int> peak_live_micro_batches() const { return peak_live_; }
   std::vector<Transfer> transfers() const;
-  bool graph_captured() const { return captured_ != nullptr; }  // cuda_graphs: replaying now
-  int64_t graph_replays() const { return graph_replays_; }      // steps run as the graph
+  bool graph_captured() const { return graph_.captured(); }  // cuda_graphs: replaying now
+  int64_t graph_replays() const { return graph_.replays(); }   // steps run as the graph
 
  private:
   class Run;  // one step's execution
-  struct Captured;  // cuda_graphs: the captured step at one set of micro-batch shapes
   void run_stages(Run& run);
   // The step queued as the graph, *losses its micro-batches' losses; or false: run it eagerly.
   bool graph_step(const std::vector<Batch>& micro_batches, LossKind loss, std::vector<Tensor>* losses);
@@ -157,10 +156,11 @@ class Pipeline {
   std::vector<int> peak_live_;
   mutable std::mutex transfers_mu_;
   std::vector<Transfer> transfers_;
-  std::vector<Shape> graph_shape_;  // cuda_graphs: the first step's micro-batch shapes
-  int eager_steps_ = 0;             // steps run at those shapes before the capture
-  int64_t graph_replays_ = 0;
-  std::unique_ptr<Captured> captured_;
+  // cuda_graphs: the captured step at the first step's micro-batch shapes, with what its
+  // schedule held and moved.
+  GraphStep graph_;
+  std::vector<int> captured_peak_live_;
+  std::vector<Transfer> captured_transfers_;
   bool in_flight_ = false;  // GPU stages: a step_async() not yet waited for
 };
 

@@ -36,72 +36,39 @@ double TrainingStrategy::learning_rate() {
 SingleDevice::SingleDevice(const UNetConfig& model, const OptimizerFactory& make_optimizer, LossKind loss,
                            bool cuda_graphs, int64_t accumulate_rows)
     : TrainingStrategy(loss), device_(model.device), model_(std::make_unique<UNet>(model)),
-      optimizer_(make_optimizer(model_->parameters())), cuda_graphs_(cuda_graphs), accumulate_rows_(accumulate_rows) {
+      optimizer_(make_optimizer(model_->parameters())), accumulate_rows_(accumulate_rows), graph_(cuda_graphs) {
   UNETCU_CHECK(!cuda_graphs || device_.is_cuda(), "CUDA graphs need a GPU; ", device_.str(), " runs eagerly");
   UNETCU_CHECK(accumulate_rows >= 0, "gradient accumulation: chunks of ", accumulate_rows, " rows");
 }
 
 std::string SingleDevice::describe() const {
-  return "one device, " + device_.str() + (cuda_graphs_ ? ", CUDA graphs" : "");
+  return "one device, " + device_.str() + (graph_.on() ? ", CUDA graphs" : "");
 }
 
-// Two eager steps first: cuDNN's algorithm search, the optimizer's state and the allocator's
-// cache are all settled before the capture, which can hold none of them.
-constexpr int kEagerStepsBeforeCapture = 2;
-
 const std::vector<Tensor>* SingleDevice::graph_step(const Batch& b) {
-  // The profiler times ops on the host; a graph holds train-mode batch norm.
-  if (Profiler::enabled() || !model_->is_training()) return nullptr;
-  if (graph_shape_.empty()) graph_shape_ = b.images.shape();
-  if (b.images.shape() != graph_shape_) return nullptr;  // another shape: eager
-  if (!captured_) {
-    // Only at the captured shape: cuDNN's algorithms for it are chosen by then (a search
-    // cannot run inside a capture).
-    if (eager_steps_++ < kEagerStepsBeforeCapture) return nullptr;
-    auto c = std::make_unique<Captured>();
-    c->images = b.images.shape();
-    c->masks = b.masks.shape();
-    c->x = Tensor::empty(b.images.shape(), b.images.dtype(), device_, b.images.format());
-    c->target = Tensor::empty(b.masks.shape(), b.masks.dtype(), device_, b.masks.format());
-    // The captured backward writes every gradient (the first chunk's with beta 0: there is none
-    // before it); the eager steps' go back with the cache below.
+  if (!graph_.due(model_->is_training(), {b.images.shape(), b.masks.shape()})) return nullptr;
+  if (!graph_.captured()) {
+    // The captured backward writes every gradient; the eager steps' go back with the cache.
     optimizer_->zero_grad();
-    // The capture takes memory of its own for everything the step makes; the cache the eager
-    // steps left (their activations, the algorithm search's workspace) goes back first, so the
-    // device holds one step's worth, not two.
-    cuda::synchronize(device_.index);
-    cuda::release_device_cache(device_.index);
-    // Batch norm counts its batches on the host: what one capture adds, each replay adds.
-    CapturedCounts counts(*model_);
+    GraphStep::release_cache(device_);
     try {
-      c->graph = cuda::Graph::capture(device_.index, [&] { c->losses = forward_backward(c->x, c->target); });
+      graph_.capture(0, *model_, {b.images, b.masks}, {}, {optimizer_.get()},
+                     [&](const std::vector<Tensor>& in) { return forward_backward(in[0], in[1]); });
     } catch (const std::exception& e) {
-      counts.undo();
-      optimizer_->zero_grad();  // whatever the failed capture left
-      cuda_graphs_ = false;
-      std::fprintf(stderr, "warning: capturing the training step as a CUDA graph failed, training "
-                           "goes on without graphs: %s\n", e.what());
+      graph_.fall_back("the training step", e.what());
       return nullptr;
     }
-    counts.undo();  // nothing ran yet: the first launch below counts
-    c->counts = std::move(counts);
-    for (const Tensor& p : model_->parameters()) {
-      UNETCU_CHECK(p.grad().defined(), "the captured step left a parameter without a gradient");
-      c->grads.push_back(p.grad());
-    }
-    captured_ = std::move(c);
+    graph_.set_captured();
   }
-  Captured& c = *captured_;
-  if (b.images.shape() != c.images || b.masks.shape() != c.masks) return nullptr;  // eager
-  c.x.copy_(b.images);
-  c.target.copy_(b.masks);
-  c.graph.launch();
-  c.counts.replay();
+  GraphStep::Slot* c = &graph_.slot(0);
+  c->inputs[0].copy_(b.images);
+  c->inputs[1].copy_(b.masks);
+  c->launch();
+  graph_.count_replay();
   // An eager step in between (another shape) may have left gradients of its own: the
   // optimizer reads the graph's.
-  const auto params = model_->parameters();
-  for (size_t i = 0; i < params.size(); ++i) params[i].impl().grad = c.grads[i].impl_ptr();
-  return &c.losses;
+  c->use_gradients(*model_);
+  return &c->outputs;
 }
 
 PlacedBatch SingleDevice::place(Batch host) {
@@ -178,7 +145,7 @@ std::vector<Tensor> SingleDevice::forward_backward(const Tensor& images, const T
 
 StepLoss SingleDevice::step_async(const PlacedBatch& batch) {
   const Batch& b = batch.parts.at(0);
-  const std::vector<Tensor>* captured = cuda_graphs_ ? graph_step(b) : nullptr;
+  const std::vector<Tensor>* captured = graph_step(b);
   const std::vector<Tensor> losses = captured ? *captured : forward_backward(b.images, b.masks);
   optimizer_->step();
   return StepLoss::sum_of(losses);

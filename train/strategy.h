@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "data/batch.h"
+#include "engine/graph_step.h"
 #include "engine/module.h"
 #include "engine/named.h"
 #include "runtime/cuda_api.h"
@@ -165,26 +166,14 @@ class SingleDevice : public TrainingStrategy {
   Module& model() override { return *model_; }
   std::vector<Optimizer*> optimizers() override { return {optimizer_.get()}; }
   UNet& unet() { return *model_; }
-  bool graph_captured() const { return captured_ != nullptr; }  // cuda_graphs: replaying now
+  bool graph_captured() const { return graph_.captured(); }  // cuda_graphs: replaying now
 
  private:
   Device device_;
   std::unique_ptr<UNet> model_;
   std::unique_ptr<Optimizer> optimizer_;
-  // CUDA graphs: the captured step at one batch shape.
-  struct Captured {
-    Shape images, masks;          // the shape it was captured at
-    Tensor x, target;             // its input tensors (fixed addresses)
-    std::vector<Tensor> losses;   // its output: each chunk's weighted loss
-    std::vector<Tensor> grads;    // each parameter's gradient, which every replay rewrites
-    CapturedCounts counts;        // batch counts each replay adds
-    cuda::Graph graph;
-  };
-  bool cuda_graphs_ = false;
   int64_t accumulate_rows_ = 0;
-  Shape graph_shape_;    // the first batch's images: the shape captured
-  int eager_steps_ = 0;  // steps run at that shape before the capture
-  std::unique_ptr<Captured> captured_;
+  GraphStep graph_;  // cuda_graphs: the captured step at the first batch's shape
   // The chunks' losses of the replayed step, or null: run eagerly.
   const std::vector<Tensor>* graph_step(const Batch& b);
   // Gradients zeroed, then forward, loss and backward of each chunk: the chunks' losses.
