@@ -11,7 +11,7 @@
 #include <cstdlib>
 #include <memory>
 
-#include "apps/cli.h"
+#include "cli/cli.h"
 #include "kernels/cpu/conv_dnnl.h"
 #include "kernels/cpu/cpu_select.h"
 #include "parallel/nccl_communicator.h"

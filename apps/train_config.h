@@ -1,4 +1,4 @@
-// unet_train's configuration: every flag parsed once into typed values (apps/cli.h), checked
+// unet_train's configuration: every flag parsed once into typed values (cli/cli.h), checked
 // together by validate(), then turned into a dataset, a training strategy (train/strategy.h)
 // and the epoch loop's options (train/trainer.h).
 #pragma once

@@ -23,8 +23,8 @@
 #include <sstream>
 
 #include "kernels/cpu/cpu_select.h"
-#include "apps/cli.h"
-#include "bench/bench_util.h"
+#include "cli/cli.h"
+#include "train/step_timing.h"
 #include "runtime/cuda_api.h"
 #include "planning/perf_model.h"
 #include "planning/split_search.h"

@@ -21,7 +21,7 @@
 #include <set>
 
 #include "kernels/cpu/cpu_select.h"
-#include "apps/cli.h"
+#include "cli/cli.h"
 #include "apps/train_config.h"
 #include "engine/checkpoint.h"
 #include "data/dataset.h"

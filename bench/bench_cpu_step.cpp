@@ -13,7 +13,7 @@
 
 #include "kernels/cpu/conv_dnnl.h"
 #include "kernels/cpu/cpu_select.h"
-#include "bench/bench_util.h"
+#include "train/step_timing.h"
 
 using namespace unetcu;
 

@@ -20,7 +20,7 @@
 #include "kernels/cpu/conv_narrow.h"
 #include "kernels/cpu/cpu_select.h"
 #include "runtime/cuda_api.h"
-#include "bench/bench_util.h"
+#include "train/step_timing.h"
 
 using namespace unetcu;
 

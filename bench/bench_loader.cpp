@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <iostream>
 
-#include "apps/cli.h"
+#include "cli/cli.h"
 #include "data/dataset.h"
 #include "data/loader.h"
 

@@ -8,8 +8,8 @@
 #include <iostream>
 
 #include "kernels/cpu/cpu_select.h"
-#include "apps/cli.h"
-#include "bench/bench_util.h"
+#include "cli/cli.h"
+#include "train/step_timing.h"
 
 using namespace unetcu;
 using bench::median;

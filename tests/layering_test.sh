@@ -10,7 +10,9 @@ cd "$root" || exit 2
 # The layers, bottom up: a rank, then the folders (or single files) at that rank. A file may
 # include what is at its own rank or below. The longest matching prefix decides, so
 # kernels/bodies is below the rest of kernels/. A new folder is one line (or one word) here;
-# an include from a folder missing here fails the test.
+# an include from a folder missing here fails the test. Two lines of the same rank are
+# siblings that may not include each other (apps/ and bench/: what both need is in cli/ or
+# below); folders on one line may.
 LAYERS='
 0 kernels/bodies
 1 runtime
@@ -20,23 +22,28 @@ LAYERS='
 5 parallel
 6 planning
 7 train
-8 apps bench tools tests
+8 cli
+9 apps
+9 bench
+10 tools tests
 '
 # Folders whose files include only each other and the C++ standard library (<cmath>, not
 # <cuda_runtime.h>): the bodies that g++ and nvcc both compile.
 STD_ONLY='kernels/bodies'
 
-# Prints "rank folder" for a path under a folder of the table, nothing otherwise.
+# Prints "rank folder line" for a path under a folder of the table (line: the table's line
+# that names it), nothing otherwise.
 layer_of() {
-  local path="$1" best="" best_folder="" rank folders f
+  local path="$1" best="" best_folder="" best_line="" rank folders f n=0
   while read -r rank folders; do
+    n=$((n + 1))
     for f in $folders; do
       if [[ "$path" == "$f" || "$path" == "$f"/* ]] && ((${#f} > ${#best_folder})); then
-        best=$rank best_folder=$f
+        best=$rank best_folder=$f best_line=$n
       fi
     done
   done <<<"$LAYERS"
-  [ -n "$best" ] && echo "$best $best_folder"
+  [ -n "$best" ] && echo "$best $best_folder $best_line"
 }
 
 is_std_only() {
@@ -54,7 +61,7 @@ files=$(for f in $folders; do
 done | sort -u)
 
 for file in $files; do
-  read -r own own_folder < <(layer_of "$file")
+  read -r own own_folder own_line < <(layer_of "$file")
   checked=$((checked + 1))
   # #include "..." lines: the project's own headers (or a file beside this one).
   while IFS=: read -r line text; do
@@ -75,9 +82,12 @@ for file in $files; do
       fi
       continue
     fi
-    read -r rank folder <<<"$target"
+    read -r rank folder table_line <<<"$target"
     if ((rank > own)); then
       echo "$file:$line: includes \"$inc\" ($folder, layer $rank) from $own_folder (layer $own)"
+      fail=1
+    elif ((rank == own && table_line != own_line)); then
+      echo "$file:$line: includes \"$inc\" ($folder) from its sibling $own_folder (both layer $own)"
       fail=1
     fi
   done < <(grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$file")
@@ -96,7 +106,7 @@ if [ "$checked" -eq 0 ]; then
   exit 1
 fi
 if [ "$fail" -ne 0 ]; then
-  echo "FAIL: includes above their layer (the order is the table at the top of $0)"
+  echo "FAIL: includes above their layer or from a sibling (the order is the table at the top of $0)"
   exit 1
 fi
 echo "ok: $checked files include only their own layer or those below"

@@ -6,7 +6,7 @@
 #include <string>
 #include <thread>
 
-#include "apps/parse.h"
+#include "cli/parse.h"
 #include "data/synthetic.h"
 #include "engine/optim.h"
 #include "engine/tape.h"

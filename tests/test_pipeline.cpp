@@ -1,5 +1,5 @@
 // Model (pipeline) parallelism on CPU devices: contract 5, skip routing, live activations.
-#include "apps/parse.h"
+#include "cli/parse.h"
 #include "data/synthetic.h"
 #include "engine/optim.h"
 #include "engine/tape.h"

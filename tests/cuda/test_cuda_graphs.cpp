@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "apps/parse.h"
+#include "cli/parse.h"
 #include "data/synthetic.h"
 #include "runtime/cuda_api.h"
 #include "train/strategy.h"

@@ -22,7 +22,7 @@
 #include <sstream>
 #include <thread>
 
-#include "apps/parse.h"
+#include "cli/parse.h"
 #include "runtime/cuda/nccl.cuh"
 #include "runtime/algo_cache.h"
 #include "runtime/cuda_api.h"

@@ -1,13 +1,13 @@
 // Command-line helpers shared by the apps and benchmarks: each flag is parsed once, into a
 // typed value, by the table or parser that owns its allowed values; a bad value ends parsing
 // with "--flag: what was wrong (what is allowed)". The parsers alone, without CLI11 (whose
-// header costs about 4 s of compile time in every file that includes it), are apps/parse.h.
+// header costs about 4 s of compile time in every file that includes it), are cli/parse.h.
 #pragma once
 #include <CLI/CLI.hpp>
 
 #include <string>
 
-#include "apps/parse.h"
+#include "cli/parse.h"
 #include "engine/named.h"
 #include "models/unet.h"
 

@@ -1,4 +1,4 @@
-#include "apps/parse.h"
+#include "cli/parse.h"
 
 #include "models/unet.h"
 

@@ -1,4 +1,4 @@
-// The flag values' parsers (devices, cuts, numbers), without CLI11: apps/cli.h builds the
+// The flag values' parsers (devices, cuts, numbers), without CLI11: cli/cli.h builds the
 // command lines on them; tests and benchmarks that only parse include this.
 #pragma once
 #include <cstdint>

@@ -1,5 +1,5 @@
-// Shared by the benchmarks: training steps of any strategy (train/strategy.h), timed after a
-// warm-up, on a batch placed once.
+// Training steps of any strategy (train/strategy.h), timed after a warm-up, on a batch placed
+// once: for the benchmarks of bench/ and unet_bench (apps/), which may not include each other.
 #pragma once
 #include <algorithm>
 #include <chrono>
