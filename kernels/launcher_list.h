@@ -155,9 +155,9 @@
      every run. */                                                                                 \
   X(square_sum_many, (const std::vector<TensorRef>& xs, const TensorRef& out))                     \
   /* Every x multiplied in place by clip_coefficient(square_sum[0], max_norm)                      \
-     (kernels/bodies/optim.h), square_sum float64 [1] read on the tensors' device. */              \
+     (bodies/optim.h), square_sum float64 [1] read on the tensors' device. */              \
   X(clip_scale_many, (const std::vector<TensorRef>& xs, const TensorRef& square_sum,               \
                       double max_norm))                                                            \
   /* stats (float64 [3], the square sum's device) updated in place by clip_stats_update            \
-     (kernels/bodies/optim.h) for one clipped step. */                                             \
+     (bodies/optim.h) for one clipped step. */                                             \
   X(clip_stats_update, (const TensorRef& square_sum, double max_norm, const TensorRef& stats))

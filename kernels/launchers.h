@@ -6,9 +6,9 @@
 #include <cstdint>
 
 #include "runtime/tensor_ref.h"
-#include "kernels/bodies/conv.h"
-#include "kernels/bodies/optim.h"
-#include "kernels/bodies/pool.h"
+#include "bodies/conv.h"
+#include "bodies/optim.h"
+#include "bodies/pool.h"
 #include <vector>
 
 namespace unetcu::kernels {

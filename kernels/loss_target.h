@@ -1,8 +1,8 @@
 // Host-side set-up both backends' loss launchers share: where a target element lies for a
-// logits element (LossTargetIndex, kernels/bodies/loss.h) and the dispatch over the logits'
+// logits element (LossTargetIndex, bodies/loss.h) and the dispatch over the logits'
 // and the target's storage types.
 #pragma once
-#include "kernels/bodies/loss.h"
+#include "bodies/loss.h"
 #include "runtime/tensor_ref.h"
 
 namespace unetcu::kernels {

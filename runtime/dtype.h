@@ -1,13 +1,13 @@
 // Element types. float64 is the reference for gradient checks; float32 is what trains;
 // bfloat16 is the storage of activations under mixed precision, computed in
-// float32 (kernels/bodies/bf16.h).
+// float32 (bodies/bf16.h).
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
 #include "runtime/common.h"
-#include "kernels/bodies/bf16.h"
+#include "bodies/bf16.h"
 
 namespace unetcu {
 

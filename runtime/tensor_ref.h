@@ -12,7 +12,7 @@
 #include "runtime/common.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
-#include "kernels/bodies/layout.h"
+#include "bodies/layout.h"
 
 namespace unetcu {
 

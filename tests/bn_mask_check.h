@@ -1,5 +1,5 @@
 // The fused batch_norm_relu's backward recomputes its ReLU mask from x, gamma and beta instead of
-// reading y (kernels/bodies/batchnorm.h, bn_relu_passes). This check holds the recomputation to
+// reading y (bodies/batchnorm.h, bn_relu_passes). This check holds the recomputation to
 // the forward's bits on inputs built to sit on the edges where a recomputation that differs
 // from the forward in any rounding gets the mask wrong:
 //  - cancellation: in channels 1..C-2, half the values are x0, and beta = -fl(t0 * gamma) with

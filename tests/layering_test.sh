@@ -8,13 +8,13 @@ root="${1:-$(cd "$(dirname "$0")/.." && pwd)}"
 cd "$root" || exit 2
 
 # The layers, bottom up: a rank, then the folders (or single files) at that rank. A file may
-# include what is at its own rank or below. The longest matching prefix decides, so
-# kernels/bodies is below the rest of kernels/. A new folder is one line (or one word) here;
+# include what is at its own rank or below. The longest matching prefix decides (a file or
+# subfolder may be named apart from its folder). A new folder is one line (or one word) here;
 # an include from a folder missing here fails the test. Two lines of the same rank are
 # siblings that may not include each other (apps/ and bench/: what both need is in cli/ or
 # below); folders on one line may.
 LAYERS='
-0 kernels/bodies
+0 bodies
 1 runtime
 2 kernels
 3 engine
@@ -25,11 +25,11 @@ LAYERS='
 8 cli
 9 apps
 9 bench
-10 tools tests
+10 tools tests emulator
 '
 # Folders whose files include only each other and the C++ standard library (<cmath>, not
 # <cuda_runtime.h>): the bodies that g++ and nvcc both compile.
-STD_ONLY='kernels/bodies'
+STD_ONLY='bodies'
 
 # Prints "rank folder line" for a path under a folder of the table (line: the table's line
 # that names it), nothing otherwise.

@@ -1,4 +1,4 @@
-// Element types and memory formats (runtime/dtype.h, kernels/bodies/bf16.h, engine/tensor.h):
+// Element types and memory formats (runtime/dtype.h, bodies/bf16.h, engine/tensor.h):
 // bfloat16 rounds to nearest even as CUDA and oneDNN do; an NHWC tensor keeps its elements
 // where channels-last puts them while element access stays in logical order; convert changes
 // dtype and format forward and back (its gradient summed in the source's dtype); the division
@@ -10,7 +10,7 @@
 
 #include "engine/ops.h"
 #include "engine/random.h"
-#include "kernels/bodies/layout.h"
+#include "bodies/layout.h"
 #include "engine/ops/op_util.h"
 #include "testing.h"
 
@@ -56,7 +56,7 @@ TEST_CASE("bfloat16 rounds to nearest, ties to even") {
 
 TEST_CASE("a value is stored as a positive bfloat16 exactly when it exceeds stored_zero_bound") {
   // The fused batch norm's backward tests v > stored_zero_bound<bf16, float>() for "the
-  // forward stored bf16(relu(v)) > 0" (kernels/bodies/batchnorm.h): every float from 0 to
+  // forward stored bf16(relu(v)) > 0" (bodies/batchnorm.h): every float from 0 to
   // 2^17 bits (all subnormals near the bound and the first normals), both signs, and random
   // bit patterns of every magnitude, infinities and NaN.
   const float bound = kernels::stored_zero_bound<bf16, float>();
@@ -180,7 +180,7 @@ TEST_CASE("an op without a bfloat16 or NHWC kernel says so") {
   CHECK(sigmoid(h).dtype() == DType::BF16);
 }
 
-// The CUDA kernels' index math (kernels/bodies/divide.h): one multiply-high, an add and a shift
+// The CUDA kernels' index math (bodies/divide.h): one multiply-high, an add and a shift
 // must give n / d exactly for every n < 2^32 and every divisor up to 2^31. Checked at the
 // numerators where an error would show first (multiples of d and their neighbours, up to
 // 2^32 - 1), at random ones, and exhaustively over [0, 2^21) for a few divisors.

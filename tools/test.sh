@@ -40,6 +40,6 @@ times+=("build: $((SECONDS - t)) s")
 t=$SECONDS
 ctest --test-dir build --output-on-failure -j"$(nproc)" 2>&1 | tee build/ctest.log
 times+=("CPU suite: $((SECONDS - t)) s")
-# The CUDA suite on the CUDA emulator (runtime/cuda/emu/README.md): no GPU needed. It writes
+# The CUDA suite on the CUDA emulator (emulator/README.md): no GPU needed. It writes
 # its own build and suite times.
 tools/test_cuda_emu.sh

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CUDA suite without a GPU: builds the CUDA parts with the host compiler against the CUDA
-# emulator (-DUNETCU_CUDA=EMU, runtime/cuda/emu/README.md; their kernels run on the CPU) in
+# emulator (-DUNETCU_CUDA=EMU, emulator/README.md; their kernels run on the CPU) in
 # build-emu/, and runs the suite's cases through ctest, each in its own process, side by side, then
 # tools/gpu_check.sh's commands (unet_train, unet_predict, unet_bench) on the emulated GPUs at
 # tiny sizes (tests/cuda_train_test.sh). cuDNN (its legacy convolution API) and NCCL (for the

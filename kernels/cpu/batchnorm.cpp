@@ -1,4 +1,4 @@
-// CPU batch normalisation over kernels/bodies/batchnorm.h, plain and fused with the residual
+// CPU batch normalisation over bodies/batchnorm.h, plain and fused with the residual
 // add and ReLU, for activations stored as float32, float64 or bfloat16 (S) in NCHW or NHWC;
 // the per-channel tensors and all arithmetic are in T = acc_t<S> (float for bf16), and the sums
 // of a channel are double whatever S is.
@@ -16,10 +16,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/bodies/batchnorm.h"
+#include "bodies/batchnorm.h"
 #include "kernels/launchers.h"
 #include "kernels/cpu/parallel.h"
-#include "kernels/bodies/elementwise.h"
+#include "bodies/elementwise.h"
 
 namespace unetcu::kernels::cpu {
 namespace {

@@ -35,9 +35,9 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/launchers.h"
 #include "kernels/cpu/workspace.h"
-#include "kernels/bodies/bf16.h"
-#include "kernels/bodies/elementwise.h"
-#include "kernels/bodies/layout.h"
+#include "bodies/bf16.h"
+#include "bodies/elementwise.h"
+#include "bodies/layout.h"
 
 namespace unetcu::kernels::cpu {
 namespace {

@@ -16,7 +16,7 @@
 #include <memory>
 #include <vector>
 
-#include "kernels/bodies/bf16.h"
+#include "bodies/bf16.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/workspace.h"
 #include "runtime/common.h"

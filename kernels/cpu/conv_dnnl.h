@@ -17,7 +17,7 @@
 #pragma once
 #include <string>
 
-#include "kernels/bodies/conv.h"
+#include "bodies/conv.h"
 #include "runtime/tensor_ref.h"
 
 namespace unetcu::kernels::cpu {

@@ -10,8 +10,8 @@
 #include <atomic>
 #include <vector>
 
-#include "kernels/bodies/bf16.h"
-#include "kernels/bodies/layout.h"
+#include "bodies/bf16.h"
+#include "bodies/layout.h"
 
 namespace unetcu::kernels::cpu {
 namespace {

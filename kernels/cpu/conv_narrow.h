@@ -12,7 +12,7 @@
 // bits for a given thread count). A gradient with beta 1 is added to its tensor in the compute
 // type and rounded once.
 #pragma once
-#include "kernels/bodies/conv.h"
+#include "bodies/conv.h"
 #include "runtime/tensor_ref.h"
 
 namespace unetcu::kernels::cpu {

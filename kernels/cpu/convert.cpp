@@ -1,15 +1,15 @@
-// CPU launcher of convert: dtype and memory-format changes (kernels/bodies/convert.h).
+// CPU launcher of convert: dtype and memory-format changes (bodies/convert.h).
 //
 // A format change is, per image, the transpose of a C x P matrix (P = H*W pixels): NCHW
 // holds it [C][P], NHWC [P][C]. It runs in square tiles, so both the reads and the writes of a
 // tile stay within a few dozen cache lines (a weight cast to channels-last, OIHW -> OHWI, is
 // such a transpose per output channel: every convolution of a bfloat16 NHWC step makes one).
 // Whether the destination is accumulated into is decided once per call, outside the loops.
-#include "kernels/bodies/convert.h"
+#include "bodies/convert.h"
 
 #include <algorithm>
 
-#include "kernels/bodies/layout.h"
+#include "bodies/layout.h"
 #include "kernels/launchers.h"
 #include "kernels/cpu/parallel.h"
 

@@ -1,8 +1,8 @@
 // CPU launchers of fill, axpby, relu, sigmoid and add: OpenMP loops over
-// kernels/bodies/elementwise.h. Every storage type (float32, float64, bfloat16): a bfloat16
+// bodies/elementwise.h. Every storage type (float32, float64, bfloat16): a bfloat16
 // element is read as float, computed there and rounded once on store. The loops walk memory
 // order, so they serve either memory format (the op layer makes operands agree).
-#include "kernels/bodies/elementwise.h"
+#include "bodies/elementwise.h"
 
 #include "kernels/launchers.h"
 #include "kernels/cpu/parallel.h"

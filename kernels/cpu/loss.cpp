@@ -1,4 +1,4 @@
-// CPU losses over kernels/bodies/loss.h. Reductions accumulate in double.
+// CPU losses over bodies/loss.h. Reductions accumulate in double.
 //
 // Logits are float32, float64 or bfloat16 in either memory format; the target is float32 or the
 // logits' dtype, in either format. Each element is computed in the wider of the two compute
@@ -7,7 +7,7 @@
 // dtype and format, each element rounded once.
 #include "kernels/cpu/parallel.h"
 #include "kernels/launchers.h"
-#include "kernels/bodies/loss.h"
+#include "bodies/loss.h"
 #include "kernels/loss_target.h"
 
 namespace unetcu::kernels::cpu {

@@ -1,7 +1,7 @@
-// CPU optimizer updates over kernels/bodies/optim.h.
+// CPU optimizer updates over bodies/optim.h.
 #include "kernels/launchers.h"
 #include "kernels/cpu/parallel.h"
-#include "kernels/bodies/optim.h"
+#include "bodies/optim.h"
 
 #include <algorithm>
 #include <vector>

@@ -1,4 +1,4 @@
-// CPU max pooling over kernels/bodies/pool.h. Backward recomputes each window's argmax from the
+// CPU max pooling over bodies/pool.h. Backward recomputes each window's argmax from the
 // saved input (no index tensor is kept) and scatters: within one (n, c) plane per thread in
 // NCHW, within one (image, block of channels) per thread in NHWC. Scatters add in output order
 // (row by row), the same order in both formats, so NCHW and NHWC give the same bits.
@@ -12,7 +12,7 @@
 
 #include "kernels/launchers.h"
 #include "kernels/cpu/parallel.h"
-#include "kernels/bodies/elementwise.h"
+#include "bodies/elementwise.h"
 
 namespace unetcu::kernels::cpu {
 namespace {

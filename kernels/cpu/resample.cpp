@@ -6,8 +6,8 @@
 
 #include "kernels/launchers.h"
 #include "kernels/cpu/parallel.h"
-#include "kernels/bodies/elementwise.h"
-#include "kernels/bodies/resample.h"
+#include "bodies/elementwise.h"
+#include "bodies/resample.h"
 
 namespace unetcu::kernels::cpu {
 

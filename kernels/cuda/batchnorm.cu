@@ -1,5 +1,5 @@
 // CUDA batch normalisation, plain, synchronized and fused with the residual add and ReLU, over
-// the bodies the CPU runs (kernels/bodies/batchnorm.h), with the CPU's arithmetic: activations
+// the bodies the CPU runs (bodies/batchnorm.h), with the CPU's arithmetic: activations
 // stored as float32 or bfloat16 (S) in NCHW or NHWC, the per-channel tensors and all
 // arithmetic in float32 (acc_t<S>), the sums of a channel in double. Training statistics are
 // shifted sums (well conditioned however large the mean); the running statistics follow
@@ -29,8 +29,8 @@
 // Gradient rule: each gradient is written (beta 0) or accumulated (beta 1) by its own beta,
 // in the compute type, rounded once to the storage type.
 #include "kernels/cuda/common.cuh"
-#include "kernels/bodies/batchnorm.h"
-#include "kernels/bodies/elementwise.h"
+#include "bodies/batchnorm.h"
+#include "bodies/elementwise.h"
 #include "kernels/launchers.h"
 
 namespace unetcu::kernels::cuda {

@@ -1,13 +1,13 @@
-// Compiles every shared math body of kernels/bodies/*.h for the device, so a body that nvcc cannot
+// Compiles every shared math body of bodies/*.h for the device, so a body that nvcc cannot
 // take (a host-only call, a missing HD) fails the build here rather than in the CUDA backend.
 // The kernel is never launched.
-#include "kernels/bodies/batchnorm.h"
-#include "kernels/bodies/conv.h"
-#include "kernels/bodies/elementwise.h"
-#include "kernels/bodies/loss.h"
-#include "kernels/bodies/optim.h"
-#include "kernels/bodies/pool.h"
-#include "kernels/bodies/resample.h"
+#include "bodies/batchnorm.h"
+#include "bodies/conv.h"
+#include "bodies/elementwise.h"
+#include "bodies/loss.h"
+#include "bodies/optim.h"
+#include "bodies/pool.h"
+#include "bodies/resample.h"
 
 namespace unetcu::kernels {
 

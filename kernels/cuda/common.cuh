@@ -12,9 +12,9 @@
 
 #include "runtime/cuda/runtime.cuh"
 #include "runtime/tensor_ref.h"
-#include "kernels/bodies/bf16.h"
-#include "kernels/bodies/common.h"
-#include "kernels/bodies/divide.h"
+#include "bodies/bf16.h"
+#include "bodies/common.h"
+#include "bodies/divide.h"
 
 namespace unetcu::kernels::cuda {
 
@@ -34,7 +34,7 @@ inline int blocks_for(int64_t n) {
   for (I i = I(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += I(gridDim.x) * blockDim.x)
 
 // Calls f(I()) with I = uint32_t when no index of the launch reaches `largest` >= 2^31
-// (32-bit index math and Divider<uint32_t>, kernels/bodies/divide.h), else with int64_t.
+// (32-bit index math and Divider<uint32_t>, bodies/divide.h), else with int64_t.
 template <class F>
 void with_index_type(int64_t largest, F&& f) {
   if (index_fits_32(largest))
@@ -100,7 +100,7 @@ template <int V, class S> __device__ __forceinline__ void load_pack(const S* p, 
 }
 
 // p[j] = in[j] rounded once to S, or with beta 1 the sum p[j] + in[j] formed in the compute type
-// and rounded once (store(), kernels/bodies/elementwise.h); p aligned to V values.
+// and rounded once (store(), bodies/elementwise.h); p aligned to V values.
 template <int V, class S>
 __device__ __forceinline__ void store_pack(S* p, const acc_t<S> (&in)[V], acc_t<S> beta = 0) {
   Pack<S, V> pk;

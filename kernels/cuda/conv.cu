@@ -45,8 +45,8 @@
 
 #include "runtime/algo_cache.h"
 #include "runtime/cuda_api.h"
-#include "kernels/bodies/bf16.h"
-#include "kernels/bodies/layout.h"
+#include "bodies/bf16.h"
+#include "bodies/layout.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/conv_pick.h"
 #include "kernels/cuda/cudnn_util.cuh"
@@ -366,7 +366,7 @@ Choice<typename D::Algo>& chosen(Plan& p, cudnnHandle_t h, int device, const Con
 // ---- bias: add and gradient for any dtype and format -----------------------------------
 
 // y[i] += b[channel of i], in the compute type, rounded once.  y: [N, O, OH, OW] in d's format.
-// Index type I: 32-bit with dividers where the tensor allows (kernels/bodies/divide.h).
+// Index type I: 32-bit with dividers where the tensor allows (bodies/divide.h).
 template <class S, class I>
 __global__ void bias_add_kernel(S* y, const S* b, Dims4Div<I> d, I n) {
   using A = acc_t<S>;

@@ -1,8 +1,8 @@
 // CUDA launcher of convert: dtype and memory-format changes, over the body the CPU runs
-// (kernels/bodies/convert.h).
+// (bodies/convert.h).
 #include "kernels/cuda/common.cuh"
-#include "kernels/bodies/convert.h"
-#include "kernels/bodies/layout.h"
+#include "bodies/convert.h"
+#include "bodies/layout.h"
 #include "kernels/launchers.h"
 
 namespace unetcu::kernels::cuda {
@@ -14,7 +14,7 @@ __global__ void convert_kernel(const S* s, D* d, int64_t n, bool acc) {
 }
 
 // Walks the destination in memory order; reads the source through its own layout.
-// Index type I: 32-bit with dividers where the tensor allows (kernels/bodies/divide.h).
+// Index type I: 32-bit with dividers where the tensor allows (bodies/divide.h).
 template <class S, class D, class I>
 __global__ void convert_layout_kernel(const S* s, Dims4Div<I> ds, D* d, Dims4Div<I> dd, I n, bool acc) {
   GRID_STRIDE_I(I, i, n) {

@@ -1,10 +1,10 @@
 // CUDA launchers of fill, axpby, relu, sigmoid and add: grid-stride loops over the bodies of
-// kernels/bodies/elementwise.h (the same ones the CPU backend runs), templated on the storage
+// bodies/elementwise.h (the same ones the CPU backend runs), templated on the storage
 // type: a bfloat16 element is read as float, computed there and rounded once on store. The
 // loops walk memory order, so they serve either memory format (the op layer makes operands
 // agree), in 16-byte packs where the element count and the pointers allow (by_packs).
 #include "kernels/cuda/common.cuh"
-#include "kernels/bodies/elementwise.h"
+#include "bodies/elementwise.h"
 #include "kernels/launchers.h"
 
 namespace unetcu::kernels::cuda {

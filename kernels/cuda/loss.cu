@@ -1,4 +1,4 @@
-// CUDA losses over kernels/bodies/loss.h: block reductions in double, the loss finished on the
+// CUDA losses over bodies/loss.h: block reductions in double, the loss finished on the
 // device, and backward kernels that read the upstream gradient and the Dice sums from device
 // memory, so no host synchronisation happens inside a step.
 //
@@ -11,7 +11,7 @@
 // wider compute type), the loss and its upstream gradient in L (float32), grad_x in X.
 #include "kernels/cuda/common.cuh"
 #include "kernels/launchers.h"
-#include "kernels/bodies/loss.h"
+#include "bodies/loss.h"
 #include "kernels/loss_target.h"
 
 namespace unetcu::kernels::cuda {

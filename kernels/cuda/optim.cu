@@ -1,7 +1,7 @@
-// CUDA optimizer updates over kernels/bodies/optim.h (the bodies the CPU backend runs).
+// CUDA optimizer updates over bodies/optim.h (the bodies the CPU backend runs).
 #include "kernels/cuda/common.cuh"
 #include "kernels/launchers.h"
-#include "kernels/bodies/optim.h"
+#include "bodies/optim.h"
 
 namespace unetcu::kernels::cuda {
 namespace {

@@ -1,13 +1,13 @@
-// CUDA max pooling over kernels/bodies/pool.h, with 32-bit index math and dividers where the
-// tensors allow (kernels/bodies/divide.h). Backward is a gather: each input element sums the
+// CUDA max pooling over bodies/pool.h, with 32-bit index math and dividers where the
+// tensors allow (bodies/divide.h). Backward is a gather: each input element sums the
 // gradients of the output windows whose argmax (recomputed from x) it is, so there are no
 // atomics and the result is deterministic. One thread per element in memory order, in NCHW or
 // NHWC (where neighbouring threads take neighbouring channels of a pixel, so reads coalesce);
 // bfloat16 is compared as float and the gradient summed in float32, rounded once. NHWC tensors
 // whose channels hold whole 16-byte packs move a pack per thread access.
 #include "kernels/cuda/common.cuh"
-#include "kernels/bodies/elementwise.h"
-#include "kernels/bodies/layout.h"
+#include "bodies/elementwise.h"
+#include "bodies/layout.h"
 #include "kernels/launchers.h"
 
 namespace unetcu::kernels::cuda {

@@ -1,15 +1,15 @@
-// CUDA nearest ×2 upsampling (kernels/bodies/resample.h), channel concatenation, and the two
+// CUDA nearest ×2 upsampling (bodies/resample.h), channel concatenation, and the two
 // fused (upsample into the concat buffer), templated on the storage type: copies move elements
 // as they are, 2×2 gradient sums are formed in the compute type (float for bfloat16) and
 // rounded once. NCHW kernels walk planes and rows; NHWC kernels take one pack of channels (16
 // bytes where the channel counts allow, else one value) per thread in memory order, so
 // neighbouring threads move neighbouring channels of a pixel. Kernels that walk a flat index
 // take their coordinates through dividers in index type I (32-bit where the tensors allow,
-// kernels/bodies/divide.h): no division instruction per element.
+// bodies/divide.h): no division instruction per element.
 #include "kernels/cuda/common.cuh"
-#include "kernels/bodies/elementwise.h"
+#include "bodies/elementwise.h"
 #include "kernels/launchers.h"
-#include "kernels/bodies/resample.h"
+#include "bodies/resample.h"
 
 namespace unetcu::kernels::cuda {
 namespace {

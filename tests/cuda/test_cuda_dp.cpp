@@ -3,7 +3,7 @@
 // synchronized batch norm (equal to one GPU on the whole batch), bfloat16 gradients, and the
 // failure paths (a failing rank, a rank that never arrives). They need two GPUs: where fewer
 // are visible they report themselves skipped (main.cpp); the CUDA emulator has two, and its
-// NCCL (runtime/cuda/emu/nccl.cpp) stops the run where the ranks disagree on a collective.
+// NCCL (emulator/nccl.cpp) stops the run where the ranks disagree on a collective.
 // The CPU twins are in tests/test_parallel.cpp.
 #include <doctest/doctest.h>
 

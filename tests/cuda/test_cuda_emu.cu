@@ -1,4 +1,4 @@
-// The CUDA emulator's own checks (runtime/cuda/emu/README.md), in the emulator build only:
+// The CUDA emulator's own checks (emulator/README.md), in the emulator build only:
 // a block's barriers and warp shuffles give the block sum, a launch CUDA rejects fails, a
 // synchronisation inside a stream capture invalidates it, and a stream's work is asynchronous
 // to the host (an event is not reached while the stream is held); a capture over two streams

@@ -1,6 +1,6 @@
 // Per-element optimizer updates, PyTorch semantics (torch.optim.Adam / SGD).
 #pragma once
-#include "kernels/bodies/common.h"
+#include "bodies/common.h"
 
 namespace unetcu::kernels {
 

@@ -1,7 +1,7 @@
 // The element step of convert (dtype and memory-format changes): the value is read in its
 // compute type, summed there with the destination when accumulating, and rounded once.
 #pragma once
-#include "kernels/bodies/bf16.h"
+#include "bodies/bf16.h"
 
 namespace unetcu::kernels {
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Turns a .cu file into C++ for the CUDA emulator (runtime/cuda/emu/README.md).
+"""Turns a .cu file into C++ for the CUDA emulator (emulator/README.md).
 
 Each launch `NAME<<<grid, block[, shared[, stream]]>>>(args)` becomes
 `::unetcu_emu::launch<B>("NAME", {grid, block, ...}, [=](auto... a) { NAME(a...); })(args)`,
@@ -118,7 +118,7 @@ def main(argv):
         scan = [open(p).read() for p in rest[1:]]
     text = open(src).read()
     kernels = barrier_kernels([text] + scan)
-    result = (f"// Generated from {src} by runtime/cuda/emu/translate.py for the CUDA emulator; "
+    result = (f"// Generated from {src} by emulator/translate.py for the CUDA emulator; "
               f"barrier kernels: {', '.join(sorted(kernels)) or 'none'}.\n"
               f'#line 1 "{src}"\n' + translate(text, kernels))
     tmp = dst + ".tmp"

@@ -4,8 +4,8 @@
 #pragma once
 #include <cstdint>
 
-#include "kernels/bodies/common.h"
-#include "kernels/bodies/divide.h"
+#include "bodies/common.h"
+#include "bodies/divide.h"
 
 namespace unetcu::kernels {
 
@@ -43,7 +43,7 @@ HD void coords_of(const Dims4& d, int64_t i, int64_t* n, int64_t* c, int64_t* h,
 }
 
 // Dims4 with a divider per dimension, for the walk from memory index to coordinates in index
-// type I without a divide instruction (kernels/bodies/divide.h). Every index of the tensor must
+// type I without a divide instruction (bodies/divide.h). Every index of the tensor must
 // fit I.
 template <class I> struct Dims4Div {
   Divider<I> C, H, W;

@@ -1,6 +1,6 @@
 // Shared by every math body: HD marks a function that both g++ (CPU launchers) and nvcc
 // (CUDA launchers) compile, so each op's arithmetic is written once.
-// kernels/bodies/ is the bottom layer: pointers, scalars and geometry structs only; its files
+// bodies/ is the bottom layer: pointers, scalars and geometry structs only; its files
 // include each other and the C++ standard library, nothing else (tests/layering_test.sh).
 #pragma once
 #include <cmath>

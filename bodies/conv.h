@@ -2,7 +2,7 @@
 // cuDNN): the column matrix of one group of g samples is [K = C*kh*kw rows] x [g*OH*OW columns]; row r = (c*kh + i)*kw + j, column
 // q = s*OH*OW + oh*OW + ow. Entry = x[s][c][oh*sh - ph + i][ow*sw - pw + j], zero outside.
 #pragma once
-#include "kernels/bodies/common.h"
+#include "bodies/common.h"
 
 namespace unetcu::kernels {
 

@@ -11,8 +11,8 @@
 // Cs. Gradient sums are formed in the compute type (float for bfloat16) and rounded once by
 // the caller's store.
 #pragma once
-#include "kernels/bodies/bf16.h"
-#include "kernels/bodies/common.h"
+#include "bodies/bf16.h"
+#include "bodies/common.h"
 
 namespace unetcu::kernels {
 

@@ -4,9 +4,9 @@
 #pragma once
 #include <type_traits>
 
-#include "kernels/bodies/common.h"
-#include "kernels/bodies/elementwise.h"
-#include "kernels/bodies/layout.h"
+#include "bodies/common.h"
+#include "bodies/elementwise.h"
+#include "bodies/layout.h"
 
 namespace unetcu::kernels {
 

@@ -6,9 +6,9 @@
 // gradients). The launchers widen each stored value to T, call these bodies, and round once
 // when they store (store(), bodies/elementwise.h). The sums of a channel are double whatever S is.
 #pragma once
-#include "kernels/bodies/bf16.h"
-#include "kernels/bodies/common.h"
-#include "kernels/bodies/elementwise.h"
+#include "bodies/bf16.h"
+#include "bodies/common.h"
+#include "bodies/elementwise.h"
 
 namespace unetcu::kernels {
 

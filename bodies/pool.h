@@ -3,8 +3,8 @@
 // backward (which recomputes the argmax from the input) agree. Values are compared in the
 // compute type (float for bfloat16 storage; widening is exact, so the winner is the same).
 #pragma once
-#include "kernels/bodies/bf16.h"
-#include "kernels/bodies/common.h"
+#include "bodies/bf16.h"
+#include "bodies/common.h"
 
 namespace unetcu::kernels {
 

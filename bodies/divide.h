@@ -13,7 +13,7 @@
 #pragma once
 #include <cstdint>
 
-#include "kernels/bodies/common.h"
+#include "bodies/common.h"
 
 namespace unetcu::kernels {
 

@@ -1,6 +1,6 @@
 // The CUDA emulator's <cuda_runtime.h>: the part of the CUDA runtime API that unetcu's .cu files
 // use, for a build in which those files are compiled by the host compiler and their kernels run
-// on the CPU (-DUNETCU_CUDA=EMU, runtime/cuda/emu/README.md). Device memory is host memory; each
+// on the CPU (-DUNETCU_CUDA=EMU, emulator/README.md). Device memory is host memory; each
 // stream is a host thread running its work in order, events are positions in those queues.
 // Kernels run block by block; the threads of a block run one after another, or, in kernels
 // that use barriers or warp shuffles, as fibers switched at each barrier (emu_device.h).

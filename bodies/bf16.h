@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "kernels/bodies/common.h"
+#include "bodies/common.h"
 
 namespace unetcu::kernels {
 

@@ -1,5 +1,5 @@
 // The CUDA emulator's <nccl.h>: the part of NCCL's API the engine uses, for ranks of one
-// process (runtime/cuda/emu/nccl.cpp, README.md): communicators from a unique id (blocking or
+// process (emulator/nccl.cpp, README.md): communicators from a unique id (blocking or
 // not, inside a group or not), split, abort, finalize, and all-reduce, reduce and broadcast
 // queued on a stream as a GPU's NCCL kernels are.
 #pragma once

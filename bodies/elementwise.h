@@ -2,8 +2,8 @@
 // type they are given; a launcher over bfloat16 storage widens to float (acc_t) first and
 // rounds once when it stores (store below).
 #pragma once
-#include "kernels/bodies/bf16.h"
-#include "kernels/bodies/common.h"
+#include "bodies/bf16.h"
+#include "bodies/common.h"
 
 namespace unetcu::kernels {
 

@@ -973,7 +973,7 @@ void syncthreads() {
   BlockRun* r = t_run;
   if (!r)
     die(std::string("kernel ") + (t_sequential ? t_sequential : "?") +
-        " calls __syncthreads but was translated as barrier-free (runtime/cuda/emu/translate.py)");
+        " calls __syncthreads but was translated as barrier-free (emulator/translate.py)");
   r->fibers[size_t(r->current)].state = State::AtBlockBarrier;
   yield_fiber(r);
 }
@@ -982,7 +982,7 @@ uint64_t shuffle_down(uint64_t bits, unsigned mask, unsigned delta, int width) {
   BlockRun* r = t_run;
   if (!r)
     die(std::string("kernel ") + (t_sequential ? t_sequential : "?") +
-        " shuffles but was translated as barrier-free (runtime/cuda/emu/translate.py)");
+        " shuffles but was translated as barrier-free (emulator/translate.py)");
   if (mask != 0xffffffffu || width != 32) die(block_name(r->name) + ": only full-warp shuffles are emulated");
   const int i = r->current, warp = i / 32, lane = i % 32;
   Fiber& f = r->fibers[size_t(i)];
