@@ -38,6 +38,20 @@ std::vector<PipelineAction> stage_schedule(Schedule schedule, int stage, int sta
   return out;
 }
 
+void backward_stage(Tape& tape, const std::map<int, Tensor>& outputs, const std::function<Tensor(int)>& gradient_of) {
+  std::vector<Tensor> outs, grads;
+  for (const auto& [b, out] : outputs) {
+    Tensor g = gradient_of(b);
+    if (!g.defined()) continue;
+    outs.push_back(out);
+    grads.push_back(std::move(g));
+  }
+  if (outs.empty())
+    tape.clear();
+  else
+    tape.backward(outs, grads);
+}
+
 Tensor forward_stage(const UNet& model, const std::vector<int>& stage_of_block, int stage,
                      const Tensor& images, const Tensor* masks, LossKind loss, double weight,
                      std::map<int, Tensor>& outputs, const std::function<Tensor(int)>& remote) {
@@ -334,8 +348,7 @@ class Pipeline::Run {
       // their reads of this stage's outputs) are complete before this stream goes on.
       for (int c = s + 1; c < S_; ++c) after(st, bwd_event_, c, m);
       // Seeds: each output some later stage used, with the sum of their gradients.
-      std::vector<Tensor> outs, grads;
-      for (auto& [b, out] : me.outputs) {
+      backward_stage(me.tape, me.outputs, [&](int b) {
         Tensor sum;
         for (int c = s + 1; c < S_; ++c) {
           Tensor copy;
@@ -353,15 +366,8 @@ class Pipeline::Run {
           Tensor g = copy.grad().to_after(st.dev, bwd_event_[c][m]);
           sum = sum.defined() ? add(sum, g) : g;
         }
-        if (sum.defined()) {
-          outs.push_back(out);
-          grads.push_back(sum);
-        }
-      }
-      if (outs.empty())
-        me.tape.clear();
-      else
-        me.tape.backward(outs, grads);
+        return sum;
+      });
     }
     me.outputs.clear();
     --st.live;

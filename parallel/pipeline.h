@@ -32,6 +32,7 @@
 #include "runtime/cuda_api.h"
 #include "engine/named.h"
 #include "engine/optim.h"
+#include "engine/tape.h"
 #include "models/unet.h"
 #include "parallel/data_parallel.h"
 #include "parallel/worker_pool.h"
@@ -75,6 +76,12 @@ struct PipelineOptions {
 Tensor forward_stage(const UNet& model, const std::vector<int>& stage_of_block, int stage,
                      const Tensor& images, const Tensor* masks, LossKind loss, double weight,
                      std::map<int, Tensor>& outputs, const std::function<Tensor(int)>& remote);
+
+// A stage's backward of one micro-batch from its seeds, on `tape`: each output of `outputs`
+// (block -> tensor) whose `gradient_of(block)` is defined (the sum of the gradients of the
+// later stages that read it, in stage order), or, where no later stage used any, the tape
+// cleared. The one backward seeding both pipelines run.
+void backward_stage(Tape& tape, const std::map<int, Tensor>& outputs, const std::function<Tensor(int)>& gradient_of);
 
 struct Transfer {
   int from_stage, to_stage, block, micro_batch;

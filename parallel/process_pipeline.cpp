@@ -262,23 +262,15 @@ class ProcessPipeline::Run {
       me.tape.backward(me.loss);
     } else {
       // Seeds: each output later stages read, with the sum of their gradients in stage order.
-      std::vector<Tensor> outs, grads;
-      for (const auto& [b, out] : me.outputs) {
+      backward_stage(me.tape, me.outputs, [&](int b) {
         Tensor sum;
         for (int c : p_.consumers_[size_t(b)]) {
           const Tensor g = receive_from(c, tag(1, m, b));
           if (!g.defined()) continue;
           sum = sum.defined() ? add(sum, g) : g;
         }
-        if (sum.defined()) {
-          outs.push_back(out);
-          grads.push_back(sum);
-        }
-      }
-      if (outs.empty())
-        me.tape.clear();
-      else
-        me.tape.backward(outs, grads);
+        return sum;
+      });
       // Every consumer sent its gradients of m, so it has this stage's outputs of m: their
       // sends are done and their buffers go.
       for (auto& x : forward_sends_[size_t(m)]) x->wait();
