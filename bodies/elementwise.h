@@ -19,6 +19,16 @@ template <class T> HD T sigmoid_forward(T x) {
 }
 template <class T> HD T sigmoid_backward(T grad_y, T y) { return grad_y * y * (T(1) - y); }
 
+// The unary ops as types, for the launchers written once over them.
+struct Relu {
+  template <class T> HD T forward(T x) const { return relu_forward(x); }
+  template <class T> HD T backward(T grad_y, T y) const { return relu_backward(grad_y, y); }
+};
+struct Sigmoid {
+  template <class T> HD T forward(T x) const { return sigmoid_forward(x); }
+  template <class T> HD T backward(T grad_y, T y) const { return sigmoid_backward(grad_y, y); }
+};
+
 // Stores a computed value into storage S. beta is 0 (overwrite; the destination may hold
 // garbage) or 1 (accumulate: the destination is read in the compute type, the sum formed
 // there and rounded once). For float and double it is *dst = value or *dst + value.

@@ -31,18 +31,22 @@ void fill(const TensorRef& dst, double value) {
   });
 }
 
-void relu_forward(const TensorRef& x, const TensorRef& y) {
+namespace {
+
+// The unary ops (kernels::Relu, kernels::Sigmoid: bodies/elementwise.h), written once.
+template <class Op>
+void unary_forward(const TensorRef& x, const TensorRef& y) {
   const int64_t n = x.numel();
   UNETCU_DISPATCH_STORAGE(x.dtype(), T, {
     using A = acc_t<T>;
     const T* xp = x.data<T>();
     T* yp = y.data<T>();
-    parallel_for(n, [&](int64_t i) { yp[i] = to_storage<T>(kernels::relu_forward(A(xp[i]))); });
+    parallel_for(n, [&](int64_t i) { yp[i] = to_storage<T>(Op().forward(A(xp[i]))); });
   });
 }
 
-void relu_backward(const TensorRef& grad_y, const TensorRef& y, const TensorRef& grad_x,
-                   double beta) {
+template <class Op>
+void unary_backward(const TensorRef& grad_y, const TensorRef& y, const TensorRef& grad_x, double beta) {
   const int64_t n = y.numel();
   UNETCU_DISPATCH_STORAGE(y.dtype(), T, {
     using A = acc_t<T>;
@@ -50,35 +54,22 @@ void relu_backward(const TensorRef& grad_y, const TensorRef& y, const TensorRef&
     const T* yp = y.data<T>();
     T* gx = grad_x.data<T>();
     const A b = A(beta);
-    parallel_for(n, [&](int64_t i) {
-      store(gx + i, kernels::relu_backward(A(gy[i]), A(yp[i])), b);
-    });
+    parallel_for(n, [&](int64_t i) { store(gx + i, Op().backward(A(gy[i]), A(yp[i])), b); });
   });
 }
 
-void sigmoid_forward(const TensorRef& x, const TensorRef& y) {
-  const int64_t n = x.numel();
-  UNETCU_DISPATCH_STORAGE(x.dtype(), T, {
-    using A = acc_t<T>;
-    const T* xp = x.data<T>();
-    T* yp = y.data<T>();
-    parallel_for(n, [&](int64_t i) { yp[i] = to_storage<T>(kernels::sigmoid_forward(A(xp[i]))); });
-  });
+}  // namespace
+
+void relu_forward(const TensorRef& x, const TensorRef& y) { unary_forward<kernels::Relu>(x, y); }
+
+void relu_backward(const TensorRef& grad_y, const TensorRef& y, const TensorRef& grad_x, double beta) {
+  unary_backward<kernels::Relu>(grad_y, y, grad_x, beta);
 }
 
-void sigmoid_backward(const TensorRef& grad_y, const TensorRef& y, const TensorRef& grad_x,
-                      double beta) {
-  const int64_t n = y.numel();
-  UNETCU_DISPATCH_STORAGE(y.dtype(), T, {
-    using A = acc_t<T>;
-    const T* gy = grad_y.data<T>();
-    const T* yp = y.data<T>();
-    T* gx = grad_x.data<T>();
-    const A b = A(beta);
-    parallel_for(n, [&](int64_t i) {
-      store(gx + i, kernels::sigmoid_backward(A(gy[i]), A(yp[i])), b);
-    });
-  });
+void sigmoid_forward(const TensorRef& x, const TensorRef& y) { unary_forward<kernels::Sigmoid>(x, y); }
+
+void sigmoid_backward(const TensorRef& grad_y, const TensorRef& y, const TensorRef& grad_x, double beta) {
+  unary_backward<kernels::Sigmoid>(grad_y, y, grad_x, beta);
 }
 
 void add_forward(const TensorRef& a, const TensorRef& b, const TensorRef& y) {

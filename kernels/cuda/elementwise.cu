@@ -28,18 +28,6 @@ __global__ void axpby_kernel(S* d, acc_t<S> a, const S* s, acc_t<S> b, int64_t n
 }
 // y = f(x) and gx = df(gy, y) (written or accumulated by b) for relu and sigmoid: F gives
 // forward(x) and backward(gy, y) over the bodies.
-struct Relu {
-  template <class T> __device__ T forward(T x) const { return kernels::relu_forward(x); }
-  template <class T> __device__ T backward(T gy, T y) const {
-    return kernels::relu_backward(gy, y);
-  }
-};
-struct Sigmoid {
-  template <class T> __device__ T forward(T x) const { return kernels::sigmoid_forward(x); }
-  template <class T> __device__ T backward(T gy, T y) const {
-    return kernels::sigmoid_backward(gy, y);
-  }
-};
 template <int V, class F, class S>
 __global__ void unary_forward_kernel(F f, const S* x, S* y, int64_t n) {
   GRID_STRIDE(i, n) {
@@ -111,58 +99,50 @@ void axpby(const TensorRef& dst, double alpha, const TensorRef& src, double beta
   CUDA_CHECK_LAUNCH(l.stream, "axpby");
 }
 
-void relu_forward(const TensorRef& x, const TensorRef& y) {
+namespace {
+
+// The launchers of the unary ops (Relu, Sigmoid: bodies/elementwise.h), written once.
+template <class Op>
+void unary_forward(const char* name, const TensorRef& x, const TensorRef& y) {
   const int64_t n = x.numel();
   if (n == 0) return;
   Launch l(x);
   UNETCU_DISPATCH_STORAGE(x.dtype(), S, {
     by_packs<S>(n, [&](auto pack, int blocks, int64_t units) {
       unary_forward_kernel<decltype(pack)::value><<<blocks, kThreads, 0, l.stream>>>(
-          Relu(), x.data<S>(), y.data<S>(), units);
+          Op(), x.data<S>(), y.data<S>(), units);
     }, x.data<S>(), y.data<S>());
   });
-  CUDA_CHECK_LAUNCH(l.stream, "relu_forward");
+  CUDA_CHECK_LAUNCH(l.stream, name);
 }
 
-void relu_backward(const TensorRef& grad_y, const TensorRef& y, const TensorRef& grad_x,
-                   double beta) {
+template <class Op>
+void unary_backward(const char* name, const TensorRef& grad_y, const TensorRef& y, const TensorRef& grad_x,
+                    double beta) {
   const int64_t n = y.numel();
   if (n == 0) return;
   Launch l(y);
   UNETCU_DISPATCH_STORAGE(y.dtype(), S, {
     by_packs<S>(n, [&](auto pack, int blocks, int64_t units) {
       unary_backward_kernel<decltype(pack)::value><<<blocks, kThreads, 0, l.stream>>>(
-          Relu(), grad_y.data<S>(), y.data<S>(), grad_x.data<S>(), acc_t<S>(beta), units);
+          Op(), grad_y.data<S>(), y.data<S>(), grad_x.data<S>(), acc_t<S>(beta), units);
     }, grad_y.data<S>(), y.data<S>(), grad_x.data<S>());
   });
-  CUDA_CHECK_LAUNCH(l.stream, "relu_backward");
+  CUDA_CHECK_LAUNCH(l.stream, name);
 }
 
-void sigmoid_forward(const TensorRef& x, const TensorRef& y) {
-  const int64_t n = x.numel();
-  if (n == 0) return;
-  Launch l(x);
-  UNETCU_DISPATCH_STORAGE(x.dtype(), S, {
-    by_packs<S>(n, [&](auto pack, int blocks, int64_t units) {
-      unary_forward_kernel<decltype(pack)::value><<<blocks, kThreads, 0, l.stream>>>(
-          Sigmoid(), x.data<S>(), y.data<S>(), units);
-    }, x.data<S>(), y.data<S>());
-  });
-  CUDA_CHECK_LAUNCH(l.stream, "sigmoid_forward");
+}  // namespace
+
+void relu_forward(const TensorRef& x, const TensorRef& y) { unary_forward<Relu>("relu_forward", x, y); }
+
+void relu_backward(const TensorRef& grad_y, const TensorRef& y, const TensorRef& grad_x, double beta) {
+  unary_backward<Relu>("relu_backward", grad_y, y, grad_x, beta);
 }
 
-void sigmoid_backward(const TensorRef& grad_y, const TensorRef& y, const TensorRef& grad_x,
-                      double beta) {
-  const int64_t n = y.numel();
-  if (n == 0) return;
-  Launch l(y);
-  UNETCU_DISPATCH_STORAGE(y.dtype(), S, {
-    by_packs<S>(n, [&](auto pack, int blocks, int64_t units) {
-      unary_backward_kernel<decltype(pack)::value><<<blocks, kThreads, 0, l.stream>>>(
-          Sigmoid(), grad_y.data<S>(), y.data<S>(), grad_x.data<S>(), acc_t<S>(beta), units);
-    }, grad_y.data<S>(), y.data<S>(), grad_x.data<S>());
-  });
-  CUDA_CHECK_LAUNCH(l.stream, "sigmoid_backward");
+void sigmoid_forward(const TensorRef& x, const TensorRef& y) { unary_forward<Sigmoid>("sigmoid_forward", x, y); }
+
+void sigmoid_backward(const TensorRef& grad_y, const TensorRef& y, const TensorRef& grad_x, double beta) {
+  unary_backward<Sigmoid>("sigmoid_backward", grad_y, y, grad_x, beta);
 }
 
 void add_forward(const TensorRef& a, const TensorRef& b, const TensorRef& y) {
