@@ -17,34 +17,19 @@
 #include <vector>
 
 #include "bn_mask_check.h"
+#include "bn_ops.h"
 #include "engine/ops.h"
 #include "testing.h"
 
 using namespace unetcu;
 using namespace unetcu::testing;
+using namespace unetcu::testing_bn;
 
 namespace {
 
 constexpr double kBf16Roundoff = 0x1p-8;  // unit roundoff of bf16: 8 significant bits
 
-enum class Op { BatchNorm, BatchNormRelu, BatchNormAddRelu, BatchNormSync };
-const char* op_name(Op op) {
-  switch (op) {
-    case Op::BatchNorm: return "batch_norm2d";
-    case Op::BatchNormRelu: return "batch_norm_relu";
-    case Op::BatchNormAddRelu: return "batch_norm_add_relu";
-    case Op::BatchNormSync: return "batch_norm2d synced";
-  }
-  return "";
-}
 constexpr Op kOps[] = {Op::BatchNorm, Op::BatchNormRelu, Op::BatchNormAddRelu, Op::BatchNormSync};
-
-// One replica: the all-reduce is the identity, so the synchronized path computes the local
-// batch's statistics through its own launchers.
-struct OneReplica : BatchNormSync {
-  void all_reduce_sum(Tensor&) override {}
-  int world_size() const override { return 1; }
-};
 
 // ‖a − b‖ / ‖b‖ (‖a‖ when b is zero), in logical order whatever the formats and dtypes.
 double rel_diff(const Tensor& a, const Tensor& b) {
@@ -59,9 +44,6 @@ double rel_diff(const Tensor& a, const Tensor& b) {
 }
 
 // The op's inputs, and R, the gradient of its output.
-struct Inputs {
-  Tensor x, gamma, beta, residual, rm, rv, R;
-};
 
 Inputs make_inputs(const Shape& s, Rng& rng) {
   const int64_t C = s[1];
@@ -101,58 +83,9 @@ Inputs round_bf16(const Inputs& in) {
   return o;
 }
 
-struct Result {
-  Tensor y, rm, rv, gx, ggamma, gbeta, gres;
-  Tensor gx1, ggamma1, gbeta1, gres1;  // the gradients after the first pass
-};
-
-// The op on clones of the inputs: forward, then backward of sum(y * R), twice (the second pass
-// accumulates into the leaves' gradients, beta = 1; the training forward moves the running
-// statistics twice).
-Result run(Op op, const Inputs& in, bool training, bool with_residual) {
-  Tensor x = in.x.clone().set_requires_grad(true);
-  Tensor gamma = in.gamma.clone().set_requires_grad(true);
-  Tensor beta = in.beta.clone().set_requires_grad(true);
-  Tensor res = in.residual.clone().set_requires_grad(true);
-  Result r;
-  r.rm = in.rm.clone();
-  r.rv = in.rv.clone();
-  OneReplica one;
-  for (int pass = 0; pass < 2; ++pass) {
-    Tape tape;
-    {
-      TapeScope scope(tape);
-      switch (op) {
-        case Op::BatchNorm:
-          r.y = batch_norm2d(x, gamma, beta, r.rm, r.rv, training, 0.1, 1e-5);
-          break;
-        case Op::BatchNormSync: {
-          BatchNormSyncScope sync(&one);
-          r.y = batch_norm2d(x, gamma, beta, r.rm, r.rv, training, 0.1, 1e-5);
-          break;
-        }
-        case Op::BatchNormRelu:
-          r.y = batch_norm_relu(x, gamma, beta, r.rm, r.rv, training, 0.1, 1e-5);
-          break;
-        case Op::BatchNormAddRelu:
-          r.y = with_residual
-                    ? batch_norm_add_relu(x, gamma, beta, res, r.rm, r.rv, training, 0.1, 1e-5)
-                    : batch_norm_relu(x, gamma, beta, r.rm, r.rv, training, 0.1, 1e-5);
-          break;
-      }
-    }
-    tape.backward({r.y}, {in.R});
-    if (pass == 0) {
-      r.gx1 = x.grad().clone();
-      r.ggamma1 = gamma.grad().clone();
-      r.gbeta1 = beta.grad().clone();
-      if (with_residual) r.gres1 = res.grad().clone();
-    }
-  }
-  r.gx = x.grad();
-  r.ggamma = gamma.grad();
-  r.gbeta = beta.grad();
-  if (with_residual) r.gres = res.grad();
+// testing_bn::run (tests/bn_ops.h), and the dtypes and formats of what it gives.
+Result run_op(Op op, const Inputs& in, bool training, bool with_residual) {
+  Result r = run(op, in, training, with_residual);
   // Outputs and gradients of activations in x's dtype and format; the rest in the compute dtype.
   CHECK(r.y.dtype() == in.x.dtype());
   CHECK(r.y.format() == in.x.format());
@@ -198,8 +131,8 @@ TEST_CASE("batch norm ops: NHWC equals NCHW in float64 and float32, forward and 
             CAPTURE(training);
             CAPTURE(with_residual);
             const Inputs in = make_inputs(s, rng);
-            const Result a = run(op, cast(in, dt, MemoryFormat::NHWC), training, with_residual);
-            const Result b = run(op, cast(in, dt, MemoryFormat::NCHW), training, with_residual);
+            const Result a = run_op(op, cast(in, dt, MemoryFormat::NHWC), training, with_residual);
+            const Result b = run_op(op, cast(in, dt, MemoryFormat::NCHW), training, with_residual);
             // The same arithmetic; only the order of the double sums of a channel differs (plane
             // partials against pixel-chunk partials). float64: ~1e-16 per sum; float32: the
             // statistics and sums rounded to float32 (6e-8) may land one ulp apart.
@@ -274,8 +207,8 @@ TEST_CASE("batch norm ops in bfloat16 equal float32 on the same bf16-rounded inp
             CAPTURE(training);
             CAPTURE(with_residual);
             const Inputs in = round_bf16(make_inputs(s, rng));
-            const Result b = run(op, cast(in, DType::BF16, fmt), training, with_residual);
-            const Result f = run(op, cast(in, DType::F32, fmt), training, with_residual);
+            const Result b = run_op(op, cast(in, DType::BF16, fmt), training, with_residual);
+            const Result f = run_op(op, cast(in, DType::F32, fmt), training, with_residual);
             const double ulp32 = 0x1p-24;
             auto within = [&](const Tensor& got, const Tensor& want, double rel) {
               const double slack = 4 * ulp32 * max_abs(want);

@@ -26,38 +26,19 @@
 #include <vector>
 
 #include "../bn_mask_check.h"
+#include "../bn_ops.h"
 #include "engine/ops.h"
 #include "engine/random.h"
 #include "engine/tape.h"
 #include "runtime/cuda_api.h"
 
 using namespace unetcu;
+using namespace unetcu::testing_bn;
 
 namespace {
 
 const Device kGpu = Device::cuda(0);
 constexpr double kU = 0x1p-8;  // bf16 unit roundoff
-
-enum class Op { BatchNorm, BatchNormRelu, BatchNormAddRelu, BatchNormSync };
-const char* op_name(Op op) {
-  switch (op) {
-    case Op::BatchNorm: return "batch_norm2d";
-    case Op::BatchNormRelu: return "batch_norm_relu";
-    case Op::BatchNormAddRelu: return "batch_norm_add_relu";
-    case Op::BatchNormSync: return "batch_norm2d synced";
-  }
-  return "";
-}
-
-// One replica: the all-reduce is the identity; the synchronized launchers still run.
-struct OneReplica : BatchNormSync {
-  void all_reduce_sum(Tensor&) override {}
-  int world_size() const override { return 1; }
-};
-
-struct Inputs {
-  Tensor x, gamma, beta, residual, rm, rv, R;
-};
 
 Tensor random_values(const Shape& s, Rng& rng, double lo, double hi, bool bf16_values) {
   std::vector<double> v(size_t(shape_numel(s)));
@@ -94,56 +75,6 @@ Inputs to_gpu(const Inputs& in, DType act, MemoryFormat fmt) {
   return o;
 }
 
-struct Result {
-  Tensor y, rm, rv, gx, ggamma, gbeta, gres;
-};
-
-// Forward and backward of sum(y * R) twice (the second pass accumulates) on clones.
-Result run(Op op, const Inputs& in, bool training, bool with_residual) {
-  Tensor x = in.x.clone().set_requires_grad(true);
-  Tensor gamma = in.gamma.clone().set_requires_grad(true);
-  Tensor beta = in.beta.clone().set_requires_grad(true);
-  Tensor res = in.residual.clone().set_requires_grad(true);
-  Result r;
-  r.rm = in.rm.clone();
-  r.rv = in.rv.clone();
-  OneReplica one;
-  for (int pass = 0; pass < 2; ++pass) {
-    Tape tape;
-    {
-      TapeScope scope(tape);
-      switch (op) {
-        case Op::BatchNorm:
-          r.y = batch_norm2d(x, gamma, beta, r.rm, r.rv, training, 0.1, 1e-5);
-          break;
-        case Op::BatchNormSync: {
-          BatchNormSyncScope sync(&one);
-          r.y = batch_norm2d(x, gamma, beta, r.rm, r.rv, training, 0.1, 1e-5);
-          break;
-        }
-        case Op::BatchNormRelu:
-          r.y = batch_norm_relu(x, gamma, beta, r.rm, r.rv, training, 0.1, 1e-5);
-          break;
-        case Op::BatchNormAddRelu:
-          r.y = with_residual
-                    ? batch_norm_add_relu(x, gamma, beta, res, r.rm, r.rv, training, 0.1, 1e-5)
-                    : batch_norm_relu(x, gamma, beta, r.rm, r.rv, training, 0.1, 1e-5);
-          break;
-      }
-    }
-    tape.backward({r.y}, {in.R});
-  }
-  r.gx = x.grad();
-  r.ggamma = gamma.grad();
-  r.gbeta = beta.grad();
-  if (with_residual) r.gres = res.grad();
-  return r;
-}
-
-// Moves the inputs of a fused op away from the ReLU's kink: where bn(x) (+ r) is within 1e-3
-// of 0, float32 and float64 may mask differently (a gradient of ~1 against ~1e-5). The
-// residual moves (the statistics stay), else x, by 0.05 away from 0, rounded back to a bf16
-// value (bf16 spacing here is at most 2^-6, so it still moves by more than 0.04).
 void avoid_kinks(Inputs& in, bool training, bool with_residual) {
   Tensor rm = in.rm.clone(), rv = in.rv.clone();
   const Tensor pre = batch_norm2d(in.x, in.gamma, in.beta, rm, rv, training, 0.1, 1e-5);
