@@ -27,22 +27,22 @@ constexpr double kDataCacheBytes = 4.0 * (1 << 30);
 void add_train_flags(CLI::App& app, TrainConfig& cfg) {
   using cli::add_enum;
   using cli::checked;
-  app.add_option("--epochs", cfg.epochs, "Number of epochs")->capture_default_str();
-  app.add_option("--batch-size", cfg.batch_size,
+  app.add_option("--epochs", cfg.fit.epochs, "Number of epochs")->capture_default_str();
+  app.add_option("--batch-size", cfg.fit.batch_size,
                  "Images per optimizer step (with --accumulate-grad-batches N: per forward and backward, "
                  "N of them per step); with --mode dp, per replica (the global batch is --batch-size x the "
                  "number of devices, as in the article)")
       ->capture_default_str();
-  app.add_option("--accumulate-grad-batches", cfg.accumulate_grad_batches,
+  app.add_option("--accumulate-grad-batches", cfg.fit.accumulate,
                  "Gradient accumulation: each optimizer step takes N batches of --batch-size (per replica), "
                  "run forward and backward one after another with their gradients added, as N loader batches "
                  "before one optimizer.step() in PyTorch (batch norm sees each batch alone); steps, "
                  "--warmup-steps and --log-every count optimizer steps. --mode mp and dp+mp: the N batches are "
                  "more micro-batches of --split-size (default --batch-size)")
       ->capture_default_str();
-  app.add_option("--image-size", cfg.image_size, "Image height and width (multiple of 32)")
+  app.add_option("--image-size", cfg.data.image_size, "Image height and width (multiple of 32)")
       ->capture_default_str();
-  app.add_option("--lr", cfg.lr, "Learning rate (with --lr-schedule: the base rate)")->capture_default_str();
+  app.add_option("--lr", cfg.strategy.optimizer.lr, "Learning rate (with --lr-schedule: the base rate)")->capture_default_str();
   add_enum(app, "--lr-schedule", cfg.lr_schedule, kLrScheduleNames,
            "Learning rate over the run, set before every optimizer step as PyTorch's schedulers "
            "stepped per step: constant; cosine (from --lr down to --min-lr at the run's end, "
@@ -63,21 +63,21 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
   app.add_option_function<double>(
       "--lr-gamma", [&cfg](double v) { cfg.lr_gamma = v; }, "--lr-schedule step: the factor (default 0.1)");
   app.add_option_function<std::string>(
-         "--seed", checked("--seed", [&cfg](const std::string& s) { cfg.seed = cli::parse_uint64(s); }),
+         "--seed", checked("--seed", [&cfg](const std::string& s) { cfg.fit.seed = cli::parse_uint64(s); }),
          "Seed of the initialisation, data and shuffling (0..2^64-1)")
       ->default_str("0");
-  add_enum(app, "--loss", cfg.loss, kLossNames, "Loss");
+  add_enum(app, "--loss", cfg.strategy.loss, kLossNames, "Loss");
   app.add_option_function<std::string>(
          "--device", checked("--device", [&cfg](const std::string& s) { cfg.device = cli::parse_device(s, true); }),
          "--mode single: auto (a GPU when one is visible and usable, else the CPU), cpu, cpu:N, cuda:N")
       ->default_str("auto");
-  app.add_option("--train-size", cfg.train_size, "Number of synthetic training images")
+  app.add_option("--train-size", cfg.data.train_size, "Number of synthetic training images")
       ->capture_default_str();
-  app.add_option("--val-size", cfg.val_size, "Number of synthetic validation images")
+  app.add_option("--val-size", cfg.data.val_size, "Number of synthetic validation images")
       ->capture_default_str();
-  add_enum(app, "--optimizer", cfg.optimizer, kOptimizerNames, "Optimizer");
-  app.add_option("--momentum", cfg.momentum, "SGD momentum")->capture_default_str();
-  app.add_option("--weight-decay", cfg.weight_decay, "L2 weight decay (Adam and SGD)")
+  add_enum(app, "--optimizer", cfg.strategy.optimizer.kind, kOptimizerNames, "Optimizer");
+  app.add_option("--momentum", cfg.strategy.optimizer.momentum, "SGD momentum")->capture_default_str();
+  app.add_option("--weight-decay", cfg.strategy.optimizer.weight_decay, "L2 weight decay (Adam and SGD)")
       ->capture_default_str();
   // inf is PyTorch's way of logging the norm; a number beyond float64's range (1e999) reads as
   // inf too, and would silently turn clipping off.
@@ -87,7 +87,7 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
     for (char& ch : s) ch = char(std::tolower(static_cast<unsigned char>(ch)));
     return s == "inf" || s == "infinity" ? "" : "out of range of a number (inf: the norm measured, never clipped)";
   };
-  app.add_option("--clip-grad-norm", cfg.clip_grad_norm,
+  app.add_option("--clip-grad-norm", cfg.strategy.optimizer.max_grad_norm,
                  "Before every optimizer step, scale the gradients down so that their total 2-norm (over the whole "
                  "model: every stage of a pipeline; data parallel: the averaged gradients) is at most X, as "
                  "torch.nn.utils.clip_grad_norm_; 0 never; inf: the norm measured and reported, the gradients never "
@@ -95,49 +95,49 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
                  "steps were clipped")
       ->check(named_inf)
       ->capture_default_str();
-  app.add_option("--width-divisor", cfg.width_divisor,
+  app.add_option("--width-divisor", cfg.strategy.model.width_divisor,
                  "Divide every channel count by this (1 = the real model)")
       ->capture_default_str();
-  app.add_option("--threads", cfg.threads,
+  app.add_option("--threads", cfg.strategy.threads,
                  "CPU threads (0 = all cores; with --mode dp or mp: per device, 0 = cores/N)")
       ->capture_default_str();
-  add_enum(app, "--dtype", cfg.dtype, kDTypeNames, "Element type (float64 on the CPU only)");
-  app.add_flag_callback("--no-progress", [&cfg] { cfg.progress = false; },
+  add_enum(app, "--dtype", cfg.fit.dtype, kDTypeNames, "Element type (float64 on the CPU only)");
+  app.add_flag_callback("--no-progress", [&cfg] { cfg.fit.progress = false; },
                         "Do not draw the progress bar on stderr");
-  add_enum(app, "--mode", cfg.mode, kModeNames,
+  add_enum(app, "--mode", cfg.strategy.mode, kModeNames,
            "single (one device, --device), dp (data parallel: one replica per device of "
            "--devices, gradients averaged by all-reduce), mp (model parallel: the model cut "
            "by --split into stages on --devices, micro-batches of --split-size; under a launcher "
            "one stage per process) or dp+mp (under a launcher: replicas of a pipeline of "
            "--pipeline-stages stages, one stage per process)");
-  app.add_option("--pipeline-stages", cfg.pipeline_stages,
+  app.add_option("--pipeline-stages", cfg.strategy.pipeline_stages,
                  "--mode dp+mp: stages per pipeline; the launcher's process count must be a "
                  "multiple (stages x replicas; process r*S+s holds stage s of replica r)");
   app.add_option_function<std::string>(
       "--split",
       checked("--split", [&cfg](const std::string& s) {
-        cfg.split_auto = s == "auto";
-        if (!cfg.split_auto) cfg.cuts = cli::parse_cuts(s);
+        cfg.strategy.search_split = s == "auto";
+        if (!cfg.strategy.search_split) cfg.strategy.cuts = cli::parse_cuts(s);
       }),
       "--mode mp: the blocks after which the model is cut, comma separated, one cut per extra "
       "stage: layer3 (the article's: stem..layer3 | layer4 + decoder + head), or any of stem, "
       "layer1..4, decoder.blocks.0..4, or block indices; auto: search (two stages)")
       ->default_str("layer3");
-  app.add_option("--split-size", cfg.split_size,
+  app.add_option("--split-size", cfg.strategy.split_size,
                  "--mode mp: samples per micro-batch (0 = the whole batch; the last may be "
                  "smaller). Batch norm uses each micro-batch's statistics, as the article's run")
       ->capture_default_str();
-  add_enum(app, "--schedule", cfg.schedule, kScheduleNames,
+  add_enum(app, "--schedule", cfg.strategy.schedule, kScheduleNames,
            "--mode mp: gpipe (all forwards, then all backwards) or 1f1b");
   app.add_option_function<std::string>(
       "--devices",
-      checked("--devices", [&cfg](const std::string& s) { cfg.devices = cli::parse_device_list(s); }),
+      checked("--devices", [&cfg](const std::string& s) { cfg.strategy.devices = cli::parse_device_list(s); }),
       "--mode dp: the replicas' devices, e.g. cpu:0,cpu:1,cpu:2 or cuda:0,cuda:1; --mode mp: "
       "one per stage, may repeat (CPU devices share the cores: --threads each, default cores/N)");
-  add_enum(app, "--allreduce", cfg.allreduce, kAllReduceNames,
+  add_enum(app, "--allreduce", cfg.strategy.allreduce, kAllReduceNames,
            "--mode dp: ring (reduce-scatter + all-gather), ps (reduce to rank 0, broadcast back), or "
            "mpi (the transport library's own all-reduce, MPI_Allreduce or Gloo's; ranks in several processes)");
-  add_enum(app, "--allreduce-precision", cfg.bf16_allreduce, kAllReducePrecisionNames,
+  add_enum(app, "--allreduce-precision", cfg.strategy.bf16_allreduce, kAllReducePrecisionNames,
            "--mode dp and dp+mp: full (the gradients' own dtype) or bf16 (each bucket rounded to "
            "bfloat16 for the all-reduce and widened back: half the bytes on the wire, the mean "
            "rounded to about 2-3 significant digits; ring or ps)");
@@ -145,61 +145,61 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
            "Process group: auto (from mpirun's, SLURM's or torchrun's environment when present), "
            "mpi, env (SLURM/torchrun variables), none (one process). Several processes: --mode dp "
            "one replica per process, mp/dp+mp one stage per process, over MPI (mpirun, srun --mpi) or Gloo (torchrun's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); GPUs: NCCL");
-  app.add_option("--collective-timeout", cfg.collective_timeout,
+  app.add_option("--collective-timeout", cfg.strategy.collective_timeout,
                  "--mode dp: seconds a collective may take before every rank stops with an "
                  "error naming the rank and the collective (instead of hanging)")
       ->capture_default_str();
-  app.add_flag("--sync-bn", cfg.sync_bn,
+  app.add_flag("--sync-bn", cfg.strategy.sync_bn,
                "--mode dp: batch-norm statistics over all replicas, so N x b trains as one batch "
                "of N*b");
-  app.add_option("--profile", cfg.profile,
+  app.add_option("--profile", cfg.fit.profile,
                  "Time every op and block (forward and backward, with FLOPs and bytes), print "
                  "the per-op and per-block tables at the end and write a Chrome/Perfetto trace "
                  "(one track per device thread: compute, communication) to this JSON file. On a "
                  "GPU the times are queueing times unless UNETCU_CUDA_SYNC=1");
-  app.add_option("--data", cfg.data,
+  app.add_option("--data", cfg.data.folder,
                  "Train on images: DIR/images + DIR/masks matched by file stem (or the article's "
                  "DIR/img + DIR/masks_machine); PNG/JPEG/BMP, masks > 0 are foreground; resized "
                  "to --image-size. Without it: the synthetic set (--train-size/--val-size)");
-  app.add_option("--data-list", cfg.data_list,
+  app.add_option("--data-list", cfg.data.list,
                  "Only the images named in this file (one per line, or a CSV's first column)");
-  app.add_option("--val-data", cfg.val_data,
+  app.add_option("--val-data", cfg.data.val_folder,
                  "Validation images from this folder (same layout) instead of a split");
-  app.add_option("--val-fraction", cfg.val_fraction, "Share of --data held out for validation (seeded)")
+  app.add_option("--val-fraction", cfg.data.val_fraction, "Share of --data held out for validation (seeded)")
       ->capture_default_str();
-  add_enum(app, "--augment", cfg.augment, kAugmentNames,
+  add_enum(app, "--augment", cfg.fit.augment, kAugmentNames,
            "Training augmentation, the same for image and mask: none, light (flip, "
            "brightness/contrast) or heavy (+ vertical flip, scale-crop, rotation)");
-  app.add_option("--workers", cfg.workers,
+  app.add_option("--workers", cfg.fit.workers,
                  "Loader threads that decode and augment batches ahead of the step, in every mode "
                  "(0: one when training on CPU devices, four for GPUs); each epoch line gives the "
                  "loader's img/s and the time the step waited for it")
       ->capture_default_str();
-  app.add_option("--max-image-pixels", cfg.max_image_pixels,
+  app.add_option("--max-image-pixels", cfg.data.max_image_pixels,
                  "--data: refuse an image or mask with more pixels than this, from its header, "
                  "before decoding it (a guard against decompression bombs)")
       ->capture_default_str();
-  app.add_option("--log", cfg.log,
+  app.add_option("--log", cfg.fit.log,
                  "Metrics file: a row per epoch (epoch, time, train loss, validation loss / IoU / "
                  "Dice, img/s, learning rate, peak memory in tensors, loader wait; with --clip-grad-norm "
                  "the mean and largest gradient norm and the share of steps clipped), flushed as "
                  "written; CSV with a header, or JSON Lines when FILE ends in .jsonl; appended to "
                  "with --resume (a CSV only when its header is this run's)");
-  app.add_option("--log-every", cfg.log_every,
+  app.add_option("--log-every", cfg.fit.log_every,
                  "With --log: also a row every N training steps (step, loss, img/s, learning rate)")
       ->capture_default_str();
-  app.add_option("--checkpoint", cfg.checkpoint,
+  app.add_option("--checkpoint", cfg.fit.checkpoint,
                  "Save a checkpoint after every epoch, in every mode: the model to FILE "
                  "(safetensors with segmentation_models_pytorch's state_dict names), optimizer "
                  "state (keyed by parameter name) and epoch to FILE.train; written to a "
                  "temporary file and renamed");
-  app.add_option("--resume", cfg.resume,
+  app.add_option("--resume", cfg.fit.resume,
                  "Continue from a checkpoint (model, optimizer, next epoch), written in any mode; "
                  "with the same flags and seed the losses are those of an uninterrupted run");
-  app.add_option("--save-best", cfg.save_best,
+  app.add_option("--save-best", cfg.fit.save_best,
                  "Save a checkpoint (FILE and FILE.train, as --checkpoint) after every epoch whose "
                  "--monitor value is the best of the run so far");
-  app.add_option("--early-stop", cfg.early_stop,
+  app.add_option("--early-stop", cfg.fit.monitor.patience,
                  "Patience: end the run after N epochs in a row without a --monitor improvement "
                  "(of more than --early-stop-delta); 0 never")
       ->capture_default_str();
@@ -213,7 +213,7 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
          "--save-best and --early-stop: the validation metric watched, higher is better for "
          "val_iou and val_dice, lower for val_loss (" + names_list(kMonitorNames) + ")")
       ->default_str("val_iou");
-  app.add_option("--init-encoder", cfg.init_encoder,
+  app.add_option("--init-encoder", cfg.fit.init_encoder,
                  "Load only the encoder.* entries of a safetensors file, e.g. ImageNet ResNet34 "
                  "weights exported from torchvision");
   app.add_flag_callback("--no-tf32", [&cfg] { cfg.tf32 = false; },
@@ -229,7 +229,7 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
            "Memory order of the activations: nchw, nhwc (channels-last; cuDNN's tensor-core "
            "convolutions read it without transposes) or auto (nchw). The image is converted "
            "at the first layer and the logits back at the last");
-  app.add_flag("--cuda-graphs", cfg.cuda_graphs,
+  app.add_flag("--cuda-graphs", cfg.strategy.cuda_graphs,
                "GPUs, --mode single, dp or mp: after two eager steps, capture forward, loss and "
                "backward at the batch's shape (dp: each replica's, with its NCCL all-reduces; mp: "
                "every stage's forwards and backwards of every micro-batch, over the stages' "
@@ -256,44 +256,44 @@ void check_train_count(const TrainConfig& c, int64_t train_n, const std::string&
   const std::string what = folder.empty() ? str_cat("--train-size ", train_n)
                                           : str_cat("the ", train_n, " training images of ", folder);
   // A replica's samples per optimizer step.
-  const int64_t step = int64_t(c.batch_size) * c.accumulate_grad_batches;
+  const int64_t step = int64_t(c.fit.batch_size) * c.fit.accumulate;
   const std::string step_what =
-      c.accumulate_grad_batches == 1
-          ? str_cat("--batch-size ", c.batch_size)
-          : str_cat("--batch-size ", c.batch_size, " x --accumulate-grad-batches ", c.accumulate_grad_batches, " = ", step);
+      c.fit.accumulate == 1
+          ? str_cat("--batch-size ", c.fit.batch_size)
+          : str_cat("--batch-size ", c.fit.batch_size, " x --accumulate-grad-batches ", c.fit.accumulate, " = ", step);
   UNETCU_CHECK(step <= train_n, step_what, " is larger than the ", train_n, " training images",
                folder.empty() ? "" : " of " + folder);
   // Data parallel: one replica per device, or per process of a launched job.
   const DistEnv dist = detect_dist(c.dist);
-  int64_t dp_replicas = as_group(c.dist) ? dist.world : std::max<int64_t>(1, int64_t(c.devices.size()));
-  if (c.mode == Mode::DataPipeline) dp_replicas = dist.world / std::max(1, c.pipeline_stages);
-  if (c.mode == Mode::DataParallel || c.mode == Mode::DataPipeline) {
+  int64_t dp_replicas = as_group(c.dist) ? dist.world : std::max<int64_t>(1, int64_t(c.strategy.devices.size()));
+  if (c.strategy.mode == Mode::DataPipeline) dp_replicas = dist.world / std::max(1, c.strategy.pipeline_stages);
+  if (c.strategy.mode == Mode::DataParallel || c.strategy.mode == Mode::DataPipeline) {
     const int64_t n = dp_replicas;
     UNETCU_CHECK(train_n / n >= step, "the ", train_n, " training images give each of the ", n,
                  " replicas ", train_n / n, " samples, fewer than ", step_what);
   }
   // BN in training needs more than one value per channel: at layer4 a sample is (S/32)² values.
-  const int64_t last = int64_t(c.image_size / 32) * (c.image_size / 32);
-  const int64_t replicas = c.mode == Mode::DataParallel || c.mode == Mode::DataPipeline ? dp_replicas : 1;
+  const int64_t last = int64_t(c.data.image_size / 32) * (c.data.image_size / 32);
+  const int64_t replicas = c.strategy.mode == Mode::DataParallel || c.strategy.mode == Mode::DataPipeline ? dp_replicas : 1;
   // With accumulation one device and DP run a step in batches of --batch-size (the last batch's
   // rows are then n % step % batch = n % batch); a pipeline cuts the step into micro-batches
   // (checked below).
-  const bool pipeline = c.mode == Mode::Pipeline || c.mode == Mode::DataPipeline;
-  UNETCU_CHECK(last > 1 || (pipeline && c.accumulate_grad_batches > 1) || (train_n / replicas) % c.batch_size != 1, what,
-               " leaves a last batch of one ", c.image_size, "x", c.image_size,
+  const bool pipeline = c.strategy.mode == Mode::Pipeline || c.strategy.mode == Mode::DataPipeline;
+  UNETCU_CHECK(last > 1 || (pipeline && c.fit.accumulate > 1) || (train_n / replicas) % c.fit.batch_size != 1, what,
+               " leaves a last batch of one ", c.data.image_size, "x", c.data.image_size,
                " image: one value per channel for batch norm; change the sizes or --batch-size");
-  if ((c.mode == Mode::Pipeline || c.mode == Mode::DataPipeline) && last == 1 && !c.split_auto) {
+  if ((c.strategy.mode == Mode::Pipeline || c.strategy.mode == Mode::DataPipeline) && last == 1 && !c.strategy.search_split) {
     // Every micro-batch, the epoch's last batch's included, needs two samples.
-    const int64_t split = c.split_size ? c.split_size : c.batch_size;
+    const int64_t split = c.strategy.split_size ? c.strategy.split_size : c.fit.batch_size;
     const int64_t tail = (train_n / replicas) % step;
     UNETCU_CHECK(split >= 2 && step % split != 1 && (tail == 0 || tail % split != 1),
                  "--split-size ", split, " with ", step_what, " and ", train_n,
-                 " training images makes a micro-batch of one ", c.image_size, "x", c.image_size,
+                 " training images makes a micro-batch of one ", c.data.image_size, "x", c.data.image_size,
                  " image: one value per channel for batch norm");
   }
   // A warmup as long as the run: refused before the model is built (fit() checks it again).
   const int64_t total_steps =
-      replicas >= 1 ? int64_t(c.epochs) * steps_per_epoch(train_n, int(replicas), int(step)) : 0;
+      replicas >= 1 ? int64_t(c.fit.epochs) * steps_per_epoch(train_n, int(replicas), int(step)) : 0;
   UNETCU_CHECK(c.warmup_steps <= 1 || total_steps <= 0 || c.warmup_steps < total_steps, "--warmup-steps ",
                c.warmup_steps, " leaves no step at the full rate: the run has ", total_steps, " steps");
 }
@@ -303,7 +303,7 @@ void check_train_count(const TrainConfig& c, int64_t train_n, const std::string&
 LrSchedule lr_schedule_of(const TrainConfig& c) {
   LrSchedule s;
   s.kind = c.lr_schedule;
-  s.lr = c.lr;
+  s.lr = c.strategy.optimizer.lr;
   s.warmup_steps = c.warmup_steps;
   if (c.min_lr) s.min_lr = *c.min_lr;
   if (c.lr_power) s.power = *c.lr_power;
@@ -314,16 +314,16 @@ LrSchedule lr_schedule_of(const TrainConfig& c) {
 
 void validate(const TrainConfig& c) {
   // Upper bounds keep every size computed from them far from overflow (and from libgomp's
-  // limits); they are documented in the README.
-  UNETCU_CHECK(c.epochs >= 1 && c.epochs <= kMaxEpochs, "--epochs must be in 1..", kMaxEpochs,
-               ", got ", c.epochs);
-  UNETCU_CHECK(c.batch_size >= 1 && c.batch_size <= kMaxBatch, "--batch-size must be in 1..",
-               kMaxBatch, ", got ", c.batch_size);
-  UNETCU_CHECK(c.accumulate_grad_batches >= 1 && c.accumulate_grad_batches <= kMaxAccumulate,
-               "--accumulate-grad-batches must be in 1..", kMaxAccumulate, ", got ", c.accumulate_grad_batches);
-  UNETCU_CHECK(c.image_size >= 32 && c.image_size % 32 == 0 && c.image_size <= kMaxImageSize,
-               "--image-size must be a multiple of 32 in 32..", kMaxImageSize, ", got ", c.image_size);
-  UNETCU_CHECK(c.lr > 0 && std::isfinite(c.lr), "--lr must be a positive number, got ", c.lr);
+  // limits); they are documented in docs/cli.md.
+  UNETCU_CHECK(c.fit.epochs >= 1 && c.fit.epochs <= kMaxEpochs, "--epochs must be in 1..", kMaxEpochs,
+               ", got ", c.fit.epochs);
+  UNETCU_CHECK(c.fit.batch_size >= 1 && c.fit.batch_size <= kMaxBatch, "--batch-size must be in 1..",
+               kMaxBatch, ", got ", c.fit.batch_size);
+  UNETCU_CHECK(c.fit.accumulate >= 1 && c.fit.accumulate <= kMaxAccumulate,
+               "--accumulate-grad-batches must be in 1..", kMaxAccumulate, ", got ", c.fit.accumulate);
+  UNETCU_CHECK(c.data.image_size >= 32 && c.data.image_size % 32 == 0 && c.data.image_size <= kMaxImageSize,
+               "--image-size must be a multiple of 32 in 32..", kMaxImageSize, ", got ", c.data.image_size);
+  UNETCU_CHECK(c.strategy.optimizer.lr > 0 && std::isfinite(c.strategy.optimizer.lr), "--lr must be a positive number, got ", c.strategy.optimizer.lr);
   UNETCU_CHECK(!c.min_lr || c.lr_schedule == LrScheduleKind::Cosine, "--min-lr belongs to --lr-schedule cosine");
   UNETCU_CHECK(!c.lr_power || c.lr_schedule == LrScheduleKind::Poly, "--lr-power belongs to --lr-schedule poly");
   UNETCU_CHECK((!c.lr_step_epochs && !c.lr_gamma) || c.lr_schedule == LrScheduleKind::Step,
@@ -332,7 +332,7 @@ void validate(const TrainConfig& c) {
                "--lr-schedule step needs --lr-step-epochs N (the epochs between two decays)");
   UNETCU_CHECK(c.warmup_steps >= 0 && c.warmup_steps <= kMaxWarmupSteps, "--warmup-steps must be in 0..",
                kMaxWarmupSteps, ", got ", c.warmup_steps);
-  UNETCU_CHECK(!c.min_lr || (*c.min_lr >= 0 && *c.min_lr <= c.lr), "--min-lr must be in 0..--lr (", c.lr, "), got ",
+  UNETCU_CHECK(!c.min_lr || (*c.min_lr >= 0 && *c.min_lr <= c.strategy.optimizer.lr), "--min-lr must be in 0..--lr (", c.strategy.optimizer.lr, "), got ",
                c.min_lr.value_or(0));
   UNETCU_CHECK(!c.lr_power || (*c.lr_power > 0 && *c.lr_power <= kMaxLrPower), "--lr-power must be in (0, ",
                kMaxLrPower, "], got ", c.lr_power.value_or(0));
@@ -341,117 +341,117 @@ void validate(const TrainConfig& c) {
   UNETCU_CHECK(!c.lr_gamma || (*c.lr_gamma > 0 && *c.lr_gamma <= 1), "--lr-gamma must be in (0, 1], got ",
                c.lr_gamma.value_or(0));
   // With --data the folder decides the sizes; they are checked once it has been read.
-  const bool sized = c.data.empty();
-  UNETCU_CHECK(c.early_stop >= 0 && c.early_stop <= kMaxPatience, "--early-stop must be in 0..", kMaxPatience,
-               " epochs, got ", c.early_stop);
-  UNETCU_CHECK(!c.early_stop_delta || c.early_stop > 0, "--early-stop-delta belongs to --early-stop N");
+  const bool sized = c.data.folder.empty();
+  UNETCU_CHECK(c.fit.monitor.patience >= 0 && c.fit.monitor.patience <= kMaxPatience, "--early-stop must be in 0..", kMaxPatience,
+               " epochs, got ", c.fit.monitor.patience);
+  UNETCU_CHECK(!c.early_stop_delta || c.fit.monitor.patience > 0, "--early-stop-delta belongs to --early-stop N");
   UNETCU_CHECK(!c.early_stop_delta || (*c.early_stop_delta >= 0 && std::isfinite(*c.early_stop_delta)),
                "--early-stop-delta must be a finite number >= 0, got ", c.early_stop_delta.value_or(0));
-  UNETCU_CHECK(!c.monitor || c.early_stop > 0 || !c.save_best.empty(),
+  UNETCU_CHECK(!c.monitor || c.fit.monitor.patience > 0 || !c.fit.save_best.empty(),
                "--monitor belongs to --save-best or --early-stop");
-  UNETCU_CHECK(c.save_best.empty() || c.checkpoint.empty() || !same_file(c.save_best, c.checkpoint),
+  UNETCU_CHECK(c.fit.save_best.empty() || c.fit.checkpoint.empty() || !same_file(c.fit.save_best, c.fit.checkpoint),
                "--save-best and --checkpoint name the same file: the best epoch's would be overwritten");
-  UNETCU_CHECK(c.train_size >= 1 && c.train_size <= kMaxSamples, "--train-size must be in 1..",
-               kMaxSamples, ", got ", c.train_size);
-  UNETCU_CHECK(c.val_size >= 1 && c.val_size <= kMaxSamples, "--val-size must be in 1..",
-               kMaxSamples, ", got ", c.val_size);
-  UNETCU_CHECK(c.width_divisor >= 1 && c.width_divisor <= 64, "--width-divisor must be in 1..64, got ",
-               c.width_divisor);
-  UNETCU_CHECK(c.weight_decay >= 0 && std::isfinite(c.weight_decay), "--weight-decay must be >= 0");
-  UNETCU_CHECK(c.clip_grad_norm >= 0 && !std::isnan(c.clip_grad_norm),
+  UNETCU_CHECK(c.data.train_size >= 1 && c.data.train_size <= kMaxSamples, "--train-size must be in 1..",
+               kMaxSamples, ", got ", c.data.train_size);
+  UNETCU_CHECK(c.data.val_size >= 1 && c.data.val_size <= kMaxSamples, "--val-size must be in 1..",
+               kMaxSamples, ", got ", c.data.val_size);
+  UNETCU_CHECK(c.strategy.model.width_divisor >= 1 && c.strategy.model.width_divisor <= 64, "--width-divisor must be in 1..64, got ",
+               c.strategy.model.width_divisor);
+  UNETCU_CHECK(c.strategy.optimizer.weight_decay >= 0 && std::isfinite(c.strategy.optimizer.weight_decay), "--weight-decay must be >= 0");
+  UNETCU_CHECK(c.strategy.optimizer.max_grad_norm >= 0 && !std::isnan(c.strategy.optimizer.max_grad_norm),
                "--clip-grad-norm must be a number >= 0 (0: no clipping) or inf (the norm measured, never "
-               "clipped), got ", c.clip_grad_norm);
-  UNETCU_CHECK(c.momentum >= 0 && c.momentum < 1, "--momentum must be in [0, 1)");
-  UNETCU_CHECK(c.threads >= 0 && c.threads <= kMaxThreads, "--threads must be in 0..", kMaxThreads,
-               ", got ", c.threads);
-  UNETCU_CHECK(c.workers >= 0 && c.workers <= kMaxWorkers, "--workers must be in 0..", kMaxWorkers,
-               ", got ", c.workers);
-  UNETCU_CHECK(c.max_image_pixels >= 1, "--max-image-pixels must be at least 1, got ", c.max_image_pixels);
-  UNETCU_CHECK(c.devices.size() <= 64, "--devices lists ", c.devices.size(), " devices; at most 64");
-  UNETCU_CHECK(c.data.empty() || (c.val_fraction > 0 && c.val_fraction < 1) || !c.val_data.empty(),
+               "clipped), got ", c.strategy.optimizer.max_grad_norm);
+  UNETCU_CHECK(c.strategy.optimizer.momentum >= 0 && c.strategy.optimizer.momentum < 1, "--momentum must be in [0, 1)");
+  UNETCU_CHECK(c.strategy.threads >= 0 && c.strategy.threads <= kMaxThreads, "--threads must be in 0..", kMaxThreads,
+               ", got ", c.strategy.threads);
+  UNETCU_CHECK(c.fit.workers >= 0 && c.fit.workers <= kMaxWorkers, "--workers must be in 0..", kMaxWorkers,
+               ", got ", c.fit.workers);
+  UNETCU_CHECK(c.data.max_image_pixels >= 1, "--max-image-pixels must be at least 1, got ", c.data.max_image_pixels);
+  UNETCU_CHECK(c.strategy.devices.size() <= 64, "--devices lists ", c.strategy.devices.size(), " devices; at most 64");
+  UNETCU_CHECK(c.data.folder.empty() || (c.data.val_fraction > 0 && c.data.val_fraction < 1) || !c.data.val_folder.empty(),
                "--val-fraction must be between 0 and 1");
-  UNETCU_CHECK(!c.data.empty() || (c.val_data.empty() && c.data_list.empty()),
+  UNETCU_CHECK(!c.data.folder.empty() || (c.data.val_folder.empty() && c.data.list.empty()),
                "--val-data and --data-list need --data");
-  UNETCU_CHECK(c.mode != Mode::Single || c.devices.empty(), "--devices belongs to --mode dp or mp");
-  UNETCU_CHECK(c.mode == Mode::Single || !c.device || as_group(c.dist),
+  UNETCU_CHECK(c.strategy.mode != Mode::Single || c.strategy.devices.empty(), "--devices belongs to --mode dp or mp");
+  UNETCU_CHECK(c.strategy.mode == Mode::Single || !c.device || as_group(c.dist),
                "--device belongs to --mode single (or, under a launcher, names each process's "
                "device kind); --mode dp and mp take --devices");
-  UNETCU_CHECK(c.mode == Mode::DataParallel || !c.sync_bn, "--sync-bn belongs to --mode dp");
-  UNETCU_CHECK(c.mode != Mode::DataPipeline || !c.cuda_graphs,
+  UNETCU_CHECK(c.strategy.mode == Mode::DataParallel || !c.strategy.sync_bn, "--sync-bn belongs to --mode dp");
+  UNETCU_CHECK(c.strategy.mode != Mode::DataPipeline || !c.strategy.cuda_graphs,
                "--cuda-graphs belongs to --mode single, dp or mp (GPUs)");
-  UNETCU_CHECK(!c.cuda_graphs || !as_group(c.dist) || c.mode == Mode::DataParallel,
+  UNETCU_CHECK(!c.strategy.cuda_graphs || !as_group(c.dist) || c.strategy.mode == Mode::DataParallel,
                "--cuda-graphs under a launcher belongs to --mode dp (one GPU replica per process); "
-               "--mode ", name_of(kModeNames, c.mode), " with graphs runs in one process: drop it, "
+               "--mode ", name_of(kModeNames, c.strategy.mode), " with graphs runs in one process: drop it, "
                "or give --dist none");
-  UNETCU_CHECK(c.accumulate_grad_batches == 1 || !c.split_auto,
+  UNETCU_CHECK(c.fit.accumulate == 1 || !c.strategy.search_split,
                "--split auto times one batch of --batch-size; with --accumulate-grad-batches ",
-               c.accumulate_grad_batches, " give the cuts and --split-size");
-  UNETCU_CHECK(!c.bf16_allreduce || c.mode == Mode::DataParallel || c.mode == Mode::DataPipeline,
+               c.fit.accumulate, " give the cuts and --split-size");
+  UNETCU_CHECK(!c.strategy.bf16_allreduce || c.strategy.mode == Mode::DataParallel || c.strategy.mode == Mode::DataPipeline,
                "--allreduce-precision belongs to --mode dp and dp+mp");
-  UNETCU_CHECK(!c.bf16_allreduce || c.allreduce != AllReduceAlgo::Mpi,
+  UNETCU_CHECK(!c.strategy.bf16_allreduce || c.strategy.allreduce != AllReduceAlgo::Mpi,
                "--allreduce-precision bf16 needs --allreduce ring or ps: the transport library's own "
                "all-reduce has no bfloat16 sum");
-  UNETCU_CHECK(c.allreduce != AllReduceAlgo::Mpi || as_group(c.dist),
+  UNETCU_CHECK(c.strategy.allreduce != AllReduceAlgo::Mpi || as_group(c.dist),
                "--allreduce mpi is the transport library's own all-reduce, for ranks in several processes: "
                "start them with mpirun, srun or torchrun (in one process use ring or ps)");
   UNETCU_CHECK(c.precision != Precision::TF32 || c.tf32, "--no-tf32 and --precision tf32 contradict each other");
-  UNETCU_CHECK(c.precision != Precision::BF16 || c.dtype == DType::F32, "--precision bf16 keeps float32 "
-               "parameters; it does not go with --dtype ", dtype_name(c.dtype));
-  UNETCU_CHECK(c.log_every >= 0 && c.log_every <= kMaxSamples, "--log-every must be between 0 and ",
-               kMaxSamples, ", got ", c.log_every);
-  UNETCU_CHECK(c.log_every == 0 || !c.log.empty(), "--log-every needs --log FILE");
-  UNETCU_CHECK(c.collective_timeout > 0 && c.collective_timeout <= 7 * 24 * 3600.0,
+  UNETCU_CHECK(c.precision != Precision::BF16 || c.fit.dtype == DType::F32, "--precision bf16 keeps float32 "
+               "parameters; it does not go with --dtype ", dtype_name(c.fit.dtype));
+  UNETCU_CHECK(c.fit.log_every >= 0 && c.fit.log_every <= kMaxSamples, "--log-every must be between 0 and ",
+               kMaxSamples, ", got ", c.fit.log_every);
+  UNETCU_CHECK(c.fit.log_every == 0 || !c.fit.log.empty(), "--log-every needs --log FILE");
+  UNETCU_CHECK(c.strategy.collective_timeout > 0 && c.strategy.collective_timeout <= 7 * 24 * 3600.0,
                "--collective-timeout must be between 0 and 604800 seconds, got ",
-               c.collective_timeout);
-  for (const Device& d : c.devices)
-    UNETCU_CHECK(d.kind == c.devices[0].kind, "--devices must be all CPU devices or all GPUs, got ",
-                 device_list_str(c.devices));
+               c.strategy.collective_timeout);
+  for (const Device& d : c.strategy.devices)
+    UNETCU_CHECK(d.kind == c.strategy.devices[0].kind, "--devices must be all CPU devices or all GPUs, got ",
+                 device_list_str(c.strategy.devices));
   const DistEnv dist = detect_dist(c.dist);
-  UNETCU_CHECK(c.mode == Mode::DataPipeline || c.pipeline_stages == 0, "--pipeline-stages belongs to --mode dp+mp");
-  if (c.mode == Mode::DataPipeline) {
+  UNETCU_CHECK(c.strategy.mode == Mode::DataPipeline || c.strategy.pipeline_stages == 0, "--pipeline-stages belongs to --mode dp+mp");
+  if (c.strategy.mode == Mode::DataPipeline) {
     UNETCU_CHECK(as_group(c.dist), "--mode dp+mp runs one stage per process: start stages x replicas "
                  "processes with a launcher (mpirun, srun, torchrun)");
-    UNETCU_CHECK(c.pipeline_stages >= 2, "--mode dp+mp needs --pipeline-stages (at least 2), got ",
-                 c.pipeline_stages);
-    UNETCU_CHECK(dist.world % c.pipeline_stages == 0, "--pipeline-stages ", c.pipeline_stages, " does not divide the ",
+    UNETCU_CHECK(c.strategy.pipeline_stages >= 2, "--mode dp+mp needs --pipeline-stages (at least 2), got ",
+                 c.strategy.pipeline_stages);
+    UNETCU_CHECK(dist.world % c.strategy.pipeline_stages == 0, "--pipeline-stages ", c.strategy.pipeline_stages, " does not divide the ",
                  dist.world, " processes into replicas");
   }
-  if ((c.mode == Mode::Pipeline || c.mode == Mode::DataPipeline) && as_group(c.dist)) {
-    const int stages = c.mode == Mode::Pipeline ? dist.world : c.pipeline_stages;
-    UNETCU_CHECK(!c.split_auto, "--split auto searches in one process; across processes give the cuts "
+  if ((c.strategy.mode == Mode::Pipeline || c.strategy.mode == Mode::DataPipeline) && as_group(c.dist)) {
+    const int stages = c.strategy.mode == Mode::Pipeline ? dist.world : c.strategy.pipeline_stages;
+    UNETCU_CHECK(!c.strategy.search_split, "--split auto searches in one process; across processes give the cuts "
                  "(e.g. --split layer3)");
-    UNETCU_CHECK(int(c.cuts.size()) + 1 == stages, "--split makes ", c.cuts.size() + 1, " stages but there are ",
-                 stages, c.mode == Mode::Pipeline ? " processes (one stage each)" : " --pipeline-stages");
-    UNETCU_CHECK(c.devices.empty(), "--devices: across processes each stage is this process's device (GPU local_rank, or the CPU)");
-    UNETCU_CHECK(c.split_size >= 0 && c.split_size <= c.batch_size, "--split-size must be in 0..--batch-size ",
-                 c.batch_size, ", got ", c.split_size);
-  } else if (c.mode == Mode::Pipeline) {
-    UNETCU_CHECK(!c.devices.empty(), "--mode mp needs --devices (one per stage, e.g. cpu:0,cpu:1)");
-    UNETCU_CHECK(c.devices.size() >= 2, "--mode mp needs at least two stage devices, got ",
-                 device_list_str(c.devices));
-    UNETCU_CHECK(c.split_size >= 0, "--split-size must be at least 1, got ", c.split_size);
-    UNETCU_CHECK(c.split_size <= c.batch_size, "--split-size ", c.split_size,
-                 " is larger than --batch-size ", c.batch_size);
-    if (c.split_auto)
-      UNETCU_CHECK(c.devices.size() == 2, "--split auto searches two-stage cuts: give two --devices");
+    UNETCU_CHECK(int(c.strategy.cuts.size()) + 1 == stages, "--split makes ", c.strategy.cuts.size() + 1, " stages but there are ",
+                 stages, c.strategy.mode == Mode::Pipeline ? " processes (one stage each)" : " --pipeline-stages");
+    UNETCU_CHECK(c.strategy.devices.empty(), "--devices: across processes each stage is this process's device (GPU local_rank, or the CPU)");
+    UNETCU_CHECK(c.strategy.split_size >= 0 && c.strategy.split_size <= c.fit.batch_size, "--split-size must be in 0..--batch-size ",
+                 c.fit.batch_size, ", got ", c.strategy.split_size);
+  } else if (c.strategy.mode == Mode::Pipeline) {
+    UNETCU_CHECK(!c.strategy.devices.empty(), "--mode mp needs --devices (one per stage, e.g. cpu:0,cpu:1)");
+    UNETCU_CHECK(c.strategy.devices.size() >= 2, "--mode mp needs at least two stage devices, got ",
+                 device_list_str(c.strategy.devices));
+    UNETCU_CHECK(c.strategy.split_size >= 0, "--split-size must be at least 1, got ", c.strategy.split_size);
+    UNETCU_CHECK(c.strategy.split_size <= c.fit.batch_size, "--split-size ", c.strategy.split_size,
+                 " is larger than --batch-size ", c.fit.batch_size);
+    if (c.strategy.search_split)
+      UNETCU_CHECK(c.strategy.devices.size() == 2, "--split auto searches two-stage cuts: give two --devices");
     else
-      UNETCU_CHECK(c.cuts.size() + 1 == c.devices.size(), "--split makes ", c.cuts.size() + 1,
-                   " stages but --devices lists ", c.devices.size());
+      UNETCU_CHECK(c.strategy.cuts.size() + 1 == c.strategy.devices.size(), "--split makes ", c.strategy.cuts.size() + 1,
+                   " stages but --devices lists ", c.strategy.devices.size());
   }
-  if (c.mode == Mode::DataParallel) {
-    UNETCU_CHECK(!c.devices.empty() || as_group(c.dist),
+  if (c.strategy.mode == Mode::DataParallel) {
+    UNETCU_CHECK(!c.strategy.devices.empty() || as_group(c.dist),
                  "--mode dp needs --devices (e.g. cpu:0,cpu:1), or a launcher (mpirun -np N, torchrun)");
-    for (size_t i = 0; i < c.devices.size(); ++i)
+    for (size_t i = 0; i < c.strategy.devices.size(); ++i)
       for (size_t j = 0; j < i; ++j)
-        UNETCU_CHECK(c.devices[i] != c.devices[j], "--devices lists ", c.devices[i].str(), " twice");
+        UNETCU_CHECK(c.strategy.devices[i] != c.strategy.devices[j], "--devices lists ", c.strategy.devices[i].str(), " twice");
   }
   // BN in training mode needs more than one value per channel: at layer4 a sample is
   // (S/32)² values, so a batch of one 32×32 image cannot train.
-  const int64_t last = int64_t(c.image_size / 32) * (c.image_size / 32);
-  UNETCU_CHECK(int64_t(c.batch_size) * last > 1, "--batch-size 1 with --image-size ",
-               c.image_size, " leaves one value per channel for batch norm; use a larger batch "
+  const int64_t last = int64_t(c.data.image_size / 32) * (c.data.image_size / 32);
+  UNETCU_CHECK(int64_t(c.fit.batch_size) * last > 1, "--batch-size 1 with --image-size ",
+               c.data.image_size, " leaves one value per channel for batch norm; use a larger batch "
                "or image");
-  if (sized) check_train_count(c, c.train_size, "");
+  if (sized) check_train_count(c, c.data.train_size, "");
 }
 
 void apply_precision(Precision precision, bool tf32, const Device& d) {
@@ -470,17 +470,17 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
   std::ostream& out = dist.rank == 0 ? rank0_out : null_out;  // the log is rank 0's
   const bool group = as_group(cfg.dist);
   if (group) {
-    UNETCU_CHECK(cfg.mode != Mode::Single,
+    UNETCU_CHECK(cfg.strategy.mode != Mode::Single,
                  "started as rank ", dist.rank, " of ", dist.world, " by ", dist.launcher,
                  ": several processes train with --mode dp (one replica each), mp (one stage each) "
                  "or dp+mp; use --dist none to ignore the launcher");
-    UNETCU_CHECK(cfg.devices.empty(), "--devices: under a launcher each process trains on one device: "
+    UNETCU_CHECK(cfg.strategy.devices.empty(), "--devices: under a launcher each process trains on one device: "
                  "GPU local_rank when GPUs are visible, else the CPU (--device cpu or cuda chooses)");
   }
   // Under a launcher: this process's device, GPU local_rank (or the CPU).
   std::optional<Device> process_device;
   if (group) {
-    const std::string spec = cfg.device ? cfg.device->str() : cfg.dtype != DType::F32 ? "cpu" : "auto";
+    const std::string spec = cfg.device ? cfg.device->str() : cfg.fit.dtype != DType::F32 ? "cpu" : "auto";
     const Device kind = resolve_device(spec, nullptr);
     // local_rank modulo the GPUs it sees: a launcher that gives each task its own GPU
     // (srun --gpus-per-task, CUDA_VISIBLE_DEVICES per rank) leaves one visible.
@@ -488,7 +488,7 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
                          ? Device::cuda(dist.local_rank % std::max(1, cuda_device_count()))
                          : Device::cpu(0);
     // GPU data parallelism with NCCL_COMM_ID: NCCL bootstraps itself, no CPU group is needed.
-    if (!(process_device->is_cuda() && cfg.mode == Mode::DataParallel && nccl_rendezvous_from_environment()))
+    if (!(process_device->is_cuda() && cfg.strategy.mode == Mode::DataParallel && nccl_rendezvous_from_environment()))
       init_process_group(dist);
     // One line per rank: who it is (the rest of the log is rank 0's).
     const std::string line = str_cat("dist: ", dist.launcher, ", world ", dist.world, ", rank ",
@@ -499,22 +499,22 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
   }
   out << kernels::cpu::cpu_gemm_line() << "\n";
   std::vector<Device> devices;
-  if (cfg.mode == Mode::Single) {
+  if (cfg.strategy.mode == Mode::Single) {
     // float64 is a CPU-only type: "auto" then means the CPU.
-    const std::string spec = cfg.device ? cfg.device->str() : cfg.dtype != DType::F32 ? "cpu" : "auto";
+    const std::string spec = cfg.device ? cfg.device->str() : cfg.fit.dtype != DType::F32 ? "cpu" : "auto";
     std::string note;
     devices = {resolve_device(spec, &note)};
     out << "device: " << devices[0].str() << " (" << note << ")\n";
   } else if (group) {
     devices = {*process_device};  // this process's replica or stage
   } else {
-    for (const Device& d : cfg.devices) resolve_device(d.str(), nullptr);  // exists?
-    devices = cfg.devices;
+    for (const Device& d : cfg.strategy.devices) resolve_device(d.str(), nullptr);  // exists?
+    devices = cfg.strategy.devices;
   }
-  UNETCU_CHECK(!cfg.cuda_graphs || devices.at(0).is_cuda(), "--cuda-graphs needs a GPU; ",
+  UNETCU_CHECK(!cfg.strategy.cuda_graphs || devices.at(0).is_cuda(), "--cuda-graphs needs a GPU; ",
                devices.at(0).str(), " runs each step eagerly");
   for (const Device& d : devices) {
-    UNETCU_CHECK(d.is_cpu() || cfg.dtype == DType::F32, "--dtype ", dtype_name(cfg.dtype),
+    UNETCU_CHECK(d.is_cpu() || cfg.fit.dtype == DType::F32, "--dtype ", dtype_name(cfg.fit.dtype),
                  " is CPU only; ", d.str(), " trains in float32");
     apply_precision(cfg.precision, cfg.tf32, d);
     if (d.is_cuda()) cuda::set_deterministic(cfg.deterministic);
@@ -524,111 +524,83 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
     out << "precision: " << (cfg.precision == Precision::BF16 ? "bf16 activations and gradients (float32 "
                                                                "math; parameters, optimizer, batch-norm "
                                                                "statistics and loss in float32)"
-                                                             : dtype_name(cfg.dtype))
+                                                             : dtype_name(cfg.fit.dtype))
         << ", " << format_name(format) << "\n";
 
   // The data: the embedded synthetic set, or an image folder.
   std::unique_ptr<SyntheticSegmentation> synthetic;
   std::unique_ptr<Dataset> train_ds, val_ds;
   bool cached = false;
-  if (cfg.data.empty()) {
-    synthetic = std::make_unique<SyntheticSegmentation>(cfg.image_size, cfg.seed);
-    const int64_t total = cfg.train_size + cfg.val_size;
-    cached = double(total) * SyntheticSegmentation::sample_bytes(cfg.image_size) <= kDataCacheBytes;
+  if (cfg.data.folder.empty()) {
+    synthetic = std::make_unique<SyntheticSegmentation>(cfg.data.image_size, cfg.fit.seed);
+    const int64_t total = cfg.data.train_size + cfg.data.val_size;
+    cached = double(total) * SyntheticSegmentation::sample_bytes(cfg.data.image_size) <= kDataCacheBytes;
     if (cached) synthetic->enable_cache(total);
-    train_ds = std::make_unique<SyntheticDataset>(*synthetic, 0, cfg.train_size);
-    val_ds = std::make_unique<SyntheticDataset>(*synthetic, cfg.train_size, cfg.val_size);
+    train_ds = std::make_unique<SyntheticDataset>(*synthetic, 0, cfg.data.train_size);
+    val_ds = std::make_unique<SyntheticDataset>(*synthetic, cfg.data.train_size, cfg.data.val_size);
   } else {
-    set_max_image_pixels(cfg.max_image_pixels);
-    auto pairs = FolderDataset::scan(cfg.data, cfg.data_list);
+    set_max_image_pixels(cfg.data.max_image_pixels);
+    auto pairs = FolderDataset::scan(cfg.data.folder, cfg.data.list);
     std::vector<FolderDataset::Pair> train_pairs, val_pairs;
-    if (!cfg.val_data.empty()) {
+    if (!cfg.data.val_folder.empty()) {
       train_pairs = std::move(pairs);
-      val_pairs = FolderDataset::scan(cfg.val_data);
+      val_pairs = FolderDataset::scan(cfg.data.val_folder);
     } else {
-      split_pairs(pairs, cfg.val_fraction, cfg.seed, &train_pairs, &val_pairs);
+      split_pairs(pairs, cfg.data.val_fraction, cfg.fit.seed, &train_pairs, &val_pairs);
     }
-    train_ds = std::make_unique<FolderDataset>(std::move(train_pairs), cfg.image_size);
-    val_ds = std::make_unique<FolderDataset>(std::move(val_pairs), cfg.image_size);
-    check_train_count(cfg, train_ds->size(), cfg.data);  // the folder decides the sizes
+    train_ds = std::make_unique<FolderDataset>(std::move(train_pairs), cfg.data.image_size);
+    val_ds = std::make_unique<FolderDataset>(std::move(val_pairs), cfg.data.image_size);
+    check_train_count(cfg, train_ds->size(), cfg.data.folder);  // the folder decides the sizes
   }
 
-  StrategyConfig sc;
-  sc.mode = cfg.mode;
+  // The strategy's configuration as the flags gave it, with what depends on other flags.
+  StrategyConfig sc = cfg.strategy;
   sc.devices = devices;
-  sc.model.width_divisor = cfg.width_divisor;
-  sc.model.dtype = cfg.dtype;
+  sc.model.dtype = cfg.fit.dtype;
   sc.model.bf16_activations = cfg.precision == Precision::BF16;
   sc.model.format = format;
-  sc.cuda_graphs = cfg.cuda_graphs;
-  sc.accumulate_rows = cfg.accumulate_grad_batches > 1 ? cfg.batch_size : 0;
-  sc.model.seed = cfg.seed;
-  sc.optimizer = {cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay, cfg.clip_grad_norm};
-  sc.loss = cfg.loss;
-  sc.threads = cfg.threads;
-  sc.allreduce = cfg.allreduce;
-  sc.bf16_allreduce = cfg.bf16_allreduce;
-  sc.sync_bn = cfg.sync_bn;
-  sc.collective_timeout = cfg.collective_timeout;
+  sc.model.seed = cfg.fit.seed;
+  sc.accumulate_rows = cfg.fit.accumulate > 1 ? cfg.fit.batch_size : 0;
   sc.across_processes = group;
-  sc.pipeline_stages = cfg.pipeline_stages;
   sc.process_rank = dist.rank;
   sc.process_count = dist.world;
   // Processes on one machine share its cores: by default each takes its share.
   if (group && sc.threads == 0) sc.threads = std::max(1, omp_get_num_procs() / std::max(1, dist.local_size));
-  sc.cuts = cfg.cuts;
-  sc.search_split = cfg.split_auto;
-  sc.split_size = cfg.split_size || cfg.split_auto ? cfg.split_size : cfg.batch_size;
-  sc.schedule = cfg.schedule;
+  if (!sc.split_size && !sc.search_split) sc.split_size = cfg.fit.batch_size;
   std::unique_ptr<Batch> probe;
-  if (cfg.split_auto) {
+  if (cfg.strategy.search_split) {
     std::vector<int64_t> idx;
-    for (int i = 0; i < cfg.batch_size; ++i) idx.push_back(i);
-    probe = std::make_unique<Batch>(make_batch(*train_ds, idx, cfg.dtype));
+    for (int i = 0; i < cfg.fit.batch_size; ++i) idx.push_back(i);
+    probe = std::make_unique<Batch>(make_batch(*train_ds, idx, cfg.fit.dtype));
   }
   const auto strategy = make_strategy(sc, probe.get(), out);
   probe.reset();
   const int N = strategy->replicas();
   out << "strategy: " << strategy->describe() << "\n"
       << "model: Unet(resnet34), " << strategy->model().parameter_count() << " parameters, width divisor "
-      << cfg.width_divisor << ", " << dtype_name(cfg.dtype) << "\n"
-      << "data: " << (cfg.data.empty() ? "synthetic" : cfg.data) << " at " << cfg.image_size << "x"
-      << cfg.image_size << ", " << train_ds->size() << " train / " << val_ds->size() << " validation"
-      << (cfg.augment == Augment::None ? "" : std::string(", augment ") + name_of(kAugmentNames, cfg.augment))
-      << (cached ? " (kept in memory after the first epoch)" : "") << ", batch " << cfg.batch_size;
-  if (N > 1) out << " per replica (global " << cfg.batch_size * N << ")";
-  if (cfg.accumulate_grad_batches > 1)
-    out << ", " << cfg.accumulate_grad_batches << " batches accumulated per optimizer step ("
-        << int64_t(cfg.batch_size) * cfg.accumulate_grad_batches * N << " images)";
+      << cfg.strategy.model.width_divisor << ", " << dtype_name(cfg.fit.dtype) << "\n"
+      << "data: " << (cfg.data.folder.empty() ? "synthetic" : cfg.data.folder) << " at " << cfg.data.image_size << "x"
+      << cfg.data.image_size << ", " << train_ds->size() << " train / " << val_ds->size() << " validation"
+      << (cfg.fit.augment == Augment::None ? "" : std::string(", augment ") + name_of(kAugmentNames, cfg.fit.augment))
+      << (cached ? " (kept in memory after the first epoch)" : "") << ", batch " << cfg.fit.batch_size;
+  if (N > 1) out << " per replica (global " << cfg.fit.batch_size * N << ")";
+  if (cfg.fit.accumulate > 1)
+    out << ", " << cfg.fit.accumulate << " batches accumulated per optimizer step ("
+        << int64_t(cfg.fit.batch_size) * cfg.fit.accumulate * N << " images)";
   if (group && strategy->shard_count() > 1) out << ", each replica's processes reading only its shard";
   const LrSchedule schedule = lr_schedule_of(cfg);
-  out << ", loss " << loss_kind_name(cfg.loss) << ", " << name_of(kOptimizerNames, cfg.optimizer)
-      << " lr " << cfg.lr << (schedule.varies() ? ", " + schedule.describe() : "");
-  if (std::isinf(cfg.clip_grad_norm))
+  out << ", loss " << loss_kind_name(cfg.strategy.loss) << ", " << name_of(kOptimizerNames, cfg.strategy.optimizer.kind)
+      << " lr " << cfg.strategy.optimizer.lr << (schedule.varies() ? ", " + schedule.describe() : "");
+  if (std::isinf(cfg.strategy.optimizer.max_grad_norm))
     out << ", gradient norm measured (never clipped)";
-  else if (cfg.clip_grad_norm > 0)
-    out << ", gradients clipped to norm " << cfg.clip_grad_norm;
+  else if (cfg.strategy.optimizer.max_grad_norm > 0)
+    out << ", gradients clipped to norm " << cfg.strategy.optimizer.max_grad_norm;
   out << "\n";
   out.flush();
 
-  FitOptions fo;
-  fo.epochs = cfg.epochs;
-  fo.batch_size = cfg.batch_size;
-  fo.accumulate = cfg.accumulate_grad_batches;
-  fo.seed = cfg.seed;
-  fo.dtype = cfg.dtype;
-  fo.augment = cfg.augment;
-  fo.workers = cfg.workers;
-  fo.progress = cfg.progress;
-  fo.profile = cfg.profile;
-  fo.log = cfg.log;
-  fo.log_every = cfg.log_every;
-  fo.checkpoint = cfg.checkpoint;
-  fo.resume = cfg.resume;
-  fo.init_encoder = cfg.init_encoder;
+  // fit()'s options as the flags gave them, with the schedule and the watched metric.
+  FitOptions fo = cfg.fit;
   fo.lr_schedule = schedule;
-  fo.save_best = cfg.save_best;
-  fo.monitor.patience = cfg.early_stop;
   fo.monitor.min_delta = cfg.early_stop_delta.value_or(0.0);
   fo.monitor.metric = cfg.monitor.value_or(MonitorKind::ValIou);
   return fit(*strategy, *train_ds, *val_ds, fo, out, on_epoch);

@@ -48,63 +48,58 @@ inline MemoryFormat memory_format_of(FormatChoice f) {
 // switch (on where `tf32` allows it, unless fp32), on the CPU tf32 refused.
 void apply_precision(Precision precision, bool tf32, const Device& d);
 
-struct TrainConfig {
-  int epochs = 10;
-  int batch_size = 8;              // per replica with dp
+// The data unet_train reads: the built-in synthetic set, or an image folder.
+struct DataConfig {
   int image_size = 64;
-  double lr = 1e-3;
+  int64_t train_size = 512;        // synthetic
+  int64_t val_size = 128;          // synthetic
+  std::string folder, list, val_folder;  // --data, --data-list, --val-data
+  double val_fraction = 0.1;       // held out of --data without --val-data
+  int64_t max_image_pixels = kDefaultMaxImagePixels;  // images above this are refused unread
+};
+
+// unet_train's configuration, as the flags fill it: each part is handed down whole to what
+// takes it. What depends on several flags at once (the devices found, the model's dtype,
+// format and seed, gradient accumulation's chunks, the processes of a launched job, the
+// learning-rate schedule, the watched metric) is set from the last group by train_unet.
+struct TrainConfig {
+  // fit()'s options (train/trainer.h): epochs, batch_size (per replica with dp), accumulate
+  // (--accumulate-grad-batches), seed, dtype, augment, workers, progress, profile, checkpoint,
+  // resume, init_encoder, save_best, log, log_every, monitor.patience (--early-stop).
+  FitOptions fit;
+  // make_strategy's configuration (train/strategy.h): mode, devices (dp: one per replica; mp:
+  // one per stage), model.width_divisor, optimizer (--optimizer, --lr, --momentum,
+  // --weight-decay, --clip-grad-norm: 0 none, inf measured and never clipped), loss, threads
+  // (0: every core; dp/mp: cores / devices each), allreduce, bf16_allreduce, sync_bn,
+  // collective_timeout (seconds), pipeline_stages (dp+mp: stages per pipeline), cuts (mp: first
+  // block of each later stage), search_split (--split auto), split_size (mp: 0 = the whole
+  // batch), schedule, cuda_graphs.
+  StrategyConfig strategy{default_strategy()};
+  DataConfig data;
+
   // The learning rate over the run (train/lr_schedule.h); the values given only with the
   // schedule they belong to.
   LrScheduleKind lr_schedule = LrScheduleKind::Constant;
   int64_t warmup_steps = 0;
   std::optional<double> min_lr, lr_power, lr_gamma;
   std::optional<int> lr_step_epochs;
-  uint64_t seed = 0;
-  LossKind loss = LossKind::BCEDice;
   std::optional<Device> device;    // single mode; nullopt: a GPU when one is usable, else the CPU
-  int64_t train_size = 512;
-  int64_t val_size = 128;
-  int width_divisor = 1;
-  OptimizerKind optimizer = OptimizerKind::Adam;
-  double momentum = 0.9;           // sgd only
-  double weight_decay = 0;
-  double clip_grad_norm = 0;       // gradient clipping by the total norm; 0 none; inf: measured, never clipped
-  int accumulate_grad_batches = 1; // batches of batch_size per optimizer step
-  int threads = 0;                 // 0: every core (dp/mp: cores / devices each)
-  DType dtype = DType::F32;
-  bool progress = true;
   bool tf32 = true;                // CUDA: cuDNN convolutions may use TF32 tensor cores
   Precision precision = Precision::Auto;
   FormatChoice memory_format = FormatChoice::Auto;
   bool deterministic = false;      // CUDA: only deterministic cuDNN convolution algorithms
-  bool cuda_graphs = false;        // GPUs (single, mp): replay the training step as a CUDA graph
-  Mode mode = Mode::Single;
-  std::vector<Device> devices;     // dp: one per replica; mp: one per stage
-  AllReduceAlgo allreduce = AllReduceAlgo::Ring;
-  bool bf16_allreduce = false;     // dp, dp+mp: gradients averaged in bfloat16
-  bool sync_bn = false;
-  double collective_timeout = kDefaultCollectiveTimeout;  // seconds
   DistMode dist = DistMode::Auto;  // process group from the launcher's environment
-  std::vector<int> cuts = {4};     // mp: first block of each later stage (4: after layer3)
-  int pipeline_stages = 0;         // dp+mp: stages per pipeline (processes = stages x replicas)
-  bool split_auto = false;         // mp: search the cut and split size
-  int split_size = 0;              // mp: 0 = the whole batch
-  Schedule schedule = Schedule::GPipe;
-  std::string profile;
-  std::string checkpoint, resume, init_encoder;
-  // The watched validation metric (train/monitor.h): the best checkpoint and early stopping;
-  // --monitor and --early-stop-delta only with what they belong to.
-  std::string save_best;
-  int early_stop = 0;                    // patience in epochs; 0: never
+  // The watched validation metric (train/monitor.h) for the best checkpoint and early stopping;
+  // given only with what they belong to.
   std::optional<double> early_stop_delta;
   std::optional<MonitorKind> monitor;
-  std::string log;          // metrics file: CSV, or JSON Lines for *.jsonl
-  int64_t log_every = 0;    // step rows every N steps (0: epoch rows only)
-  std::string data, data_list, val_data;
-  double val_fraction = 0.1;
-  Augment augment = Augment::None;
-  int workers = 0;
-  int64_t max_image_pixels = kDefaultMaxImagePixels;  // images above this are refused unread
+
+  // unet_train's defaults where they are not make_strategy's: cut after layer3.
+  static StrategyConfig default_strategy() {
+    StrategyConfig s;
+    s.cuts = {4};
+    return s;
+  }
 };
 
 // Declares every unet_train flag, bound to `cfg`.

@@ -69,30 +69,30 @@ TEST_CASE("checkpoint: save and load give bit-identical state and outputs, SMP n
 
 TEST_CASE("checkpoint: resuming after epoch 1 equals an uninterrupted run, bit for bit") {
   TrainConfig cfg;
-  cfg.epochs = 2;
-  cfg.train_size = 16;
-  cfg.val_size = 8;
-  cfg.width_divisor = 16;
+  cfg.fit.epochs = 2;
+  cfg.data.train_size = 16;
+  cfg.data.val_size = 8;
+  cfg.strategy.model.width_divisor = 16;
   cfg.device = Device::cpu();
-  cfg.progress = false;
+  cfg.fit.progress = false;
   std::ostringstream log;
-  cfg.checkpoint = temp_path("whole");
+  cfg.fit.checkpoint = temp_path("whole");
   const TrainResult whole = train_unet(cfg, log);
   TrainConfig first = cfg;
-  first.epochs = 1;
-  first.checkpoint = temp_path("first");
+  first.fit.epochs = 1;
+  first.fit.checkpoint = temp_path("first");
   train_unet(first, log);
   TrainConfig rest = cfg;
-  rest.resume = first.checkpoint;
-  rest.checkpoint = temp_path("rest");
+  rest.fit.resume = first.fit.checkpoint;
+  rest.fit.checkpoint = temp_path("rest");
   const TrainResult resumed = train_unet(rest, log);
   REQUIRE(resumed.epochs.size() == 1);
   CHECK(resumed.epochs[0].epoch == 2);
   CHECK(resumed.epochs[0].train_loss == whole.epochs[1].train_loss);
   CHECK(resumed.epochs[0].val_loss == whole.epochs[1].val_loss);
-  CHECK(slurp(cfg.checkpoint) == slurp(rest.checkpoint));
-  CHECK(slurp(cfg.checkpoint + ".train") == slurp(rest.checkpoint + ".train"));
-  for (const auto& p : {cfg.checkpoint, first.checkpoint, rest.checkpoint}) {
+  CHECK(slurp(cfg.fit.checkpoint) == slurp(rest.fit.checkpoint));
+  CHECK(slurp(cfg.fit.checkpoint + ".train") == slurp(rest.fit.checkpoint + ".train"));
+  for (const auto& p : {cfg.fit.checkpoint, first.fit.checkpoint, rest.fit.checkpoint}) {
     std::remove(p.c_str());
     std::remove((p + ".train").c_str());
   }

@@ -41,23 +41,23 @@ void remove_checkpoint(const std::string& p) {
 // A small run: width/16 at 64x64, 16 training images (two steps of 4 per replica with DP).
 TrainConfig small_run(Mode mode) {
   TrainConfig cfg;
-  cfg.epochs = 2;
-  cfg.batch_size = 4;
-  cfg.image_size = 64;
-  cfg.train_size = 16;
-  cfg.val_size = 4;
-  cfg.width_divisor = 16;
-  cfg.lr = 1e-2;
-  cfg.progress = false;
-  cfg.mode = mode;
+  cfg.fit.epochs = 2;
+  cfg.fit.batch_size = 4;
+  cfg.data.image_size = 64;
+  cfg.data.train_size = 16;
+  cfg.data.val_size = 4;
+  cfg.strategy.model.width_divisor = 16;
+  cfg.strategy.optimizer.lr = 1e-2;
+  cfg.fit.progress = false;
+  cfg.strategy.mode = mode;
   if (mode == Mode::Single) cfg.device = Device::cpu();
-  if (mode != Mode::Single) cfg.devices = {Device::cpu(0), Device::cpu(1)};
-  if (mode == Mode::Pipeline) cfg.split_size = 2;
+  if (mode != Mode::Single) cfg.strategy.devices = {Device::cpu(0), Device::cpu(1)};
+  if (mode == Mode::Pipeline) cfg.strategy.split_size = 2;
   return cfg;
 }
 
 std::string name_of_case(const TrainConfig& c) {
-  return std::string(name_of(kModeNames, c.mode)) + "_" + name_of(kScheduleNames, c.schedule);
+  return std::string(name_of(kModeNames, c.strategy.mode)) + "_" + name_of(kScheduleNames, c.strategy.schedule);
 }
 
 }  // namespace
@@ -65,33 +65,33 @@ std::string name_of_case(const TrainConfig& c) {
 TEST_CASE("resume after epoch 1 equals an uninterrupted run, byte for byte, in DP and MP") {
   std::vector<TrainConfig> cases = {small_run(Mode::DataParallel), small_run(Mode::Pipeline),
                                     small_run(Mode::Pipeline)};
-  cases[2].schedule = Schedule::OneFOneB;
-  cases[0].optimizer = OptimizerKind::SGD;  // momentum state goes through the checkpoint too
+  cases[2].strategy.schedule = Schedule::OneFOneB;
+  cases[0].strategy.optimizer.kind = OptimizerKind::SGD;  // momentum state goes through the checkpoint too
   for (TrainConfig cfg : cases) {
     const std::string tag = name_of_case(cfg);
     CAPTURE(tag);
     std::ostringstream log;
-    cfg.checkpoint = "strategy_whole_" + tag + ".safetensors";
+    cfg.fit.checkpoint = "strategy_whole_" + tag + ".safetensors";
     const TrainResult whole = train_unet(cfg, log);
     TrainConfig first = cfg;
-    first.epochs = 1;
-    first.checkpoint = "strategy_first_" + tag + ".safetensors";
+    first.fit.epochs = 1;
+    first.fit.checkpoint = "strategy_first_" + tag + ".safetensors";
     train_unet(first, log);
     TrainConfig rest = cfg;
-    rest.resume = first.checkpoint;
-    rest.checkpoint = "strategy_rest_" + tag + ".safetensors";
+    rest.fit.resume = first.fit.checkpoint;
+    rest.fit.checkpoint = "strategy_rest_" + tag + ".safetensors";
     const TrainResult resumed = train_unet(rest, log);
     INFO(log.str());
     REQUIRE(resumed.epochs.size() == 1);
     CHECK(resumed.epochs[0].epoch == 2);
     CHECK(resumed.epochs[0].train_loss == whole.epochs[1].train_loss);
     CHECK(resumed.epochs[0].val_loss == whole.epochs[1].val_loss);
-    CHECK(slurp(cfg.checkpoint) == slurp(rest.checkpoint));
-    CHECK(slurp(cfg.checkpoint + ".train") == slurp(rest.checkpoint + ".train"));
+    CHECK(slurp(cfg.fit.checkpoint) == slurp(rest.fit.checkpoint));
+    CHECK(slurp(cfg.fit.checkpoint + ".train") == slurp(rest.fit.checkpoint + ".train"));
     // The run changed the model between the epochs: the comparison above is not of two copies
     // of the initial state.
-    CHECK(slurp(first.checkpoint) != slurp(cfg.checkpoint));
-    for (const auto& p : {cfg.checkpoint, first.checkpoint, rest.checkpoint}) remove_checkpoint(p);
+    CHECK(slurp(first.fit.checkpoint) != slurp(cfg.fit.checkpoint));
+    for (const auto& p : {cfg.fit.checkpoint, first.fit.checkpoint, rest.fit.checkpoint}) remove_checkpoint(p);
   }
 }
 
@@ -100,8 +100,8 @@ TEST_CASE("a checkpoint moves between strategies with its optimizer state") {
   // DP writes one; single mode, a pipeline and DP again each load it and write it back
   // unchanged: the state is keyed by parameter name, whoever holds the parameter.
   TrainConfig dp_cfg = small_run(Mode::DataParallel);
-  dp_cfg.epochs = 1;
-  dp_cfg.checkpoint = "strategy_dp.safetensors";
+  dp_cfg.fit.epochs = 1;
+  dp_cfg.fit.checkpoint = "strategy_dp.safetensors";
   train_unet(dp_cfg, log);
   UNetConfig model;
   model.width_divisor = 16;
@@ -120,12 +120,12 @@ TEST_CASE("a checkpoint moves between strategies with its optimizer state") {
   for (auto& s : strategies) {
     CAPTURE(s->describe());
     RunRecord record;  // the run's record of its validation metric: passed through
-    CHECK(load_checkpoint(dp_cfg.checkpoint, s->model(), s->optimizers(), nullptr, &record) == 1);
+    CHECK(load_checkpoint(dp_cfg.fit.checkpoint, s->model(), s->optimizers(), nullptr, &record) == 1);
     CHECK(record.count("best"));
     s->state_loaded();
     save_checkpoint("strategy_again.safetensors", s->model(), s->optimizers(), 1, 0, record);
-    CHECK(slurp("strategy_again.safetensors") == slurp(dp_cfg.checkpoint));
-    CHECK(slurp("strategy_again.safetensors.train") == slurp(dp_cfg.checkpoint + ".train"));
+    CHECK(slurp("strategy_again.safetensors") == slurp(dp_cfg.fit.checkpoint));
+    CHECK(slurp("strategy_again.safetensors.train") == slurp(dp_cfg.fit.checkpoint + ".train"));
   }
   // DP: every replica got rank 0's state, optimizer included.
   auto& dp = static_cast<DataParallelStrategy*>(strategies[2].get())->data_parallel();
@@ -147,23 +147,23 @@ TEST_CASE("a checkpoint moves between strategies with its optimizer state") {
   }
   // The runs continue from it: single mode resumes the DP checkpoint, DP a single-mode one.
   TrainConfig single = small_run(Mode::Single);
-  single.resume = dp_cfg.checkpoint;
-  single.checkpoint = "strategy_single.safetensors";
+  single.fit.resume = dp_cfg.fit.checkpoint;
+  single.fit.checkpoint = "strategy_single.safetensors";
   const TrainResult r1 = train_unet(single, log);
   REQUIRE(r1.epochs.size() == 1);
   CHECK(r1.epochs[0].epoch == 2);
   TrainConfig back = small_run(Mode::DataParallel);
-  back.epochs = 3;
-  back.resume = single.checkpoint;
+  back.fit.epochs = 3;
+  back.fit.resume = single.fit.checkpoint;
   const TrainResult r2 = train_unet(back, log);
   REQUIRE(r2.epochs.size() == 1);
   CHECK(r2.epochs[0].epoch == 3);
   // Another optimizer's state is named as such.
   TrainConfig sgd = small_run(Mode::Pipeline);
-  sgd.optimizer = OptimizerKind::SGD;
-  sgd.resume = dp_cfg.checkpoint;
+  sgd.strategy.optimizer.kind = OptimizerKind::SGD;
+  sgd.fit.resume = dp_cfg.fit.checkpoint;
   CHECK_THROWS_WITH(train_unet(sgd, log), doctest::Contains("holds adam state; this run uses sgd"));
-  for (const auto& p : {dp_cfg.checkpoint, std::string("strategy_again.safetensors"), single.checkpoint})
+  for (const auto& p : {dp_cfg.fit.checkpoint, std::string("strategy_again.safetensors"), single.fit.checkpoint})
     remove_checkpoint(p);
 }
 
@@ -176,18 +176,18 @@ TEST_CASE("the loader's workers feed DP and MP: the same parameters with and wit
     std::vector<std::vector<char>> files;
     for (int workers : {0, 2}) {
       TrainConfig cfg = small_run(mode);
-      cfg.data = dir;
-      cfg.val_fraction = 0.2;
-      cfg.augment = Augment::Heavy;
-      cfg.workers = workers;
-      cfg.checkpoint = "strategy_workers.safetensors";
+      cfg.data.folder = dir;
+      cfg.data.val_fraction = 0.2;
+      cfg.fit.augment = Augment::Heavy;
+      cfg.fit.workers = workers;
+      cfg.fit.checkpoint = "strategy_workers.safetensors";
       std::ostringstream log;
       train_unet(cfg, log);
       INFO(log.str());
       CHECK(log.str().find("16 train / 4 validation") != std::string::npos);
-      files.push_back(slurp(cfg.checkpoint));
-      files.push_back(slurp(cfg.checkpoint + ".train"));
-      remove_checkpoint(cfg.checkpoint);
+      files.push_back(slurp(cfg.fit.checkpoint));
+      files.push_back(slurp(cfg.fit.checkpoint + ".train"));
+      remove_checkpoint(cfg.fit.checkpoint);
     }
     CHECK(files[0] == files[2]);
     CHECK(files[1] == files[3]);
@@ -199,9 +199,9 @@ TEST_CASE("MP: an epoch's smaller last batch trains, also when smaller than the 
   for (int split : {0, 3}) {  // 0: micro-batches of the whole batch (4), then a last batch of 2
     CAPTURE(split);
     TrainConfig cfg = small_run(Mode::Pipeline);
-    cfg.epochs = 1;
-    cfg.train_size = 10;  // steps of 4, 4, 2
-    cfg.split_size = split;
+    cfg.fit.epochs = 1;
+    cfg.data.train_size = 10;  // steps of 4, 4, 2
+    cfg.strategy.split_size = split;
     std::ostringstream log;
     const TrainResult r = train_unet(cfg, log);
     INFO(log.str());
@@ -745,56 +745,56 @@ TEST_CASE("gradient accumulation through train_unet: an optimizer step takes N b
   for (Mode mode : {Mode::Single, Mode::DataParallel, Mode::Pipeline}) {
     CAPTURE(name_of(kModeNames, mode));
     TrainConfig acc = small_run(mode);
-    acc.batch_size = 2;
-    acc.accumulate_grad_batches = 2;
-    acc.checkpoint = "strategy_acc.safetensors";
-    acc.log = "strategy_acc.csv";
-    acc.log_every = 1;
+    acc.fit.batch_size = 2;
+    acc.fit.accumulate = 2;
+    acc.fit.checkpoint = "strategy_acc.safetensors";
+    acc.fit.log = "strategy_acc.csv";
+    acc.fit.log_every = 1;
     std::ostringstream log;
     const TrainResult r = train_unet(acc, log);
     INFO(log.str());
     const int replicas = mode == Mode::DataParallel ? 2 : 1;
-    CHECK(step_rows(acc.log) == 2 * 16 / (4 * replicas));
+    CHECK(step_rows(acc.fit.log) == 2 * 16 / (4 * replicas));
     CHECK(log.str().find("2 batches accumulated per optimizer step (" + std::to_string(4 * replicas) + " images)") !=
           std::string::npos);
     // Not the run with batches of 4: batch norm saw 2 rows at a time (MP: micro-batches of 2
     // either way, so the same bytes).
     TrainConfig four = small_run(mode);
-    four.batch_size = 4;
-    four.checkpoint = "strategy_four.safetensors";
+    four.fit.batch_size = 4;
+    four.fit.checkpoint = "strategy_four.safetensors";
     train_unet(four, log);
     if (mode == Mode::Pipeline) {
-      CHECK(slurp(acc.checkpoint) == slurp(four.checkpoint));
-      CHECK(slurp(acc.checkpoint + ".train") == slurp(four.checkpoint + ".train"));
+      CHECK(slurp(acc.fit.checkpoint) == slurp(four.fit.checkpoint));
+      CHECK(slurp(acc.fit.checkpoint + ".train") == slurp(four.fit.checkpoint + ".train"));
     } else {
-      CHECK(slurp(acc.checkpoint) != slurp(four.checkpoint));
+      CHECK(slurp(acc.fit.checkpoint) != slurp(four.fit.checkpoint));
     }
     // Stopped after epoch 1 and resumed: the bytes of the whole run.
     TrainConfig first = acc;
-    first.log.clear();
-    first.log_every = 0;
-    first.checkpoint = "strategy_acc_part.safetensors";
-    first.epochs = 1;
+    first.fit.log.clear();
+    first.fit.log_every = 0;
+    first.fit.checkpoint = "strategy_acc_part.safetensors";
+    first.fit.epochs = 1;
     train_unet(first, log);
     TrainConfig rest = acc;
-    rest.log.clear();
-    rest.log_every = 0;
-    rest.resume = first.checkpoint;
-    rest.checkpoint = first.checkpoint;
+    rest.fit.log.clear();
+    rest.fit.log_every = 0;
+    rest.fit.resume = first.fit.checkpoint;
+    rest.fit.checkpoint = first.fit.checkpoint;
     const TrainResult resumed = train_unet(rest, log);
     REQUIRE(resumed.epochs.size() == 1);
     CHECK(resumed.epochs[0].train_loss == r.epochs[1].train_loss);
-    CHECK(slurp(rest.checkpoint) == slurp(acc.checkpoint));
-    CHECK(slurp(rest.checkpoint + ".train") == slurp(acc.checkpoint + ".train"));
-    for (const auto& p : {acc.checkpoint, four.checkpoint, first.checkpoint}) remove_checkpoint(p);
-    std::remove(acc.log.c_str());
+    CHECK(slurp(rest.fit.checkpoint) == slurp(acc.fit.checkpoint));
+    CHECK(slurp(rest.fit.checkpoint + ".train") == slurp(acc.fit.checkpoint + ".train"));
+    for (const auto& p : {acc.fit.checkpoint, four.fit.checkpoint, first.fit.checkpoint}) remove_checkpoint(p);
+    std::remove(acc.fit.log.c_str());
   }
   // The pipeline's micro-batches default to --batch-size, not the step's rows.
   TrainConfig mp = small_run(Mode::Pipeline);
-  mp.split_size = 0;
-  mp.batch_size = 2;
-  mp.accumulate_grad_batches = 2;
-  mp.epochs = 1;
+  mp.strategy.split_size = 0;
+  mp.fit.batch_size = 2;
+  mp.fit.accumulate = 2;
+  mp.fit.epochs = 1;
   std::ostringstream log;
   train_unet(mp, log);
   CHECK(log.str().find("micro-batches of 2") != std::string::npos);
@@ -804,14 +804,14 @@ TEST_CASE("gradient clipping through train_unet: the epoch line and the metrics 
   for (Mode mode : {Mode::Single, Mode::DataParallel, Mode::Pipeline}) {
     CAPTURE(name_of(kModeNames, mode));
     TrainConfig cfg = small_run(mode);
-    cfg.clip_grad_norm = 0.01;  // far below the norms (0.4 to 0.9): every step clipped
-    cfg.log = "strategy_clip.csv";
+    cfg.strategy.optimizer.max_grad_norm = 0.01;  // far below the norms (0.4 to 0.9): every step clipped
+    cfg.fit.log = "strategy_clip.csv";
     std::ostringstream log;
     const TrainResult r = train_unet(cfg, log);
     INFO(log.str());
     REQUIRE(r.epochs.size() == 2);
     for (const EpochStats& st : r.epochs) {
-      CHECK(st.grad_norm > 10 * cfg.clip_grad_norm);
+      CHECK(st.grad_norm > 10 * cfg.strategy.optimizer.max_grad_norm);
       CHECK(st.grad_norm_max >= st.grad_norm);
       CHECK(st.clipped_fraction == 1.0);
     }
@@ -819,7 +819,7 @@ TEST_CASE("gradient clipping through train_unet: the epoch line and the metrics 
     const std::string all = mode == Mode::DataParallel ? "2/2 clipped)" : "4/4 clipped)";
     CHECK(log.str().find(all) != std::string::npos);
     // The metrics file's last three columns.
-    std::ifstream f(cfg.log);
+    std::ifstream f(cfg.fit.log);
     std::string header, row;
     std::getline(f, header);
     std::getline(f, row);
@@ -827,16 +827,16 @@ TEST_CASE("gradient clipping through train_unet: the epoch line and the metrics 
     CHECK(row.substr(row.rfind(',')) == ",1");
     // Without clipping: no norms, empty columns.
     TrainConfig plain = small_run(mode);
-    plain.epochs = 1;
-    plain.log = cfg.log;
+    plain.fit.epochs = 1;
+    plain.fit.log = cfg.fit.log;
     std::ostringstream plain_log;
     const TrainResult p = train_unet(plain, plain_log);
     CHECK(std::isnan(p.epochs[0].grad_norm));
     CHECK(plain_log.str().find("grad_norm") == std::string::npos);
-    std::ifstream g(plain.log);
+    std::ifstream g(plain.fit.log);
     std::getline(g, header);
     std::getline(g, row);
     CHECK(row.substr(row.size() - 3) == ",,,");
-    std::remove(cfg.log.c_str());
+    std::remove(cfg.fit.log.c_str());
   }
 }

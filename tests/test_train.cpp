@@ -9,15 +9,15 @@ using namespace unetcu;
 
 TEST_CASE("a short training run lowers the loss") {
   TrainConfig cfg;
-  cfg.epochs = 5;
-  cfg.batch_size = 8;
-  cfg.lr = 1e-2;
-  cfg.image_size = 32;
-  cfg.train_size = 64;
-  cfg.val_size = 16;
-  cfg.width_divisor = 8;
+  cfg.fit.epochs = 5;
+  cfg.fit.batch_size = 8;
+  cfg.strategy.optimizer.lr = 1e-2;
+  cfg.data.image_size = 32;
+  cfg.data.train_size = 64;
+  cfg.data.val_size = 16;
+  cfg.strategy.model.width_divisor = 8;
   cfg.device = Device::cpu();
-  cfg.progress = false;
+  cfg.fit.progress = false;
   std::ostringstream log;
   TrainResult r = train_unet(cfg, log);
   REQUIRE(r.epochs.size() == 5);
@@ -29,14 +29,14 @@ TEST_CASE("a short training run lowers the loss") {
 TEST_CASE("the epoch line gives the CPU's peak memory in tensors, which grows with the batch") {
   auto peak = [](int batch, std::string* log_text) {
     TrainConfig cfg;
-    cfg.epochs = 1;
-    cfg.batch_size = batch;
-    cfg.image_size = 64;
-    cfg.train_size = batch;
-    cfg.val_size = 2;
-    cfg.width_divisor = 8;
+    cfg.fit.epochs = 1;
+    cfg.fit.batch_size = batch;
+    cfg.data.image_size = 64;
+    cfg.data.train_size = batch;
+    cfg.data.val_size = 2;
+    cfg.strategy.model.width_divisor = 8;
     cfg.device = Device::cpu();
-    cfg.progress = false;
+    cfg.fit.progress = false;
     std::ostringstream log;
     TrainResult r = train_unet(cfg, log);
     REQUIRE(r.epochs.size() == 1);
@@ -58,20 +58,20 @@ TEST_CASE("the epoch line gives the CPU's peak memory in tensors, which grows wi
 TEST_CASE("bad training configurations are refused with a clear message") {
   std::ostringstream log;
   TrainConfig cfg;
-  cfg.batch_size = 0;
+  cfg.fit.batch_size = 0;
   CHECK_THROWS_WITH(train_unet(cfg, log), doctest::Contains("--batch-size must be in 1..4096, got 0"));
   cfg = TrainConfig{};
-  cfg.image_size = 100;
+  cfg.data.image_size = 100;
   CHECK_THROWS_WITH(train_unet(cfg, log), doctest::Contains("multiple of 32 in 32..8192"));
   cfg = TrainConfig{};
-  cfg.lr = 1e300;  // diverges: the NaN loss must stop training with a message
-  cfg.epochs = 3;
-  cfg.image_size = 32;
-  cfg.train_size = 16;
-  cfg.val_size = 8;
-  cfg.width_divisor = 16;
-  cfg.progress = false;
-  cfg.optimizer = OptimizerKind::SGD;
+  cfg.strategy.optimizer.lr = 1e300;  // diverges: the NaN loss must stop training with a message
+  cfg.fit.epochs = 3;
+  cfg.data.image_size = 32;
+  cfg.data.train_size = 16;
+  cfg.data.val_size = 8;
+  cfg.strategy.model.width_divisor = 16;
+  cfg.fit.progress = false;
+  cfg.strategy.optimizer.kind = OptimizerKind::SGD;
   CHECK_THROWS_WITH(train_unet(cfg, log), doctest::Contains("not finite"));
 }
 
