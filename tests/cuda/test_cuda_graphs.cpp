@@ -39,32 +39,46 @@ UNetConfig gpu_model(bool mixed) {
 
 }  // namespace
 
-TEST_CASE("a training step replayed as a CUDA graph equals the eager step, bit for bit") {
+namespace {
+
+// One device: 2 eager steps, the capture and its first replay, replays on new data, a short
+// batch (eager), and replays after it (order 0); or a short batch third (order 1: the capture
+// waits for a third step at the first batch's shape, never capturing the short one). A case
+// per precision and order, each under the per-test time bound on the emulator.
+void single_graph_equals_eager(bool mixed, int o) {
+  CAPTURE(mixed);
+  CAPTURE(o);
   SyntheticSegmentation data(64, 3);
   const Batch full = data.batch({0, 1, 2, 3}), other = data.batch({4, 5, 6, 7}), short_batch = data.batch({8, 9});
-  // 2 eager steps, the capture and its first replay, replays on new data, a short batch
-  // (eager), and replays after it; and a short batch third (the capture waits for a third
-  // step at the first batch's shape, never capturing the short one).
   const std::vector<std::vector<const Batch*>> orders = {
       {&full, &other, &full, &other, &full, &short_batch, &other, &full},
       {&full, &other, &short_batch, &full, &other, &full}};
-  for (bool mixed : {false, true}) {
-    for (size_t o = 0; o < orders.size(); ++o) {
-      CAPTURE(mixed);
-      CAPTURE(o);
-      SingleDevice eager(gpu_model(mixed), optimizer_factory({}), LossKind::BCEDice, false);
-      SingleDevice graph(gpu_model(mixed), optimizer_factory({}), LossKind::BCEDice, true);
-      CHECK(graph.describe().find("CUDA graphs") != std::string::npos);
-      for (size_t k = 0; k < orders[o].size(); ++k) {
-        CAPTURE(k);
-        const double le = eager.step(eager.place(*orders[o][k]));
-        const double lg = graph.step(graph.place(*orders[o][k]));
-        CHECK(std::memcmp(&le, &lg, sizeof le) == 0);
-        CHECK(graph.graph_captured() == (k >= 2 + (o == 1)));  // captured, not fallen back
-      }
-      check_same_state(eager.model(), graph.model());
-    }
+  SingleDevice eager(gpu_model(mixed), optimizer_factory({}), LossKind::BCEDice, false);
+  SingleDevice graph(gpu_model(mixed), optimizer_factory({}), LossKind::BCEDice, true);
+  CHECK(graph.describe().find("CUDA graphs") != std::string::npos);
+  for (size_t k = 0; k < orders[size_t(o)].size(); ++k) {
+    CAPTURE(k);
+    const double le = eager.step(eager.place(*orders[size_t(o)][k]));
+    const double lg = graph.step(graph.place(*orders[size_t(o)][k]));
+    CHECK(std::memcmp(&le, &lg, sizeof le) == 0);
+    CHECK(graph.graph_captured() == (k >= size_t(2 + (o == 1))));  // captured, not fallen back
   }
+  check_same_state(eager.model(), graph.model());
+}
+
+}  // namespace
+
+TEST_CASE("a training step replayed as a CUDA graph equals the eager step, bit for bit: float32 NCHW") {
+  single_graph_equals_eager(false, 0);
+}
+TEST_CASE("a training step replayed as a CUDA graph equals the eager step, bit for bit: bf16 NHWC") {
+  single_graph_equals_eager(true, 0);
+}
+TEST_CASE("a training step replayed as a CUDA graph equals the eager step, bit for bit: a short batch third, float32") {
+  single_graph_equals_eager(false, 1);
+}
+TEST_CASE("a training step replayed as a CUDA graph equals the eager step, bit for bit: a short batch third, bf16") {
+  single_graph_equals_eager(true, 1);
 }
 
 TEST_CASE("a step replayed as a CUDA graph takes no GPU memory from the system") {
@@ -77,32 +91,41 @@ TEST_CASE("a step replayed as a CUDA graph takes no GPU memory from the system")
   CHECK(s.graph_captured());
 }
 
-TEST_CASE("a step of accumulated chunks replayed as a CUDA graph equals the eager accumulated step, bit for bit") {
-  // Gradient accumulation: a batch of 4 in chunks of 2, each chunk's forward and backward in
-  // the one graph (the second chunk's backward adds to the first's gradients). A batch of 3
-  // (another shape: eager, chunks of 2 and 1) between replays.
+namespace {
+
+// Gradient accumulation: a batch of 4 in chunks of 2, each chunk's forward and backward in the
+// one graph (the second chunk's backward adds to the first's gradients). A batch of 3 (another
+// shape: eager, chunks of 2 and 1) between replays.
+void accumulated_chunks_graph(bool mixed) {
+  CAPTURE(mixed);
   SyntheticSegmentation data(64, 4);
   const Batch full = data.batch({0, 1, 2, 3}), other = data.batch({4, 5, 6, 7}), short_batch = data.batch({8, 9, 10});
   const std::vector<const Batch*> order = {&full, &other, &full, &other, &short_batch, &full, &other};
-  for (bool mixed : {false, true}) {
-    CAPTURE(mixed);
-    SingleDevice eager(gpu_model(mixed), optimizer_factory({}), LossKind::BCEDice, false, 2);
-    SingleDevice graph(gpu_model(mixed), optimizer_factory({}), LossKind::BCEDice, true, 2);
-    SingleDevice whole(gpu_model(mixed), optimizer_factory({}), LossKind::BCEDice, false);
-    for (size_t k = 0; k < order.size(); ++k) {
-      CAPTURE(k);
-      const double le = eager.step(eager.place(*order[k]));
-      const double lg = graph.step(graph.place(*order[k]));
-      CHECK(std::memcmp(&le, &lg, sizeof le) == 0);
-      CHECK(graph.graph_captured() == (k >= 2));
-      if (k == 0) {
-        // Not the whole batch at once: batch norm saw each chunk alone (the loss differs).
-        const double lw = whole.step(whole.place(*order[k]));
-        CHECK(lw != le);
-      }
+  SingleDevice eager(gpu_model(mixed), optimizer_factory({}), LossKind::BCEDice, false, 2);
+  SingleDevice graph(gpu_model(mixed), optimizer_factory({}), LossKind::BCEDice, true, 2);
+  SingleDevice whole(gpu_model(mixed), optimizer_factory({}), LossKind::BCEDice, false);
+  for (size_t k = 0; k < order.size(); ++k) {
+    CAPTURE(k);
+    const double le = eager.step(eager.place(*order[k]));
+    const double lg = graph.step(graph.place(*order[k]));
+    CHECK(std::memcmp(&le, &lg, sizeof le) == 0);
+    CHECK(graph.graph_captured() == (k >= 2));
+    if (k == 0) {
+      // Not the whole batch at once: batch norm saw each chunk alone (the loss differs).
+      const double lw = whole.step(whole.place(*order[k]));
+      CHECK(lw != le);
     }
-    check_same_state(eager.model(), graph.model());
   }
+  check_same_state(eager.model(), graph.model());
+}
+
+}  // namespace
+
+TEST_CASE("a step of accumulated chunks replayed as a CUDA graph equals the eager accumulated step, bit for bit: float32 NCHW") {
+  accumulated_chunks_graph(false);
+}
+TEST_CASE("a step of accumulated chunks replayed as a CUDA graph equals the eager accumulated step, bit for bit: bf16 NHWC") {
+  accumulated_chunks_graph(true);
 }
 
 TEST_CASE("a captured step of accumulated chunks holds one chunk's activations, and takes no memory from the system") {
@@ -167,46 +190,63 @@ std::vector<std::vector<Device>> pipeline_placements() {
 
 }  // namespace
 
-TEST_CASE("a pipeline step replayed as a CUDA graph equals the eager pipeline step, bit for bit") {
+namespace {
+
+// 4 samples in micro-batches of 2; the short batch is one micro-batch of 2 (another shape:
+// eager), between replays; validation (eval mode, eager, on the graph's weights) before it.
+void pipeline_graph_equals_eager(const std::vector<Device>& devices, Schedule schedule, bool mixed) {
+  CAPTURE(devices[1].str());
+  CAPTURE(int(schedule));
+  CAPTURE(mixed);
   SyntheticSegmentation data(64, 5);
-  // 4 samples in micro-batches of 2; the short batch is one micro-batch of 2 (another shape:
-  // eager), between replays.
   const Batch full = data.batch({0, 1, 2, 3}), other = data.batch({4, 5, 6, 7}), short_batch = data.batch({8, 9});
   const std::vector<const Batch*> order = {&full, &other, &full, &other, &short_batch, &full, &other};
-  int run = 0;
-  for (const auto& devices : pipeline_placements()) {
-    for (Schedule schedule : {Schedule::GPipe, Schedule::OneFOneB}) {
-      const bool mixed = run++ % 2 == 1;  // fp32 NCHW and bf16 NHWC in turn
-      CAPTURE(devices[1].str());
-      CAPTURE(int(schedule));
-      CAPTURE(mixed);
-      PipelineStrategy eager(gpu_model(mixed), two_stages(devices[0], devices[1], schedule, false),
-                             optimizer_factory({}), LossKind::BCEDice);
-      PipelineStrategy graph(gpu_model(mixed), two_stages(devices[0], devices[1], schedule, true),
-                             optimizer_factory({}), LossKind::BCEDice);
-      CHECK(graph.describe().find("CUDA graphs") != std::string::npos);
-      int64_t replays = 0;
-      for (size_t k = 0; k < order.size(); ++k) {
-        CAPTURE(k);
-        if (k == 4) {  // validation between replays: eval mode runs eagerly, on the graph's weights
-          eager.set_training(false);
-          graph.set_training(false);
-          CHECK(same_bits(eager.infer(full.images), graph.infer(full.images)));
-          eager.set_training(true);
-          graph.set_training(true);
-        }
-        const double le = eager.step(eager.place(*order[k]));
-        const double lg = graph.step(graph.place(*order[k]));
-        CHECK(std::memcmp(&le, &lg, sizeof le) == 0);
-        CHECK(graph.pipeline().graph_captured() == (k >= 2));  // captured, not fallen back
-        if (k >= 2 && order[k] != &short_batch) ++replays;     // the short batch: eager
-        CHECK(graph.pipeline().graph_replays() == replays);
-        CHECK(graph.live_micro_batches() == eager.live_micro_batches());
-        CHECK(graph.pipeline().transfers().size() == eager.pipeline().transfers().size());
-      }
-      check_same_state(eager.model(), graph.model());
+  PipelineStrategy eager(gpu_model(mixed), two_stages(devices[0], devices[1], schedule, false),
+                         optimizer_factory({}), LossKind::BCEDice);
+  PipelineStrategy graph(gpu_model(mixed), two_stages(devices[0], devices[1], schedule, true),
+                         optimizer_factory({}), LossKind::BCEDice);
+  CHECK(graph.describe().find("CUDA graphs") != std::string::npos);
+  int64_t replays = 0;
+  for (size_t k = 0; k < order.size(); ++k) {
+    CAPTURE(k);
+    if (k == 4) {  // validation between replays: eval mode runs eagerly, on the graph's weights
+      eager.set_training(false);
+      graph.set_training(false);
+      CHECK(same_bits(eager.infer(full.images), graph.infer(full.images)));
+      eager.set_training(true);
+      graph.set_training(true);
     }
+    const double le = eager.step(eager.place(*order[k]));
+    const double lg = graph.step(graph.place(*order[k]));
+    CHECK(std::memcmp(&le, &lg, sizeof le) == 0);
+    CHECK(graph.pipeline().graph_captured() == (k >= 2));  // captured, not fallen back
+    if (k >= 2 && order[k] != &short_batch) ++replays;     // the short batch: eager
+    CHECK(graph.pipeline().graph_replays() == replays);
+    CHECK(graph.live_micro_batches() == eager.live_micro_batches());
+    CHECK(graph.pipeline().transfers().size() == eager.pipeline().transfers().size());
   }
+  check_same_state(eager.model(), graph.model());
+}
+
+}  // namespace
+
+// Two stages on one GPU and, where two are visible, on two; GPipe in float32 NCHW and 1F1B in
+// bf16 NHWC on each. A case each, each under the per-test time bound on the emulator.
+TEST_CASE("a pipeline step replayed as a CUDA graph equals the eager pipeline step, bit for bit: one GPU") {
+  const auto devices = pipeline_placements().at(0);
+  pipeline_graph_equals_eager(devices, Schedule::GPipe, false);
+}
+TEST_CASE("a pipeline step replayed as a CUDA graph equals the eager pipeline step, bit for bit: one GPU, 1F1B") {
+  const auto devices = pipeline_placements().at(0);
+  pipeline_graph_equals_eager(devices, Schedule::OneFOneB, true);
+}
+TEST_CASE("a pipeline step replayed as a CUDA graph equals the eager pipeline step, bit for bit: two GPUs") {
+  const auto placements = pipeline_placements();
+  if (placements.size() > 1) pipeline_graph_equals_eager(placements[1], Schedule::GPipe, false);
+}
+TEST_CASE("a pipeline step replayed as a CUDA graph equals the eager pipeline step, bit for bit: two GPUs, 1F1B") {
+  const auto placements = pipeline_placements();
+  if (placements.size() > 1) pipeline_graph_equals_eager(placements[1], Schedule::OneFOneB, true);
 }
 
 TEST_CASE("a pipeline step replayed as a CUDA graph takes no GPU memory from the system") {
