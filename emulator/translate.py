@@ -105,7 +105,7 @@ def translate(text, barrier_set):
         flag = "true" if base in barrier_set else "false"
         out.append(text[pos:start])
         out.append(f'::unetcu_emu::launch<{flag}>("{base}", ::unetcu_emu::Config({config}), '
-                   f'[=](auto... emu_a) {{ {name_expr}(emu_a...); }})')
+                   f'[=](const auto&... emu_a) {{ {name_expr}(emu_a...); }})')
         pos = end + 3
 
 

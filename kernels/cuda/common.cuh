@@ -77,6 +77,17 @@ template <class S, int V> struct alignas(sizeof(S) * V) Pack {
   S v[V];
 };
 
+// A kernel parameter too large to copy per thread (a launch's batch of tensor pointers, about
+// 21 KB): __grid_constant__ on a GPU, read in place from the parameter space; in the CUDA
+// emulator, where a kernel is a C++ function called once per emulated thread, a reference to
+// the launch's one copy (a by-value parameter was copied on every call: most of an emulated
+// training step's time).
+#ifdef UNETCU_CUDA_EMU
+#define UNETCU_GRID_PARAM(T) const T&
+#else
+#define UNETCU_GRID_PARAM(T) const __grid_constant__ T
+#endif
+
 // The pack at p (aligned to V values). A misaligned vector access faults on a GPU (misaligned
 // address); on x86 it would just work, so the CUDA emulator stops the run there instead.
 template <int V, class S> __device__ __forceinline__ Pack<S, V>& pack_at(S* p) {

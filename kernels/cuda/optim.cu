@@ -47,7 +47,7 @@ __device__ inline void block_range(const int64_t* start, const int64_t* n, int c
   *end = min(*first + chunk, n[lo]);
 }
 
-__global__ void adam_many_kernel(const __grid_constant__ AdamBatch b) {
+__global__ void adam_many_kernel(UNETCU_GRID_PARAM(AdamBatch) b) {
   int t;
   int64_t first, end;
   block_range(b.start, b.n, b.count, kAdamChunk, &t, &first, &end);
@@ -70,7 +70,7 @@ __device__ inline void clip_chunk(const ClipBatch& b, int* t, int64_t* first, in
 }
 
 // partials[offset + block] = the chunk's sum of squares.
-__global__ void square_sum_kernel(const __grid_constant__ ClipBatch b, double* partials, int64_t offset) {
+__global__ void square_sum_kernel(UNETCU_GRID_PARAM(ClipBatch) b, double* partials, int64_t offset) {
   int t;
   int64_t first, end;
   clip_chunk(b, &t, &first, &end);
@@ -91,7 +91,7 @@ __global__ void sum_square_partials_kernel(const double* partials, int64_t count
   if (threadIdx.x == 0) out[0] = acc;
 }
 
-__global__ void clip_scale_kernel(const __grid_constant__ ClipBatch b, const double* square_sum,
+__global__ void clip_scale_kernel(UNETCU_GRID_PARAM(ClipBatch) b, const double* square_sum,
                                   double max_norm) {
   const double c = clip_coefficient(square_sum[0], max_norm);
   if (c == 1) return;  // x * 1 is x
