@@ -266,35 +266,48 @@ TEST_CASE("a pipeline step replayed as a CUDA graph takes no GPU memory from the
 }
 
 #ifdef UNETCU_CUDA_EMU
-TEST_CASE("a pipeline capture refused midway says so, and training goes on eagerly with the eager bits") {
-  // The CUDA emulator refuses the capture's N-th node (UNETCU_EMU_FAIL_CAPTURE_AT), as a driver
-  // refuses an operation a graph cannot hold: one stage thread's call fails inside the capture,
-  // the other's later calls into the invalidated capture fail too, and no stage may have run
-  // any of its work for real (the batch-norm statistics would show it).
+namespace {
+
+// The CUDA emulator refuses the capture's N-th node (UNETCU_EMU_FAIL_CAPTURE_AT), as a driver
+// refuses an operation a graph cannot hold: one stage thread's call fails inside the capture,
+// the other's later calls into the invalidated capture fail too, and no stage may have run any
+// of its work for real (the batch-norm statistics would show it).
+void pipeline_capture_refused_at(const char* at) {
+  CAPTURE(at);
   struct Unset {
     ~Unset() { unsetenv("UNETCU_EMU_FAIL_CAPTURE_AT"); }
   } unset;
   SyntheticSegmentation data(64, 5);
   const Batch full = data.batch({0, 1, 2, 3}), other = data.batch({4, 5, 6, 7});
-  for (const char* at : {"1", "40", "300"}) {
-    CAPTURE(at);
-    setenv("UNETCU_EMU_FAIL_CAPTURE_AT", at, 1);
-    PipelineStrategy eager(gpu_model(false), two_stages(Device::cuda(0), Device::cuda(0), Schedule::GPipe, false),
-                           optimizer_factory({}), LossKind::BCEDice);
-    PipelineStrategy graph(gpu_model(false), two_stages(Device::cuda(0), Device::cuda(0), Schedule::GPipe, true),
-                           optimizer_factory({}), LossKind::BCEDice);
-    for (int k = 0; k < 5; ++k) {
-      CAPTURE(k);
-      const Batch& b = k % 2 ? other : full;
-      const double le = eager.step(eager.place(b));
-      const double lg = graph.step(graph.place(b));
-      CHECK(std::memcmp(&le, &lg, sizeof le) == 0);
-    }
-    CHECK_FALSE(graph.pipeline().graph_captured());
-    CHECK(graph.pipeline().graph_replays() == 0);
-    CHECK(graph.describe().find("CUDA graphs") == std::string::npos);  // it says it runs eagerly
-    check_same_state(eager.model(), graph.model());
+  setenv("UNETCU_EMU_FAIL_CAPTURE_AT", at, 1);
+  PipelineStrategy eager(gpu_model(false), two_stages(Device::cuda(0), Device::cuda(0), Schedule::GPipe, false),
+                         optimizer_factory({}), LossKind::BCEDice);
+  PipelineStrategy graph(gpu_model(false), two_stages(Device::cuda(0), Device::cuda(0), Schedule::GPipe, true),
+                         optimizer_factory({}), LossKind::BCEDice);
+  for (int k = 0; k < 5; ++k) {
+    CAPTURE(k);
+    const Batch& b = k % 2 ? other : full;
+    const double le = eager.step(eager.place(b));
+    const double lg = graph.step(graph.place(b));
+    CHECK(std::memcmp(&le, &lg, sizeof le) == 0);
   }
+  CHECK_FALSE(graph.pipeline().graph_captured());
+  CHECK(graph.pipeline().graph_replays() == 0);
+  CHECK(graph.describe().find("CUDA graphs") == std::string::npos);  // it says it runs eagerly
+  check_same_state(eager.model(), graph.model());
+}
+
+}  // namespace
+
+// At the first node, early in the first stage's forward, and deep in the step (a case each).
+TEST_CASE("a pipeline capture refused midway says so, and training goes on eagerly with the eager bits: first node") {
+  pipeline_capture_refused_at("1");
+}
+TEST_CASE("a pipeline capture refused midway says so, and training goes on eagerly with the eager bits: node 40") {
+  pipeline_capture_refused_at("40");
+}
+TEST_CASE("a pipeline capture refused midway says so, and training goes on eagerly with the eager bits: node 300") {
+  pipeline_capture_refused_at("300");
 }
 #endif
 
