@@ -23,7 +23,6 @@ void GraphStep::capture(int i, Module& model, const std::vector<Tensor>& like,
                         const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& record) {
   auto s = std::make_unique<Slot>();
   for (const Tensor& t : like) s->inputs.push_back(Tensor::empty(t.shape(), t.dtype(), t.device(), t.format()));
-  for (Optimizer* o : optimizers) o->zero_grad();
   CapturedCounts counts(model);
   try {
     const auto work = [&] { s->outputs = record(s->inputs); };

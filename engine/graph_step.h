@@ -52,9 +52,10 @@ class GraphStep {
 
   // Captures slot `i`: inputs like `like` (shapes, dtypes, devices, formats), then
   // `record(inputs)` (returning the step's outputs) into one graph on `streams` (empty: the
-  // current stream of like[0]'s device). With `optimizers` the step owns the gradients: they
-  // are zeroed first (the captured backward writes each with beta 0) and each parameter of
-  // `model` must have one after. A failure undoes the counts, zeroes those gradients, clears
+  // current stream of like[0]'s device). With `optimizers` the step owns the gradients: the
+  // caller has zeroed them before giving the cache back (the captured backward writes each
+  // with beta 0, and the freed ones go back with the cache), and each parameter of `model`
+  // must have one after. A failure undoes the counts, zeroes those gradients, clears
   // the device's error and rethrows; the slot stays empty. Slots may be captured side by side.
   void capture(int i, Module& model, const std::vector<Tensor>& like, const std::vector<const cuda::Stream*>& streams,
                const std::vector<Optimizer*>& optimizers,
