@@ -21,6 +21,7 @@ namespace unetcu::kernels {
 using std::exp;
 using std::fabs;
 using std::fma;
+using std::log;
 using std::log1p;
 using std::sqrt;
 #endif

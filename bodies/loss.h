@@ -1,4 +1,9 @@
 // Per-element bodies of the losses. Reductions (means, Dice sums) are done by the launchers.
+//
+// Targets: for one output channel (binary) a value in [0, 1] per pixel; for C >= 2 channels
+// the class index 0..C-1 per pixel, stored as a float. A negative target marks an ignored
+// pixel (the data's --ignore-index, or a crop's padding): it adds nothing to any loss, sum or
+// count, and its gradient is 0. With no ignored pixel every loss is the mean over all pixels.
 // The launchers walk the logits in memory order and read the target element of the same
 // (n, c, h, w) through LossTargetIndex, so the two may differ in memory format.
 #pragma once
@@ -51,6 +56,53 @@ template <class T> HD T dice_grad_logit(T p, T t, T inter, T card, T smooth) {
 HD double dice_loss_value(double inter, double card, double smooth) {
   const double denom = card + smooth;
   return denom == 0 ? 0.0 : 1.0 - (2.0 * inter + smooth) / denom;
+}
+
+// A target value that takes part in the loss (not ignored).
+template <class T> HD bool counted(T t) { return t >= T(0); }
+
+// Where logit (pixel, c) of [N, C, H, W] lies, pixel = n * H*W + h * W + w, in either format.
+struct ClassLayout {
+  int64_t C, HW;
+  bool nhwc;
+  HD int64_t operator()(int64_t pixel, int64_t c) const {
+    return nhwc ? pixel * C + c : (pixel / HW) * C * HW + c * HW + pixel % HW;
+  }
+};
+
+// The largest logit of a pixel and log(sum exp(x_c - max)): softmax p_c = exp(x_c - max - lse).
+template <class A, class X> HD void softmax_stats(const X* x, const ClassLayout& L, int64_t pixel,
+                                                  A* max_out, A* lse_out) {
+  A mx = A(x[L(pixel, 0)]);
+  for (int64_t c = 1; c < L.C; ++c) mx = A(x[L(pixel, c)]) > mx ? A(x[L(pixel, c)]) : mx;
+  A s = A(0);
+  for (int64_t c = 0; c < L.C; ++c) s += exp(A(x[L(pixel, c)]) - mx);
+  *max_out = mx, *lse_out = log(s);
+}
+
+// Softmax cross-entropy of one pixel with class t: log-sum-exp(x) - x_t.
+template <class A, class X> HD A softmax_ce(const X* x, const ClassLayout& L, int64_t pixel, int64_t t) {
+  A mx, lse;
+  softmax_stats(x, L, pixel, &mx, &lse);
+  return mx + lse - A(x[L(pixel, t)]);
+}
+
+// Multiclass soft Dice, segmentation_models_pytorch's DiceLoss(mode='multiclass') with smooth 0
+// and eps 1e-7: per class c over the batch's counted pixels, I_c = sum p_c [t = c],
+// D_c = max(sum p_c + sum [t = c] + smooth, eps); loss = mean over all C classes of
+// (1 - (2 I_c + smooth) / D_c) for a class present in the target, 0 for a class absent from it
+// (its term is zeroed, as SMP does, but it still counts in the mean).
+// d loss / d p_c at a pixel of class t: g_c = -(2 [t = c] D_c - (2 I_c + smooth)) / (C D_c^2)
+// for a present class (D_c >= 1 there, so eps never binds), 0 for an absent one; through the
+// softmax d loss / d x_k = p_k (g_k - sum_c g_c p_c).
+constexpr double kMulticlassDiceEps = 1e-7;
+HD double multiclass_dice_denominator(double psum, double tsum, double smooth) {
+  const double d = psum + tsum + smooth;
+  return d > kMulticlassDiceEps ? d : kMulticlassDiceEps;
+}
+template <class A> HD A multiclass_dice_grad_p(A t_is_c, A inter, A denom, A tsum, A smooth, A classes) {
+  if (tsum <= A(0)) return A(0);
+  return -(A(2) * t_is_c * denom - (A(2) * inter + smooth)) / (classes * denom * denom);
 }
 
 }  // namespace unetcu::kernels

@@ -83,17 +83,35 @@ Tensor concat_channels(const std::vector<Tensor>& xs);  // along dimension 1
 // skip [N, Cs, 2H, 2W] -> [N, Cx + Cs, 2H, 2W] (SMP's decoder: upsample, then cat([x, skip], 1)).
 Tensor upsample_nearest2x_concat(const Tensor& x, const Tensor& skip);
 
-// Losses return a 0-dimensional tensor. target has the logits' shape, values in [0, 1].
+// Losses return a 0-dimensional tensor. A negative target marks an ignored pixel: it counts
+// in no sum and no mean, and gets no gradient (with none ignored, the means are over all).
+// One channel (binary): target has the logits' shape, values in [0, 1].
 Tensor bce_with_logits(const Tensor& logits, const Tensor& target);  // mean over elements
 // Soft Dice over the whole batch: 1 - (2 sum(p t) + smooth) / (sum p + sum t + smooth),
 // p = sigmoid(logits).
 Tensor dice_loss(const Tensor& logits, const Tensor& target, double smooth = 1.0);
 // (0/0 with nothing predicted, nothing to find and smooth 0 counts as a perfect match: 0.)
+// C >= 2 channels: target [N, 1, H, W] holds class indices 0..C-1 (as floats).
+// nn.CrossEntropyLoss(ignore_index=...): the mean over counted pixels of -log softmax(x)_t.
+Tensor cross_entropy(const Tensor& logits, const Tensor& target);
+// segmentation_models_pytorch's DiceLoss(mode='multiclass', smooth=0, eps=1e-7, ignore_index):
+// the mean over the C classes of 1 - 2 I_c / (P_c + T_c), 0 for a class absent from the
+// batch's target (bodies/loss.h).
+Tensor multiclass_dice_loss(const Tensor& logits, const Tensor& target, double smooth = 0.0);
 
+// The loss a run trains with. One channel: BCE-with-logits and/or the soft Dice; C >= 2:
+// softmax cross-entropy and/or the multiclass Dice. "ce" and "bce" name the same kind.
 enum class LossKind { BCE, Dice, BCEDice };
 inline constexpr NamedValue<LossKind> kLossNames[] = {
-    {"bce", LossKind::BCE}, {"dice", LossKind::Dice}, {"bce+dice", LossKind::BCEDice}};
+    {"bce", LossKind::BCE}, {"dice", LossKind::Dice}, {"bce+dice", LossKind::BCEDice},
+    {"ce", LossKind::BCE}, {"ce+dice", LossKind::BCEDice}};
 inline const char* loss_kind_name(LossKind k) { return name_of(kLossNames, k); }
+// The name as a run with `classes` output channels says it: bce, dice, bce+dice for one
+// channel; ce, dice, ce+dice for more.
+inline const char* loss_kind_name(LossKind k, int classes) {
+  if (classes < 2 || k == LossKind::Dice) return loss_kind_name(k);
+  return k == LossKind::BCE ? "ce" : "ce+dice";
+}
 Tensor segmentation_loss(LossKind kind, const Tensor& logits, const Tensor& target);
 
 }  // namespace unetcu

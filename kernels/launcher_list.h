@@ -101,22 +101,40 @@
   X(upsample2x_concat_backward, (const TensorRef& grad_y, const TensorRef& grad_x, double beta_x,  \
                                  const TensorRef& grad_skip, double beta_skip,                     \
                                  int64_t x_channels))                                              \
-  /* loss (0-dim; the logits' dtype, float32 for bf16 logits) = mean BCE-with-logits over all     \
-     elements, written. The target is float32 or the logits' dtype, in either format. */         \
+  /* Losses. The target has the logits' shape for one channel (values in [0, 1]) and shape       \
+     [N, 1, H, W] for C >= 2 channels (class indices); a negative target is an ignored pixel      \
+     (bodies/loss.h). The loss is 0-dim, the logits' dtype (float32 for bf16 logits), written.    \
+     sums are float64 on the logits' device, written by the forward and read by the backward.    \
+     Backwards write grad_x or accumulate into it by beta; grad_loss is read on the device. */   \
+  /* sums [2] = (sum of BCE-with-logits over counted elements, their count); loss = the mean. */ \
   X(bce_with_logits_forward, (const TensorRef& logits, const TensorRef& target,                    \
-                              const TensorRef& loss))                                              \
-  /* grad_x = beta*grad_x + grad_loss/numel * (sigmoid(x) - t); grad_loss read on device. */       \
+                              const TensorRef& sums, const TensorRef& loss))                       \
+  /* grad_x = grad_loss/count * (sigmoid(x) - t), 0 where ignored. */                             \
   X(bce_with_logits_backward, (const TensorRef& logits, const TensorRef& target,                   \
-                               const TensorRef& grad_loss, const TensorRef& grad_x, double beta))  \
-  /* sums [3] float64 on the logits' device (written): sum p*t, sum p, sum t with                  \
-     p = sigmoid(x). */                                                                            \
+                               const TensorRef& sums, const TensorRef& grad_loss,                  \
+                               const TensorRef& grad_x, double beta))                              \
+  /* sums [3]: sum p*t, sum p, sum t over counted elements, p = sigmoid(x). */                     \
   X(dice_sums, (const TensorRef& logits, const TensorRef& target, const TensorRef& sums))          \
-  /* loss = 1 - (2 I + smooth) / (P + T + smooth), written; 0 when the denominator is 0. */        \
+  /* loss = 1 - (2 I + smooth) / (P + T + smooth); 0 when the denominator is 0. */                 \
   X(dice_loss_from_sums, (const TensorRef& sums, double smooth, const TensorRef& loss))            \
-  /* grad_x written or accumulated by beta. */                                                     \
   X(dice_backward, (const TensorRef& logits, const TensorRef& target, const TensorRef& sums,       \
                     double smooth, const TensorRef& grad_loss, const TensorRef& grad_x,            \
                     double beta))                                                                  \
+  /* Softmax cross-entropy over C >= 2 channels: sums [2] = (sum over counted pixels of            \
+     logsumexp(x) - x_t, their count); loss = the mean (0 with no counted pixel). */               \
+  X(softmax_ce_forward, (const TensorRef& logits, const TensorRef& target, const TensorRef& sums,  \
+                         const TensorRef& loss))                                                   \
+  /* grad_x = grad_loss/count * (softmax(x) - onehot(t)), 0 at ignored pixels. */                  \
+  X(softmax_ce_backward, (const TensorRef& logits, const TensorRef& target, const TensorRef& sums, \
+                          const TensorRef& grad_loss, const TensorRef& grad_x, double beta))       \
+  /* Multiclass soft Dice (bodies/loss.h): sums [3, C] = per class sum p_c [t = c], sum p_c,       \
+     sum [t = c] over counted pixels, p = softmax(x). */                                           \
+  X(multiclass_dice_sums, (const TensorRef& logits, const TensorRef& target,                       \
+                           const TensorRef& sums))                                                 \
+  X(multiclass_dice_loss_from_sums, (const TensorRef& sums, double smooth, const TensorRef& loss)) \
+  X(multiclass_dice_backward, (const TensorRef& logits, const TensorRef& target,                   \
+                               const TensorRef& sums, double smooth, const TensorRef& grad_loss,   \
+                               const TensorRef& grad_x, double beta))                              \
   /* Synchronized batch norm; sums are [2, C] float64 on the tensors' device. */                   \
   /* Per channel sum(x) and sum(x²) of this replica's batch, written. */                           \
   X(batchnorm_channel_sums, (const TensorRef& x, const TensorRef& sums))                           \

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "engine/checkpoint.h"
+#include "engine/optim.h"
 #include "engine/tape.h"
 #include "models/unet.h"
 #include "testing.h"
@@ -67,4 +68,54 @@ TEST_CASE("golden: the engine matches PyTorch on SMP's UNet-ResNet34 (width/16, 
   for (const StateEntry& e : model.state())
     if (e.name == "encoder.layer1.1.bn1.running_mean")
       CHECK(rel_err(e.tensor, to_tensor(golden.at("golden.after.encoder.layer1.1.bn1.running_mean"))) < 1e-12);
+}
+
+// tests/golden/unet_w16_c3.safetensors: the same at classes=3 (pytorch_reference.py golden
+// --classes 3 --ignore-index 255), loss nn.CrossEntropyLoss(ignore_index=255) + SMP's
+// DiceLoss('multiclass', ignore_index=255) on targets drawn from classes 0 and 1 only (class 2
+// absent: its Dice term is zeroed) with 640 pixels ignored (-1 in golden.target). Every
+// parameter's gradient, then one torch.optim.Adam step (lr 1e-3): every parameter after it.
+// The Adam step divides by sqrt(v) + eps with v ~ g^2: a relative 1e-10 in g moves the step
+// by about as much relative, and the step is 1e-3 against weights of ~1e-1: 1e-12 absolute.
+TEST_CASE("golden: three classes with ignored pixels match PyTorch, gradients and one Adam step (float64)") {
+  const std::string path = std::string(UNETCU_SOURCE_DIR) + "/tests/golden/unet_w16_c3.safetensors";
+  SafeTensors all = read_safetensors(path);
+  SafeTensors state, golden;
+  for (auto& [name, t] : all) (name.rfind("golden.", 0) == 0 ? golden : state).emplace(name, t);
+  REQUIRE(state.size() == 278);
+  UNetConfig cfg;
+  cfg.width_divisor = 16;
+  cfg.dtype = DType::F64;
+  cfg.classes = 3;
+  UNet model(cfg);
+  load_model_state(model, state, path);
+  model.train();
+  const Tensor x = to_tensor(golden.at("golden.input")), t = to_tensor(golden.at("golden.target"));
+  int ignored = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) ignored += t.at(i) < 0;
+  CHECK(ignored == 640);
+  Tape tape;
+  Tensor logits, loss;
+  {
+    TapeScope s(tape);
+    logits = model.forward(x);
+    loss = segmentation_loss(LossKind::BCEDice, logits, t);
+  }
+  tape.backward(loss);
+  CHECK(rel_err(logits, to_tensor(golden.at("golden.logits"))) < 1e-10);
+  CHECK(loss.item() == doctest::Approx(to_tensor(golden.at("golden.loss")).item()).epsilon(1e-12));
+  const auto params = model.named_parameters();
+  std::vector<Tensor> list;
+  for (const auto& [name, p] : params) {
+    CAPTURE(name);
+    CHECK(rel_err(p.grad(), to_tensor(golden.at("golden.grad." + name))) < 1e-10);
+    list.push_back(p);
+  }
+  CHECK(params.size() == 140);
+  Adam adam(list, AdamOptions{});
+  adam.step();
+  for (const auto& [name, p] : params) {
+    CAPTURE(name);
+    CHECK(max_abs_diff(p, to_tensor(golden.at("golden.adam." + name))) < 1e-12);
+  }
 }

@@ -379,9 +379,15 @@ TEST_CASE("float64 NHWC gradient checks: max_pool2d, upsample, concat, upsample_
 namespace {
 
 // 0/1 targets, as the UNet's masks (every dtype holds them exactly).
+// The target of logits of shape s: for one channel 0 or 1 per element, for C >= 2 channels
+// [N, 1, H, W] class indices; about one element in eight ignored (-1) either way.
 Tensor mask_values(const Shape& s, Rng& rng) {
-  Tensor t = Tensor::empty(s, DType::F64);
-  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, rng.uniform() < 0.4 ? 1.0 : 0.0);
+  const int64_t C = s[1];
+  Tensor t = Tensor::empty(C == 1 ? s : Shape{s[0], 1, s[2], s[3]}, DType::F64);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const double u = rng.uniform();
+    t.set(i, u < 0.125 ? -1.0 : C == 1 ? (u < 0.5 ? 1.0 : 0.0) : double(int64_t(rng.uniform() * double(C))));
+  }
   return t;
 }
 
@@ -511,8 +517,11 @@ TEST_CASE("misc ops refuse operands that differ in memory format or dtype") {
   CHECK_THROWS_WITH_AS(concat_channels({h, a}), doctest::Contains("memory format mismatch"), Error);
   CHECK_THROWS_WITH_AS(upsample_nearest2x_concat(h, Tensor::zeros({1, 1, 8, 8})),
                        doctest::Contains("memory format mismatch"), Error);
-  CHECK_THROWS_WITH_AS(bce_with_logits(a, Tensor::zeros({1, 2, 4, 4}, DType::F64)),
+  const Tensor one = Tensor::zeros({1, 1, 4, 4});
+  CHECK_THROWS_WITH_AS(bce_with_logits(one, Tensor::zeros({1, 1, 4, 4}, DType::F64)),
                        doctest::Contains("float32 or the logits' dtype"), Error);
-  CHECK_THROWS_WITH_AS(dice_loss(a.to(DType::BF16), Tensor::zeros({1, 2, 4, 4}, DType::F64)),
+  CHECK_THROWS_WITH_AS(dice_loss(one.to(DType::BF16), Tensor::zeros({1, 1, 4, 4}, DType::F64)),
+                       doctest::Contains("float32 or the logits' dtype"), Error);
+  CHECK_THROWS_WITH_AS(cross_entropy(a, Tensor::zeros({1, 1, 4, 4}, DType::F64)),
                        doctest::Contains("float32 or the logits' dtype"), Error);
 }

@@ -420,6 +420,108 @@ TEST_CASE("losses: BCE-with-logits, soft Dice, their sum, values and gradients")
   gradcheck([&](const std::vector<Tensor>& in) { return dice_loss(in[0], t, 0.0); }, {x});
 }
 
+TEST_CASE("losses skip ignored pixels: binary losses equal the losses over the counted elements") {
+  Rng rng(81);
+  Tensor x = random_tensor({2, 1, 5, 3}, rng, -3, 3).set_requires_grad(true);
+  Tensor t = Tensor::empty({2, 1, 5, 3}, DType::F64);
+  std::vector<double> kept_x, kept_t;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const double u = rng.uniform();
+    t.set(i, u < 0.2 ? -1.0 : u < 0.6 ? 1.0 : 0.0);
+    if (t.at(i) >= 0) kept_x.push_back(x.at(i)), kept_t.push_back(t.at(i));
+  }
+  REQUIRE(kept_x.size() < size_t(t.numel()));
+  const int64_t k = int64_t(kept_x.size());
+  Tensor xk = Tensor::from_vector({k}, kept_x, DType::F64), tk = Tensor::from_vector({k}, kept_t, DType::F64);
+  for (LossKind kind : {LossKind::BCE, LossKind::Dice, LossKind::BCEDice}) {
+    CAPTURE(loss_kind_name(kind));
+    CHECK(std::fabs(segmentation_loss(kind, x, t).item() - segmentation_loss(kind, xk, tk).item()) < 1e-14);
+    gradcheck([&](const std::vector<Tensor>& in) { return segmentation_loss(kind, in[0], t); }, {x});
+    // An ignored element's gradient is 0.
+    Tape tape;
+    Tensor loss;
+    {
+      TapeScope sc(tape);
+      loss = segmentation_loss(kind, x, t);
+    }
+    x.zero_grad();
+    tape.backward(loss);
+    for (int64_t i = 0; i < t.numel(); ++i)
+      if (t.at(i) < 0) CHECK(x.grad().at(i) == 0.0);
+  }
+  // Every element ignored: the loss and its gradient are 0.
+  CHECK(bce_with_logits(x, Tensor::full({2, 1, 5, 3}, -1.0, DType::F64)).item() == 0.0);
+}
+
+// nn.CrossEntropyLoss(ignore_index) and SMP's multiclass DiceLoss (smooth 0, eps 1e-7), written
+// out per pixel in float64.
+static void multiclass_reference(const Tensor& x, const Tensor& t, double* ce, double* dice) {
+  const int64_t N = x.dim(0), C = x.dim(1), HW = x.dim(2) * x.dim(3);
+  std::vector<double> inter(C, 0), ps(C, 0), ts(C, 0);
+  double sum = 0, count = 0;
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t q = 0; q < HW; ++q) {
+      const double tv = t.at(n * HW + q);
+      if (tv < 0) continue;
+      double z = 0;
+      for (int64_t c = 0; c < C; ++c) z += std::exp(x.at((n * C + c) * HW + q));
+      const int64_t k = int64_t(tv);
+      sum += std::log(z) - x.at((n * C + k) * HW + q), count += 1;
+      for (int64_t c = 0; c < C; ++c) {
+        const double p = std::exp(x.at((n * C + c) * HW + q)) / z;
+        ps[c] += p, inter[c] += c == k ? p : 0, ts[c] += c == k;
+      }
+    }
+  *ce = sum / count;
+  *dice = 0;
+  for (int64_t c = 0; c < C; ++c)
+    if (ts[c] > 0) *dice += 1 - 2 * inter[c] / std::max(ps[c] + ts[c], 1e-7);
+  *dice /= double(C);
+}
+
+TEST_CASE("multiclass losses: cross-entropy and SMP's Dice, ignored pixels, an absent class, gradients") {
+  Rng rng(82);
+  const int64_t C = 4;
+  Tensor x = random_tensor({2, C, 5, 3}, rng, -3, 3).set_requires_grad(true);
+  Tensor t = Tensor::empty({2, 1, 5, 3}, DType::F64);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const double u = rng.uniform();
+    t.set(i, u < 0.15 ? -1.0 : double(int64_t(rng.uniform() * 3)));  // class 3 never appears
+  }
+  double ce, dice;
+  multiclass_reference(x, t, &ce, &dice);
+  CHECK(std::fabs(cross_entropy(x, t).item() - ce) < 1e-13);
+  CHECK(std::fabs(multiclass_dice_loss(x, t).item() - dice) < 1e-13);
+  CHECK(std::fabs(segmentation_loss(LossKind::BCEDice, x, t).item() - (ce + dice)) < 1e-13);
+  CHECK(std::fabs(segmentation_loss(LossKind::BCE, x, t).item() - ce) < 1e-13);
+  CHECK(std::fabs(segmentation_loss(LossKind::Dice, x, t).item() - dice) < 1e-13);
+  for (LossKind k : {LossKind::BCE, LossKind::Dice, LossKind::BCEDice}) {
+    CAPTURE(loss_kind_name(k, int(C)));
+    CHECK(gradcheck([&](const std::vector<Tensor>& in) { return segmentation_loss(k, in[0], t); }, {x}) > 0);
+  }
+  CHECK(gradcheck([&](const std::vector<Tensor>& in) { return multiclass_dice_loss(in[0], t, 1.0); }, {x}) > 0);
+  // Ignored pixels get no gradient in any class.
+  Tape tape;
+  Tensor loss;
+  {
+    TapeScope sc(tape);
+    loss = segmentation_loss(LossKind::BCEDice, x, t);
+  }
+  x.zero_grad();
+  tape.backward(loss);
+  const int64_t HW = 15;
+  for (int64_t n = 0; n < 2; ++n)
+    for (int64_t q = 0; q < HW; ++q)
+      if (t.at(n * HW + q) < 0)
+        for (int64_t c = 0; c < C; ++c) CHECK(x.grad().at((n * C + c) * HW + q) == 0.0);
+  CHECK(std::string(loss_kind_name(LossKind::BCEDice, 3)) == "ce+dice");
+  CHECK(std::string(loss_kind_name(LossKind::BCEDice, 1)) == "bce+dice");
+  CHECK(parse_named(kLossNames, "loss", "ce") == LossKind::BCE);
+  CHECK_THROWS_WITH(cross_entropy(x, Tensor::zeros({2, C, 5, 3}, DType::F64)),
+                    doctest::Contains("must be [N, 1, H, W] class indices"));
+  CHECK_THROWS_WITH(bce_with_logits(x, t), doctest::Contains("this loss is for one (binary)"));
+}
+
 TEST_CASE("BCE with logits stays finite at |x| = 100") {
   for (DType dt : {DType::F32, DType::F64}) {
     Tensor x = Tensor::from_vector({4}, {100, -100, 100, -100}, dt).set_requires_grad(true);
@@ -462,9 +564,13 @@ TEST_CASE("float32 ops agree with float64 to float32 precision") {
   close(sigmoid(f32(x)), sigmoid(x), 1e-7);
   close(max_pool2d(f32(x), Pool2dOptions::square(3, 2, 1)), max_pool2d(x, Pool2dOptions::square(3, 2, 1)), 1e-7);
   close(upsample_nearest2x(f32(x)), upsample_nearest2x(x), 1e-7);
-  Tensor t = Tensor::empty(x.shape(), DType::F64);
-  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, rng.uniform() < 0.5);
+  Tensor t = Tensor::empty({2, 1, 9, 7}, DType::F64);  // class indices of the 3 channels
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, double(int64_t(rng.uniform() * 3)));
   close(segmentation_loss(LossKind::BCEDice, f32(x), f32(t)), segmentation_loss(LossKind::BCEDice, x, t), 1e-6);
+  const Tensor x1 = random_tensor({2, 1, 9, 7}, rng);  // one channel: 0/1 targets
+  Tensor t1 = Tensor::empty(x1.shape(), DType::F64);
+  for (int64_t i = 0; i < t1.numel(); ++i) t1.set(i, rng.uniform() < 0.5);
+  close(segmentation_loss(LossKind::BCEDice, f32(x1), f32(t1)), segmentation_loss(LossKind::BCEDice, x1, t1), 1e-6);
 }
 
 TEST_CASE("bad inputs are refused with a clear message") {
@@ -475,7 +581,7 @@ TEST_CASE("bad inputs are refused with a clear message") {
                     doctest::Contains("expects 5"));
   CHECK_THROWS_WITH(conv2d(a, Tensor::zeros({3, 2, 9, 9}), Tensor()),
                     doctest::Contains("smaller than the kernel"));
-  CHECK_THROWS_WITH(bce_with_logits(a, Tensor::zeros({1, 1, 4, 4})),
+  CHECK_THROWS_WITH(bce_with_logits(Tensor::zeros({1, 1, 4, 4}), Tensor::zeros({1, 1, 4, 5})),
                     doctest::Contains("shape mismatch"));
   CHECK_THROWS_WITH(concat_channels({a, Tensor::zeros({1, 2, 3, 4})}),
                     doctest::Contains("differ outside the channel"));
@@ -484,7 +590,7 @@ TEST_CASE("bad inputs are refused with a clear message") {
                                  Tensor::zeros({2}), rm, rv, true),
                     doctest::Contains("more than one value per channel"));
   CHECK_THROWS_WITH(parse_named(kLossNames, "loss", "focal"),
-                    doctest::Contains("unknown loss 'focal' (expected bce, dice or bce+dice)"));
+                    doctest::Contains("unknown loss 'focal' (expected bce, dice, bce+dice, ce or ce+dice)"));
   CHECK(parse_named(kLossNames, "loss", "bce+dice") == LossKind::BCEDice);
   CHECK_THROWS_WITH(a.data<double>(), doctest::Contains("read as float64"));
 }

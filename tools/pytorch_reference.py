@@ -3,14 +3,26 @@
 module names, to check unetcu against PyTorch.
 
   pytorch_reference.py golden OUT.safetensors [--width-divisor 16] [--seed 0]
+                       [--classes 1] [--ignore-index K]
       Builds the model (float64, random weights), runs one training forward and backward on a
       fixed random batch with the engine's loss (BCE-with-logits mean + soft Dice over the
       batch, smooth 1) and writes a golden file: the weights under their state_dict names, and
       golden.* entries (input, target, logits, loss, gradients of a few parameters, a running
       mean after the forward). tests/test_golden.cpp checks the engine against it.
+      --classes N (N >= 2): a head of N classes, the loss CrossEntropyLoss + SMP's multiclass
+      DiceLoss (from logits, smooth 0, eps 1e-7), both with ignore_index K when --ignore-index
+      is given. The target's classes are drawn from 0..N-2, so class N-1 is absent from the
+      batch (its Dice term is zeroed, SMP's rule); with K, rows 0..3 of image 0 and a random
+      ~5% of the pixels are ignored. golden.target is float64 [2,1,H,W]: the class index, -1
+      where ignored (the engine's form, whatever K is). The gradient of every parameter is
+      written (golden.grad.<name>), and every parameter after one torch.optim.Adam step
+      (lr 1e-3, betas 0.9/0.999, eps 1e-8) on those gradients (golden.adam.<name>).
+      tests/golden/unet_w16_c3.safetensors: --classes 3 --ignore-index 255.
   pytorch_reference.py check CHECKPOINT.safetensors [--width-divisor 1] [--image-size 64]
+                       [--classes N]
       Loads an engine checkpoint into the PyTorch model (strict: every name and shape must
-      match) and prints the logits' statistics on a fixed input.
+      match) and prints the logits' statistics on a fixed input. The model has N classes: from
+      --classes, else from the "classes" entry of the checkpoint's __metadata__, else 1.
   pytorch_reference.py export-encoder OUT.safetensors [--random] [--seed 0] [--dtype float32]
                        [--golden GOLDEN.safetensors --image-size 64]
       Writes torchvision's ResNet-34 weights (ImageNet, when torchvision has them cached or can
@@ -129,13 +141,13 @@ class Decoder(nn.Module):
 
 
 class Unet(nn.Module):
-    """segmentation_models_pytorch.Unet('resnet34', classes=1) without its pretrained weights."""
+    """segmentation_models_pytorch.Unet('resnet34', classes=classes) without its pretrained weights."""
 
-    def __init__(self, d=1):
+    def __init__(self, d=1, classes=1):
         super().__init__()
         self.encoder = Encoder(d)
         self.decoder = Decoder(d)
-        self.segmentation_head = nn.Sequential(nn.Conv2d(width(16, d), 1, 3, 1, 1))
+        self.segmentation_head = nn.Sequential(nn.Conv2d(width(16, d), classes, 3, 1, 1))
 
     def forward(self, x):
         return self.segmentation_head[0](self.decoder(self.encoder(x)))
@@ -146,6 +158,26 @@ def loss_fn(logits, target):
     p = torch.sigmoid(logits)
     inter, card = (p * target).sum(), p.sum() + target.sum()
     return F.binary_cross_entropy_with_logits(logits, target) + 1 - (2 * inter + 1) / (card + 1)
+
+
+def multiclass_dice(logits, target, ignore_index=None, smooth=0.0, eps=1e-7):
+    """SMP's DiceLoss(mode='multiclass', from_logits=True) as segmentation_models_pytorch/losses/
+    dice.py computes it: target [bs,H,W] of class indices; Dice over the whole batch per class;
+    a class absent from the (non-ignored) target contributes 0 and still counts in the mean."""
+    bs, c = logits.shape[:2]
+    y_pred = logits.log_softmax(dim=1).exp().view(bs, c, -1)
+    y_true = target.view(bs, -1)
+    if ignore_index is not None:
+        mask = y_true != ignore_index
+        y_pred = y_pred * mask.unsqueeze(1)
+        y_true = F.one_hot((y_true * mask).long(), c).permute(0, 2, 1) * mask.unsqueeze(1)
+    else:
+        y_true = F.one_hot(y_true, c).permute(0, 2, 1)
+    y_true = y_true.type_as(y_pred)
+    inter, card = (y_pred * y_true).sum(dim=(0, 2)), (y_pred + y_true).sum(dim=(0, 2))
+    loss = 1.0 - (2.0 * inter + smooth) / (card + smooth).clamp_min(eps)
+    loss = loss * (y_true.sum(dim=(0, 2)) > 0).to(loss.dtype)
+    return loss.mean()
 
 
 DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.int64: "I64"}
@@ -183,7 +215,18 @@ def read_safetensors(path):
     return out
 
 
+def read_metadata(path):
+    """The header's __metadata__ (a JSON object of strings), {} when there is none."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        return json.loads(f.read(n)).get("__metadata__", {})
+
+
 def golden(args):
+    if args.classes >= 2:
+        return golden_multiclass(args)
+    if args.ignore_index is not None:
+        raise SystemExit("golden: --ignore-index needs --classes 2 or more")
     torch.manual_seed(args.seed)
     model = Unet(args.width_divisor).double().train()
     for m in model.modules():  # non-trivial BN affine parameters and running statistics
@@ -209,13 +252,56 @@ def golden(args):
     print(f"wrote {args.path}: {len(state)} state entries, loss {loss.item():.12f}")
 
 
+def golden_multiclass(args):
+    n, k = args.classes, args.ignore_index
+    if k is not None and 0 <= k < n:
+        raise SystemExit(f"golden: --ignore-index {k} is a class of --classes {n}")
+    torch.manual_seed(args.seed)
+    model = Unet(args.width_divisor, n).double().train()
+    for m in model.modules():  # as golden()
+        if isinstance(m, nn.BatchNorm2d):
+            nn.init.uniform_(m.weight, 0.5, 1.5)
+            nn.init.uniform_(m.bias, -0.2, 0.2)
+            m.running_mean.uniform_(-0.1, 0.1)
+            m.running_var.uniform_(0.8, 1.2)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
+    target = torch.randint(0, n - 1, (2, 1, 64, 64))  # 0..n-2: class n-1 is absent
+    ignored = torch.zeros(2, 1, 64, 64, dtype=torch.bool)
+    if k is not None:
+        ignored[0, :, 0:4, :] = True
+        ignored |= torch.rand(2, 1, 64, 64) < 0.05
+        target[ignored] = k
+    logits = model(x)
+    ce = nn.CrossEntropyLoss(ignore_index=-100 if k is None else k)(logits, target[:, 0])
+    dice = multiclass_dice(logits, target[:, 0], k)
+    loss = ce + dice
+    loss.backward()
+    params = dict(model.named_parameters())
+    out = dict(state)
+    out["golden.input"] = x
+    out["golden.target"] = torch.where(ignored, -1.0, target.double())
+    out["golden.logits"], out["golden.loss"] = logits, loss.reshape(())
+    for name, p in params.items():
+        out["golden.grad." + name] = p.grad.clone()
+    out["golden.after.encoder.layer1.1.bn1.running_mean"] = model.encoder.layer1[1].bn1.running_mean
+    torch.optim.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0).step()
+    for name, p in params.items():
+        out["golden.adam." + name] = p.detach().clone()
+    write_safetensors(args.path, out)
+    print(f"wrote {args.path}: {len(out)} entries ({len(state)} state, {len(params)} parameters), {n} classes, "
+          f"{int(ignored.sum())} ignored pixels, loss {loss.item():.12f} (ce {ce.item():.12f}, "
+          f"dice {dice.item():.12f})")
+
+
 def check(args):
-    model = Unet(args.width_divisor).float().eval()
+    classes = args.classes or int(read_metadata(args.path).get("classes", 1))
+    model = Unet(args.width_divisor, classes).float().eval()
     model.load_state_dict(read_safetensors(args.path), strict=True)
     torch.manual_seed(0)
     with torch.no_grad():
         y = model(torch.randn(1, 3, args.image_size, args.image_size))
-    print(f"loaded {args.path} strictly; logits mean {y.mean().item():.6f} std {y.std().item():.6f}")
+    print(f"loaded {args.path} strictly (classes {classes}); logits mean {y.mean().item():.6f} std {y.std().item():.6f}")
 
 
 def export_encoder(args):
@@ -472,10 +558,13 @@ if __name__ == "__main__":
     g.add_argument("path")
     g.add_argument("--width-divisor", type=int, default=16)
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--classes", type=int, default=1)
+    g.add_argument("--ignore-index", type=int, help="--classes 2 or more: the ignored target value (e.g. 255)")
     c = sub.add_parser("check")
     c.add_argument("path")
     c.add_argument("--width-divisor", type=int, default=1)
     c.add_argument("--image-size", type=int, default=64)
+    c.add_argument("--classes", type=int, help="default: the checkpoint's __metadata__ \"classes\", else 1")
     e = sub.add_parser("export-encoder")
     e.add_argument("path")
     e.add_argument("--random", action="store_true")

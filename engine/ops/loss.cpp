@@ -17,7 +17,14 @@ static void check_loss_inputs(const char* op, const Tensor& logits, const Tensor
                "), got ", dtype_name(target.dtype()));
   UNETCU_CHECK(target.device() == logits.device(), op, ": device mismatch (",
                logits.device().str(), " vs ", target.device().str(), ")");
-  check_same_shape(op, logits, target);
+  if (logits.ndim() == 4 && logits.dim(1) >= 2) {  // class indices, one per pixel
+    UNETCU_CHECK(target.ndim() == 4 && target.dim(0) == logits.dim(0) && target.dim(1) == 1 &&
+                     target.dim(2) == logits.dim(2) && target.dim(3) == logits.dim(3),
+                 op, ": the target of logits ", shape_str(logits.shape()),
+                 " must be [N, 1, H, W] class indices, got ", shape_str(target.shape()));
+  } else {
+    check_same_shape(op, logits, target);
+  }
   UNETCU_CHECK(logits.numel() > 0, op, ": empty input");
   UNETCU_CHECK(!target.requires_grad(), op, ": the target must not require a gradient");
 }
@@ -27,26 +34,83 @@ static DType loss_dtype(const Tensor& logits) {
   return logits.dtype() == DType::BF16 ? DType::F32 : logits.dtype();
 }
 
+static void check_binary(const char* op, const Tensor& logits) {
+  UNETCU_CHECK(logits.ndim() != 4 || logits.dim(1) == 1, op, ": logits ", shape_str(logits.shape()),
+               " have ", logits.dim(1), " channels; this loss is for one (binary)");
+}
+static void check_classes(const char* op, const Tensor& logits) {
+  UNETCU_CHECK(logits.ndim() == 4 && logits.dim(1) >= 2, op, ": logits ", shape_str(logits.shape()),
+               " must be [N, C, H, W] with C >= 2 classes");
+}
+
 Tensor bce_with_logits(const Tensor& logits, const Tensor& target) {
+  check_binary("bce_with_logits", logits);
   check_loss_inputs("bce_with_logits", logits, target);
+  Tensor sums = Tensor::empty({2}, DType::F64, logits.device());
   Tensor loss = Tensor::empty({}, loss_dtype(logits), logits.device());
   const double n = double(logits.numel()), bytes = ops_detail::bytes_of({&logits, &target});
   {
     ProfileRange range("bce_with_logits", "op", 6 * n, bytes);
-    UNETCU_LAUNCH(logits.device(), bce_with_logits_forward, logits, target, loss);
+    UNETCU_LAUNCH(logits.device(), bce_with_logits_forward, logits, target, sums, loss);
   }
   if (Tape::should_record({&logits})) {
-    Tape::record("bce_with_logits", {logits}, {loss}, [logits, target](BackwardContext& ctx) {
+    Tape::record("bce_with_logits", {logits}, {loss}, [logits, target, sums](BackwardContext& ctx) {
       double beta;
       Tensor gx = ctx.grad_input(0, &beta);
-      UNETCU_LAUNCH(logits.device(), bce_with_logits_backward, logits, target, ctx.grad_output(0),
-                    gx, beta);
+      UNETCU_LAUNCH(logits.device(), bce_with_logits_backward, logits, target, sums,
+                    ctx.grad_output(0), gx, beta);
     }, OpCost{5 * n, 1.5 * bytes});
   }
   return loss;
 }
 
+Tensor cross_entropy(const Tensor& logits, const Tensor& target) {
+  check_classes("cross_entropy", logits);
+  check_loss_inputs("cross_entropy", logits, target);
+  Tensor sums = Tensor::empty({2}, DType::F64, logits.device());
+  Tensor loss = Tensor::empty({}, loss_dtype(logits), logits.device());
+  const double n = double(logits.numel()), bytes = ops_detail::bytes_of({&logits, &target});
+  {
+    ProfileRange range("cross_entropy", "op", 5 * n, bytes);
+    UNETCU_LAUNCH(logits.device(), softmax_ce_forward, logits, target, sums, loss);
+  }
+  if (Tape::should_record({&logits})) {
+    Tape::record("cross_entropy", {logits}, {loss}, [logits, target, sums](BackwardContext& ctx) {
+      double beta;
+      Tensor gx = ctx.grad_input(0, &beta);
+      UNETCU_LAUNCH(logits.device(), softmax_ce_backward, logits, target, sums,
+                    ctx.grad_output(0), gx, beta);
+    }, OpCost{8 * n, 1.5 * bytes});
+  }
+  return loss;
+}
+
+Tensor multiclass_dice_loss(const Tensor& logits, const Tensor& target, double smooth) {
+  check_classes("multiclass_dice_loss", logits);
+  check_loss_inputs("multiclass_dice_loss", logits, target);
+  UNETCU_CHECK(smooth >= 0, "multiclass_dice_loss: smooth must be >= 0");
+  const double n = double(logits.numel()), bytes = ops_detail::bytes_of({&logits, &target});
+  Tensor sums = Tensor::empty({3, logits.dim(1)}, DType::F64, logits.device());
+  Tensor loss = Tensor::empty({}, loss_dtype(logits), logits.device());
+  {
+    ProfileRange range("multiclass_dice_loss", "op", 7 * n, bytes);
+    UNETCU_LAUNCH(logits.device(), multiclass_dice_sums, logits, target, sums);
+    UNETCU_LAUNCH(logits.device(), multiclass_dice_loss_from_sums, sums, smooth, loss);
+  }
+  if (Tape::should_record({&logits})) {
+    Tape::record("multiclass_dice_loss", {logits}, {loss},
+                 [logits, target, sums, smooth](BackwardContext& ctx) {
+                   double beta;
+                   Tensor gx = ctx.grad_input(0, &beta);
+                   UNETCU_LAUNCH(logits.device(), multiclass_dice_backward, logits, target, sums,
+                                 smooth, ctx.grad_output(0), gx, beta);
+                 }, OpCost{14 * n, 1.5 * bytes});
+  }
+  return loss;
+}
+
 Tensor dice_loss(const Tensor& logits, const Tensor& target, double smooth) {
+  check_binary("dice_loss", logits);
   check_loss_inputs("dice_loss", logits, target);
   UNETCU_CHECK(smooth >= 0, "dice_loss: smooth must be >= 0");
   const double n = double(logits.numel()), bytes = ops_detail::bytes_of({&logits, &target});
@@ -70,6 +134,14 @@ Tensor dice_loss(const Tensor& logits, const Tensor& target, double smooth) {
 }
 
 Tensor segmentation_loss(LossKind kind, const Tensor& logits, const Tensor& target) {
+  if (logits.ndim() == 4 && logits.dim(1) >= 2) {
+    switch (kind) {
+      case LossKind::BCE: return cross_entropy(logits, target);
+      case LossKind::Dice: return multiclass_dice_loss(logits, target);
+      case LossKind::BCEDice:
+        return add(cross_entropy(logits, target), multiclass_dice_loss(logits, target));
+    }
+  }
   switch (kind) {
     case LossKind::BCE: return bce_with_logits(logits, target);
     case LossKind::Dice: return dice_loss(logits, target);

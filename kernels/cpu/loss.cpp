@@ -5,6 +5,9 @@
 // types (float for bfloat16). The loss (and so its upstream gradient) is the logits' compute
 // type: float32 for bfloat16 logits, as autocast runs these losses. grad_x has the logits'
 // dtype and format, each element rounded once.
+#include <algorithm>
+#include <vector>
+
 #include "kernels/cpu/parallel.h"
 #include "kernels/launchers.h"
 #include "bodies/loss.h"
@@ -20,8 +23,9 @@ void dice_sums_impl(const X* x, const Tt* t, const LossTargetIndex& ti, int64_t 
   double inter = 0, psum = 0, tsum = 0;
 #pragma omp parallel for reduction(+ : inter, psum, tsum) schedule(static) if (n >= kParallelGrain)
   for (int64_t i = 0; i < n; ++i) {
-    const double p = kernels::sigmoid_forward(A(x[i]));
     const double tv = A(t[ti(i)]);
+    if (!counted(tv)) continue;
+    const double p = kernels::sigmoid_forward(A(x[i]));
     inter += p * tv;
     psum += p;
     tsum += tv;
@@ -29,36 +33,68 @@ void dice_sums_impl(const X* x, const Tt* t, const LossTargetIndex& ti, int64_t 
   out[0] = inter, out[1] = psum, out[2] = tsum;
 }
 
+// K sums over [0, n) added in an order that does not depend on the thread count: fixed
+// chunks, each summed serially by body(i, acc[K]), then the chunks' sums in chunk order.
+template <class F> void chunked_sums(int64_t n, int K, F&& body, double* out) {
+  constexpr int64_t kChunk = 4096;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> part(size_t(chunks) * size_t(K), 0.0);
+  parallel_for(chunks, [&](int64_t k) {
+    double* acc = part.data() + k * K;
+    for (int64_t i = k * kChunk, end = std::min(n, i + kChunk); i < end; ++i) body(i, acc);
+  }, 2);
+  for (int j = 0; j < K; ++j) out[j] = 0;
+  for (int64_t k = 0; k < chunks; ++k)
+    for (int j = 0; j < K; ++j) out[j] += part[size_t(k * K + j)];
+}
+
+ClassLayout class_layout(const TensorRef& logits) {
+  const Dims4 d = logits.dims4();
+  return {d.C, d.H * d.W, d.nhwc};
+}
+
+// The mean's value, 0 over no counted element.
+template <class L> void write_mean(const double* sums, const TensorRef& loss) {
+  loss.data<L>()[0] = L(sums[1] > 0 ? sums[0] / sums[1] : 0.0);
+}
+
 }  // namespace
 
 void bce_with_logits_forward(const TensorRef& logits, const TensorRef& target,
-                             const TensorRef& loss) {
+                             const TensorRef& sums, const TensorRef& loss) {
   const int64_t n = logits.numel();
   const LossTargetIndex ti = target_index(logits, target);
+  double* s = sums.data<double>();
   UNETCU_DISPATCH_LOSS(logits, target, {
     using A = loss_acc_t<X, Tt>;
     using L = acc_t<X>;  // the loss's type
     const X* x = logits.data<X>();
     const Tt* t = target.data<Tt>();
-    const double sum = parallel_sum(
-        n, [&](int64_t i) { return double(kernels::bce_with_logits(A(x[i]), A(t[ti(i)]))); });
-    loss.data<L>()[0] = L(sum / double(n));
+    s[0] = parallel_sum(n, [&](int64_t i) {
+      const A tv = A(t[ti(i)]);
+      return counted(tv) ? double(kernels::bce_with_logits(A(x[i]), tv)) : 0.0;
+    });
+    s[1] = parallel_sum(n, [&](int64_t i) { return counted(A(t[ti(i)])) ? 1.0 : 0.0; });
+    write_mean<L>(s, loss);
   });
 }
 
 void bce_with_logits_backward(const TensorRef& logits, const TensorRef& target,
-                              const TensorRef& grad_loss, const TensorRef& grad_x, double beta) {
+                              const TensorRef& sums, const TensorRef& grad_loss,
+                              const TensorRef& grad_x, double beta) {
   const int64_t n = logits.numel();
   const LossTargetIndex ti = target_index(logits, target);
+  const double count = sums.data<double>()[1];
   UNETCU_DISPATCH_LOSS(logits, target, {
     using A = loss_acc_t<X, Tt>;
     using L = acc_t<X>;  // the loss's type
     const X* x = logits.data<X>();
     const Tt* t = target.data<Tt>();
     X* g = grad_x.data<X>();
-    const A s = A(double(grad_loss.data<L>()[0]) / double(n)), b = A(beta);
+    const A s = A(count > 0 ? double(grad_loss.data<L>()[0]) / count : 0.0), b = A(beta);
     parallel_for(n, [&](int64_t i) {
-      store(g + i, acc_t<X>(s * bce_with_logits_grad(A(x[i]), A(t[ti(i)]))), acc_t<X>(b));
+      const A tv = A(t[ti(i)]);
+      store(g + i, acc_t<X>(counted(tv) ? s * bce_with_logits_grad(A(x[i]), tv) : A(0)), acc_t<X>(b));
     });
   });
 }
@@ -90,9 +126,119 @@ void dice_backward(const TensorRef& logits, const TensorRef& target, const Tenso
     const A inter = A(s[0]), card = A(s[1] + s[2]), sm = A(smooth);
     const A sc = A(grad_loss.data<L>()[0]), b = A(beta);
     parallel_for(n, [&](int64_t i) {
+      const A tv = A(t[ti(i)]);
       const A p = kernels::sigmoid_forward(A(x[i]));
-      store(g + i, acc_t<X>(sc * dice_grad_logit(p, A(t[ti(i)]), inter, card, sm)), acc_t<X>(b));
+      store(g + i, acc_t<X>(counted(tv) ? sc * dice_grad_logit(p, tv, inter, card, sm) : A(0)),
+            acc_t<X>(b));
     });
+  });
+}
+
+void softmax_ce_forward(const TensorRef& logits, const TensorRef& target, const TensorRef& sums,
+                        const TensorRef& loss) {
+  const ClassLayout L = class_layout(logits);
+  const int64_t pixels = logits.numel() / L.C;
+  double* s = sums.data<double>();
+  UNETCU_DISPATCH_LOSS(logits, target, {
+    using A = loss_acc_t<X, Tt>;
+    const X* x = logits.data<X>();
+    const Tt* t = target.data<Tt>();
+    chunked_sums(pixels, 2, [&](int64_t p, double* acc) {
+      const A tv = A(t[p]);
+      if (!counted(tv)) return;
+      acc[0] += double(softmax_ce<A>(x, L, p, int64_t(tv)));
+      acc[1] += 1;
+    }, s);
+    write_mean<acc_t<X>>(s, loss);
+  });
+}
+
+void softmax_ce_backward(const TensorRef& logits, const TensorRef& target, const TensorRef& sums,
+                         const TensorRef& grad_loss, const TensorRef& grad_x, double beta) {
+  const ClassLayout L = class_layout(logits);
+  const int64_t pixels = logits.numel() / L.C;
+  const double count = sums.data<double>()[1];
+  UNETCU_DISPATCH_LOSS(logits, target, {
+    using A = loss_acc_t<X, Tt>;
+    const X* x = logits.data<X>();
+    const Tt* t = target.data<Tt>();
+    X* g = grad_x.data<X>();
+    const A s = A(count > 0 ? double(grad_loss.data<acc_t<X>>()[0]) / count : 0.0), b = A(beta);
+    parallel_for(pixels, [&](int64_t p) {
+      const A tv = A(t[p]);
+      const bool on = counted(tv);
+      A mx = A(0), lse = A(0);
+      if (on) softmax_stats(x, L, p, &mx, &lse);
+      for (int64_t c = 0; c < L.C; ++c) {
+        const A v = on ? s * (exp(A(x[L(p, c)]) - mx - lse) - A(int64_t(tv) == c)) : A(0);
+        store(g + L(p, c), acc_t<X>(v), acc_t<X>(b));
+      }
+    }, kParallelGrain / 8);
+  });
+}
+
+void multiclass_dice_sums(const TensorRef& logits, const TensorRef& target, const TensorRef& sums) {
+  const ClassLayout L = class_layout(logits);
+  const int64_t pixels = logits.numel() / L.C, C = L.C;
+  UNETCU_DISPATCH_LOSS(logits, target, {
+    using A = loss_acc_t<X, Tt>;
+    const X* x = logits.data<X>();
+    const Tt* t = target.data<Tt>();
+    // acc: [inter_0..C-1, psum_0..C-1, tsum_0..C-1], the layout of sums [3, C].
+    chunked_sums(pixels, int(3 * C), [&](int64_t p, double* acc) {
+      const A tv = A(t[p]);
+      if (!counted(tv)) return;
+      A mx, lse;
+      softmax_stats(x, L, p, &mx, &lse);
+      const int64_t k = int64_t(tv);
+      for (int64_t c = 0; c < C; ++c) acc[C + c] += double(exp(A(x[L(p, c)]) - mx - lse));
+      acc[k] += double(exp(A(x[L(p, k)]) - mx - lse));
+      acc[2 * C + k] += 1;
+    }, sums.data<double>());
+  });
+}
+
+void multiclass_dice_loss_from_sums(const TensorRef& sums, double smooth, const TensorRef& loss) {
+  const int64_t C = sums.dim(1);
+  const double* s = sums.data<double>();
+  double total = 0;
+  for (int64_t c = 0; c < C; ++c)
+    if (s[2 * C + c] > 0)
+      total += 1.0 - (2.0 * s[c] + smooth) / multiclass_dice_denominator(s[C + c], s[2 * C + c], smooth);
+  UNETCU_DISPATCH_FLOAT(loss.dtype(), T, loss.data<T>()[0] = T(total / double(C)));
+}
+
+void multiclass_dice_backward(const TensorRef& logits, const TensorRef& target,
+                              const TensorRef& sums, double smooth, const TensorRef& grad_loss,
+                              const TensorRef& grad_x, double beta) {
+  const ClassLayout L = class_layout(logits);
+  const int64_t pixels = logits.numel() / L.C, C = L.C;
+  const double* s = sums.data<double>();
+  UNETCU_DISPATCH_LOSS(logits, target, {
+    using A = loss_acc_t<X, Tt>;
+    const X* x = logits.data<X>();
+    const Tt* t = target.data<Tt>();
+    X* g = grad_x.data<X>();
+    const A sc = A(grad_loss.data<acc_t<X>>()[0]), b = A(beta);
+    auto grad_p = [&](int64_t c, int64_t k) {  // d loss / d p_c at a pixel of class k
+      return multiclass_dice_grad_p(A(k == c), A(s[c]),
+                                    A(multiclass_dice_denominator(s[C + c], s[2 * C + c], smooth)),
+                                    A(s[2 * C + c]), A(smooth), A(C));
+    };
+    parallel_for(pixels, [&](int64_t p) {
+      const A tv = A(t[p]);
+      const bool on = counted(tv);
+      const int64_t k = on ? int64_t(tv) : 0;
+      A mx = A(0), lse = A(0), dot = A(0);
+      if (on) {
+        softmax_stats(x, L, p, &mx, &lse);
+        for (int64_t c = 0; c < C; ++c) dot += grad_p(c, k) * exp(A(x[L(p, c)]) - mx - lse);
+      }
+      for (int64_t c = 0; c < C; ++c) {
+        const A v = on ? sc * exp(A(x[L(p, c)]) - mx - lse) * (grad_p(c, k) - dot) : A(0);
+        store(g + L(p, c), acc_t<X>(v), acc_t<X>(b));
+      }
+    }, kParallelGrain / 8);
   });
 }
 

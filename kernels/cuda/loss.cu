@@ -17,15 +17,132 @@
 namespace unetcu::kernels::cuda {
 namespace {
 
-// partials [blocks]: this block's sum.
+// partials [2][blocks]: this block's sum and count over counted elements.
 template <class X, class Tt>
 __global__ void bce_sum_kernel(const X* x, const Tt* t, LossTargetIndex ti, double* partials,
                                int64_t n) {
   using A = loss_acc_t<X, Tt>;
-  double acc = 0;
-  GRID_STRIDE(i, n) acc += double(bce_with_logits(A(x[i]), A(t[ti(i)])));
+  double acc = 0, cnt = 0;
+  GRID_STRIDE(i, n) {
+    const A tv = A(t[ti(i)]);
+    if (!counted(tv)) continue;
+    acc += double(bce_with_logits(A(x[i]), tv));
+    cnt += 1;
+  }
   acc = block_sum(acc);
-  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+  cnt = block_sum(cnt);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc, partials[gridDim.x + blockIdx.x] = cnt;
+}
+
+// partials [2][blocks]: this block's sum of softmax cross-entropy and count of counted pixels.
+template <class X, class Tt>
+__global__ void softmax_ce_sum_kernel(const X* x, const Tt* t, ClassLayout L, double* partials,
+                                      int64_t pixels) {
+  using A = loss_acc_t<X, Tt>;
+  double acc = 0, cnt = 0;
+  GRID_STRIDE(p, pixels) {
+    const A tv = A(t[p]);
+    if (!counted(tv)) continue;
+    acc += double(softmax_ce<A>(x, L, p, int64_t(tv)));
+    cnt += 1;
+  }
+  acc = block_sum(acc);
+  cnt = block_sum(cnt);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc, partials[gridDim.x + blockIdx.x] = cnt;
+}
+
+template <class X, class Tt>
+__global__ void softmax_ce_backward_kernel(const X* x, const Tt* t, ClassLayout L,
+                                           const double* sums, const acc_t<X>* grad_loss, X* gx,
+                                           acc_t<X> beta, int64_t pixels) {
+  using A = loss_acc_t<X, Tt>;
+  const A s = A(sums[1] > 0 ? double(grad_loss[0]) / sums[1] : 0.0);
+  GRID_STRIDE(p, pixels) {
+    const A tv = A(t[p]);
+    const bool on = counted(tv);
+    A mx = A(0), lse = A(0);
+    if (on) softmax_stats(x, L, p, &mx, &lse);
+    for (int64_t c = 0; c < L.C; ++c) {
+      const A v = on ? s * (exp(A(x[L(p, c)]) - mx - lse) - A(int64_t(tv) == c)) : A(0);
+      store(gx + L(p, c), acc_t<X>(v), beta);
+    }
+  }
+}
+
+// Block (b, c) sums class c = blockIdx.y: partials [3][C][blocks] = sum p_c [t = c], sum p_c,
+// sum [t = c] over its pixels.
+template <class X, class Tt>
+__global__ void multiclass_dice_sums_kernel(const X* x, const Tt* t, ClassLayout L,
+                                            double* partials, int64_t pixels) {
+  using A = loss_acc_t<X, Tt>;
+  const int64_t c = blockIdx.y;
+  double inter = 0, ps = 0, ts = 0;
+  GRID_STRIDE(p, pixels) {
+    const A tv = A(t[p]);
+    if (!counted(tv)) continue;
+    A mx, lse;
+    softmax_stats(x, L, p, &mx, &lse);
+    const double pc = double(exp(A(x[L(p, c)]) - mx - lse));
+    const bool is_c = int64_t(tv) == c;
+    ps += pc;
+    inter += is_c ? pc : 0.0;
+    ts += is_c ? 1.0 : 0.0;
+  }
+  inter = block_sum(inter);
+  ps = block_sum(ps);
+  ts = block_sum(ts);
+  if (threadIdx.x == 0) {
+    const int64_t C = gridDim.y, B = gridDim.x;
+    partials[(0 * C + c) * B + blockIdx.x] = inter;
+    partials[(1 * C + c) * B + blockIdx.x] = ps;
+    partials[(2 * C + c) * B + blockIdx.x] = ts;
+  }
+}
+
+// Block k: out[k] = sum over b of partials[k * blocks + b], in a fixed order.
+__global__ void sum_rows_kernel(const double* partials, int blocks, double* out) {
+  double acc = 0;
+  for (int b = threadIdx.x; b < blocks; b += blockDim.x) acc += partials[int64_t(blockIdx.x) * blocks + b];
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) out[blockIdx.x] = acc;
+}
+
+template <class L>
+__global__ void multiclass_dice_loss_kernel(const double* s, int64_t C, double smooth, L* loss) {
+  double total = 0;
+  for (int64_t c = 0; c < C; ++c)
+    if (s[2 * C + c] > 0)
+      total += 1.0 - (2.0 * s[c] + smooth) / multiclass_dice_denominator(s[C + c], s[2 * C + c], smooth);
+  loss[0] = L(total / double(C));
+}
+
+template <class X, class Tt>
+__global__ void multiclass_dice_backward_kernel(const X* x, const Tt* t, ClassLayout L,
+                                                const double* s, double smooth,
+                                                const acc_t<X>* grad_loss, X* gx, acc_t<X> beta,
+                                                int64_t pixels) {
+  using A = loss_acc_t<X, Tt>;
+  const int64_t C = L.C;
+  const A sc = A(grad_loss[0]);
+  auto grad_p = [&](int64_t c, int64_t k) {  // d loss / d p_c at a pixel of class k
+    return multiclass_dice_grad_p(A(k == c), A(s[c]),
+                                  A(multiclass_dice_denominator(s[C + c], s[2 * C + c], smooth)),
+                                  A(s[2 * C + c]), A(smooth), A(C));
+  };
+  GRID_STRIDE(p, pixels) {
+    const A tv = A(t[p]);
+    const bool on = counted(tv);
+    const int64_t k = on ? int64_t(tv) : 0;
+    A mx = A(0), lse = A(0), dot = A(0);
+    if (on) {
+      softmax_stats(x, L, p, &mx, &lse);
+      for (int64_t c = 0; c < C; ++c) dot += grad_p(c, k) * exp(A(x[L(p, c)]) - mx - lse);
+    }
+    for (int64_t c = 0; c < C; ++c) {
+      const A v = on ? sc * exp(A(x[L(p, c)]) - mx - lse) * (grad_p(c, k) - dot) : A(0);
+      store(gx + L(p, c), acc_t<X>(v), beta);
+    }
+  }
 }
 
 // One block: out[k] = sum over b of partials[k * blocks + b], k < K, in a fixed order.
@@ -39,16 +156,21 @@ __global__ void sum_partials_kernel(const double* partials, int blocks, double* 
   }
 }
 
-template <class L> __global__ void mean_kernel(const double* sum, L* loss, int64_t n) {
-  loss[0] = L(sum[0] / double(n));
+// loss = sums[0] / sums[1], 0 over no counted element.
+template <class L> __global__ void mean_kernel(const double* sums, L* loss) {
+  loss[0] = L(sums[1] > 0 ? sums[0] / sums[1] : 0.0);
 }
 
 template <class X, class Tt>
 __global__ void bce_backward_kernel(const X* x, const Tt* t, LossTargetIndex ti,
-                                    const acc_t<X>* grad_loss, X* gx, acc_t<X> beta, int64_t n) {
+                                    const double* sums, const acc_t<X>* grad_loss, X* gx,
+                                    acc_t<X> beta, int64_t n) {
   using A = loss_acc_t<X, Tt>;
-  const A s = A(double(grad_loss[0]) / double(n));
-  GRID_STRIDE(i, n) store(gx + i, acc_t<X>(s * bce_with_logits_grad(A(x[i]), A(t[ti(i)]))), beta);
+  const A s = A(sums[1] > 0 ? double(grad_loss[0]) / sums[1] : 0.0);
+  GRID_STRIDE(i, n) {
+    const A tv = A(t[ti(i)]);
+    store(gx + i, acc_t<X>(counted(tv) ? s * bce_with_logits_grad(A(x[i]), tv) : A(0)), beta);
+  }
 }
 
 // partials [3][blocks]: this block's sums of p*t, p and t.
@@ -58,8 +180,9 @@ __global__ void dice_sums_kernel(const X* x, const Tt* t, LossTargetIndex ti, do
   using A = loss_acc_t<X, Tt>;
   double inter = 0, ps = 0, ts = 0;
   GRID_STRIDE(i, n) {
-    const double p = kernels::sigmoid_forward(A(x[i]));
     const double tv = A(t[ti(i)]);
+    if (!counted(tv)) continue;
+    const double p = kernels::sigmoid_forward(A(x[i]));
     inter += p * tv;
     ps += p;
     ts += tv;
@@ -85,8 +208,9 @@ __global__ void dice_backward_kernel(const X* x, const Tt* t, LossTargetIndex ti
   using A = loss_acc_t<X, Tt>;
   const A inter = A(sums[0]), card = A(sums[1] + sums[2]), sm = A(smooth), sc = A(grad_loss[0]);
   GRID_STRIDE(i, n) {
+    const A tv = A(t[ti(i)]);
     const A p = kernels::sigmoid_forward(A(x[i]));
-    store(gx + i, acc_t<X>(sc * dice_grad_logit(p, A(t[ti(i)]), inter, card, sm)), beta);
+    store(gx + i, acc_t<X>(counted(tv) ? sc * dice_grad_logit(p, tv, inter, card, sm) : A(0)), beta);
   }
 }
 
@@ -94,38 +218,119 @@ __global__ void dice_backward_kernel(const X* x, const Tt* t, LossTargetIndex ti
 }  // namespace
 
 void bce_with_logits_forward(const TensorRef& logits, const TensorRef& target,
-                             const TensorRef& loss) {
+                             const TensorRef& sums, const TensorRef& loss) {
   const int64_t n = logits.numel();
   Launch l(logits);
   const int blocks = blocks_for(n);
   const LossTargetIndex ti = target_index(logits, target);
-  unetcu::cuda::DeviceBuffer partials(logits.device().index, size_t(blocks) * sizeof(double));
-  unetcu::cuda::DeviceBuffer sum(logits.device().index, sizeof(double));
+  unetcu::cuda::DeviceBuffer partials(logits.device().index, 2 * size_t(blocks) * sizeof(double));
   UNETCU_DISPATCH_LOSS(logits, target, {
     bce_sum_kernel<<<blocks, kThreads, 0, l.stream>>>(
         logits.data<X>(), target.data<Tt>(), ti, static_cast<double*>(partials.get()), n);
   });
   CUDA_CHECK_LAUNCH(l.stream, "bce_with_logits_forward");
-  sum_partials_kernel<1><<<1, kThreads, 0, l.stream>>>(static_cast<const double*>(partials.get()),
-                                                       blocks, static_cast<double*>(sum.get()));
+  sum_partials_kernel<2><<<1, kThreads, 0, l.stream>>>(static_cast<const double*>(partials.get()),
+                                                       blocks, sums.data<double>());
   CUDA_CHECK_LAUNCH(l.stream, "bce_with_logits_forward (sum)");
   UNETCU_DISPATCH_FLOAT(loss.dtype(), L, {
-    mean_kernel<<<1, 1, 0, l.stream>>>(static_cast<double*>(sum.get()), loss.data<L>(), n);
+    mean_kernel<<<1, 1, 0, l.stream>>>(sums.data<double>(), loss.data<L>());
   });
   CUDA_CHECK_LAUNCH(l.stream, "bce_with_logits_forward (mean)");
 }
 
 void bce_with_logits_backward(const TensorRef& logits, const TensorRef& target,
-                              const TensorRef& grad_loss, const TensorRef& grad_x, double beta) {
+                              const TensorRef& sums, const TensorRef& grad_loss,
+                              const TensorRef& grad_x, double beta) {
   const int64_t n = logits.numel();
   Launch l(logits);
   const LossTargetIndex ti = target_index(logits, target);
   UNETCU_DISPATCH_LOSS(logits, target, {
     bce_backward_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(
-        logits.data<X>(), target.data<Tt>(), ti, grad_loss.data<acc_t<X>>(), grad_x.data<X>(),
-        acc_t<X>(beta), n);
+        logits.data<X>(), target.data<Tt>(), ti, sums.data<double>(), grad_loss.data<acc_t<X>>(),
+        grad_x.data<X>(), acc_t<X>(beta), n);
   });
   CUDA_CHECK_LAUNCH(l.stream, "bce_with_logits_backward");
+}
+
+namespace {
+ClassLayout class_layout(const TensorRef& logits) {
+  const Dims4 d = logits.dims4();
+  return {d.C, d.H * d.W, d.nhwc};
+}
+}  // namespace
+
+void softmax_ce_forward(const TensorRef& logits, const TensorRef& target, const TensorRef& sums,
+                        const TensorRef& loss) {
+  const ClassLayout L = class_layout(logits);
+  const int64_t pixels = logits.numel() / L.C;
+  Launch l(logits);
+  const int blocks = blocks_for(pixels);
+  unetcu::cuda::DeviceBuffer partials(logits.device().index, 2 * size_t(blocks) * sizeof(double));
+  UNETCU_DISPATCH_LOSS(logits, target, {
+    softmax_ce_sum_kernel<<<blocks, kThreads, 0, l.stream>>>(
+        logits.data<X>(), target.data<Tt>(), L, static_cast<double*>(partials.get()), pixels);
+  });
+  CUDA_CHECK_LAUNCH(l.stream, "softmax_ce_forward");
+  sum_partials_kernel<2><<<1, kThreads, 0, l.stream>>>(static_cast<const double*>(partials.get()),
+                                                       blocks, sums.data<double>());
+  CUDA_CHECK_LAUNCH(l.stream, "softmax_ce_forward (sum)");
+  UNETCU_DISPATCH_FLOAT(loss.dtype(), Lt, {
+    mean_kernel<<<1, 1, 0, l.stream>>>(sums.data<double>(), loss.data<Lt>());
+  });
+  CUDA_CHECK_LAUNCH(l.stream, "softmax_ce_forward (mean)");
+}
+
+void softmax_ce_backward(const TensorRef& logits, const TensorRef& target, const TensorRef& sums,
+                         const TensorRef& grad_loss, const TensorRef& grad_x, double beta) {
+  const ClassLayout L = class_layout(logits);
+  const int64_t pixels = logits.numel() / L.C;
+  Launch l(logits);
+  UNETCU_DISPATCH_LOSS(logits, target, {
+    softmax_ce_backward_kernel<<<blocks_for(pixels), kThreads, 0, l.stream>>>(
+        logits.data<X>(), target.data<Tt>(), L, sums.data<double>(), grad_loss.data<acc_t<X>>(),
+        grad_x.data<X>(), acc_t<X>(beta), pixels);
+  });
+  CUDA_CHECK_LAUNCH(l.stream, "softmax_ce_backward");
+}
+
+void multiclass_dice_sums(const TensorRef& logits, const TensorRef& target, const TensorRef& sums) {
+  const ClassLayout L = class_layout(logits);
+  const int64_t pixels = logits.numel() / L.C;
+  Launch l(logits);
+  const int blocks = blocks_for(pixels);
+  unetcu::cuda::DeviceBuffer partials(logits.device().index,
+                                      3 * size_t(L.C) * size_t(blocks) * sizeof(double));
+  UNETCU_DISPATCH_LOSS(logits, target, {
+    multiclass_dice_sums_kernel<<<dim3(unsigned(blocks), unsigned(L.C)), kThreads, 0, l.stream>>>(
+        logits.data<X>(), target.data<Tt>(), L, static_cast<double*>(partials.get()), pixels);
+  });
+  CUDA_CHECK_LAUNCH(l.stream, "multiclass_dice_sums");
+  sum_rows_kernel<<<unsigned(3 * L.C), kThreads, 0, l.stream>>>(
+      static_cast<const double*>(partials.get()), blocks, sums.data<double>());
+  CUDA_CHECK_LAUNCH(l.stream, "multiclass_dice_sums (sum)");
+}
+
+void multiclass_dice_loss_from_sums(const TensorRef& sums, double smooth, const TensorRef& loss) {
+  Launch l(sums);
+  UNETCU_DISPATCH_FLOAT(loss.dtype(), Lt, {
+    multiclass_dice_loss_kernel<<<1, 1, 0, l.stream>>>(sums.data<double>(), sums.dim(1), smooth,
+                                                        loss.data<Lt>());
+  });
+  CUDA_CHECK_LAUNCH(l.stream, "multiclass_dice_loss_from_sums");
+}
+
+void multiclass_dice_backward(const TensorRef& logits, const TensorRef& target,
+                              const TensorRef& sums, double smooth, const TensorRef& grad_loss,
+                              const TensorRef& grad_x, double beta) {
+  const ClassLayout L = class_layout(logits);
+  const int64_t pixels = logits.numel() / L.C;
+  Launch l(logits);
+  UNETCU_DISPATCH_LOSS(logits, target, {
+    multiclass_dice_backward_kernel<<<blocks_for(pixels), kThreads, 0, l.stream>>>(
+        logits.data<X>(), target.data<Tt>(), L, sums.data<double>(), smooth,
+        grad_loss.data<acc_t<X>>(), grad_x.data<X>(), acc_t<X>(beta), pixels);
+  });
+  CUDA_CHECK_LAUNCH(l.stream, "multiclass_dice_backward");
 }
 
 void dice_sums(const TensorRef& logits, const TensorRef& target, const TensorRef& sums) {

@@ -255,8 +255,12 @@ TEST_CASE("CUDA losses on bfloat16 and NHWC logits equal the CPU losses") {
             CAPTURE(std::string(format_name(lf)));
             CAPTURE(std::string(format_name(tf)));
             CAPTURE(std::string(dtype_name(tdt)));
-            Tensor t = Tensor::empty(s, DType::F64);
-            for (int64_t i = 0; i < t.numel(); ++i) t.set(i, rng.uniform() < 0.3 ? 1.0 : 0.0);
+            // One channel: 0/1; three: class indices [N, 1, H, W]; one pixel in ten ignored.
+            Tensor t = Tensor::empty({s[0], 1, s[2], s[3]}, DType::F64);
+            for (int64_t i = 0; i < t.numel(); ++i) {
+              const double u = rng.uniform();
+              t.set(i, u < 0.1 ? -1.0 : s[1] == 1 ? (u < 0.4 ? 1.0 : 0.0) : double(int64_t(rng.uniform() * 3)));
+            }
             const Tensor tc = t.to(tdt).to(tf), tg = tc.to(kGpu);
             const Tensor x = random_host(s, rng, dt, lf, -8, 8);
             // BCE + Dice stores the second loss's gradient on the first's: their CPU

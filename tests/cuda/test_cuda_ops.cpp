@@ -302,14 +302,24 @@ TEST_CASE("CUDA elementwise, pooling, resampling and concat equal the CPU ops") 
 TEST_CASE("CUDA losses equal the CPU losses, values and gradients") {
   Setup setup;
   FRESH_RNG(rng);
-  const Shape s = {3, 1, 40, 37};
-  Tensor target = Tensor::empty(s, DType::F64);
-  for (int64_t i = 0; i < target.numel(); ++i) target.set(i, rng.uniform() < 0.3 ? 1.0 : 0.0);
-  const Tensor tc = target, tg = gpu(target);
-  for (LossKind k : {LossKind::BCE, LossKind::Dice, LossKind::BCEDice}) {
-    check_op(loss_kind_name(k), [&](const std::vector<Tensor>& v) {
-      return segmentation_loss(k, v[0], v[0].device().is_cuda() ? tg : tc);
-    }, {random64(s, rng, -8, 8)}, {true});
+  // One channel (0/1 targets) and four classes (indices 0..2: class 3 absent), each with about
+  // one pixel in ten ignored (-1), in both memory formats of the logits.
+  for (int64_t C : {1, 4}) {
+    const Shape s = {3, C, 40, 37}, ts = {3, 1, 40, 37};
+    Tensor target = Tensor::empty(ts, DType::F64);
+    for (int64_t i = 0; i < target.numel(); ++i) {
+      const double u = rng.uniform();
+      target.set(i, u < 0.1 ? -1.0 : C == 1 ? (u < 0.4 ? 1.0 : 0.0) : double(int64_t(rng.uniform() * 3)));
+    }
+    const Tensor tc = target, tg = gpu(target);
+    for (MemoryFormat f : {MemoryFormat::NCHW, MemoryFormat::NHWC})
+      for (LossKind k : {LossKind::BCE, LossKind::Dice, LossKind::BCEDice}) {
+        CAPTURE(C);
+        CAPTURE(format_name(f));
+        check_op(loss_kind_name(k, int(C)), [&](const std::vector<Tensor>& v) {
+          return segmentation_loss(k, v[0], v[0].device().is_cuda() ? tg : tc);
+        }, {random64(s, rng, -8, 8).to(f)}, {true});
+      }
   }
 }
 
