@@ -1,6 +1,7 @@
 #include "apps/train_config.h"
 
 #include <omp.h>
+#include <sys/stat.h>
 
 #include <cstdio>
 
@@ -12,6 +13,8 @@
 #include <memory>
 
 #include "cli/cli.h"
+#include "data/labels.h"
+#include "engine/checkpoint.h"
 #include "kernels/cpu/conv_dnnl.h"
 #include "kernels/cpu/cpu_select.h"
 #include "parallel/nccl_communicator.h"
@@ -27,6 +30,8 @@ constexpr double kDataCacheBytes = 4.0 * (1 << 30);
 void add_train_flags(CLI::App& app, TrainConfig& cfg) {
   using cli::add_enum;
   using cli::checked;
+  // A file flag given an empty name would silently write or read nothing.
+  const auto not_empty = [](const std::string& s) -> std::string { return s.empty() ? "is empty: name a file" : ""; };
   app.add_option("--epochs", cfg.fit.epochs, "Number of epochs")->capture_default_str();
   app.add_option("--batch-size", cfg.fit.batch_size,
                  "Images per optimizer step (with --accumulate-grad-batches N: per forward and backward, "
@@ -40,8 +45,28 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
                  "--warmup-steps and --log-every count optimizer steps. --mode mp and dp+mp: the N batches are "
                  "more micro-batches of --split-size (default --batch-size)")
       ->capture_default_str();
-  app.add_option("--image-size", cfg.data.image_size, "Image height and width (multiple of 32)")
-      ->capture_default_str();
+  app.add_option_function<std::string>(
+         "--image-size",
+         checked("--image-size", [&cfg](const std::string& s) {
+           cli::parse_size(s, &cfg.data.image_width, &cfg.data.image_size);
+           cfg.image_size_given = true;
+         }),
+         "Training size S (S x S) or WxH, multiples of 32: images are resized to it; with --crop-size, "
+         "the synthetic set's size (a folder's images keep their own)")
+      ->default_str("64");
+  app.add_option_function<int>(
+      "--classes", [&cfg](int v) { cfg.classes = v; },
+      "Classes the model predicts: 1 (default) is binary (sigmoid, a mask > 0 is foreground); N >= 2 is "
+      "SMP's Unet(classes=N) with softmax, masks holding a class index per pixel (grayscale or indexed "
+      "PNG, or RGB through --class-colors)");
+  app.add_option("--ignore-index", cfg.data.labels.ignore_index,
+                 "A mask value (0..255, usually 255) that counts in no loss and no metric");
+  app.add_option("--class-colors", cfg.data.class_colors,
+                 "RGB masks: a file of one line per class, r,g,b[,name], in class order");
+  app.add_option("--crop-size", cfg.fit.crop,
+                 "Train on random S x S crops (a multiple of 32) of each image at its own size, augmented "
+                 "first, padding (ignored) where an image is smaller; validation runs on whole images in "
+                 "overlapping S x S tiles");
   app.add_option("--lr", cfg.strategy.optimizer.lr, "Learning rate (with --lr-schedule: the base rate)")->capture_default_str();
   add_enum(app, "--lr-schedule", cfg.lr_schedule, kLrScheduleNames,
            "Learning rate over the run, set before every optimizer step as PyTorch's schedulers "
@@ -95,9 +120,10 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
                  "steps were clipped")
       ->check(named_inf)
       ->capture_default_str();
-  app.add_option("--width-divisor", cfg.strategy.model.width_divisor,
-                 "Divide every channel count by this (1 = the real model)")
-      ->capture_default_str();
+  app.add_option_function<int>(
+         "--width-divisor", [&cfg](int v) { cfg.width_divisor = v; },
+         "Divide every channel count by this (1 = the real model; with --resume, the checkpoint's)")
+      ->default_str("1");
   app.add_option("--threads", cfg.strategy.threads,
                  "CPU threads (0 = all cores; with --mode dp or mp: per device, 0 = cores/N)")
       ->capture_default_str();
@@ -156,7 +182,8 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
                  "Time every op and block (forward and backward, with FLOPs and bytes), print "
                  "the per-op and per-block tables at the end and write a Chrome/Perfetto trace "
                  "(one track per device thread: compute, communication) to this JSON file. On a "
-                 "GPU the times are queueing times unless UNETCU_CUDA_SYNC=1");
+                 "GPU the times are queueing times unless UNETCU_CUDA_SYNC=1")
+      ->check(not_empty);
   app.add_option("--data", cfg.data.folder,
                  "Train on images: DIR/images + DIR/masks matched by file stem (or the article's "
                  "DIR/img + DIR/masks_machine); PNG/JPEG/BMP, masks > 0 are foreground; resized "
@@ -184,7 +211,8 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
                  "Dice, img/s, learning rate, peak memory in tensors, loader wait; with --clip-grad-norm "
                  "the mean and largest gradient norm and the share of steps clipped), flushed as "
                  "written; CSV with a header, or JSON Lines when FILE ends in .jsonl; appended to "
-                 "with --resume (a CSV only when its header is this run's)");
+                 "with --resume (a CSV only when its header is this run's)")
+      ->check(not_empty);
   app.add_option("--log-every", cfg.fit.log_every,
                  "With --log: also a row every N training steps (step, loss, img/s, learning rate)")
       ->capture_default_str();
@@ -192,13 +220,16 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
                  "Save a checkpoint after every epoch, in every mode: the model to FILE "
                  "(safetensors with segmentation_models_pytorch's state_dict names), optimizer "
                  "state (keyed by parameter name) and epoch to FILE.train; written to a "
-                 "temporary file and renamed");
+                 "temporary file and renamed")
+      ->check(not_empty);
   app.add_option("--resume", cfg.fit.resume,
                  "Continue from a checkpoint (model, optimizer, next epoch), written in any mode; "
-                 "with the same flags and seed the losses are those of an uninterrupted run");
+                 "with the same flags and seed the losses are those of an uninterrupted run")
+      ->check(not_empty);
   app.add_option("--save-best", cfg.fit.save_best,
                  "Save a checkpoint (FILE and FILE.train, as --checkpoint) after every epoch whose "
-                 "--monitor value is the best of the run so far");
+                 "--monitor value is the best of the run so far")
+      ->check(not_empty);
   app.add_option("--early-stop", cfg.fit.monitor.patience,
                  "Patience: end the run after N epochs in a row without a --monitor improvement "
                  "(of more than --early-stop-delta); 0 never")
@@ -215,7 +246,8 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
       ->default_str("val_iou");
   app.add_option("--init-encoder", cfg.fit.init_encoder,
                  "Load only the encoder.* entries of a safetensors file, e.g. ImageNet ResNet34 "
-                 "weights exported from torchvision");
+                 "weights exported from torchvision")
+      ->check(not_empty);
   app.add_flag_callback("--no-tf32", [&cfg] { cfg.tf32 = false; },
                         "CUDA: keep cuDNN convolutions in full float32 (by default they may use "
                         "TF32 tensor cores, as PyTorch does)");
@@ -273,14 +305,15 @@ void check_train_count(const TrainConfig& c, int64_t train_n, const std::string&
                  " replicas ", train_n / n, " samples, fewer than ", step_what);
   }
   // BN in training needs more than one value per channel: at layer4 a sample is (S/32)² values.
-  const int64_t last = int64_t(c.data.image_size / 32) * (c.data.image_size / 32);
+  const int tw = c.fit.crop ? c.fit.crop : c.data.width(), th = c.fit.crop ? c.fit.crop : c.data.height();
+  const int64_t last = int64_t(tw / 32) * (th / 32);
   const int64_t replicas = c.strategy.mode == Mode::DataParallel || c.strategy.mode == Mode::DataPipeline ? dp_replicas : 1;
   // With accumulation one device and DP run a step in batches of --batch-size (the last batch's
   // rows are then n % step % batch = n % batch); a pipeline cuts the step into micro-batches
   // (checked below).
   const bool pipeline = c.strategy.mode == Mode::Pipeline || c.strategy.mode == Mode::DataPipeline;
   UNETCU_CHECK(last > 1 || (pipeline && c.fit.accumulate > 1) || (train_n / replicas) % c.fit.batch_size != 1, what,
-               " leaves a last batch of one ", c.data.image_size, "x", c.data.image_size,
+               " leaves a last batch of one ", tw, "x", th,
                " image: one value per channel for batch norm; change the sizes or --batch-size");
   if ((c.strategy.mode == Mode::Pipeline || c.strategy.mode == Mode::DataPipeline) && last == 1 && !c.strategy.search_split) {
     // Every micro-batch, the epoch's last batch's included, needs two samples.
@@ -288,7 +321,7 @@ void check_train_count(const TrainConfig& c, int64_t train_n, const std::string&
     const int64_t tail = (train_n / replicas) % step;
     UNETCU_CHECK(split >= 2 && step % split != 1 && (tail == 0 || tail % split != 1),
                  "--split-size ", split, " with ", step_what, " and ", train_n,
-                 " training images makes a micro-batch of one ", c.data.image_size, "x", c.data.image_size,
+                 " training images makes a micro-batch of one ", tw, "x", th,
                  " image: one value per channel for batch norm");
   }
   // A warmup as long as the run: refused before the model is built (fit() checks it again).
@@ -321,8 +354,26 @@ void validate(const TrainConfig& c) {
                kMaxBatch, ", got ", c.fit.batch_size);
   UNETCU_CHECK(c.fit.accumulate >= 1 && c.fit.accumulate <= kMaxAccumulate,
                "--accumulate-grad-batches must be in 1..", kMaxAccumulate, ", got ", c.fit.accumulate);
-  UNETCU_CHECK(c.data.image_size >= 32 && c.data.image_size % 32 == 0 && c.data.image_size <= kMaxImageSize,
-               "--image-size must be a multiple of 32 in 32..", kMaxImageSize, ", got ", c.data.image_size);
+  for (int side : {c.data.width(), c.data.height()})
+    UNETCU_CHECK(side >= 32 && side % 32 == 0 && side <= kMaxImageSize,
+                 "--image-size must be a multiple of 32 in 32..", kMaxImageSize, " on each side, got ", c.data.width(), "x",
+                 c.data.height());
+  UNETCU_CHECK(c.fit.crop == 0 || (c.fit.crop >= 32 && c.fit.crop % 32 == 0 && c.fit.crop <= kMaxImageSize),
+               "--crop-size must be a multiple of 32 in 32..", kMaxImageSize, ", got ", c.fit.crop);
+  UNETCU_CHECK(c.fit.crop == 0 || c.data.folder.empty() || !c.image_size_given,
+               "--image-size resizes every image; --crop-size trains on crops of images at their own size: "
+               "give one of them");
+  const int classes = c.strategy.model.classes;
+  UNETCU_CHECK(classes >= 1 && classes <= 256, "--classes must be in 1..256, got ", classes);
+  UNETCU_CHECK(!c.data.folder.empty() || classes <= 4, "the synthetic set has 1 to 4 classes (background and up "
+               "to three kinds of shapes), got --classes ", classes, "; train on a folder (--data) for more");
+  UNETCU_CHECK(c.data.labels.ignore_index >= -1 && c.data.labels.ignore_index <= 255,
+               "--ignore-index must be a mask value in 0..255, got ", c.data.labels.ignore_index);
+  UNETCU_CHECK(c.data.labels.ignore_index < 0 || c.data.labels.ignore_index >= classes || classes == 1,
+               "--ignore-index ", c.data.labels.ignore_index, " is one of the ", classes, " classes (0..", classes - 1, ")");
+  UNETCU_CHECK(c.data.labels.colors.empty() || int(c.data.labels.colors.size()) == classes, "--class-colors lists ",
+               c.data.labels.colors.size(), " colours for --classes ", classes);
+  UNETCU_CHECK(c.data.class_colors.empty() || !c.data.folder.empty(), "--class-colors reads RGB masks of --data");
   UNETCU_CHECK(c.strategy.optimizer.lr > 0 && std::isfinite(c.strategy.optimizer.lr), "--lr must be a positive number, got ", c.strategy.optimizer.lr);
   UNETCU_CHECK(!c.min_lr || c.lr_schedule == LrScheduleKind::Cosine, "--min-lr belongs to --lr-schedule cosine");
   UNETCU_CHECK(!c.lr_power || c.lr_schedule == LrScheduleKind::Poly, "--lr-power belongs to --lr-schedule poly");
@@ -447,10 +498,10 @@ void validate(const TrainConfig& c) {
   }
   // BN in training mode needs more than one value per channel: at layer4 a sample is
   // (S/32)² values, so a batch of one 32×32 image cannot train.
-  const int64_t last = int64_t(c.data.image_size / 32) * (c.data.image_size / 32);
-  UNETCU_CHECK(int64_t(c.fit.batch_size) * last > 1, "--batch-size 1 with --image-size ",
-               c.data.image_size, " leaves one value per channel for batch norm; use a larger batch "
-               "or image");
+  const int tw = c.fit.crop ? c.fit.crop : c.data.width(), th = c.fit.crop ? c.fit.crop : c.data.height();
+  const int64_t last = int64_t(tw / 32) * (th / 32);
+  UNETCU_CHECK(int64_t(c.fit.batch_size) * last > 1, "--batch-size 1 with ", tw, "x", th,
+               " images leaves one value per channel for batch norm; use a larger batch or image");
   if (sized) check_train_count(c, c.data.train_size, "");
 }
 
@@ -462,8 +513,84 @@ void apply_precision(Precision precision, bool tf32, const Device& d) {
                  " use fp32 or bf16");
 }
 
-TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
+namespace {
+
+// The settings a checkpoint records (engine/checkpoint.h) and how they are read back.
+std::string join(const std::vector<std::string>& v, const char* sep) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + v[i];
+  return out;
+}
+
+int setting_int(const CheckpointSettings& s, const std::string& key, const std::string& file, int lo, int hi) {
+  const std::string& v = s.at(key);
+  int x = 0;
+  try {
+    size_t used = 0;
+    x = std::stoi(v, &used);
+    if (used != v.size()) throw 0;
+  } catch (...) {
+    throw Error(str_cat("checkpoint '", file, "' records ", key, " '", v, "', not a number"));
+  }
+  UNETCU_CHECK(x >= lo && x <= hi, "checkpoint '", file, "' records ", key, " ", x, ", outside ", lo, "..", hi);
+  return x;
+}
+
+// The configuration with what other flags, the colour table or the checkpoint resumed decide:
+// the classes, the width divisor, the class colours, and the settings to record.
+TrainConfig with_settings(const TrainConfig& in) {
+  TrainConfig c = in;
+  if (!c.data.class_colors.empty()) c.data.labels.colors = read_class_colors(c.data.class_colors);
+  CheckpointSettings resumed;
+  // Read only from a regular file (a FIFO would block); what is wrong with another is said when
+  // the checkpoint itself is loaded.
+  struct stat info {};
+  if (!c.fit.resume.empty() && ::stat(c.fit.resume.c_str(), &info) == 0 && S_ISREG(info.st_mode))
+    resumed = read_checkpoint_settings(c.fit.resume);
+  const std::string& file = c.fit.resume;
+  if (resumed.count("classes")) {
+    const int k = setting_int(resumed, "classes", file, 1, 256);
+    UNETCU_CHECK(!c.classes || *c.classes == k, "--classes ", *c.classes, " contradicts the checkpoint '", file,
+                 "' to resume, trained with ", k, " classes");
+    c.classes = k;
+  }
+  if (resumed.count("width_divisor")) {
+    const int d = setting_int(resumed, "width_divisor", file, 1, 64);
+    UNETCU_CHECK(!c.width_divisor || *c.width_divisor == d, "--width-divisor ", *c.width_divisor,
+                 " contradicts the checkpoint '", file, "' to resume, trained with ", d);
+    c.width_divisor = d;
+  }
+  if (c.width_divisor) c.strategy.model.width_divisor = *c.width_divisor;
+  if (c.classes)
+    c.strategy.model.classes = *c.classes;
+  else if (!c.data.labels.colors.empty())
+    c.strategy.model.classes = int(c.data.labels.colors.size());
+  c.data.labels.classes = c.strategy.model.classes;
+  c.fit.class_names = class_names(c.data.labels);
+  CheckpointSettings& st = c.fit.settings;
+  st["classes"] = std::to_string(c.strategy.model.classes);
+  st["class_names"] = join(c.fit.class_names, ",");
+  if (!c.data.labels.colors.empty()) {
+    std::vector<std::string> colors;
+    for (const ClassColor& k : c.data.labels.colors) colors.push_back(str_cat(int(k.r), ",", int(k.g), ",", int(k.b)));
+    st["class_colors"] = join(colors, ";");
+  }
+  st["width_divisor"] = std::to_string(c.strategy.model.width_divisor);
+  if (c.fit.crop)
+    st["crop_size"] = std::to_string(c.fit.crop);
+  else
+    st["image_size"] = str_cat(c.data.width(), "x", c.data.height());
+  st["normalization"] = "imagenet";
+  st["ignore_index"] = c.data.labels.ignore_index >= 0 ? std::to_string(c.data.labels.ignore_index) : "none";
+  st["loss"] = loss_kind_name(c.strategy.loss, c.strategy.model.classes);
+  return c;
+}
+
+}  // namespace
+
+TrainResult train_unet(const TrainConfig& given, std::ostream& rank0_out,
                        const std::function<void(const EpochStats&)>& on_epoch) {
+  const TrainConfig cfg = with_settings(given);
   validate(cfg);
   const DistEnv dist = detect_dist(cfg.dist);
   std::ostream null_out(nullptr);
@@ -531,10 +658,11 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
   std::unique_ptr<SyntheticSegmentation> synthetic;
   std::unique_ptr<Dataset> train_ds, val_ds;
   bool cached = false;
+  const int classes = cfg.strategy.model.classes;
   if (cfg.data.folder.empty()) {
-    synthetic = std::make_unique<SyntheticSegmentation>(cfg.data.image_size, cfg.fit.seed);
+    synthetic = std::make_unique<SyntheticSegmentation>(cfg.data.width(), cfg.data.height(), cfg.fit.seed, classes);
     const int64_t total = cfg.data.train_size + cfg.data.val_size;
-    cached = double(total) * SyntheticSegmentation::sample_bytes(cfg.data.image_size) <= kDataCacheBytes;
+    cached = double(total) * SyntheticSegmentation::sample_bytes(cfg.data.width(), cfg.data.height()) <= kDataCacheBytes;
     if (cached) synthetic->enable_cache(total);
     train_ds = std::make_unique<SyntheticDataset>(*synthetic, 0, cfg.data.train_size);
     val_ds = std::make_unique<SyntheticDataset>(*synthetic, cfg.data.train_size, cfg.data.val_size);
@@ -548,8 +676,10 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
     } else {
       split_pairs(pairs, cfg.data.val_fraction, cfg.fit.seed, &train_pairs, &val_pairs);
     }
-    train_ds = std::make_unique<FolderDataset>(std::move(train_pairs), cfg.data.image_size);
-    val_ds = std::make_unique<FolderDataset>(std::move(val_pairs), cfg.data.image_size);
+    // With crops, images at their own size; else resized to the training size.
+    const int w = cfg.fit.crop ? 0 : cfg.data.width(), h = cfg.fit.crop ? 0 : cfg.data.height();
+    train_ds = std::make_unique<FolderDataset>(std::move(train_pairs), w, h, cfg.data.labels);
+    val_ds = std::make_unique<FolderDataset>(std::move(val_pairs), w, h, cfg.data.labels);
     check_train_count(cfg, train_ds->size(), cfg.data.folder);  // the folder decides the sizes
   }
 
@@ -571,7 +701,7 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
   if (cfg.strategy.search_split) {
     std::vector<int64_t> idx;
     for (int i = 0; i < cfg.fit.batch_size; ++i) idx.push_back(i);
-    probe = std::make_unique<Batch>(make_batch(*train_ds, idx, cfg.fit.dtype));
+    probe = std::make_unique<Batch>(make_batch(*train_ds, idx, cfg.fit.dtype, false, Augment::None, 0, 0, cfg.fit.crop));
   }
   const auto strategy = make_strategy(sc, probe.get(), out);
   probe.reset();
@@ -579,8 +709,15 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
   out << "strategy: " << strategy->describe() << "\n"
       << "model: Unet(resnet34), " << strategy->model().parameter_count() << " parameters, width divisor "
       << cfg.strategy.model.width_divisor << ", " << dtype_name(cfg.fit.dtype) << "\n"
-      << "data: " << (cfg.data.folder.empty() ? "synthetic" : cfg.data.folder) << " at " << cfg.data.image_size << "x"
-      << cfg.data.image_size << ", " << train_ds->size() << " train / " << val_ds->size() << " validation"
+      << "data: " << (cfg.data.folder.empty() ? "synthetic" : cfg.data.folder);
+  if (cfg.fit.crop)
+    out << (cfg.data.folder.empty() ? str_cat(" at ", cfg.data.width(), "x", cfg.data.height()) : std::string(" at their own sizes"))
+        << ", random " << cfg.fit.crop << "x" << cfg.fit.crop << " crops (validation: whole images in tiles)";
+  else
+    out << " at " << cfg.data.width() << "x" << cfg.data.height();
+  if (classes > 1) out << ", " << classes << " classes (" << join(cfg.fit.class_names, ", ") << ")";
+  if (cfg.data.labels.ignore_index >= 0) out << ", mask value " << cfg.data.labels.ignore_index << " ignored";
+  out << ", " << train_ds->size() << " train / " << val_ds->size() << " validation"
       << (cfg.fit.augment == Augment::None ? "" : std::string(", augment ") + name_of(kAugmentNames, cfg.fit.augment))
       << (cached ? " (kept in memory after the first epoch)" : "") << ", batch " << cfg.fit.batch_size;
   if (N > 1) out << " per replica (global " << cfg.fit.batch_size * N << ")";
@@ -589,7 +726,7 @@ TrainResult train_unet(const TrainConfig& cfg, std::ostream& rank0_out,
         << int64_t(cfg.fit.batch_size) * cfg.fit.accumulate * N << " images)";
   if (group && strategy->shard_count() > 1) out << ", each replica's processes reading only its shard";
   const LrSchedule schedule = lr_schedule_of(cfg);
-  out << ", loss " << loss_kind_name(cfg.strategy.loss) << ", " << name_of(kOptimizerNames, cfg.strategy.optimizer.kind)
+  out << ", loss " << loss_kind_name(cfg.strategy.loss, classes) << ", " << name_of(kOptimizerNames, cfg.strategy.optimizer.kind)
       << " lr " << cfg.strategy.optimizer.lr << (schedule.varies() ? ", " + schedule.describe() : "");
   if (std::isinf(cfg.strategy.optimizer.max_grad_norm))
     out << ", gradient norm measured (never clipped)";

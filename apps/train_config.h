@@ -50,7 +50,12 @@ void apply_precision(Precision precision, bool tf32, const Device& d);
 
 // The data unet_train reads: the built-in synthetic set, or an image folder.
 struct DataConfig {
-  int image_size = 64;
+  int image_size = 64;             // the height (--image-size S or WxH)
+  int image_width = 0;             // 0: image_size (square)
+  int width() const { return image_width ? image_width : image_size; }
+  int height() const { return image_size; }
+  LabelRule labels;                // how masks become targets (classes, ignore index, colours)
+  std::string class_colors;        // --class-colors
   int64_t train_size = 512;        // synthetic
   int64_t val_size = 128;          // synthetic
   std::string folder, list, val_folder;  // --data, --data-list, --val-data
@@ -93,6 +98,9 @@ struct TrainConfig {
   // given only with what they belong to.
   std::optional<double> early_stop_delta;
   std::optional<MonitorKind> monitor;
+  // Given on the command line (else from --class-colors, or a resumed checkpoint, or 1 / 1).
+  std::optional<int> classes, width_divisor;
+  bool image_size_given = false;
 
   // unet_train's defaults where they are not make_strategy's: cut after layer3.
   static StrategyConfig default_strategy() {

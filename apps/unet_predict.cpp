@@ -1,8 +1,11 @@
-// unet_predict: a checkpoint and images (files or folders) in, mask PNGs out (sigmoid >
-// threshold, at each image's own size), optionally an overlay of the mask on the image, and
-// IoU/Dice when ground-truth masks are given. The images go through the network in batches, in
-// the precision and memory format asked for, optionally with test-time flips
-// (train/inference.h).
+// unet_predict: a checkpoint and images (files or folders) in, mask PNGs out at each image's
+// own size (one class: sigmoid > threshold, 0/255; several: the class index per pixel),
+// optionally an overlay of the mask on the image, probabilities, and IoU/Dice (mIoU and per
+// class IoU) when ground-truth masks are given. The images go through the network in batches
+// (or, with --tile, each image in overlapping tiles, batches of tiles), in the precision and
+// memory format asked for, optionally with test-time flips (train/inference.h). How the model
+// was trained (classes, width divisor, training size or crop, ignore index, class colours)
+// comes from the checkpoint's settings (engine/checkpoint.h).
 //
 // Every input is checked from its header (a regular file, within the pixel limit, the size of
 // its ground-truth mask) before the model is loaded or anything is written; each output is
@@ -12,6 +15,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -19,6 +23,7 @@
 #include <iostream>
 #include <map>
 #include <set>
+#include <sstream>
 
 #include "kernels/cpu/cpu_select.h"
 #include "cli/cli.h"
@@ -26,17 +31,56 @@
 #include "engine/checkpoint.h"
 #include "data/dataset.h"
 #include "data/image_io.h"
+#include "data/labels.h"
 #include "models/unet.h"
 #include "train/inference.h"
 
 using namespace unetcu;
 namespace fs = std::filesystem;
 
+namespace {
+
+// A fixed palette for classes without colours (class 0, the background, is left as it is).
+std::array<uint8_t, 3> default_color(int c) {
+  static const std::array<uint8_t, 3> base[] = {{0, 0, 0},     {230, 25, 75},  {60, 180, 75},  {0, 130, 200},
+                                                {255, 225, 25}, {145, 30, 180}, {70, 240, 240}, {245, 130, 48},
+                                                {240, 50, 230}, {210, 245, 60}, {0, 128, 128},  {170, 110, 40}};
+  if (c < 12) return base[c];
+  const uint32_t h = uint32_t(c) * 2654435761u;
+  return {uint8_t(h >> 24), uint8_t(h >> 16), uint8_t(h >> 8)};
+}
+
+// A 8-bit RGB image as the network's normalised input at its own size, [1, 3, H, W].
+Tensor normalised(const Image& img) {
+  Tensor t = Tensor::empty({1, 3, img.height, img.width});
+  float* o = t.data<float>();
+  const size_t plane = size_t(img.width) * img.height;
+  for (int c = 0; c < 3; ++c)
+    for (size_t q = 0; q < plane; ++q)
+      o[c * plane + q] = (img.pixels[q * 3 + size_t(c)] / 255.f - kImageMean[c]) / kImageStd[c];
+  return t;
+}
+
+int setting(const CheckpointSettings& s, const char* key, int fallback, const std::string& file) {
+  auto it = s.find(key);
+  if (it == s.end()) return fallback;
+  try {
+    size_t used = 0;
+    const int v = std::stoi(it->second, &used);
+    if (used == it->second.size()) return v;
+  } catch (...) {
+  }
+  throw Error(str_cat("checkpoint '", file, "' records ", key, " '", it->second, "', not a number"));
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   unetcu::kernels::cpu::select_gemm_kernels(argv);  // first: it may run the program again
   std::string checkpoint, out_dir = "predictions", gt_dir, device_s = "auto";
   std::vector<std::string> inputs;
-  int size = 512, width_divisor = 1, batch_size = 1;
+  int size = 512, width_divisor = 1, batch_size = 1, tile = 0;
+  double overlap = 0.5;
   Precision precision = Precision::Auto;
   FormatChoice memory_format = FormatChoice::Auto;
   Tta tta = Tta::None;
@@ -48,8 +92,19 @@ int main(int argc, char** argv) {
   app.add_option("inputs", inputs, "Image files or folders (PNG/JPEG/BMP)")->required();
   app.add_option("--checkpoint", checkpoint, "Model file written by unet_train --checkpoint (safetensors)")->required();
   app.add_option("--out", out_dir, "Folder for <stem>.png masks (0/255), overlays and probabilities")->capture_default_str();
-  app.add_option("--image-size", size, "Size the model sees (multiple of 32); masks come back at each image's size")->capture_default_str();
-  app.add_option("--width-divisor", width_divisor, "The checkpoint's model width divisor")->capture_default_str();
+  std::string size_text;
+  auto* size_opt = app.add_option("--image-size", size_text,
+                                  "Size the model sees (multiple of 32; default: the checkpoint's training size, "
+                                  "else 512; S or WxH); masks come back at each image's size");
+  auto* divisor_opt = app.add_option("--width-divisor", width_divisor,
+                                     "The model width divisor (default: the checkpoint's; another is an error)");
+  auto* tile_opt = app.add_option("--tile", tile,
+                                  "Predict each image at its own size in overlapping S x S tiles (a multiple of 32; "
+                                  "default: the checkpoint's --crop-size when it was trained on crops, else off), "
+                                  "their probabilities added with a Gaussian weight as nnU-Net does; --batch-size "
+                                  "tiles at a time bound the memory");
+  app.add_option("--overlap", overlap, "--tile: the share of a tile its neighbours overlap (0 <= o < 1)")
+      ->capture_default_str();
   app.add_option("--threshold", threshold,
                  "Foreground where the probability sigmoid(logit) > this (0 < T < 1); a lower T "
                  "marks more pixels, a higher fewer")
@@ -57,9 +112,14 @@ int main(int argc, char** argv) {
   app.add_flag("--save-probabilities", save_probabilities,
                "Also write <stem>_prob.png: the foreground probability of every pixel as a 16-bit "
                "grayscale PNG (0..65535 for 0..1), at the image's own size, for choosing "
-               "thresholds or averaging models without running them again");
-  app.add_flag("--overlay", overlay, "Also write <stem>_overlay.png: the mask in red over the image");
-  app.add_option("--masks", gt_dir, "Ground-truth masks (matched by file stem): report IoU and Dice");
+               "thresholds or averaging models without running them again (several classes: "
+               "<stem>_prob_<class>.png, one per class)");
+  app.add_flag("--overlay", overlay,
+               "Also write <stem>_overlay.png: the mask in red over the image (several classes: each class "
+               "but 0 in its colour, the checkpoint's class colours or a fixed palette)");
+  app.add_option("--masks", gt_dir,
+                 "Ground-truth masks (matched by file stem, read as the training read them): report IoU and "
+                 "Dice (several classes: mIoU and each class's IoU)");
   app.add_option("--device", device_s, "auto, cpu, cpu:N or cuda:N")->capture_default_str();
   app.add_option("--batch-size", batch_size,
                  "Images per forward pass (1..4096): more is faster on a GPU and takes more memory; "
@@ -82,8 +142,49 @@ int main(int argc, char** argv) {
   std::vector<std::string> written;  // masks written so far, for the error message
   size_t overlays_written = 0, total = 0;
   try {
-    UNETCU_CHECK(size >= 32 && size % 32 == 0 && size <= kMaxImageSize,
-                 "--image-size must be a multiple of 32 in 32..", kMaxImageSize, ", got ", size);
+    check_regular_file(checkpoint, "checkpoint");  // a FIFO would block the reader
+    // How the model was trained; flags may choose the size the model sees and the tiles.
+    const CheckpointSettings settings = read_checkpoint_settings(checkpoint);
+    const int classes = setting(settings, "classes", 1, checkpoint);
+    UNETCU_CHECK(classes >= 1 && classes <= 256, "checkpoint '", checkpoint, "' records ", classes, " classes");
+    const int trained_divisor = setting(settings, "width_divisor", 1, checkpoint);
+    if (divisor_opt->count() == 0) width_divisor = trained_divisor;
+    UNETCU_CHECK(!settings.count("width_divisor") || width_divisor == trained_divisor, "--width-divisor ",
+                 width_divisor, " contradicts the checkpoint '", checkpoint, "', trained with ", trained_divisor);
+    int size_w = 0;
+    if (size_opt->count() > 0)
+      cli::parse_size(size_text, &size_w, &size);
+    else if (settings.count("image_size"))
+      cli::parse_size(settings.at("image_size"), &size_w, &size);
+    if (size_w == 0) size_w = size;
+    if (tile_opt->count() == 0) tile = setting(settings, "crop_size", 0, checkpoint);
+    LabelRule labels;
+    labels.classes = classes;
+    if (settings.count("ignore_index") && settings.at("ignore_index") != "none")
+      labels.ignore_index = setting(settings, "ignore_index", -1, checkpoint);
+    std::vector<std::array<uint8_t, 3>> colors;
+    if (settings.count("class_colors")) {
+      std::stringstream ss(settings.at("class_colors"));
+      for (std::string item; std::getline(ss, item, ';');) {
+        int r = 0, g = 0, b = 0;
+        UNETCU_CHECK(std::sscanf(item.c_str(), "%d,%d,%d", &r, &g, &b) == 3, "checkpoint '", checkpoint,
+                     "' records class colour '", item, "'");
+        colors.push_back({uint8_t(r), uint8_t(g), uint8_t(b)});
+        labels.colors.push_back({uint8_t(r), uint8_t(g), uint8_t(b), ""});
+      }
+    }
+    std::vector<std::string> names;
+    if (settings.count("class_names")) {
+      std::stringstream ss(settings.at("class_names"));
+      for (std::string item; std::getline(ss, item, ',');) names.push_back(item);
+    }
+    while (int(names.size()) < classes) names.push_back(std::to_string(names.size()));
+    for (int side : {size, size_w})
+      UNETCU_CHECK(side >= 32 && side % 32 == 0 && side <= kMaxImageSize,
+                   "--image-size must be a multiple of 32 in 32..", kMaxImageSize, ", got ", side);
+    UNETCU_CHECK(tile == 0 || (tile >= 32 && tile % 32 == 0 && tile <= kMaxImageSize),
+                 "--tile must be a multiple of 32 in 32..", kMaxImageSize, ", got ", tile);
+    UNETCU_CHECK(overlap >= 0 && overlap < 1, "--overlap must be in [0, 1), got ", overlap);
     UNETCU_CHECK(threshold > 0 && threshold < 1, "--threshold must be between 0 and 1");
     UNETCU_CHECK(max_pixels >= 1, "--max-image-pixels must be at least 1");
     UNETCU_CHECK(batch_size >= 1 && batch_size <= kMaxBatch, "--batch-size must be in 1..", kMaxBatch, ", got ",
@@ -92,7 +193,6 @@ int main(int argc, char** argv) {
     std::string note;
     const Device device = resolve_device(device_s, &note);
     apply_precision(precision, /*tf32=*/true, device);
-    check_regular_file(checkpoint, "checkpoint");  // a FIFO would block the reader
     auto is_image_name = [](const fs::path& p) {
       std::string ext = p.extension().string();
       std::transform(ext.begin(), ext.end(), ext.begin(), ::tolower);
@@ -147,6 +247,7 @@ int main(int argc, char** argv) {
     }
     UNetConfig cfg;
     cfg.width_divisor = width_divisor;
+    cfg.classes = classes;
     cfg.device = device;
     cfg.bf16_activations = precision == Precision::BF16;
     cfg.format = memory_format_of(memory_format);
@@ -156,72 +257,139 @@ int main(int argc, char** argv) {
     fs::create_directories(out_dir);
     total = files.size();
     const double logit_threshold = std::log(threshold / (1 - threshold));
-    int64_t tp = 0, fp = 0, fn = 0;
-    const size_t plane = size_t(size) * size;
+    const int K = std::max(2, classes);  // one class: background and foreground
+    std::vector<double> confusion(size_t(K) * size_t(K), 0.0);
+    const size_t plane = size_t(size) * size_t(size_w);
     double network_seconds = 0;
     const auto t0 = std::chrono::steady_clock::now();
-    for (size_t first = 0; first < files.size(); first += size_t(batch_size)) {
+    // Tiled: one image at a time, --batch-size tiles per forward pass.
+    const size_t per_batch = tile ? 1 : size_t(batch_size);
+    for (size_t first = 0; first < files.size(); first += per_batch) {
       // A batch: every image decoded and made into the network's input, then one forward pass
       // (per augmentation) for all of them, then each image's outputs.
-      const size_t count = std::min(size_t(batch_size), files.size() - first);
+      const size_t count = std::min(per_batch, files.size() - first);
       std::vector<Image> images;
-      Tensor x = Tensor::empty({int64_t(count), 3, size, size});
-      for (size_t k = 0; k < count; ++k) {
-        images.push_back(load_image(files[first + k].string(), 3));
-        prepare_input(images.back(), size, x.data<float>() + k * 3 * plane);
+      Tensor batch_logits, probs;
+      const auto forward = [&](const Tensor& t) { return predict_logits(model, t, tta); };
+      if (tile) {
+        images.push_back(load_image(files[first].string(), 3));
+        const auto n0 = std::chrono::steady_clock::now();
+        probs = predict_tiled(normalised(images.back()), tile, overlap, batch_size, forward);
+        network_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - n0).count();
+      } else {
+        Tensor x = Tensor::empty({int64_t(count), 3, size, size_w});
+        for (size_t k = 0; k < count; ++k) {
+          images.push_back(load_image(files[first + k].string(), 3));
+          prepare_input(images.back(), size_w, size, x.data<float>() + k * 3 * plane);
+        }
+        const auto n0 = std::chrono::steady_clock::now();
+        batch_logits = forward(x);
+        network_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - n0).count();
       }
-      const auto n0 = std::chrono::steady_clock::now();
-      const Tensor batch_logits = predict_logits(model, x, tta);
-      UNETCU_CHECK(batch_logits.dim(1) == 1, "prediction writes one mask per image; the model has ",
-                   batch_logits.dim(1), " classes");
-      network_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - n0).count();
       for (size_t k = 0; k < count; ++k) {
         const size_t i = first + k;
         const fs::path& f = files[i];
         const Image& img = images[k];
-        // Back to the image's own size, nearest.
-        Image mask{img.width, img.height, 1, std::vector<uint8_t>(size_t(img.width) * img.height)};
-        std::vector<uint16_t> prob(save_probabilities ? mask.pixels.size() : 0);
-        const float* l = batch_logits.data<float>() + k * plane;
+        const size_t n = size_t(img.width) * img.height;
+        // Each pixel's class and (for --save-probabilities) each class's probability, at the
+        // image's own size: from the tiles' blended probabilities, or from the logits at the
+        // model's size, nearest.
+        Image mask{img.width, img.height, 1, std::vector<uint8_t>(n)};
+        std::vector<std::vector<uint16_t>> prob(save_probabilities ? size_t(classes) : 0, std::vector<uint16_t>(n));
+        std::vector<float> p(static_cast<size_t>(classes));
+        const float* l = tile ? nullptr : batch_logits.data<float>() + k * size_t(classes) * plane;
         for (int y = 0; y < img.height; ++y)
           for (int xx = 0; xx < img.width; ++xx) {
-            const int sy = std::min(size - 1, int((y + 0.5) * size / img.height));
-            const int sx = std::min(size - 1, int((xx + 0.5) * size / img.width));
-            const float logit = l[size_t(sy) * size + sx];
-            mask.pixels[size_t(y) * img.width + xx] = logit > logit_threshold ? 255 : 0;
-            if (save_probabilities)
-              prob[size_t(y) * img.width + xx] =
-                  uint16_t(std::lround(65535.0 / (1.0 + std::exp(-double(logit)))));
+            const size_t q = size_t(y) * img.width + xx;
+            int cls = 0;
+            if (tile) {
+              for (int c = 0; c < classes; ++c) p[size_t(c)] = probs.data<float>()[size_t(c) * n + q];
+              if (classes == 1)
+                cls = p[0] > threshold;
+              else
+                cls = int(std::max_element(p.begin(), p.end()) - p.begin());
+              for (size_t c = 0; c < prob.size(); ++c) prob[c][q] = uint16_t(std::lround(65535.0 * p[c]));
+            } else {
+              const int sy = std::min(size - 1, int((y + 0.5) * size / img.height));
+              const int sx = std::min(size_w - 1, int((xx + 0.5) * size_w / img.width));
+              const float* at = l + size_t(sy) * size_w + sx;
+              if (classes == 1) {
+                cls = at[0] > logit_threshold;
+                if (save_probabilities) prob[0][q] = uint16_t(std::lround(65535.0 / (1.0 + std::exp(-double(at[0])))));
+              } else {
+                double mx = at[0], z = 0;
+                for (int c = 1; c < classes; ++c)
+                  if (at[size_t(c) * plane] > mx) mx = at[size_t(c) * plane], cls = c;
+                if (save_probabilities) {
+                  for (int c = 0; c < classes; ++c) z += std::exp(at[size_t(c) * plane] - mx);
+                  for (int c = 0; c < classes; ++c)
+                    prob[size_t(c)][q] = uint16_t(std::lround(65535.0 * std::exp(at[size_t(c) * plane] - mx) / z));
+                }
+              }
+            }
+            mask.pixels[q] = classes == 1 ? (cls ? 255 : 0) : uint8_t(cls);
           }
         const std::string stem = f.stem().string();
-        // The ground truth is decoded before anything of this image is written.
-        const Image g = gt_dir.empty() ? Image{} : load_image(truths[i].string(), 1);
+        // The ground truth is read (as the training read masks) before anything of this image is written.
+        std::vector<float> truth;
+        if (!gt_dir.empty()) {
+          int gw = 0, gh = 0;
+          truth = load_mask_targets(truths[i].string(), labels, &gw, &gh);
+        }
         save_png((fs::path(out_dir) / (stem + ".png")).string(), mask);
         written.push_back(stem + ".png");
         if (save_probabilities) {
-          save_png16((fs::path(out_dir) / (stem + "_prob.png")).string(), img.width, img.height, prob);
+          if (classes == 1)
+            save_png16((fs::path(out_dir) / (stem + "_prob.png")).string(), img.width, img.height, prob[0]);
+          else
+            for (int c = 0; c < classes; ++c)
+              save_png16((fs::path(out_dir) / (stem + "_prob_" + std::to_string(c) + ".png")).string(), img.width,
+                         img.height, prob[size_t(c)]);
         }
         if (overlay) {
           Image o = img;
-          for (size_t q = 0; q < mask.pixels.size(); ++q)
-            if (mask.pixels[q]) {
-              o.pixels[q * 3] = uint8_t(std::min(255, o.pixels[q * 3] / 2 + 128));
-              o.pixels[q * 3 + 1] /= 2;
-              o.pixels[q * 3 + 2] /= 2;
+          for (size_t q = 0; q < n; ++q) {
+            if (classes == 1) {
+              if (mask.pixels[q]) {
+                o.pixels[q * 3] = uint8_t(std::min(255, o.pixels[q * 3] / 2 + 128));
+                o.pixels[q * 3 + 1] /= 2;
+                o.pixels[q * 3 + 2] /= 2;
+              }
+            } else if (mask.pixels[q]) {  // each class but the background in its colour, half and half
+              const int c = mask.pixels[q];
+              const std::array<uint8_t, 3> col = size_t(c) < colors.size() ? colors[size_t(c)] : default_color(c);
+              for (int j = 0; j < 3; ++j) o.pixels[q * 3 + size_t(j)] = uint8_t((o.pixels[q * 3 + size_t(j)] + col[size_t(j)]) / 2);
             }
+          }
           save_png((fs::path(out_dir) / (stem + "_overlay.png")).string(), o);
           ++overlays_written;
         }
         std::string line = f.string() + " -> " + (fs::path(out_dir) / (stem + ".png")).string();
         if (!gt_dir.empty()) {
-          int64_t t = 0, p2 = 0, n2 = 0;
-          for (size_t q = 0; q < g.pixels.size(); ++q) {
-            const bool truth = g.pixels[q] > 0, pred = mask.pixels[q] > 0;
-            t += truth && pred, p2 += pred && !truth, n2 += truth && !pred;
-          }
-          tp += t, fp += p2, fn += n2;
+          std::vector<double> m(size_t(K) * size_t(K), 0.0);
+          for (size_t q = 0; q < n; ++q)
+            if (truth[q] >= 0) m[size_t(truth[q]) * size_t(K) + (classes == 1 ? mask.pixels[q] > 0 : mask.pixels[q])] += 1;
+          for (size_t j = 0; j < m.size(); ++j) confusion[j] += m[j];
+          auto iou = [&](const std::vector<double>& mm, int c, bool* seen) {
+            double row = 0, col = 0;
+            for (int j = 0; j < K; ++j) row += mm[size_t(c * K + j)], col += mm[size_t(j * K + c)];
+            const double tp = mm[size_t(c * K + c)], uni = row + col - tp;
+            if (seen) *seen = uni > 0;
+            return uni > 0 ? tp / uni : 1.0;
+          };
           char buf[64];
-          std::snprintf(buf, sizeof buf, "  IoU %.4f", t + p2 + n2 ? double(t) / double(t + p2 + n2) : 1.0);
+          if (classes == 1) {
+            std::snprintf(buf, sizeof buf, "  IoU %.4f", iou(m, 1, nullptr));
+          } else {
+            double sum = 0;
+            int seen_n = 0;
+            for (int c = 0; c < K; ++c) {
+              bool seen = false;
+              const double v = iou(m, c, &seen);
+              if (seen) sum += v, ++seen_n;
+            }
+            std::snprintf(buf, sizeof buf, "  mIoU %.4f", seen_n ? sum / seen_n : 1.0);
+          }
           line += buf;
         }
         std::cout << line << "\n";
@@ -234,10 +402,29 @@ int main(int argc, char** argv) {
     std::printf("%zu images in %.2f s (%.1f images/s; the network alone %.1f images/s), batch %d, %s %s, tta %s, %s\n",
                 files.size(), seconds, double(files.size()) / seconds, double(files.size()) / network_seconds,
                 batch_size, arithmetic, format_name(cfg.format), name_of(kTtaNames, tta), device.str().c_str());
+    if (tile) std::printf("tiles of %dx%d, overlap %.2f, Gaussian-weighted\n", tile, tile, overlap);
     if (!gt_dir.empty()) {
-      const int64_t d = tp + fp + fn;
-      std::printf("all %zu images: IoU %.4f  Dice %.4f\n", files.size(), d ? double(tp) / d : 1.0,
-                  2 * tp + fp + fn ? 2.0 * tp / double(2 * tp + fp + fn) : 1.0);
+      const double tp = confusion[size_t(K + 1)], fp = confusion[1], fn = confusion[size_t(K)];
+      if (classes == 1) {
+        const double d = tp + fp + fn;
+        std::printf("all %zu images: IoU %.4f  Dice %.4f\n", files.size(), d ? tp / d : 1.0,
+                    2 * tp + fp + fn ? 2.0 * tp / (2 * tp + fp + fn) : 1.0);
+      } else {
+        double sum = 0;
+        int seen_n = 0;
+        std::string per;
+        for (int c = 0; c < K; ++c) {
+          double row = 0, col = 0;
+          for (int j = 0; j < K; ++j) row += confusion[size_t(c * K + j)], col += confusion[size_t(j * K + c)];
+          const double t = confusion[size_t(c * K + c)], uni = row + col - t;
+          char buf[96];
+          std::snprintf(buf, sizeof buf, "%s%s %.4f", c ? ", " : "", names[size_t(c)].c_str(), uni > 0 ? t / uni : 1.0);
+          per += uni > 0 ? buf : str_cat(c ? ", " : "", names[size_t(c)], " -");
+          if (uni > 0) sum += t / uni, ++seen_n;
+        }
+        std::printf("all %zu images: mIoU %.4f (over the classes present); IoU per class: %s\n", files.size(),
+                    seen_n ? sum / seen_n : 1.0, per.c_str());
+      }
     }
   } catch (const std::exception& e) {
     std::cerr << "unet_predict: error: " << e.what() << "\n";

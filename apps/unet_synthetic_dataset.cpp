@@ -4,21 +4,27 @@
 
 #include <iostream>
 
+#include "cli/parse.h"
 #include "data/dataset.h"
 
 int main(int argc, char** argv) {
   std::string dir;
-  int count = 64, size = 128;
+  int count = 64, width = 0, height = 128, classes = 1;
+  std::string size_text;
   uint64_t seed = 0;
   CLI::App app{"unet_synthetic_dataset: the synthetic set as PNG files, to show the folder format"};
   app.add_option("dir", dir, "Output folder")->required();
   app.add_option("--count", count, "Number of image/mask pairs")->capture_default_str();
-  app.add_option("--image-size", size, "Image size (multiple of 32)")->capture_default_str();
+  app.add_option("--image-size,--size", size_text, "Image size S or WxH (multiples of 32)")->default_str("128");
+  app.add_option("--classes", classes,
+                 "1: binary masks (0/255); 2..4: the class index per pixel (background 0, a kind of shape each)")
+      ->capture_default_str();
   app.add_option("--seed", seed, "Seed")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     UNETCU_CHECK(count >= 1, "--count must be at least 1");
-    unetcu::write_synthetic_folder(dir, count, size, seed);
+    if (!size_text.empty()) unetcu::cli::parse_size(size_text, &width, &height);
+    unetcu::write_synthetic_folder(dir, count, width ? width : height, height, seed, classes);
     std::cout << "wrote " << count << " pairs to " << dir << "/images and " << dir << "/masks\n";
   } catch (const std::exception& e) {
     std::cerr << "unet_synthetic_dataset: error: " << e.what() << "\n";

@@ -87,6 +87,22 @@ template <class A, class X> HD A softmax_ce(const X* x, const ClassLayout& L, in
   return mx + lse - A(x[L(pixel, t)]);
 }
 
+// The class a pixel is predicted as: one channel, 1 where the logit is > 0 (probability > 0.5);
+// C >= 2, the first largest logit.
+template <class X> HD int64_t predicted_class(const X* x, const ClassLayout& L, int64_t pixel) {
+  using A = acc_t<X>;
+  if (L.C == 1) return A(x[L(pixel, 0)]) > A(0) ? 1 : 0;
+  int64_t best = 0;
+  for (int64_t c = 1; c < L.C; ++c)
+    if (A(x[L(pixel, c)]) > A(x[L(pixel, best)])) best = c;
+  return best;
+}
+// The class a target is: one channel, 1 where > 0.5; else the index; -1 when ignored.
+template <class T> HD int64_t target_class(T t, int64_t C) {
+  if (!counted(t)) return -1;
+  return C == 1 ? (t > T(0.5) ? 1 : 0) : int64_t(t);
+}
+
 // Multiclass soft Dice, segmentation_models_pytorch's DiceLoss(mode='multiclass') with smooth 0
 // and eps 1e-7: per class c over the batch's counted pixels, I_c = sum p_c [t = c],
 // D_c = max(sum p_c + sum [t = c] + smooth, eps); loss = mean over all C classes of

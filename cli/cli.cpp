@@ -3,6 +3,7 @@
 #include "models/unet.h"
 
 #include <algorithm>
+#include <climits>
 #include <cerrno>
 #include <cstdlib>
 #include <sstream>
@@ -72,6 +73,20 @@ uint64_t parse_uint64(const std::string& s) {
   const unsigned long long v = std::strtoull(s.c_str(), nullptr, 10);
   UNETCU_CHECK(errno == 0, "'", s, "' is larger than 18446744073709551615");
   return uint64_t(v);
+}
+
+void parse_size(const std::string& s, int* width, int* height) {
+  const size_t x = s.find_first_of("xX");
+  auto side = [&](const std::string& t) {
+    UNETCU_CHECK(!t.empty() && t.size() <= 18 && std::all_of(t.begin(), t.end(), ::isdigit),
+                 "'", s, "' is not a size S or WxH");
+    return int(std::min<long long>(std::stoll(t), INT_MAX));  // too large: refused by the range checks
+  };
+  if (x == std::string::npos) {
+    *width = 0, *height = side(s);
+  } else {
+    *width = side(s.substr(0, x)), *height = side(s.substr(x + 1));
+  }
 }
 
 std::vector<int> parse_int_list(const std::string& s) {

@@ -20,6 +20,8 @@ std::vector<Device> parse_device_list(const std::string& s);
 std::vector<int> parse_cuts(const std::string& spec);
 // A whole number in 0..2^64-1, digits only (no sign: "-1" is refused, not wrapped).
 uint64_t parse_uint64(const std::string& s);
+// An image size: "S" (width 0: square) or "WxH" (positive whole numbers).
+void parse_size(const std::string& s, int* width, int* height);
 // Positive integers, comma separated ("1,2,4").
 std::vector<int> parse_int_list(const std::string& s);
 // The block names of the UNet, in order (what --split accepts).

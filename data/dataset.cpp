@@ -17,9 +17,10 @@ namespace unetcu {
 
 namespace fs = std::filesystem;
 
-void SyntheticDataset::load(int64_t index, float* image, float* mask) const {
+void SyntheticDataset::load(int64_t index, Sample* out) const {
   UNETCU_CHECK(index >= 0 && index < count_, "sample ", index, " out of range");
-  s_.sample(offset_ + index, image, mask);
+  out->resize(s_.width(), s_.height());
+  s_.sample(offset_ + index, out->image.data(), out->mask.data());
 }
 
 // ---- folders ---------------------------------------------------------------------------
@@ -51,12 +52,19 @@ std::vector<FolderDataset::Pair> FolderDataset::scan(const std::string& dir, con
       if (!name.empty()) keep.insert(fs::path(name).stem().string());
     }
   }
+  // An entry named like an image must be one: a folder or a dangling link is named, not skipped.
+  auto image_entry = [](const fs::directory_entry& e) {
+    if (!is_image_file(e.path())) return false;
+    std::error_code ec;
+    if (!e.is_regular_file(ec)) check_regular_file(e.path().string(), "data file");
+    return true;
+  };
   std::map<std::string, std::string> mask_of;
   for (const auto& e : fs::directory_iterator(masks))
-    if (e.is_regular_file() && is_image_file(e.path())) mask_of[e.path().stem().string()] = e.path().string();
+    if (image_entry(e)) mask_of[e.path().stem().string()] = e.path().string();
   std::vector<Pair> out;
   for (const auto& e : fs::directory_iterator(images)) {
-    if (!e.is_regular_file() || !is_image_file(e.path())) continue;
+    if (!image_entry(e)) continue;
     const std::string stem = e.path().stem().string();
     if (!keep.empty() && !keep.count(stem)) continue;
     auto it = mask_of.find(stem);
@@ -68,27 +76,38 @@ std::vector<FolderDataset::Pair> FolderDataset::scan(const std::string& dir, con
   return out;
 }
 
-FolderDataset::FolderDataset(std::vector<Pair> pairs, int image_size)
-    : pairs_(std::move(pairs)), size_(image_size) {
-  UNETCU_CHECK(image_size > 0 && image_size % 32 == 0, "image size must be a positive multiple of 32");
+FolderDataset::FolderDataset(std::vector<Pair> pairs, int width, int height, LabelRule labels)
+    : pairs_(std::move(pairs)), width_(width), height_(height), labels_(std::move(labels)) {
+  UNETCU_CHECK((width == 0 && height == 0) || (width > 0 && width % 32 == 0 && height > 0 && height % 32 == 0),
+               "image size must be a positive multiple of 32, got ", width, "x", height);
 }
 
 // Bilinear (channels of an interleaved 8-bit image -> planar floats in [0, 1]).
-void resize_bilinear(const Image& in, int S, float* out) {
-  const size_t plane = size_t(S) * S;
-  for (int y = 0; y < S; ++y) {
-    const float fy = std::max(0.f, (y + 0.5f) * in.height / S - 0.5f);
+void resize_bilinear(const Image& in, int W, int H, float* out) {
+  const size_t plane = size_t(W) * H;
+  for (int y = 0; y < H; ++y) {
+    const float fy = std::max(0.f, (y + 0.5f) * in.height / H - 0.5f);
     const int y0 = std::min(int(fy), in.height - 1), y1 = std::min(y0 + 1, in.height - 1);
     const float wy = fy - y0;
-    for (int x = 0; x < S; ++x) {
-      const float fx = std::max(0.f, (x + 0.5f) * in.width / S - 0.5f);
+    for (int x = 0; x < W; ++x) {
+      const float fx = std::max(0.f, (x + 0.5f) * in.width / W - 0.5f);
       const int x0 = std::min(int(fx), in.width - 1), x1 = std::min(x0 + 1, in.width - 1);
       const float wx = fx - x0;
       for (int c = 0; c < in.channels; ++c) {
         auto px = [&](int yy, int xx) { return float(in.pixels[(size_t(yy) * in.width + xx) * in.channels + c]); };
         const float v = (1 - wy) * ((1 - wx) * px(y0, x0) + wx * px(y0, x1)) + wy * ((1 - wx) * px(y1, x0) + wx * px(y1, x1));
-        out[c * plane + size_t(y) * S + x] = v / 255.f;
+        out[c * plane + size_t(y) * W + x] = v / 255.f;
       }
+    }
+  }
+}
+
+void resize_nearest(const float* in, int iw, int ih, int W, int H, float* out) {
+  for (int y = 0; y < H; ++y) {
+    const int sy = std::min(ih - 1, int((y + 0.5) * ih / H));
+    for (int x = 0; x < W; ++x) {
+      const int sx = std::min(iw - 1, int((x + 0.5) * iw / W));
+      out[size_t(y) * W + x] = in[size_t(sy) * iw + sx];
     }
   }
 }
@@ -103,7 +122,7 @@ void resize_nearest_mask(const Image& in, int S, float* out) {  // > 0 is foregr
   }
 }
 
-void FolderDataset::load(int64_t index, float* image, float* mask) const {
+void FolderDataset::load(int64_t index, Sample* out) const {
   const Pair& p = pairs_.at(size_t(index));
   // Sizes from the headers first: a mismatch is reported as such, before decoding either.
   const ImageInfo img_info = read_image_info(p.image), msk_info = read_image_info(p.mask);
@@ -111,9 +130,19 @@ void FolderDataset::load(int64_t index, float* image, float* mask) const {
                "' is ", msk_info.width, "x", msk_info.height, " but its image '", p.image, "' is ",
                img_info.width, "x", img_info.height);
   const Image img = load_image(p.image, 3);
-  const Image msk = load_image(p.mask, 1);
-  resize_bilinear(img, size_, image);
-  resize_nearest_mask(msk, size_, mask);
+  int mw = 0, mh = 0;
+  const std::vector<float> targets = load_mask_targets(p.mask, labels_, &mw, &mh);
+  if (width_ == 0) {  // at its own size
+    out->resize(img.width, img.height);
+    const size_t plane = size_t(img.width) * img.height;
+    for (size_t q = 0; q < plane; ++q)
+      for (int c = 0; c < 3; ++c) out->image[c * plane + q] = img.pixels[q * 3 + size_t(c)] / 255.f;
+    out->mask = targets;
+    return;
+  }
+  out->resize(width_, height_);
+  resize_bilinear(img, width_, height_, out->image.data());
+  resize_nearest(targets.data(), mw, mh, width_, height_, out->mask.data());
 }
 
 void split_pairs(const std::vector<FolderDataset::Pair>& all, double fraction, uint64_t seed,
@@ -129,41 +158,42 @@ void split_pairs(const std::vector<FolderDataset::Pair>& all, double fraction, u
 
 // ---- augmentation -----------------------------------------------------------------------
 
-void augment_sample(float* image, float* mask, int S, Augment level, Rng& rng) {
+void augment_sample(float* image, float* mask, int W, int H, Augment level, Rng& rng) {
   if (level == Augment::None) return;
-  const size_t plane = size_t(S) * S;
+  const size_t plane = size_t(W) * H;
   // Geometry: one inverse map (output pixel -> source point) for image and mask alike.
   const bool hflip = rng.uniform() < 0.5, vflip = level == Augment::Heavy && rng.uniform() < 0.5;
-  double scale = 1, angle = 0, cx = S / 2.0, cy = S / 2.0;
+  double scale = 1, angle = 0, cx = W / 2.0, cy = H / 2.0;
   if (level == Augment::Heavy) {
     scale = rng.uniform(1.0, 1.4);
     angle = rng.uniform(-15.0, 15.0) * 3.141592653589793 / 180.0;
-    const double slack = S / 2.0 * (1 - 1 / scale);  // crop centre range keeping the view inside
-    cx += rng.uniform(-slack, slack);
-    cy += rng.uniform(-slack, slack);
+    // crop centre range keeping the view inside
+    const double slack_x = W / 2.0 * (1 - 1 / scale), slack_y = H / 2.0 * (1 - 1 / scale);
+    cx += rng.uniform(-slack_x, slack_x);
+    cy += rng.uniform(-slack_y, slack_y);
   }
   const double ca = std::cos(angle), sa = std::sin(angle);
   std::vector<float> img(image, image + 3 * plane), msk(mask, mask + plane);
-  for (int y = 0; y < S; ++y)
-    for (int x = 0; x < S; ++x) {
-      double u = x + 0.5 - S / 2.0, v = y + 0.5 - S / 2.0;
+  for (int y = 0; y < H; ++y)
+    for (int x = 0; x < W; ++x) {
+      double u = x + 0.5 - W / 2.0, v = y + 0.5 - H / 2.0;
       if (hflip) u = -u;
       if (vflip) v = -v;
       const double sx = (ca * u - sa * v) / scale + cx - 0.5, sy = (sa * u + ca * v) / scale + cy - 0.5;
-      const size_t o = size_t(y) * S + x;
+      const size_t o = size_t(y) * W + x;
       // Mask: nearest. Outside the source both image and mask repeat their border, so a
       // rotated corner shows the same content in both.
-      const int nx = std::clamp(int(std::floor(sx + 0.5)), 0, S - 1);
-      const int ny = std::clamp(int(std::floor(sy + 0.5)), 0, S - 1);
-      mask[o] = msk[size_t(ny) * S + nx];
+      const int nx = std::clamp(int(std::floor(sx + 0.5)), 0, W - 1);
+      const int ny = std::clamp(int(std::floor(sy + 0.5)), 0, H - 1);
+      mask[o] = msk[size_t(ny) * W + nx];
       // Image: bilinear, clamped at the border.
-      const double fx = std::clamp(sx, 0.0, S - 1.0), fy = std::clamp(sy, 0.0, S - 1.0);
-      const int x0 = int(fx), y0 = int(fy), x1 = std::min(x0 + 1, S - 1), y1 = std::min(y0 + 1, S - 1);
+      const double fx = std::clamp(sx, 0.0, W - 1.0), fy = std::clamp(sy, 0.0, H - 1.0);
+      const int x0 = int(fx), y0 = int(fy), x1 = std::min(x0 + 1, W - 1), y1 = std::min(y0 + 1, H - 1);
       const float wx = float(fx - x0), wy = float(fy - y0);
       for (int c = 0; c < 3; ++c) {
         const float* p = img.data() + c * plane;
-        image[c * plane + o] = (1 - wy) * ((1 - wx) * p[y0 * S + x0] + wx * p[y0 * S + x1]) +
-                               wy * ((1 - wx) * p[y1 * S + x0] + wx * p[y1 * S + x1]);
+        image[c * plane + o] = (1 - wy) * ((1 - wx) * p[y0 * W + x0] + wx * p[y0 * W + x1]) +
+                               wy * ((1 - wx) * p[y1 * W + x0] + wx * p[y1 * W + x1]);
       }
     }
   // Photometric, image only.
@@ -172,23 +202,54 @@ void augment_sample(float* image, float* mask, int S, Augment level, Rng& rng) {
     image[i] = std::clamp((image[i] - 0.5f) * contrast + 0.5f + brightness, 0.f, 1.f);
 }
 
+namespace {
+// The crop x crop window of a sample at (x0, y0) (negative or past the edge: padding), the
+// image normalised into row b of the batch, padding 0; the mask's padding -1 (ignored).
+void store_crop(const Sample& s, int x0, int y0, int crop, Batch& out, int64_t b) {
+  const size_t plane = size_t(crop) * crop, src_plane = size_t(s.width) * s.height;
+  UNETCU_DISPATCH_FLOAT(out.images.dtype(), T, {
+    T* ip = out.images.data<T>() + b * 3 * plane;
+    T* mp = out.masks.data<T>() + b * plane;
+    for (int y = 0; y < crop; ++y)
+      for (int x = 0; x < crop; ++x) {
+        const int sx = x0 + x, sy = y0 + y;
+        const bool inside = sx >= 0 && sx < s.width && sy >= 0 && sy < s.height;
+        const size_t o = size_t(y) * crop + x, q = inside ? size_t(sy) * s.width + sx : 0;
+        for (int c = 0; c < 3; ++c)
+          ip[c * plane + o] = T(inside ? (s.image[c * src_plane + q] - kImageMean[c]) / kImageStd[c] : 0.f);
+        mp[o] = T(inside ? s.mask[q] : -1.f);
+      }
+  });
+}
+// Where a crop starts along a side of `len`: anywhere it fits, or a random offset of the
+// side inside a longer crop.
+int crop_start(int len, int crop, Rng& rng) {
+  return len >= crop ? int(rng.below(uint64_t(len - crop + 1))) : -int(rng.below(uint64_t(crop - len + 1)));
+}
+}  // namespace
+
 Batch make_batch(const Dataset& ds, const std::vector<int64_t>& indices, DType dtype, bool pinned,
-                 Augment augment, uint64_t seed, int epoch) {
-  const int64_t B = int64_t(indices.size()), S = ds.image_size();
+                 Augment augment, uint64_t seed, int epoch, int crop) {
+  const int64_t B = int64_t(indices.size()), H = crop ? crop : ds.height(), W = crop ? crop : ds.width();
   UNETCU_CHECK(B > 0, "empty batch");
-  Batch out = pinned ? Batch{Tensor::empty_pinned({B, 3, S, S}, dtype), Tensor::empty_pinned({B, 1, S, S}, dtype)}
-                     : Batch{Tensor::empty({B, 3, S, S}, dtype), Tensor::empty({B, 1, S, S}, dtype)};
-  const size_t plane = size_t(S) * S;
+  UNETCU_CHECK(H > 0 && W > 0, "make_batch: samples of their own sizes need a crop size");
+  Batch out = pinned ? Batch{Tensor::empty_pinned({B, 3, H, W}, dtype), Tensor::empty_pinned({B, 1, H, W}, dtype)}
+                     : Batch{Tensor::empty({B, 3, H, W}, dtype), Tensor::empty({B, 1, H, W}, dtype)};
   std::vector<std::exception_ptr> errors(static_cast<size_t>(B));
   kernels::cpu::parallel_for(B, [&](int64_t b) {
     try {
-      std::vector<float> img(3 * plane), msk(plane);
-      ds.load(indices[b], img.data(), msk.data());
-      if (augment != Augment::None) {
-        Rng rng(Rng::mix(Rng::mix(seed, uint64_t(epoch)), uint64_t(indices[b])));
-        augment_sample(img.data(), msk.data(), int(S), augment, rng);
+      Sample s;
+      ds.load(indices[b], &s);
+      Rng rng(Rng::mix(Rng::mix(seed, uint64_t(epoch)), uint64_t(indices[b])));
+      if (augment != Augment::None) augment_sample(s.image.data(), s.mask.data(), s.width, s.height, augment, rng);
+      if (crop) {
+        const int x0 = crop_start(s.width, crop, rng), y0 = crop_start(s.height, crop, rng);
+        store_crop(s, x0, y0, crop, out, b);
+      } else {
+        UNETCU_CHECK(s.width == W && s.height == H, "sample ", indices[b], " is ", s.width, "x", s.height,
+                     ", not the batch's ", W, "x", H);
+        store_normalized(s.image.data(), s.mask.data(), out, b);
       }
-      store_normalized(img.data(), msk.data(), out, b);
     } catch (...) {
       errors[size_t(b)] = std::current_exception();  // no throwing out of an OpenMP region
     }
@@ -198,20 +259,21 @@ Batch make_batch(const Dataset& ds, const std::vector<int64_t>& indices, DType d
   return out;
 }
 
-void write_synthetic_folder(const std::string& dir, int count, int image_size, uint64_t seed) {
+void write_synthetic_folder(const std::string& dir, int count, int width, int height, uint64_t seed,
+                            int classes) {
   const fs::path root(dir);
   fs::create_directories(root / "images");
   fs::create_directories(root / "masks");
-  SyntheticSegmentation s(image_size, seed);
-  const size_t plane = size_t(image_size) * image_size;
+  SyntheticSegmentation s(width, height, seed, classes);
+  const size_t plane = size_t(width) * height;
   std::vector<float> img(3 * plane), msk(plane);
   for (int i = 0; i < count; ++i) {
     s.render(i, img.data(), msk.data());
-    Image im{image_size, image_size, 3, std::vector<uint8_t>(3 * plane)};
-    Image mk{image_size, image_size, 1, std::vector<uint8_t>(plane)};
+    Image im{width, height, 3, std::vector<uint8_t>(3 * plane)};
+    Image mk{width, height, 1, std::vector<uint8_t>(plane)};
     for (size_t q = 0; q < plane; ++q) {
       for (int c = 0; c < 3; ++c) im.pixels[q * 3 + c] = uint8_t(std::lround(std::clamp(img[c * plane + q], 0.f, 1.f) * 255));
-      mk.pixels[q] = msk[q] > 0.5f ? 255 : 0;
+      mk.pixels[q] = classes == 1 ? (msk[q] > 0.5f ? 255 : 0) : uint8_t(msk[q]);
     }
     char name[32];
     std::snprintf(name, sizeof name, "%05d.png", i);

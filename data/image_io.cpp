@@ -255,6 +255,7 @@ ImageInfo checked_header(const std::string& path, const std::vector<uint8_t>& d,
   // stbi_info gives a top-down BMP's height negative; stb cannot negate the most negative one.
   UNETCU_CHECK(info.height != INT_MIN, "cannot read image '", path, "': its height is out of range");
   if (bmp) info.height = std::abs(info.height);
+  info.palette = d.size() > 25 && d[0] == 0x89 && d[1] == 'P' && d[12] == 'I' && d[13] == 'H' && d[25] == 3;
   const int64_t pixels = int64_t(info.width) * info.height;
   UNETCU_CHECK(info.width > 0 && info.height > 0, "cannot read image '", path, "': its header says ",
                info.width, "x", info.height);
@@ -358,6 +359,70 @@ Image load_image(const std::string& path, int channels) {
   return decode_image(path, bytes, info, channels);
 }
 
+static uint32_t be32(const std::vector<uint8_t>& d, size_t at) {
+  return uint32_t(d[at]) << 24 | uint32_t(d[at + 1]) << 16 | uint32_t(d[at + 2]) << 8 | d[at + 3];
+}
+
+Image load_palette_indices(const std::string& path) {
+  uint64_t file_size = 0;
+  bool need_more = false;
+  const std::vector<uint8_t> d = read_image_file(path, SIZE_MAX, &file_size);
+  const ImageInfo info = checked_header(path, d, d.size(), true, &need_more);
+  UNETCU_CHECK(info.palette, "image '", path, "' is not an indexed (palette) PNG");
+  const int depth = d[24];
+  UNETCU_CHECK(d[28] == 0, "cannot read image '", path, "': interlaced indexed PNGs are not read; save it "
+               "without interlacing");
+  UNETCU_CHECK(depth == 1 || depth == 2 || depth == 4 || depth == 8, "cannot read image '", path,
+               "': bit depth ", depth, " for an indexed PNG");
+  std::vector<uint8_t> z;  // the IDAT chunks' zlib stream
+  for (size_t at = 8; at + 8 <= d.size();) {
+    const uint64_t len = be32(d, at);
+    UNETCU_CHECK(at + 12 + len <= d.size(), "cannot read image '", path, "': truncated PNG chunk");
+    if (std::equal(d.begin() + long(at) + 4, d.begin() + long(at) + 8, "IDAT"))
+      z.insert(z.end(), d.begin() + long(at) + 8, d.begin() + long(at + 8 + len));
+    at += 12 + len;
+  }
+  const int W = info.width, H = info.height;
+  const size_t row = (size_t(W) * size_t(depth) + 7) / 8, need = (row + 1) * size_t(H);
+  int got = 0;
+  t_stb_allocation_cap = 2 * need + (size_t(1) << 20);  // no inflating past what the size needs
+  std::unique_ptr<char, void (*)(void*)> raw(
+      stbi_zlib_decode_malloc_guesssize_headerflag(reinterpret_cast<const char*>(z.data()), int(z.size()),
+                                                   int(std::min<size_t>(need, INT_MAX)), &got, 1),
+      stbi_image_free);
+  t_stb_allocation_cap = SIZE_MAX;
+  UNETCU_CHECK(raw && size_t(got) >= need, "cannot read image '", path, "': corrupt PNG data");
+  const uint8_t* in = reinterpret_cast<const uint8_t*>(raw.get());
+  std::vector<uint8_t> prev(row, 0), cur(row);
+  Image img;
+  img.width = W, img.height = H, img.channels = 1;
+  img.pixels.resize(size_t(W) * H);
+  for (int y = 0; y < H; ++y) {  // the five PNG filters, one byte per "pixel" for indices
+    const uint8_t f = in[size_t(y) * (row + 1)];
+    const uint8_t* src = in + size_t(y) * (row + 1) + 1;
+    UNETCU_CHECK(f <= 4, "cannot read image '", path, "': corrupt PNG filter ", int(f));
+    for (size_t i = 0; i < row; ++i) {
+      const int a = i ? cur[i - 1] : 0, b = prev[i], c = i ? prev[i - 1] : 0;
+      int p = src[i];
+      if (f == 1) p += a;
+      else if (f == 2) p += b;
+      else if (f == 3) p += (a + b) / 2;
+      else if (f == 4) {
+        const int pa = std::abs(b - c), pb = std::abs(a - c), pc = std::abs(a + b - 2 * c);
+        p += pa <= pb && pa <= pc ? a : pb <= pc ? b : c;
+      }
+      cur[i] = uint8_t(p);
+    }
+    for (int x = 0; x < W; ++x) {
+      const size_t bit = size_t(x) * size_t(depth);
+      img.pixels[size_t(y) * W + x] =
+          uint8_t((cur[bit / 8] >> (8 - depth - int(bit % 8))) & ((1 << depth) - 1));
+    }
+    std::swap(prev, cur);
+  }
+  return img;
+}
+
 void save_png(const std::string& path, const Image& image) {
   write_through_temporary(path, [&](const char* tmp) {
     return stbi_write_png(tmp, image.width, image.height, image.channels, image.pixels.data(),
@@ -422,6 +487,54 @@ void save_png16(const std::string& path, int width, int height, const std::vecto
   put_be32(ihdr, uint32_t(height));
   ihdr.insert(ihdr.end(), {16, 0, 0, 0, 0});  // 16 bits, grayscale, deflate, filter 0, no interlace
   put_chunk(png, "IHDR", ihdr.data(), ihdr.size());
+  put_chunk(png, "IDAT", z.get(), size_t(zlen));
+  put_chunk(png, "IEND", nullptr, 0);
+  write_through_temporary(path, [&](const char* tmp) {
+    std::FILE* f = std::fopen(tmp, "wb");
+    if (!f) return false;
+    const bool ok = std::fwrite(png.data(), 1, png.size(), f) == png.size();
+    return std::fclose(f) == 0 && ok;
+  });
+}
+
+void save_png_indexed(const std::string& path, int width, int height, const std::vector<uint8_t>& indices,
+                      const std::vector<std::array<uint8_t, 3>>& palette) {
+  UNETCU_CHECK(width >= 1 && height >= 1 && indices.size() == size_t(width) * size_t(height),
+               "save_png_indexed: ", indices.size(), " indices for a ", width, "x", height, " image");
+  UNETCU_CHECK(!palette.empty() && palette.size() <= 256, "save_png_indexed: ", palette.size(), " colours");
+  // Row y filtered with PNG filter y % 5 (none, sub, up, average, Paeth): any reader must undo all five.
+  std::vector<uint8_t> raw;
+  const size_t W = size_t(width);
+  for (int y = 0; y < height; ++y) {
+    const int f = y % 5;
+    raw.push_back(uint8_t(f));
+    const uint8_t* cur = &indices[size_t(y) * W];
+    const uint8_t* up = y ? &indices[size_t(y - 1) * W] : nullptr;
+    for (size_t x = 0; x < W; ++x) {
+      const int a = x ? cur[x - 1] : 0, b = up ? up[x] : 0, c = x && up ? up[x - 1] : 0;
+      int pred = 0;
+      if (f == 1) pred = a;
+      else if (f == 2) pred = b;
+      else if (f == 3) pred = (a + b) / 2;
+      else if (f == 4) {
+        const int pa = std::abs(b - c), pb = std::abs(a - c), pc = std::abs(a + b - 2 * c);
+        pred = pa <= pb && pa <= pc ? a : pb <= pc ? b : c;
+      }
+      raw.push_back(uint8_t(cur[x] - pred));
+    }
+  }
+  int zlen = 0;
+  std::unique_ptr<unsigned char, void (*)(void*)> z(
+      stbi_zlib_compress(raw.data(), int(raw.size()), &zlen, 8), [](void* q) { STBIW_FREE(q); });
+  UNETCU_CHECK(z != nullptr, "cannot compress '", path, "'");
+  std::vector<uint8_t> png = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  std::vector<uint8_t> ihdr, plte;
+  put_be32(ihdr, uint32_t(width));
+  put_be32(ihdr, uint32_t(height));
+  ihdr.insert(ihdr.end(), {8, 3, 0, 0, 0});  // 8 bits, indexed, deflate, filter 0, no interlace
+  for (const auto& rgb : palette) plte.insert(plte.end(), rgb.begin(), rgb.end());
+  put_chunk(png, "IHDR", ihdr.data(), ihdr.size());
+  put_chunk(png, "PLTE", plte.data(), plte.size());
   put_chunk(png, "IDAT", z.get(), size_t(zlen));
   put_chunk(png, "IEND", nullptr, 0);
   write_through_temporary(path, [&](const char* tmp) {

@@ -12,6 +12,7 @@
 // - a BMP too short for the pixels its header promises is refused (stb would fill with zeros).
 // Every refusal is one unetcu::Error naming the file.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -31,6 +32,7 @@ int64_t max_image_pixels();
 
 struct ImageInfo {
   int width = 0, height = 0, channels = 0;  // channels as stored in the file
+  bool palette = false;                     // an indexed PNG (colour type 3)
 };
 
 // The size from the header only (reads the file's first bytes, decodes no pixels), with the
@@ -46,12 +48,21 @@ Image load_image(const std::string& path, int channels);
 // examined, "... is a folder / a FIFO / ..., not a regular file" otherwise.
 void check_regular_file(const std::string& path, const std::string& what);
 
+// An indexed (palette) PNG's palette indices, one byte per pixel (channels 1), not the colours
+// they stand for: a class index per pixel in a segmentation mask. The same file checks as
+// load_image; a PNG that is not indexed, or is interlaced, is refused naming the file.
+Image load_palette_indices(const std::string& path);
+
 // Writes a PNG to a temporary file beside it and renames it, so `path` is whole or absent.
 void save_png(const std::string& path, const Image& image);
 // A 16-bit grayscale PNG (samples 0..65535, row-major, width*height of them), written through a
 // temporary file like save_png; load_png16 reads one back (any PNG, converted to 16-bit gray).
 void save_png16(const std::string& path, int width, int height, const std::vector<uint16_t>& gray);
 std::vector<uint16_t> load_png16(const std::string& path, int* width, int* height);
+
+// An indexed (palette) PNG, 8 bits per index, through a temporary file like save_png.
+void save_png_indexed(const std::string& path, int width, int height, const std::vector<uint8_t>& indices,
+                      const std::vector<std::array<uint8_t, 3>>& palette);
 
 // PNG or BMP by the path's extension. (No JPEG: stb_image_write's JPEG encoder has undefined
 // behaviour, a signed left shift that overflows, under -fsanitize=undefined.)

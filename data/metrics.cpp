@@ -1,44 +1,81 @@
 #include "data/metrics.h"
 
+#include "kernels/launchers.h"
+
 namespace unetcu {
 
-void SegmentationCounts::add(const Tensor& logits_in, const Tensor& masks_in) {
-  check_same_shape("SegmentationCounts::add", logits_in, masks_in);
-  UNETCU_CHECK(logits_in.dtype() == masks_in.dtype(), "SegmentationCounts::add: logits are ",
-               dtype_name(logits_in.dtype()), ", masks ", dtype_name(masks_in.dtype()));
-  // Counted on the host: a GPU's logits come back once per evaluation batch (the masks may be
-  // given as the host copy they were uploaded from).
-  const Tensor logits = logits_in.device().is_cpu() ? logits_in : logits_in.to(Device::cpu());
-  const Tensor masks = masks_in.device().is_cpu() ? masks_in : masks_in.to(Device::cpu());
-  const int64_t n = logits.numel();
-  int64_t tp_ = 0, fp_ = 0, fn_ = 0, tn_ = 0;
-  UNETCU_DISPATCH_FLOAT(logits.dtype(), T, {
-    const T* x = logits.data<T>();
-    const T* m = masks.data<T>();
-    for (int64_t i = 0; i < n; ++i) {
-      const bool pred = x[i] > T(0), truth = m[i] > T(0.5);
-      tp_ += pred && truth;
-      fp_ += pred && !truth;
-      fn_ += !pred && truth;
-      tn_ += !pred && !truth;
-    }
-  });
-  tp += tp_, fp += fp_, fn += fn_, tn += tn_;
+SegmentationCounts::SegmentationCounts(int classes) : classes_(classes), k_(std::max(2, classes)) {
+  UNETCU_CHECK(classes >= 1, "SegmentationCounts: classes must be >= 1");
 }
 
-double SegmentationCounts::iou() const {
-  const int64_t d = tp + fp + fn;
-  return d == 0 ? 1.0 : double(tp) / double(d);
+void SegmentationCounts::add(const Tensor& logits, const Tensor& masks) {
+  const char* op = "SegmentationCounts::add";
+  UNETCU_CHECK(logits.ndim() == 4 && logits.dim(1) == classes_, op, ": logits ", shape_str(logits.shape()),
+               " for ", classes_, " classes");
+  UNETCU_CHECK(masks.ndim() == 4 && masks.dim(0) == logits.dim(0) && masks.dim(1) == 1 &&
+                   masks.dim(2) == logits.dim(2) && masks.dim(3) == logits.dim(3),
+               op, ": masks ", shape_str(masks.shape()), " for logits ", shape_str(logits.shape()));
+  UNETCU_CHECK(masks.dtype() == logits.dtype() || masks.dtype() == DType::F32, op, ": logits are ",
+               dtype_name(logits.dtype()), ", masks ", dtype_name(masks.dtype()));
+  UNETCU_CHECK(masks.device() == logits.device(), op, ": logits on ", logits.device().str(), ", masks on ",
+               masks.device().str());
+  if (!counts_.defined()) counts_ = Tensor::zeros({k_, k_}, DType::F64, logits.device());
+  UNETCU_CHECK(counts_.device() == logits.device(), op, ": logits on ", logits.device().str(),
+               ", earlier ones on ", counts_.device().str());
+  UNETCU_LAUNCH(logits.device(), confusion_update, logits, masks, counts_);
+  stale_ = true;
 }
 
-double SegmentationCounts::dice() const {
-  const int64_t d = 2 * tp + fp + fn;
-  return d == 0 ? 1.0 : 2.0 * double(tp) / double(d);
+const std::vector<double>& SegmentationCounts::matrix() const {
+  if (stale_) {
+    host_.assign(size_t(k_) * k_, 0.0);
+    if (counts_.defined()) host_ = counts_.to(Device::cpu()).to_vector();
+    stale_ = false;
+  }
+  return host_;
+}
+
+bool SegmentationCounts::class_seen(int c) const {
+  return count(c, c) > 0 || class_iou(c) < 1.0;
+}
+
+double SegmentationCounts::class_iou(int c) const {
+  const std::vector<double>& m = matrix();
+  double tp = m[size_t(c * k_ + c)], row = 0, col = 0;
+  for (int j = 0; j < k_; ++j) row += m[size_t(c * k_ + j)], col += m[size_t(j * k_ + c)];
+  const double uni = row + col - tp;
+  return uni == 0 ? 1.0 : tp / uni;
+}
+
+double SegmentationCounts::class_dice(int c) const {
+  const std::vector<double>& m = matrix();
+  double tp = m[size_t(c * k_ + c)], row = 0, col = 0;
+  for (int j = 0; j < k_; ++j) row += m[size_t(c * k_ + j)], col += m[size_t(j * k_ + c)];
+  return row + col == 0 ? 1.0 : 2 * tp / (row + col);
+}
+
+double SegmentationCounts::miou() const {
+  double sum = 0;
+  int seen = 0;
+  for (int c = 0; c < k_; ++c)
+    if (class_seen(c)) sum += class_iou(c), ++seen;
+  return seen ? sum / seen : 1.0;
+}
+
+double SegmentationCounts::mean_dice() const {
+  double sum = 0;
+  int seen = 0;
+  for (int c = 0; c < k_; ++c)
+    if (class_seen(c)) sum += class_dice(c), ++seen;
+  return seen ? sum / seen : 1.0;
 }
 
 double SegmentationCounts::accuracy() const {
-  const int64_t d = tp + fp + fn + tn;
-  return d == 0 ? 1.0 : double(tp + tn) / double(d);
+  const std::vector<double>& m = matrix();
+  double right = 0, all = 0;
+  for (int i = 0; i < k_; ++i)
+    for (int j = 0; j < k_; ++j) all += m[size_t(i * k_ + j)], right += i == j ? m[size_t(i * k_ + j)] : 0;
+  return all == 0 ? 1.0 : right / all;
 }
 
 }  // namespace unetcu

@@ -1,19 +1,50 @@
-// Segmentation metrics over a whole evaluation set: pixels are predicted positive where the
-// logit is > 0 (probability > 0.5); IoU = TP/(TP+FP+FN), Dice = 2TP/(2TP+FP+FN), both summed
-// over every pixel of every image before dividing (1 when there is nothing to find or predict).
+// Segmentation metrics over a whole evaluation set, from a confusion matrix accumulated on the
+// logits' device (one copy to the host when a metric is read).
+//
+// Pixels are predicted as in bodies/loss.h: one channel, foreground where the logit is > 0
+// (probability > 0.5); C >= 2 channels, the largest logit. Ignored pixels (negative targets)
+// are not counted. One channel gives a 2 x 2 matrix (background 0, foreground 1); iou() and
+// dice() are then the foreground's, TP/(TP+FP+FN) and 2TP/(2TP+FP+FN), 1 when there is nothing
+// to find or predict. For C >= 2, per class c: IoU_c = TP_c / (TP_c + FP_c + FN_c) and
+// Dice_c = 2 TP_c / (2 TP_c + FP_c + FN_c); mIoU (miou(), and iou()) is their mean over the
+// classes whose union TP_c + FP_c + FN_c is non-empty, as torchmetrics' and MMSegmentation's
+// mean IoU; mean_dice() (and dice()) the same over Dice.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "engine/tensor.h"
 
 namespace unetcu {
 
-struct SegmentationCounts {
-  int64_t tp = 0, fp = 0, fn = 0, tn = 0;
+class SegmentationCounts {
+ public:
+  explicit SegmentationCounts(int classes = 1);
+  // logits [N, C, H, W]; masks the loss's target ([N, 1, H, W], float32 or the logits' dtype)
+  // on the same device. Nothing waits for the device.
   void add(const Tensor& logits, const Tensor& masks);
-  double iou() const;
-  double dice() const;
+  int classes() const { return classes_; }
+  // The matrix, counts[truth * K + predicted], K = max(2, classes).
+  const std::vector<double>& matrix() const;
+  int64_t tp() const { return count(1, 1); }  // one channel: the foreground's
+  int64_t fp() const { return count(0, 1); }
+  int64_t fn() const { return count(1, 0); }
+  int64_t tn() const { return count(0, 0); }
+  double class_iou(int c) const;   // 1 for a class with an empty union
+  double class_dice(int c) const;
+  bool class_seen(int c) const;    // its union is non-empty
+  double miou() const;             // mean over seen classes (1 when none is seen)
+  double mean_dice() const;
+  double iou() const { return classes_ == 1 ? class_iou(1) : miou(); }
+  double dice() const { return classes_ == 1 ? class_dice(1) : mean_dice(); }
   double accuracy() const;
+
+ private:
+  int64_t count(int truth, int pred) const { return int64_t(matrix()[size_t(truth * k_ + pred)]); }
+  int classes_, k_;
+  Tensor counts_;                         // on the device of the first logits
+  mutable std::vector<double> host_;
+  mutable bool stale_ = true;
 };
 
 }  // namespace unetcu

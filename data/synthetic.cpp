@@ -9,10 +9,12 @@
 
 namespace unetcu {
 
-SyntheticSegmentation::SyntheticSegmentation(int image_size, uint64_t seed)
-    : size_(image_size), seed_(seed) {
-  UNETCU_CHECK(image_size > 0 && image_size % 32 == 0,
-               "image size must be a positive multiple of 32, got ", image_size);
+SyntheticSegmentation::SyntheticSegmentation(int width, int height, uint64_t seed, int classes)
+    : width_(width), height_(height), seed_(seed), classes_(classes) {
+  UNETCU_CHECK(width > 0 && width % 32 == 0 && height > 0 && height % 32 == 0,
+               "image size must be a positive multiple of 32, got ", width, "x", height);
+  UNETCU_CHECK(classes >= 1 && classes <= 4, "the synthetic set has 1 to 4 classes (background and up to three "
+               "kinds of shapes), got ", classes);
 }
 
 namespace {
@@ -44,8 +46,10 @@ struct Shape2D {
 
 void SyntheticSegmentation::render(int64_t index, float* image, float* mask) const {
   Rng rng(Rng::mix(seed_, uint64_t(index)));
-  const int S = size_;
-  const size_t plane = size_t(S) * S;
+  const int W = width_, H = height_, S = std::min(W, H);  // S scales the shapes and textures
+  const size_t plane = size_t(W) * H;
+  // Kinds of shapes drawn: all three for one or two classes, else one per foreground class.
+  const uint64_t kinds = classes_ <= 2 ? 3 : uint64_t(classes_ - 1);
 
   // Background: a base colour, two sinusoidal gratings and pixel noise.
   float bg[3];
@@ -65,9 +69,9 @@ void SyntheticSegmentation::render(int64_t index, float* image, float* mask) con
   const int count = 1 + int(rng.below(3));
   std::vector<Shape2D> shapes(count);
   for (Shape2D& s : shapes) {
-    s.kind = int(rng.below(3));
-    s.cx = rng.uniform(0.15, 0.85) * S;
-    s.cy = rng.uniform(0.15, 0.85) * S;
+    s.kind = int(rng.below(kinds));
+    s.cx = rng.uniform(0.15, 0.85) * W;
+    s.cy = rng.uniform(0.15, 0.85) * H;
     s.a = rng.uniform(0.08, 0.25) * S;
     s.b = rng.uniform(0.08, 0.25) * S;
     const double t = rng.uniform(0, 3.141592653589793);
@@ -89,9 +93,9 @@ void SyntheticSegmentation::render(int64_t index, float* image, float* mask) con
     s.noise = rng.uniform(0.01, 0.06);
   }
 
-  for (int y = 0; y < S; ++y)
-    for (int x = 0; x < S; ++x) {
-      const size_t p = size_t(y) * S + x;
+  for (int y = 0; y < H; ++y)
+    for (int x = 0; x < W; ++x) {
+      const size_t p = size_t(y) * W + x;
       int inside = -1;  // the last shape drawn wins
       for (int k = count - 1; k >= 0 && inside < 0; --k)
         if (shapes[k].contains(x + 0.5, y + 0.5)) inside = k;
@@ -102,20 +106,20 @@ void SyntheticSegmentation::render(int64_t index, float* image, float* mask) con
                                : bg[c] + tex + bg_noise * rng.normal();
         image[c * plane + p] = float(std::clamp(v, 0.0, 1.0));
       }
-      mask[p] = inside >= 0 ? 1.0f : 0.0f;
+      mask[p] = inside < 0 ? 0.0f : classes_ <= 2 ? 1.0f : float(shapes[inside].kind + 1);
     }
 }
 
 Batch SyntheticSegmentation::batch(const std::vector<int64_t>& indices, DType dtype,
                                    Device device, bool pinned) const {
-  const int64_t B = int64_t(indices.size()), S = size_;
+  const int64_t B = int64_t(indices.size()), H = height_, W = width_;
   UNETCU_CHECK(B > 0, "empty batch");
   UNETCU_CHECK(device.is_cpu(), "synthetic batches are made on a CPU device");
-  Batch out = pinned ? Batch{Tensor::empty_pinned({B, 3, S, S}, dtype),
-                             Tensor::empty_pinned({B, 1, S, S}, dtype)}
-                     : Batch{Tensor::empty({B, 3, S, S}, dtype, device),
-                             Tensor::empty({B, 1, S, S}, dtype, device)};
-  const size_t plane = size_t(S) * S;
+  Batch out = pinned ? Batch{Tensor::empty_pinned({B, 3, H, W}, dtype),
+                             Tensor::empty_pinned({B, 1, H, W}, dtype)}
+                     : Batch{Tensor::empty({B, 3, H, W}, dtype, device),
+                             Tensor::empty({B, 1, H, W}, dtype, device)};
+  const size_t plane = size_t(W) * H;
   kernels::cpu::parallel_for(B, [&](int64_t b) {
     std::vector<float> img(3 * plane), msk(plane);
     sample(indices[b], img.data(), msk.data());
@@ -137,7 +141,7 @@ void store_normalized(const float* img, const float* msk, Batch& out, int64_t b)
 }
 
 void SyntheticSegmentation::sample(int64_t index, float* image, float* mask) const {
-  const size_t plane = size_t(size_) * size_;
+  const size_t plane = size_t(width_) * height_;
   if (index >= 0 && index < int64_t(cache_.size())) {
     std::vector<float>& c = cache_[size_t(index)];
     if (c.empty()) {

@@ -1,5 +1,8 @@
 // The embedded synthetic segmentation set: RGB images of random shapes (ellipses, rotated
-// rectangles, triangles) on a textured, noisy background, with the binary mask of the shapes.
+// rectangles, triangles) on a textured, noisy background, with the mask of the shapes: with
+// one class, 1 on every shape; with C = 2..4 classes, the class of each pixel: 0 background and
+// 1..C-1 one kind of shape each (C = 2: every shape is class 1; C = 3: ellipses 1, rectangles
+// 2; C = 4: triangles 3).
 // Sample i is a pure function of (seed, i), so any subset is reproducible and training and
 // validation samples never overlap (they are different index ranges).
 #pragma once
@@ -13,18 +16,21 @@ namespace unetcu {
 
 class SyntheticSegmentation {
  public:
-  // image_size must be a positive multiple of 32.
-  SyntheticSegmentation(int image_size, uint64_t seed);
-  int image_size() const { return size_; }
+  // width and height must be positive multiples of 32; classes 1..4.
+  SyntheticSegmentation(int width, int height, uint64_t seed, int classes = 1);
+  SyntheticSegmentation(int image_size, uint64_t seed) : SyntheticSegmentation(image_size, image_size, seed) {}
+  int width() const { return width_; }
+  int height() const { return height_; }
+  int classes() const { return classes_; }
 
-  // Writes sample `index`: image [3, S, S] in [0, 1] (not normalised) and mask [S, S].
+  // Writes sample `index`: image [3, H, W] in [0, 1] (not normalised) and mask [H, W].
   void render(int64_t index, float* image, float* mask) const;
 
   // Keeps rendered samples [0, count) in memory so later epochs copy instead of drawing
   // (drawing a 512×512 sample costs milliseconds of transcendental math). Not thread-safe
   // against batch() calls running at the same time for the same index.
   void enable_cache(int64_t count);
-  static size_t sample_bytes(int image_size) { return size_t(4) * image_size * image_size * sizeof(float); }
+  static size_t sample_bytes(int width, int height) { return size_t(4) * width * height * sizeof(float); }
   // Sample `index` (image in [0, 1], mask), from the cache when it is on.
   void sample(int64_t index, float* image, float* mask) const;
   // Normalised images and masks of the given sample indices.
@@ -33,12 +39,13 @@ class SyntheticSegmentation {
               Device device = Device::cpu(), bool pinned = false) const;
 
  private:
-  int size_;
+  int width_, height_;
   uint64_t seed_;
+  int classes_;
   mutable std::vector<std::vector<float>> cache_;  // image (3 planes) then mask, per index
 };
 
-// Writes one sample (image [3, S, S] in [0, 1], mask [S, S]) as row b of a batch, the image
+// Writes one sample (image [3, H, W] in [0, 1], mask [H, W]) as row b of a batch, the image
 // normalised with the ImageNet mean/std, in the batch's dtype.
 void store_normalized(const float* image, const float* mask, Batch& out, int64_t b);
 

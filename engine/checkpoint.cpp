@@ -385,9 +385,25 @@ int64_t meta_int(const std::map<std::string, std::string>& meta, const std::stri
 
 void set_checkpoint_save_hook(std::function<void(int)> hook) { save_hook() = std::move(hook); }
 
+CheckpointSettings read_checkpoint_settings(const std::string& path) {
+  std::map<std::string, std::string> meta;
+  read_safetensors(path, &meta);
+  CheckpointSettings out;
+  for (const auto& [key, value] : meta)
+    if (key != "format" && key != "producer" && key != "epoch" && key != "step" && key != "save_id" &&
+        key.rfind("checksum.", 0) != 0)
+      out[key] = value;
+  return out;
+}
+
 void save_checkpoint(const std::string& path, const Module& model,
                      const std::vector<Optimizer*>& optimizers, int epoch, int64_t step,
-                     const RunRecord& run) {
+                     const RunRecord& run, const CheckpointSettings& settings) {
+  for (const auto& [key, value] : settings)
+    UNETCU_CHECK(key != "format" && key != "producer" && key != "epoch" && key != "step" && key != "save_id" &&
+                     key.rfind("checksum.", 0) != 0 && !key.empty() && key.size() <= kMaxRunText &&
+                     value.size() <= kMaxRunText,
+                 "checkpoint: setting '", key, "' is reserved, empty or too long");
   UNETCU_CHECK(epoch >= 0 && epoch <= kMaxEpoch && step >= 0 && step <= kMaxStep,
                "checkpoint: epoch ", epoch, " step ", step, " out of range");
   for (const auto& [key, value] : run)
@@ -411,6 +427,7 @@ void save_checkpoint(const std::string& path, const Module& model,
   }
   const std::string id = checksum(std::vector<char>(all.begin(), all.end()));
   model_meta["save_id"] = id;
+  for (const auto& [key, value] : settings) model_meta[key] = value;
   write_safetensors_tmp(path, model_tensors, model_meta);
   reached(1);
   SafeTensors train;

@@ -57,9 +57,17 @@ void load_model_state(Module& model, const SafeTensors& tensors, const std::stri
 // monitored metric, train/monitor.h): key k is written as "run.k" in the .train file's
 // metadata.
 using RunRecord = std::map<std::string, std::string>;
+// `settings`: how the run was trained (classes, class names, width divisor, image or crop
+// size, normalisation, ignore index; apps/ writes them), each a key of the model file's
+// metadata beside format, producer, epoch, step, save_id and the checksums (which they may
+// not name). PyTorch's safetensors loader ignores metadata.
+using CheckpointSettings = std::map<std::string, std::string>;
 void save_checkpoint(const std::string& path, const Module& model,
                      const std::vector<Optimizer*>& optimizers, int epoch, int64_t step = 0,
-                     const RunRecord& run = {});
+                     const RunRecord& run = {}, const CheckpointSettings& settings = {});
+// The settings of a model file (empty for a file written before they were recorded). Throws
+// unetcu::Error for a file that cannot be read as safetensors.
+CheckpointSettings read_checkpoint_settings(const std::string& path);
 // Loads the model and, for each optimizer, the state of each of its parameters; returns the
 // epoch stored with the checkpoint (0 when there is no training state file) and the step in
 // *step, and the run's values in *run (as written; the reader of each checks it). Everything

@@ -135,6 +135,10 @@
   X(multiclass_dice_backward, (const TensorRef& logits, const TensorRef& target,                   \
                                const TensorRef& sums, double smooth, const TensorRef& grad_loss,   \
                                const TensorRef& grad_x, double beta))                              \
+  /* Confusion matrix: counts [K, K] float64 (K = 2 for one channel, else C), accumulated:       \
+     counts[truth * K + predicted] += 1 per counted pixel (bodies/loss.h predicted_class,        \
+     target_class). */                                                                           \
+  X(confusion_update, (const TensorRef& logits, const TensorRef& target, const TensorRef& counts)) \
   /* Synchronized batch norm; sums are [2, C] float64 on the tensors' device. */                   \
   /* Per channel sum(x) and sum(x²) of this replica's batch, written. */                           \
   X(batchnorm_channel_sums, (const TensorRef& x, const TensorRef& sums))                           \

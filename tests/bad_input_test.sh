@@ -139,6 +139,27 @@ check "validation loss is not finite" "$train" --lr 16 --epochs 3 --image-size 3
 check "cannot write the profile trace" "$train" "${small[@]}" --profile /nonexistent/trace.json
 check "cannot write the checkpoint" "$train" "${small[@]}" --checkpoint adir
 check "is larger than the 5 training images of data" "$train" "${small[@]}" --data data --val-fraction 0.2
+# Masks as users have them: a value that is no class, an RGB mask without colours, a colour
+# missing from the table; an empty output name; a data folder entry named like an image that
+# is none (a dangling link, a folder).
+"$make_data" cls --count 6 --size 64 --classes 3 > /dev/null || { echo "FAIL: setup 3-class dataset"; exit 1; }
+check "holds 2, not a class of --classes 2 (0..1) and no --ignore-index is set" "$train" "${small[@]}" --data cls \
+  --classes 2 --val-fraction 0.2 --batch-size 2
+mkdir -p rgb/images rgb/masks && cp data/images/* rgb/images/ && cp data/images/* rgb/masks/
+check "is an RGB image; with --classes 3 give its colours with --class-colors FILE" "$train" "${small[@]}" \
+  --data rgb --classes 3 --val-fraction 0.2 --batch-size 2
+printf '0,0,0,background\n1,2,3,one\n4,5,6,two\n' > colors.txt
+check "is not in the class colour table" "$train" "${small[@]}" --data rgb --class-colors colors.txt \
+  --val-fraction 0.2 --batch-size 2
+check "--class-colors lists 3 colours for --classes 2" "$train" "${small[@]}" --data rgb --class-colors colors.txt \
+  --classes 2 --val-fraction 0.2 --batch-size 2
+check "--checkpoint: is empty" "$train" "${small[@]}" --checkpoint ''
+check "--log: is empty" "$train" "${small[@]}" --log ''
+cp -r data dangling && ln -s nowhere.png dangling/images/00009.png
+check "dangling/images/00009.png' cannot be opened" "$train" "${small[@]}" --data dangling --val-fraction 0.2 --batch-size 2
+cp -r data withdir && mkdir withdir/masks/00007.png
+check "withdir/masks/00007.png' is a folder, not a regular file" "$train" "${small[@]}" --data withdir \
+  --val-fraction 0.2 --batch-size 2
 
 # Ctrl-C: the step finishes, the checkpoint is written, exit 130; a resume continues.
 cases=$((cases + 1))

@@ -47,7 +47,7 @@ expect_error "--early-stop must be in 0..100000 epochs, got -1" --early-stop -1
 expect_error "--early-stop-delta belongs to --early-stop N" --early-stop-delta 0.01
 expect_error "--early-stop-delta must be a finite number >= 0, got -0.1" --early-stop 2 --early-stop-delta -0.1
 expect_error "--monitor belongs to --save-best or --early-stop" --monitor val_loss
-expect_error "--monitor: unknown monitor 'iou' (expected val_iou, val_dice or val_loss)" --monitor iou --early-stop 1
+expect_error "--monitor: unknown monitor 'iou' (expected val_iou, val_dice, val_loss or val_miou)" --monitor iou --early-stop 1
 expect_error "--save-best and --checkpoint name the same file" --save-best m.safetensors --checkpoint m.safetensors
 expect_error "--save-best and --checkpoint name the same file" --save-best ./m.safetensors --checkpoint m.safetensors
 expect_error "--clip-grad-norm must be a number >= 0 (0: no clipping) or inf (the norm measured, never clipped), got -1" \

@@ -54,10 +54,20 @@ done
 # through a second prediction of a mask file as an image would be overkill: check the PNG header).
 head -c 24 "$d/pred/00000.png" | tail -c 8 | od -An -tx1 | tr -d ' \n' | grep -q "0000004000000040" \
   || { echo "FAIL: mask is not 64x64"; fail=1; }
+# A checkpoint written before the run's settings were recorded loads with today's defaults and
+# the flags given, and predicts the same masks.
+python3 "$(dirname "$0")/strip_settings.py" "$d/model.safetensors" "$d/old.safetensors"
+"$predict" "$d/data/images" --checkpoint "$d/old.safetensors" --width-divisor 16 --image-size 64 --device cpu \
+  --out "$d/old" > /dev/null 2>&1 || { echo "FAIL: a checkpoint without settings"; fail=1; }
+cmp -s "$d/old/00003.png" "$d/pred/00003.png" || { echo "FAIL: the checkpoint without settings predicts another mask"; fail=1; }
+# Without --width-divisor and --image-size: the checkpoint's (width/16, 64x64), the same masks.
+"$predict" "$d/data/images" --checkpoint "$d/model.safetensors" --device cpu --out "$d/own" > /dev/null 2>&1 \
+  || { echo "FAIL: predict with the checkpoint's settings"; fail=1; }
+cmp -s "$d/own/00003.png" "$d/pred/00003.png" || { echo "FAIL: the checkpoint's own settings predict another mask"; fail=1; }
 msg=$("$predict" "$d/data/images" --checkpoint "$d/nope.safetensors" 2>&1) && { echo "FAIL: missing checkpoint accepted"; fail=1; }
 grep -q "cannot be opened" <<<"$msg" || { echo "FAIL: missing checkpoint message: $msg"; fail=1; }
 msg=$("$predict" "$d/data/images" --checkpoint "$d/model.safetensors" --width-divisor 8 --device cpu 2>&1) && { echo "FAIL: wrong width accepted"; fail=1; }
-grep -q "has shape" <<<"$msg" || { echo "FAIL: wrong width message: $msg"; fail=1; }
+grep -q "contradicts the checkpoint" <<<"$msg" || { echo "FAIL: wrong width message: $msg"; fail=1; }
 cp "$d/data/images/00001.png" "$d/dup.png"; cp "$d/data/images/00002.png" "$d/00001.jpg"
 msg=$("$predict" "$d/dup.png" "$d/00001.jpg" "$d/data/images/00001.png" --checkpoint "$d/model.safetensors" --width-divisor 16 --device cpu --out "$d/p2" 2>&1) && { echo "FAIL: duplicate stems accepted"; fail=1; }
 grep -q "share the name" <<<"$msg" || { echo "FAIL: duplicate stem message: $msg"; fail=1; }

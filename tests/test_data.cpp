@@ -9,9 +9,11 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <set>
 
 #include "data/dataset.h"
 #include "data/image_io.h"
+#include "data/labels.h"
 #include "data/metrics.h"
 #include "testing.h"
 
@@ -587,15 +589,15 @@ TEST_CASE("segmentation counts: IoU, Dice and accuracy from pixels, logit > 0 ag
   const Tensor masks = Tensor::from_vector({1, 1, 2, 3}, {1, 0.75, 0.5, 0, 1, 0}, DType::F32);
   SegmentationCounts c;
   c.add(logits, masks);
-  CHECK(c.tp == 2);
-  CHECK(c.fp == 1);
-  CHECK(c.fn == 1);
-  CHECK(c.tn == 2);
+  CHECK(c.tp() == 2);
+  CHECK(c.fp() == 1);
+  CHECK(c.fn() == 1);
+  CHECK(c.tn() == 2);
   CHECK(c.iou() == doctest::Approx(0.5).epsilon(1e-15));
   CHECK(c.dice() == doctest::Approx(4.0 / 6.0).epsilon(1e-15));
   CHECK(c.accuracy() == doctest::Approx(4.0 / 6.0).epsilon(1e-15));
   c.add(logits, masks);  // sums over batches before dividing
-  CHECK(c.tp == 4);
+  CHECK(c.tp() == 4);
   CHECK(c.iou() == doctest::Approx(0.5).epsilon(1e-15));
 
   SegmentationCounts empty;
@@ -604,4 +606,136 @@ TEST_CASE("segmentation counts: IoU, Dice and accuracy from pixels, logit > 0 ag
                        doctest::Contains("SegmentationCounts::add"), Error);
   CHECK_THROWS_WITH_AS(c.add(logits, Tensor::zeros({1, 1, 2, 3}, DType::F64)),
                        doctest::Contains("logits are float32, masks float64"), Error);
+}
+
+TEST_CASE("segmentation counts, several classes: confusion matrix, per-class IoU, mIoU over classes present, ignored pixels") {
+  // 3 classes, 6 pixels, logits [1, 3, 1, 6]: predicted 0 1 2 2 0 1; truth 0 1 1 -1 0 2.
+  const std::vector<double> x = {5, 0, 0, 0, 5, 0,   // class 0's logits
+                                 0, 5, 0, 0, 0, 5,   // class 1's
+                                 0, 0, 5, 5, 0, 0};  // class 2's
+  const Tensor logits = Tensor::from_vector({1, 3, 1, 6}, x, DType::F32);
+  const Tensor masks = Tensor::from_vector({1, 1, 1, 6}, {0, 1, 1, -1, 0, 2}, DType::F32);
+  SegmentationCounts c(3);
+  c.add(logits, masks);
+  // Counted (pixel 3 ignored): class 0: TP 2; class 1: TP 1, FN 1 (pixel 2 -> 2), FP 1 (pixel 5);
+  // class 2: TP 0, FP 1 (pixel 2), FN 1 (pixel 5).
+  const std::vector<double>& m = c.matrix();
+  CHECK(m == std::vector<double>{2, 0, 0, 0, 1, 1, 0, 1, 0});
+  CHECK(c.class_iou(0) == 1.0);
+  CHECK(c.class_iou(1) == doctest::Approx(1.0 / 3));
+  CHECK(c.class_iou(2) == 0.0);
+  CHECK(c.class_dice(1) == doctest::Approx(0.5));
+  CHECK(c.miou() == doctest::Approx((1.0 + 1.0 / 3 + 0.0) / 3));
+  CHECK(c.iou() == c.miou());
+  CHECK(c.accuracy() == doctest::Approx(3.0 / 5));
+  // A class absent from truth and prediction does not count in the mean.
+  SegmentationCounts d(4);
+  const std::vector<double> x4 = {5, 0, 0, 5, 0, 5, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  d.add(Tensor::from_vector({1, 4, 1, 4}, x4, DType::F32), Tensor::from_vector({1, 1, 1, 4}, {0, 1, 1, 0}, DType::F32));
+  CHECK(!d.class_seen(2));
+  CHECK(!d.class_seen(3));
+  CHECK(d.miou() == 1.0);
+  // One channel: ignored pixels count nowhere; miou is background's and foreground's mean.
+  SegmentationCounts b;
+  b.add(Tensor::from_vector({1, 1, 1, 4}, {1, -1, 1, -1}, DType::F32), Tensor::from_vector({1, 1, 1, 4}, {1, 0, -1, 1}, DType::F32));
+  CHECK(b.tp() == 1);
+  CHECK(b.tn() == 1);
+  CHECK(b.fn() == 1);
+  CHECK(b.fp() == 0);
+  CHECK(b.iou() == doctest::Approx(0.5));
+  CHECK(b.miou() == doctest::Approx((0.5 + 0.5) / 2));
+  CHECK_THROWS_WITH_AS(c.add(logits, Tensor::zeros({1, 3, 1, 6})), doctest::Contains("masks [1, 3, 1, 6]"), Error);
+}
+
+TEST_CASE("masks as users have them: class indices in grayscale and indexed PNGs, RGB through colours, the ignore index") {
+  TempDir d("labels");
+  const std::string gray = (d.path / "gray.png").string(), pal = (d.path / "pal.png").string();
+  const std::string rgb = (d.path / "rgb.png").string(), colors = (d.path / "colors.txt").string();
+  // 7 x 5, values 0, 1, 2 and 255 in a pattern; an indexed PNG with the same indices.
+  Image g = solid(7, 5, 1, 0);
+  std::vector<uint8_t> idx(35);
+  for (size_t q = 0; q < 35; ++q) idx[q] = g.pixels[q] = q % 11 == 3 ? 255 : uint8_t(q * 7 % 3);
+  save_image(gray, g);
+  std::vector<std::array<uint8_t, 3>> palette(256, {0, 0, 0});
+  palette[1] = {200, 0, 0}, palette[2] = {0, 200, 0}, palette[255] = {255, 255, 255};
+  save_png_indexed(pal, 7, 5, idx, palette);
+  CHECK(read_image_info(pal).palette);
+  CHECK(load_palette_indices(pal).pixels == idx);  // the five row filters undone
+  LabelRule rule{3, 255, {}};
+  int w = 0, h = 0;
+  for (const std::string& f : {gray, pal}) {
+    CAPTURE(f);
+    const std::vector<float> t = load_mask_targets(f, rule, &w, &h);
+    REQUIRE(t.size() == 35);
+    CHECK(w == 7);
+    CHECK(h == 5);
+    for (size_t q = 0; q < 35; ++q) CHECK(t[q] == (idx[q] == 255 ? -1.f : float(idx[q])));
+  }
+  // A value >= N that is not the ignore index: one error naming the file, the value and N.
+  CHECK_THROWS_WITH(load_mask_targets(gray, LabelRule{3, -1, {}}, &w, &h),
+                    doctest::Contains("gray.png': pixel (3, 0) holds 255, not a class of --classes 3"));
+  CHECK_THROWS_WITH(load_mask_targets(gray, LabelRule{2, 255, {}}, &w, &h), doctest::Contains("holds 2, not a class"));
+  // One class: > 0 is foreground, the ignore index ignored.
+  const std::vector<float> b = load_mask_targets(gray, LabelRule{1, 255, {}}, &w, &h);
+  for (size_t q = 0; q < 35; ++q) CHECK(b[q] == (idx[q] == 255 ? -1.f : idx[q] > 0 ? 1.f : 0.f));
+  // RGB: through the colour table; without it, one clear error; an unknown colour is named.
+  Image c = solid(7, 5, 3, 0);
+  for (size_t q = 0; q < 35; ++q)
+    for (int k = 0; k < 3; ++k) c.pixels[q * 3 + size_t(k)] = idx[q] == 255 ? 0 : palette[idx[q]][size_t(k)];
+  save_image(rgb, c);
+  CHECK_THROWS_WITH(load_mask_targets(rgb, rule, &w, &h), doctest::Contains("rgb.png' is an RGB image; with --classes 3 give"));
+  std::ofstream(colors) << "# r,g,b,name\n0,0,0,background\n200,0,0,car\n0,200,0\n";
+  LabelRule with{3, -1, read_class_colors(colors)};
+  CHECK(class_names(with) == std::vector<std::string>{"background", "car", "2"});
+  const std::vector<float> r = load_mask_targets(rgb, with, &w, &h);
+  for (size_t q = 0; q < 35; ++q) CHECK(r[q] == (idx[q] == 255 ? 0.f : float(idx[q])));
+  c.pixels[3 * 8 + 1] = 7;
+  save_image(rgb, c);
+  CHECK_THROWS_WITH(load_mask_targets(rgb, with, &w, &h),
+                    doctest::Contains("rgb.png': colour 0,7,0 at (1, 1) is not in the class colour table"));
+  std::ofstream(colors) << "1,2\n";
+  CHECK_THROWS_WITH(read_class_colors(colors), doctest::Contains("line 1: expected r,g,b"));
+  std::ofstream(colors) << "1,2,300\n";
+  CHECK_THROWS_WITH(read_class_colors(colors), doctest::Contains("'300' is not a value in 0..255"));
+}
+
+TEST_CASE("crops: random windows of samples at their own size, padding ignored, reproducible, from non-square synthetic classes") {
+  SyntheticSegmentation s(160, 96, 5, 3);
+  SyntheticDataset ds(s, 0, 6);
+  std::set<float> values;
+  Sample one;
+  ds.load(0, &one);
+  CHECK(one.width == 160);
+  CHECK(one.height == 96);
+  for (float v : one.mask) values.insert(v);
+  for (float v : values) CHECK((v == 0.f || v == 1.f || v == 2.f));
+  const Batch a = make_batch(ds, {0, 1, 2}, DType::F32, false, Augment::Heavy, 9, 2, 64);
+  const Batch b = make_batch(ds, {0, 1, 2}, DType::F32, false, Augment::Heavy, 9, 2, 64);
+  REQUIRE(a.images.shape() == Shape{3, 3, 64, 64});
+  CHECK(testing::max_abs_diff(a.images, b.images) == 0.0);
+  CHECK(testing::max_abs_diff(a.masks, b.masks) == 0.0);
+  // Without augmentation a crop is the sample's pixels at some offset: find it.
+  const Batch c = make_batch(ds, {0}, DType::F32, false, Augment::None, 9, 0, 64);
+  int found = 0;
+  for (int y0 = 0; y0 + 64 <= 96; ++y0)
+    for (int x0 = 0; x0 + 64 <= 160; ++x0) {
+      bool same = true;
+      for (int y = 0; y < 64 && same; y += 7)
+        for (int x = 0; x < 64 && same; x += 5) same = c.masks.at(y * 64 + x) == one.mask[size_t(y0 + y) * 160 + x0 + x];
+      found += same && c.images.at(30 * 64 + 30) == doctest::Approx((one.image[size_t(y0 + 30) * 160 + x0 + 30] - kImageMean[0]) / kImageStd[0]);
+    }
+  CHECK(found >= 1);
+  // A crop larger than the sample: the padding is image 0 and mask -1, the sample whole inside.
+  const Batch p = make_batch(ds, {0}, DType::F32, false, Augment::None, 9, 0, 192);
+  int64_t pad = 0, inside = 0;
+  for (int64_t i = 0; i < 192 * 192; ++i) {
+    if (p.masks.at(i) < 0) {
+      ++pad;
+      CHECK(p.images.at(i) == 0.0);
+    } else {
+      ++inside;
+    }
+  }
+  CHECK(inside == 160 * 96);
+  CHECK(pad == 192 * 192 - 160 * 96);
 }

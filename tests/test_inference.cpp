@@ -164,3 +164,81 @@ TEST_CASE("prediction refuses a model in training mode and images that are not f
   CHECK_THROWS_WITH(predict_logits(model, x.to(MemoryFormat::NHWC)),
                     doctest::Contains("float32 NCHW images on the CPU"));
 }
+
+TEST_CASE("tiles: starts cover every border, one tile covering the image equals the whole-image prediction") {
+  CHECK(tile_starts(64, 64, 0.5) == std::vector<int>{0});
+  CHECK(tile_starts(40, 64, 0.5) == std::vector<int>{0});
+  CHECK(tile_starts(160, 64, 0.5) == std::vector<int>{0, 32, 64, 96});
+  CHECK(tile_starts(97, 64, 0.5) == std::vector<int>{0, 17, 33});
+  for (int len : {65, 97, 131, 1000})
+    for (double ov : {0.0, 0.25, 0.5, 0.75}) {
+      const std::vector<int> s = tile_starts(len, 64, ov);
+      CHECK(s.front() == 0);
+      CHECK(s.back() == len - 64);  // the last tile ends at the border
+      for (size_t i = 1; i < s.size(); ++i) CHECK(s[i] - s[i - 1] <= int(std::lround(64 * (1 - ov))) + 1);
+    }
+  for (const int classes : {1, 3}) {
+    CAPTURE(classes);
+    UNetConfig cfg = small(DType::F32);
+    cfg.classes = classes;
+    UNet model(cfg);
+    settle(model, 11);
+    Rng rng(12);
+    const Tensor image = random_tensor({1, 3, 64, 96}, rng, -1, 1, DType::F32);
+    // One tile of 96 covers the 64x96 image (padded with 0 below it): with the same padded
+    // input the whole-image forward gives the same logits, the tile's probabilities the same.
+    Tensor padded = Tensor::zeros({1, 3, 96, 96});
+    for (int64_t c = 0; c < 3; ++c)
+      for (int64_t y = 0; y < 64; ++y)
+        for (int64_t x = 0; x < 96; ++x) padded.set((c * 96 + y) * 96 + x, image.at((c * 64 + y) * 96 + x));
+    const Tensor whole = predict_logits(model, padded);
+    const Tensor probs = predict_tiled(image, 96, 0.5, 4, [&](const Tensor& t) { return predict_logits(model, t); });
+    REQUIRE(probs.shape() == Shape{1, classes, 64, 96});
+    double worst = 0;
+    for (int64_t y = 0; y < 64; ++y)
+      for (int64_t x = 0; x < 96; ++x) {
+        double z = 0, mx = -1e300;
+        for (int64_t c = 0; c < classes; ++c) mx = std::max(mx, whole.at((c * 96 + y) * 96 + x));
+        for (int64_t c = 0; c < classes; ++c) z += std::exp(whole.at((c * 96 + y) * 96 + x) - mx);
+        for (int64_t c = 0; c < classes; ++c) {
+          const double l = whole.at((c * 96 + y) * 96 + x);
+          const double p = classes == 1 ? 1 / (1 + std::exp(-l)) : std::exp(l - mx) / z;
+          worst = std::max(worst, std::fabs(probs.at((c * 64 + y) * 96 + x) - p));
+        }
+      }
+    CHECK(worst < 1e-6);  // float32 exp and division of the same logits
+  }
+}
+
+TEST_CASE("tiles at odd sizes: every pixel covered, each tile's output lands where its window lies") {
+  // A "network" that reports where it looked: class 1's logit is the input's channel 0, so the
+  // blended probability at each pixel is a known function of that pixel alone.
+  auto fake = [](const Tensor& tiles) {
+    const int64_t B = tiles.dim(0), S = tiles.dim(2);
+    Tensor out = Tensor::zeros({B, 2, S, S});
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t q = 0; q < S * S; ++q) out.set((b * 2 + 1) * S * S + q, tiles.at(b * 3 * S * S + q));
+    return out;
+  };
+  for (const auto& [H, W] : std::vector<std::pair<int, int>>{{37, 101}, {64, 64}, {130, 67}, {20, 20}}) {
+    CAPTURE(H);
+    CAPTURE(W);
+    Rng rng(uint64_t(H * 1000 + W));
+    const Tensor image = random_tensor({1, 3, H, W}, rng, -2, 2, DType::F32);
+    int calls = 0;
+    const Tensor probs = predict_tiled(image, 32, 0.5, 3, [&](const Tensor& t) {
+      ++calls;
+      CHECK(t.dim(0) <= 3);  // at most --batch-size tiles at once
+      return fake(t);
+    });
+    const int tiles = int(tile_starts(H, 32, 0.5).size() * tile_starts(W, 32, 0.5).size());
+    CHECK(calls == (tiles + 2) / 3);
+    double worst = 0;
+    for (int64_t q = 0; q < int64_t(H) * W; ++q) {
+      const double p1 = 1 / (1 + std::exp(-image.at(q)));  // softmax of (0, x) at class 1
+      worst = std::max(worst, std::fabs(probs.at(int64_t(H) * W + q) - p1));
+      worst = std::max(worst, std::fabs(probs.at(q) - (1 - p1)));
+    }
+    CHECK(worst < 1e-6);
+  }
+}

@@ -123,7 +123,8 @@ TEST_CASE("a checkpoint moves between strategies with its optimizer state") {
     CHECK(load_checkpoint(dp_cfg.fit.checkpoint, s->model(), s->optimizers(), nullptr, &record) == 1);
     CHECK(record.count("best"));
     s->state_loaded();
-    save_checkpoint("strategy_again.safetensors", s->model(), s->optimizers(), 1, 0, record);
+    save_checkpoint("strategy_again.safetensors", s->model(), s->optimizers(), 1, 0, record,
+                    read_checkpoint_settings(dp_cfg.fit.checkpoint));
     CHECK(slurp("strategy_again.safetensors") == slurp(dp_cfg.fit.checkpoint));
     CHECK(slurp("strategy_again.safetensors.train") == slurp(dp_cfg.fit.checkpoint + ".train"));
   }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Writes the synthetic set as an image folder: tools/write_synthetic_dataset.sh DIR [--count N]
-# [--image-size S] [--seed K]. Then: build/unet_train --data DIR.
+# [--size S or WxH] [--classes N] [--seed K]. Then: build/unet_train --data DIR [--classes N].
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh >/dev/null

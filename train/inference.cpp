@@ -1,6 +1,7 @@
 #include "train/inference.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "data/dataset.h"
 #include "data/synthetic.h"
@@ -10,11 +11,13 @@ namespace unetcu {
 
 int tta_passes(Tta tta) { return tta == Tta::None ? 1 : tta == Tta::HFlip ? 2 : 4; }
 
-void prepare_input(const Image& img, int size, float* out) {
+void prepare_input(const Image& img, int size, float* out) { prepare_input(img, size, size, out); }
+
+void prepare_input(const Image& img, int width, int height, float* out) {
   UNETCU_CHECK(img.channels == 3 && img.width > 0 && img.height > 0, "prediction needs an RGB image, got ",
                img.width, "x", img.height, "x", img.channels);
-  resize_bilinear(img, size, out);
-  const size_t plane = size_t(size) * size;
+  resize_bilinear(img, width, height, out);
+  const size_t plane = size_t(width) * height;
   for (int c = 0; c < 3; ++c)
     for (size_t q = 0; q < plane; ++q) out[c * plane + q] = (out[c * plane + q] - kImageMean[c]) / kImageStd[c];
 }
@@ -73,6 +76,99 @@ Tensor predict_logits(UNet& model, const Tensor& inputs, Tta tta) {
   }
   for (int64_t i = 0; i < n; ++i) s[i] /= float(passes);
   return sum;
+}
+
+std::vector<int> tile_starts(int len, int tile, double overlap) {
+  UNETCU_CHECK(tile > 0 && overlap >= 0 && overlap < 1, "tiles of ", tile, " with overlap ", overlap);
+  if (len <= tile) return {0};
+  const int n = int(std::ceil(double(len - tile) / (double(tile) * (1 - overlap)))) + 1;
+  std::vector<int> out;
+  const double step = double(len - tile) / double(n - 1);
+  for (int i = 0; i < n; ++i) out.push_back(int(std::lround(i * step)));
+  return out;
+}
+
+Tensor predict_tiled(const Tensor& image, int tile, double overlap, int batch,
+                     const std::function<Tensor(const Tensor&)>& forward) {
+  UNETCU_CHECK(image.ndim() == 4 && image.dim(0) == 1 && image.dim(1) == 3 && image.dtype() == DType::F32 &&
+                   image.device().is_cpu() && image.format() == MemoryFormat::NCHW,
+               "tiled prediction takes one float32 NCHW image [1, 3, H, W] on the CPU, got ",
+               shape_str(image.shape()));
+  UNETCU_CHECK(batch >= 1, "tiled prediction needs a batch of at least one tile");
+  const int H = int(image.dim(2)), W = int(image.dim(3));
+  const std::vector<int> ys = tile_starts(H, tile, overlap), xs = tile_starts(W, tile, overlap);
+  std::vector<std::pair<int, int>> windows;
+  for (int y : ys)
+    for (int x : xs) windows.push_back({y, x});
+  // nnU-Net's Gaussian importance map: sigma = tile / 8 around the centre, largest 1.
+  std::vector<float> g1(size_t(tile), 0.f);
+  const double sigma = tile / 8.0, centre = tile / 2.0;
+  for (int i = 0; i < tile; ++i) g1[size_t(i)] = float(std::exp(-std::pow(i + 0.5 - centre, 2) / (2 * sigma * sigma)));
+  const float gmax = *std::max_element(g1.begin(), g1.end());
+  for (float& v : g1) v /= gmax;
+  const float* src = image.data<float>();
+  const size_t plane = size_t(H) * W, tplane = size_t(tile) * tile;
+  Tensor probs, weights = Tensor::zeros({int64_t(H), int64_t(W)});
+  int64_t C = 0;
+  for (size_t first = 0; first < windows.size(); first += size_t(batch)) {
+    const size_t count = std::min(windows.size() - first, size_t(batch));
+    Tensor tiles = Tensor::zeros({int64_t(count), 3, tile, tile});
+    float* t = tiles.data<float>();
+    for (size_t k = 0; k < count; ++k) {
+      const auto [y0, x0] = windows[first + k];
+      for (int c = 0; c < 3; ++c)
+        for (int y = 0; y < tile && y0 + y < H; ++y)
+          std::copy(src + c * plane + size_t(y0 + y) * W + x0, src + c * plane + size_t(y0 + y) * W + std::min(W, x0 + tile),
+                    t + (k * 3 + size_t(c)) * tplane + size_t(y) * tile);
+    }
+    Tensor logits = forward(tiles);
+    if (!logits.device().is_cpu()) logits = logits.to(Device::cpu());
+    if (logits.dtype() != DType::F32) logits = logits.to(DType::F32);
+    if (logits.format() != MemoryFormat::NCHW) logits = logits.to(MemoryFormat::NCHW);
+    UNETCU_CHECK(logits.ndim() == 4 && logits.dim(0) == int64_t(count) && logits.dim(2) == tile && logits.dim(3) == tile,
+                 "tiled prediction: the network gave ", shape_str(logits.shape()), " for ", count, " tiles of ", tile);
+    if (!probs.defined()) C = logits.dim(1), probs = Tensor::zeros({1, C, int64_t(H), int64_t(W)});
+    const float* l = logits.data<float>();
+    float* pr = probs.data<float>();
+    float* wt = weights.data<float>();
+    std::vector<float> p(static_cast<size_t>(C));
+    for (size_t k = 0; k < count; ++k) {
+      const auto [y0, x0] = windows[first + k];
+      for (int y = 0; y < tile && y0 + y < H; ++y)
+        for (int x = 0; x < tile && x0 + x < W; ++x) {
+          const size_t q = size_t(y) * tile + x, o = size_t(y0 + y) * W + size_t(x0 + x);
+          const float* lk = l + k * size_t(C) * tplane + q;
+          if (C == 1) {
+            p[0] = 1.f / (1.f + std::exp(-lk[0]));
+          } else {
+            float mx = lk[0], sum = 0;
+            for (int64_t c = 1; c < C; ++c) mx = std::max(mx, lk[size_t(c) * tplane]);
+            for (int64_t c = 0; c < C; ++c) sum += (p[size_t(c)] = std::exp(lk[size_t(c) * tplane] - mx));
+            for (float& v : p) v /= sum;
+          }
+          const float w = g1[size_t(y)] * g1[size_t(x)];
+          for (int64_t c = 0; c < C; ++c) pr[size_t(c) * plane + o] += w * p[size_t(c)];
+          wt[o] += w;
+        }
+    }
+  }
+  float* pr = probs.data<float>();
+  const float* wt = weights.data<float>();
+  for (int64_t c = 0; c < C; ++c)
+    for (size_t o = 0; o < plane; ++o) pr[size_t(c) * plane + o] /= wt[o];
+  return probs;
+}
+
+Tensor logits_of_probabilities(const Tensor& probs) {
+  Tensor out = Tensor::empty(probs.shape());
+  const float* p = probs.data<float>();
+  float* o = out.data<float>();
+  const bool binary = probs.dim(1) == 1;
+  for (int64_t i = 0; i < probs.numel(); ++i) {
+    const double v = std::clamp(double(p[i]), 1e-7, 1 - 1e-7);
+    o[i] = float(binary ? std::log(v / (1 - v)) : std::log(v));
+  }
+  return out;
 }
 
 }  // namespace unetcu

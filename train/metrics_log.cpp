@@ -29,12 +29,16 @@ bool ends_with(const std::string& s, const char* suffix) {
 
 }  // namespace
 
-MetricsLog::MetricsLog(const std::string& path, bool append) : jsonl_(ends_with(path, ".jsonl")), path_(path) {
+MetricsLog::MetricsLog(const std::string& path, bool append, const std::vector<std::string>& class_names)
+    : jsonl_(ends_with(path, ".jsonl")), path_(path) {
+  if (class_names.size() >= 2)
+    for (const std::string& n : class_names) extra_.push_back("val_iou_" + n);
   if (path.empty()) return;
   f_ = std::fopen(path.c_str(), append ? "a" : "w");
   UNETCU_CHECK(f_, "cannot write the metrics file ", path, ": ", std::strerror(errno));
   std::string header = "kind,epoch,step";
   for (const char* c : kColumns) header += std::string(",") + c;
+  for (const std::string& c : extra_) header += "," + c;
   std::fseek(f_, 0, SEEK_END);
   const long size = std::ftell(f_);  // -1 where it cannot seek (a terminal, a pipe): no header
   if (!jsonl_ && size == 0) {
@@ -64,18 +68,23 @@ MetricsLog::~MetricsLog() {
   if (f_) std::fclose(f_);
 }
 
-void MetricsLog::row(const char* kind, int epoch, int64_t step, const std::string* fields) {
+void MetricsLog::row(const char* kind, int epoch, int64_t step, const std::string* fields,
+                     const std::vector<double>& extra) {
   if (!f_) return;
+  auto extra_field = [&](size_t i) { return i < extra.size() ? num(extra[i]) : std::string(); };
   if (jsonl_) {
     std::fprintf(f_, "{\"kind\": \"%s\", \"epoch\": %d", kind, epoch);
     if (step >= 0) std::fprintf(f_, ", \"step\": %lld", static_cast<long long>(step));
     for (int i = 0; i < kNumColumns; ++i)
       if (!fields[i].empty()) std::fprintf(f_, ", \"%s\": %s", kColumns[i], fields[i].c_str());
+    for (size_t i = 0; i < extra_.size(); ++i)
+      if (!extra_field(i).empty()) std::fprintf(f_, ", \"%s\": %s", extra_[i].c_str(), extra_field(i).c_str());
     std::fprintf(f_, "}\n");
   } else {
     std::fprintf(f_, "%s,%d,", kind, epoch);
     if (step >= 0) std::fprintf(f_, "%lld", static_cast<long long>(step));
     for (int i = 0; i < kNumColumns; ++i) std::fprintf(f_, ",%s", fields[i].c_str());
+    for (size_t i = 0; i < extra_.size(); ++i) std::fprintf(f_, ",%s", extra_field(i).c_str());
     std::fprintf(f_, "\n");
   }
   UNETCU_CHECK(std::fflush(f_) == 0 && !std::ferror(f_), "cannot write the metrics file ", path_,
@@ -93,7 +102,7 @@ void MetricsLog::epoch(const EpochStats& st, double lr) {
       num(st.wait_seconds),
       num(st.grad_norm),      num(st.grad_norm_max),
       num(st.clipped_fraction)};
-  row("epoch", st.epoch, -1, fields);
+  row("epoch", st.epoch, -1, fields, st.val_class_iou);
 }
 
 void MetricsLog::step(int epoch, int64_t step, double loss, double seconds, int64_t images, double lr) {
@@ -102,7 +111,7 @@ void MetricsLog::step(int epoch, int64_t step, double loss, double seconds, int6
   fields[1] = num(loss);
   fields[5] = num(seconds > 0 ? double(images) / seconds : NAN);
   fields[6] = num(lr);
-  row("step", epoch, step, fields);
+  row("step", epoch, step, fields, {});
 }
 
 }  // namespace unetcu

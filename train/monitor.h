@@ -8,7 +8,7 @@
 //            reference = the value and stale = 0; otherwise stale + 1); the run stops once
 //            stale reaches patience (patience 0: never).
 //
-// "Better" is higher for val_iou and val_dice, lower for val_loss. The record is kept in the
+// "Better" is higher for val_iou, val_dice and val_miou, lower for val_loss. The record is kept in the
 // checkpoint's training state (engine/checkpoint.h RunRecord), so a resumed run counts on from
 // where it stopped: the same epochs saved and the same stop as an uninterrupted run.
 #pragma once
@@ -20,9 +20,12 @@
 
 namespace unetcu {
 
-enum class MonitorKind { ValIou, ValDice, ValLoss };
+// val_iou and val_dice: the foreground's for one class, the means over classes present for
+// more; val_miou: the mean IoU over classes present, background included (data/metrics.h).
+enum class MonitorKind { ValIou, ValDice, ValLoss, ValMiou };
 inline constexpr NamedValue<MonitorKind> kMonitorNames[] = {
-    {"val_iou", MonitorKind::ValIou}, {"val_dice", MonitorKind::ValDice}, {"val_loss", MonitorKind::ValLoss}};
+    {"val_iou", MonitorKind::ValIou}, {"val_dice", MonitorKind::ValDice}, {"val_loss", MonitorKind::ValLoss},
+    {"val_miou", MonitorKind::ValMiou}};
 
 // Bound of the patience a run takes (apps/ checks its flag against it).
 constexpr int kMaxPatience = 100000;

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iomanip>
 #include <memory>
+#include <optional>
 
 #include <sys/stat.h>
 
@@ -21,6 +22,7 @@
 #include "train/callbacks/metrics_file.h"
 #include "train/callbacks/profiling.h"
 #include "train/callbacks/progress.h"
+#include "train/inference.h"
 #include "train/interrupt.h"
 #include "data/metrics.h"
 #include "engine/checkpoint.h"
@@ -142,29 +144,56 @@ void note_resumed_plan(FitContext& ctx, const RunRecord& record) {
 }
 
 // Validation: eval-mode BN, no tape, batches of batch_size; the whole model in every process.
+// With crops, whole images in overlapping crop x crop tiles (predict_tiled), batch_size tiles
+// at a time, the loss and metrics of the blended prediction.
 void validate(FitContext& ctx, const Dataset& val_ds, bool on_gpu, EpochStats& st) {
   TrainingStrategy& strategy = ctx.strategy;
   strategy.collect_state();
   strategy.set_training(false);
-  SegmentationCounts counts;
+  std::optional<SegmentationCounts> counts;  // of as many classes as the logits have channels
+  auto count = [&](const Tensor& logits, const Tensor& masks) {
+    if (!counts) counts.emplace(int(logits.dim(1)));
+    counts->add(logits, masks);
+  };
   double val_loss = 0;
   const Device out_dev = strategy.output_device();
   const int64_t val_n = val_ds.size(), b = ctx.options.batch_size;
-  for (int64_t lo = 0; lo < val_n; lo += b) {
-    const int64_t hi = std::min<int64_t>(lo + b, val_n);
-    std::vector<int64_t> idx;
-    for (int64_t i = lo; i < hi; ++i) idx.push_back(i);
-    const Batch host = make_batch(val_ds, idx, ctx.options.dtype, on_gpu);  // alive until the loss is read
-    const Tensor logits = strategy.infer(host.images);
-    const Tensor masks = host.masks.device() == out_dev ? host.masks : host.masks.to(out_dev);
-    val_loss += segmentation_loss(strategy.loss_kind(), logits, masks).item() * double(hi - lo);
-    counts.add(logits, host.masks);  // the masks' host copy: no round trip through the GPU
+  if (ctx.options.crop > 0) {
+    for (int64_t i = 0; i < val_n; ++i) {
+      Sample s;
+      val_ds.load(i, &s);
+      Tensor image = Tensor::empty({1, 3, s.height, s.width});
+      Tensor mask = Tensor::empty({1, 1, s.height, s.width});
+      Batch one{image, mask};
+      store_normalized(s.image.data(), s.mask.data(), one, 0);
+      const Tensor probs = predict_tiled(image, ctx.options.crop, 0.5, int(b), [&](const Tensor& tiles) {
+        return strategy.infer(ctx.options.dtype == DType::F32 ? tiles : tiles.to(ctx.options.dtype));
+      });
+      const Tensor logits = logits_of_probabilities(probs);
+      val_loss += segmentation_loss(strategy.loss_kind(), logits, mask).item();
+      count(logits, mask);
+    }
+  } else {
+    for (int64_t lo = 0; lo < val_n; lo += b) {
+      const int64_t hi = std::min<int64_t>(lo + b, val_n);
+      std::vector<int64_t> idx;
+      for (int64_t i = lo; i < hi; ++i) idx.push_back(i);
+      const Batch host = make_batch(val_ds, idx, ctx.options.dtype, on_gpu);  // alive until the loss is read
+      const Tensor logits = strategy.infer(host.images);
+      const Tensor masks = host.masks.device() == out_dev ? host.masks : host.masks.to(out_dev);
+      val_loss += segmentation_loss(strategy.loss_kind(), logits, masks).item() * double(hi - lo);
+      count(logits, masks);
+    }
   }
   st.val_loss = val_loss / double(val_n);
   UNETCU_CHECK(std::isfinite(st.val_loss), "validation loss is not finite (", non_finite_name(st.val_loss),
                ") after epoch ", ctx.epoch, "; lower the learning rate", ctx.kept);
-  st.val_iou = counts.iou();
-  st.val_dice = counts.dice();
+  st.val_iou = counts->iou();
+  st.val_dice = counts->dice();
+  st.val_miou = counts->miou();
+  st.val_class_iou.clear();
+  if (counts->classes() > 1)
+    for (int c = 0; c < counts->classes(); ++c) st.val_class_iou.push_back(counts->class_iou(c));
 }
 
 // The most held in tensors at once since the last reset: GPUs, the largest peak of their
@@ -209,7 +238,7 @@ std::unique_ptr<BatchLoader> epoch_loader(const TrainingStrategy& strategy, cons
           const int64_t b = int64_t(idx.size()) / N;
           idx = std::vector<int64_t>(idx.begin() + shard * b, idx.begin() + (shard + 1) * b);
         }
-        return make_batch(train_ds, idx, o.dtype, on_gpu, o.augment, o.seed, epoch);
+        return make_batch(train_ds, idx, o.dtype, on_gpu, o.augment, o.seed, epoch, o.crop);
       },
       workers, workers + 1);
 }

@@ -12,6 +12,7 @@
 #pragma once
 #include <cmath>
 #include <functional>
+#include <map>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -55,6 +56,14 @@ struct FitOptions {
   // monitor's record goes into every checkpoint, so a resumed run keeps counting.
   MonitorOptions monitor;
   std::string save_best;
+  // Training on random crop x crop windows of samples at their own size (0: the samples'
+  // size); validation then runs on whole images, in overlapping crop x crop tiles
+  // (train/inference.h predict_tiled).
+  int crop = 0;
+  // The classes' names (C >= 2: the epoch line gives mIoU, --log a column per class).
+  std::vector<std::string> class_names;
+  // The run's settings, written into every checkpoint's metadata (engine/checkpoint.h).
+  std::map<std::string, std::string> settings;
   // Called after every training step (epoch, steps done in it): tests and progress hooks.
   std::function<void(int, int64_t)> on_step;
 };
@@ -63,7 +72,11 @@ struct EpochStats {
   int epoch = 0;
   double seconds = 0;      // training part of the epoch (validation excluded)
   double train_loss = 0;   // mean over the epoch's steps, weighted by their sizes
-  double val_loss = 0, val_iou = 0, val_dice = 0;
+  // One class: the foreground's IoU and Dice; C >= 2: val_iou is the mIoU and val_dice the
+  // mean Dice over classes present (data/metrics.h). val_miou is the mean IoU over classes
+  // present (background and foreground for one class); val_class_iou each class's IoU.
+  double val_loss = 0, val_iou = 0, val_dice = 0, val_miou = 0;
+  std::vector<double> val_class_iou;
   double images_per_second = 0;
   int64_t images = 0;      // the samples this process trained on in the epoch
   double lr = 0;           // the learning rate of the epoch's last step

@@ -242,4 +242,18 @@ void multiclass_dice_backward(const TensorRef& logits, const TensorRef& target,
   });
 }
 
+void confusion_update(const TensorRef& logits, const TensorRef& target, const TensorRef& counts) {
+  const ClassLayout L = class_layout(logits);
+  const int64_t pixels = logits.numel() / L.C, K = counts.dim(0);
+  double* m = counts.data<double>();
+  UNETCU_DISPATCH_LOSS(logits, target, {
+    const X* x = logits.data<X>();
+    const Tt* t = target.data<Tt>();
+    for (int64_t p = 0; p < pixels; ++p) {
+      const int64_t truth = target_class(loss_acc_t<X, Tt>(t[p]), L.C);
+      if (truth >= 0) m[truth * K + predicted_class(x, L, p)] += 1;
+    }
+  });
+}
+
 }  // namespace unetcu::kernels::cpu

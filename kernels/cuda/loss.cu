@@ -215,6 +215,15 @@ __global__ void dice_backward_kernel(const X* x, const Tt* t, LossTargetIndex ti
 }
 
 
+template <class X, class Tt>
+__global__ void confusion_kernel(const X* x, const Tt* t, ClassLayout L, double* m, int64_t K,
+                                 int64_t pixels) {
+  GRID_STRIDE(p, pixels) {
+    const int64_t truth = target_class(loss_acc_t<X, Tt>(t[p]), L.C);
+    if (truth >= 0) atomicAdd(m + truth * K + predicted_class(x, L, p), 1.0);  // exact: whole numbers
+  }
+}
+
 }  // namespace
 
 void bce_with_logits_forward(const TensorRef& logits, const TensorRef& target,
@@ -369,6 +378,17 @@ void dice_backward(const TensorRef& logits, const TensorRef& target, const Tenso
         grad_loss.data<acc_t<X>>(), grad_x.data<X>(), acc_t<X>(beta), n);
   });
   CUDA_CHECK_LAUNCH(l.stream, "dice_backward");
+}
+
+void confusion_update(const TensorRef& logits, const TensorRef& target, const TensorRef& counts) {
+  const ClassLayout L = class_layout(logits);
+  const int64_t pixels = logits.numel() / L.C;
+  Launch l(logits);
+  UNETCU_DISPATCH_LOSS(logits, target, {
+    confusion_kernel<<<blocks_for(pixels), kThreads, 0, l.stream>>>(
+        logits.data<X>(), target.data<Tt>(), L, counts.data<double>(), counts.dim(0), pixels);
+  });
+  CUDA_CHECK_LAUNCH(l.stream, "confusion_update");
 }
 
 }  // namespace unetcu::kernels::cuda

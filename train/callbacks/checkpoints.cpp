@@ -65,7 +65,8 @@ void Checkpoints::on_interrupt(FitContext& ctx, int64_t steps_done) {
   UNETCU_CHECK(parameters_finite(ctx.strategy.model()), "a parameter is not finite at epoch ", ctx.epoch,
                " step ", steps_done, ctx.kept);
   // Steps done into this epoch: a resume continues right after them.
-  save_checkpoint(file, ctx.strategy.model(), ctx.strategy.optimizers(), ctx.epoch - 1, steps_done, ctx.record());
+  save_checkpoint(file, ctx.strategy.model(), ctx.strategy.optimizers(), ctx.epoch - 1, steps_done, ctx.record(),
+                  ctx.options.settings);
   ctx.interrupt_note = "checkpoint written to " + file + " (resuming continues from there)";
 }
 
@@ -78,14 +79,16 @@ void Checkpoints::on_epoch_end(FitContext& ctx, const EpochStats&) {
                  ctx.epoch, ctx.kept);
   if (save_best) {
     // The same files as the epoch's checkpoint, record included.
-    save_checkpoint(o.save_best, ctx.strategy.model(), ctx.strategy.optimizers(), ctx.epoch, 0, ctx.record());
+    save_checkpoint(o.save_best, ctx.strategy.model(), ctx.strategy.optimizers(), ctx.epoch, 0, ctx.record(),
+                    o.settings);
     char line[160];
     std::snprintf(line, sizeof line, "best %s so far (%.4f): saved to ", watch_.monitor().metric_name(),
                   watch_.monitor().best());
     ctx.out << line << o.save_best << "\n";
   }
   if (!o.checkpoint.empty()) {
-    save_checkpoint(o.checkpoint, ctx.strategy.model(), ctx.strategy.optimizers(), ctx.epoch, 0, ctx.record());
+    save_checkpoint(o.checkpoint, ctx.strategy.model(), ctx.strategy.optimizers(), ctx.epoch, 0, ctx.record(),
+                    o.settings);
     ctx.kept = "; the checkpoint of epoch " + std::to_string(ctx.epoch) + " is kept";
   }
   ctx.out.flush();

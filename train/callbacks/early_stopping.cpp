@@ -7,7 +7,8 @@ namespace unetcu {
 namespace {
 
 double monitored(MonitorKind m, const EpochStats& st) {
-  return m == MonitorKind::ValLoss ? st.val_loss : m == MonitorKind::ValDice ? st.val_dice : st.val_iou;
+  return m == MonitorKind::ValLoss ? st.val_loss : m == MonitorKind::ValDice ? st.val_dice
+         : m == MonitorKind::ValMiou ? st.val_miou : st.val_iou;
 }
 
 }  // namespace

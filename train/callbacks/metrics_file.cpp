@@ -3,7 +3,8 @@
 namespace unetcu {
 
 void MetricsFile::on_fit_start(FitContext& ctx) {
-  log_ = std::make_unique<MetricsLog>(ctx.lead ? ctx.options.log : "", !ctx.options.resume.empty());
+  log_ = std::make_unique<MetricsLog>(ctx.lead ? ctx.options.log : "", !ctx.options.resume.empty(),
+                                      ctx.options.class_names);
 }
 
 void MetricsFile::on_step_loss(FitContext& ctx, const StepDone& s) {

@@ -50,9 +50,12 @@ void Progress::on_epoch_end(FitContext& ctx, const EpochStats& st) {
 std::string Progress::epoch_line(const EpochStats& st, int epochs, bool scheduled, const std::vector<int>& live) {
   std::ostringstream out;
   char line[256];
+  // Several classes: the mean IoU and Dice over the classes present (data/metrics.h).
   std::snprintf(line, sizeof line,
-                "epoch %d/%d  time %.2fs  loss %.4f  val_loss %.4f  val_iou %.4f  "
-                "val_dice %.4f  %.1f img/s",
+                st.val_class_iou.empty() ? "epoch %d/%d  time %.2fs  loss %.4f  val_loss %.4f  val_iou %.4f  "
+                                           "val_dice %.4f  %.1f img/s"
+                                         : "epoch %d/%d  time %.2fs  loss %.4f  val_loss %.4f  val_miou %.4f  "
+                                           "val_mdice %.4f  %.1f img/s",
                 st.epoch, epochs, st.seconds, st.train_loss, st.val_loss, st.val_iou, st.val_dice,
                 st.images_per_second);
   out << line;

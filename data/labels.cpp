@@ -1,0 +1,102 @@
+#include "data/labels.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "data/image_io.h"
+#include "runtime/common.h"
+
+namespace unetcu {
+
+std::vector<ClassColor> read_class_colors(const std::string& path) {
+  check_regular_file(path, "the class colour table");
+  std::ifstream f(path);
+  UNETCU_CHECK(f, "cannot read the class colour table '", path, "'");
+  std::vector<ClassColor> out;
+  int line_no = 0;
+  for (std::string line; std::getline(f, line);) {
+    ++line_no;
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+    if (line.empty() || line[0] == '#') continue;
+    std::stringstream ss(line);
+    std::string field;
+    std::vector<std::string> fields;
+    while (std::getline(ss, field, ',')) fields.push_back(field);
+    UNETCU_CHECK(fields.size() == 3 || fields.size() == 4, "class colour table '", path, "' line ", line_no,
+                 ": expected r,g,b or r,g,b,name, got '", line, "'");
+    int rgb[3];
+    for (int c = 0; c < 3; ++c) {
+      size_t used = 0;
+      int v = -1;
+      try {
+        v = std::stoi(fields[size_t(c)], &used);
+      } catch (...) {
+        used = 0;
+      }
+      while (used < fields[size_t(c)].size() && fields[size_t(c)][used] == ' ') ++used;
+      UNETCU_CHECK(used == fields[size_t(c)].size() && used > 0 && v >= 0 && v <= 255, "class colour table '",
+                   path, "' line ", line_no, ": '", fields[size_t(c)], "' is not a value in 0..255");
+      rgb[c] = v;
+    }
+    ClassColor cc{uint8_t(rgb[0]), uint8_t(rgb[1]), uint8_t(rgb[2]), fields.size() == 4 ? fields[3] : ""};
+    while (!cc.name.empty() && cc.name.front() == ' ') cc.name.erase(cc.name.begin());
+    for (const ClassColor& o : out)
+      UNETCU_CHECK(o.r != cc.r || o.g != cc.g || o.b != cc.b, "class colour table '", path, "' line ", line_no,
+                   ": colour ", rgb[0], ",", rgb[1], ",", rgb[2], " is already class ", &o - out.data());
+    out.push_back(cc);
+  }
+  UNETCU_CHECK(!out.empty(), "class colour table '", path, "' has no colours");
+  return out;
+}
+
+std::vector<std::string> class_names(const LabelRule& rule) {
+  std::vector<std::string> out;
+  for (int c = 0; c < rule.classes; ++c)
+    out.push_back(size_t(c) < rule.colors.size() && !rule.colors[size_t(c)].name.empty() ? rule.colors[size_t(c)].name
+                                                                                           : std::to_string(c));
+  return out;
+}
+
+std::vector<float> load_mask_targets(const std::string& path, const LabelRule& rule, int* width, int* height) {
+  const ImageInfo info = read_image_info(path);
+  const bool rgb = info.channels >= 3 && !info.palette;
+  std::vector<float> out;
+  if (!rule.colors.empty() && (rgb || info.palette)) {  // colours to classes
+    const Image img = load_image(path, 3);
+    out.resize(size_t(img.width) * img.height);
+    for (size_t q = 0; q < out.size(); ++q) {
+      const uint8_t* p = &img.pixels[q * 3];
+      int found = -1;
+      for (size_t c = 0; c < rule.colors.size() && found < 0; ++c)
+        if (rule.colors[c].r == p[0] && rule.colors[c].g == p[1] && rule.colors[c].b == p[2]) found = int(c);
+      UNETCU_CHECK(found >= 0, "mask '", path, "': colour ", int(p[0]), ",", int(p[1]), ",", int(p[2]),
+                   " at (", q % size_t(img.width), ", ", q / size_t(img.width),
+                   ") is not in the class colour table");
+      out[q] = found == rule.ignore_index ? -1.f : float(found);
+    }
+    *width = img.width, *height = img.height;
+    return out;
+  }
+  UNETCU_CHECK(!rgb || rule.classes == 1, "mask '", path, "' is an RGB image; with --classes ", rule.classes,
+               " give its colours with --class-colors FILE (a line r,g,b per class), or save masks as "
+               "8-bit grayscale or indexed PNGs holding the class index");
+  const Image img = info.palette ? load_palette_indices(path) : load_image(path, 1);
+  out.resize(size_t(img.width) * img.height);
+  for (size_t q = 0; q < out.size(); ++q) {
+    const int v = img.pixels[q];
+    if (v == rule.ignore_index) {
+      out[q] = -1.f;
+    } else if (rule.classes == 1) {
+      out[q] = v > 0 ? 1.f : 0.f;
+    } else {
+      UNETCU_CHECK(v < rule.classes, "mask '", path, "': pixel (", q % size_t(img.width), ", ",
+                   q / size_t(img.width), ") holds ", v, ", not a class of --classes ", rule.classes, " (0..",
+                   rule.classes - 1, ")", rule.ignore_index >= 0 ? "" : " and no --ignore-index is set");
+      out[q] = float(v);
+    }
+  }
+  *width = img.width, *height = img.height;
+  return out;
+}
+
+}  // namespace unetcu
