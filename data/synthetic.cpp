@@ -91,6 +91,12 @@ void SyntheticSegmentation::render(int64_t index, float* image, float* mask) con
       if (dist2 > 0.35 * 0.35) break;
     }
     s.noise = rng.uniform(0.01, 0.06);
+    // Several kinds: each kind's colour leans to its own tint (red, blue, green), as the
+    // classes of real data differ in look as well as in form.
+    if (classes_ >= 3) {
+      static constexpr float kTint[3][3] = {{0.9f, 0.15f, 0.15f}, {0.15f, 0.3f, 0.9f}, {0.15f, 0.85f, 0.25f}};
+      for (int c = 0; c < 3; ++c) s.color[c] = 0.35f * s.color[c] + 0.65f * kTint[s.kind][c];
+    }
   }
 
   for (int y = 0; y < H; ++y)

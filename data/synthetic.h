@@ -2,7 +2,8 @@
 // rectangles, triangles) on a textured, noisy background, with the mask of the shapes: with
 // one class, 1 on every shape; with C = 2..4 classes, the class of each pixel: 0 background and
 // 1..C-1 one kind of shape each (C = 2: every shape is class 1; C = 3: ellipses 1, rectangles
-// 2; C = 4: triangles 3).
+// 2; C = 4: triangles 3), each kind's colour leaning to a tint of its own (red, blue, green)
+// from C = 3 on.
 // Sample i is a pure function of (seed, i), so any subset is reproducible and training and
 // validation samples never overlap (they are different index ranges).
 #pragma once

@@ -33,6 +33,21 @@ for n in 2 3; do
     echo "ok: -np $n $algo equals $n replicas in one process"
   done
 done
+# Three classes on crops with tiled validation: the processes train what the threads train.
+cls=(--classes 3 --image-size 160x96 --crop-size 64 --width-divisor 16 --train-size 8 --val-size 2 --batch-size 2
+     --epochs 1 --threads 1 --seed 3 --no-progress)
+if "$train" --mode dp --devices cpu:0,cpu:1 "${cls[@]}" --dist none --checkpoint "$d/cls_threads.safetensors" \
+     > "$d/cls_threads.log" 2>&1 &&
+   timeout 300 "${mpi[@]}" -np 2 "$train" --mode dp "${cls[@]}" --checkpoint "$d/cls_procs.safetensors" \
+     > "$d/cls_procs.log" 2>&1; then
+  if cmp -s "$d/cls_threads.safetensors" "$d/cls_procs.safetensors" && grep -q "val_miou" "$d/cls_procs.log"; then
+    echo "ok: -np 2 with three classes on crops equals 2 replicas in one process"
+  else
+    echo "FAIL: -np 2 with three classes: checkpoints differ"; fail=1
+  fi
+else
+  echo "FAIL: three classes across processes"; cat "$d/cls_threads.log" "$d/cls_procs.log"; fail=1
+fi
 # A learning-rate schedule: every process steps at the rate its step index gives, as the threads
 # do; with gradient clipping, each process clips the averaged gradients, as each thread does.
 lr=(--lr-schedule cosine --warmup-steps 2 --min-lr 1e-5 --clip-grad-norm 0.05)

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# A checkpoint of a 3-class run loads into PyTorch's Unet('resnet34', classes=3) with
+# strict=True (tools/pytorch_reference.py check: every name and shape; the classes read from the
+# checkpoint's settings), and so does a one-class one. Skipped (77) without PyTorch for
+# /usr/bin/python3, with the reason.
+set -u
+train="$1" root="$2"
+py=/usr/bin/python3
+if ! "$py" -c "import torch" 2>/dev/null; then
+  echo "SKIPPED: no PyTorch for $py (Debian python3-torch; tools/setup.sh --pytorch)"
+  exit 77
+fi
+d=$(mktemp -d)
+trap 'rm -rf "$d"' EXIT
+fail=0
+for classes in 3 1; do
+  "$train" --classes "$classes" --image-size 64 --train-size 4 --val-size 2 --batch-size 2 --epochs 1 \
+    --width-divisor 16 --no-progress --device cpu --checkpoint "$d/c$classes.safetensors" > /dev/null \
+    || { echo "FAIL: training with --classes $classes"; fail=1; continue; }
+  out=$("$py" "$root/tools/pytorch_reference.py" check "$d/c$classes.safetensors" --width-divisor 16 2>&1) \
+    || { echo "FAIL: PyTorch did not load the $classes-class checkpoint strictly: $out"; fail=1; continue; }
+  grep -q "loaded .* strictly.*(classes $classes)" <<<"$out" || { echo "FAIL: check said: $out"; fail=1; }
+done
+[ $fail -eq 0 ] && echo "ok: 3-class and 1-class checkpoints load strictly in PyTorch"
+exit $fail
