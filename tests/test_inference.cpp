@@ -8,6 +8,7 @@
 
 #include "data/synthetic.h"
 #include "engine/tape.h"
+#include "runtime/allocator.h"
 #include "testing.h"
 #include "train/inference.h"
 
@@ -240,5 +241,40 @@ TEST_CASE("tiles at odd sizes: every pixel covered, each tile's output lands whe
       worst = std::max(worst, std::fabs(probs.at(q) - (1 - p1)));
     }
     CHECK(worst < 1e-6);
+  }
+}
+
+TEST_CASE("tiles: a 4000x3000 image in 64x64 tiles holds the image, its probabilities and one batch of tiles") {
+  // A stand-in network (2 classes, class 1's logit the input's channel 0) keeps the case fast;
+  // the memory is predict_tiled's own: the host allocator's peak over the call.
+  const int64_t H = 3000, W = 4000, C = 2, S = 64;
+  Tensor image = Tensor::zeros({1, 3, H, W});
+  for (int64_t q = 0; q < H * W; q += 97) image.set(q, 1.0);
+  auto fake = [&](const Tensor& tiles) {
+    const int64_t B = tiles.dim(0);
+    Tensor out = Tensor::zeros({B, C, S, S});
+    for (int64_t b = 0; b < B; ++b)
+      std::copy(tiles.data<float>() + b * 3 * S * S, tiles.data<float>() + (b * 3 + 1) * S * S,
+                out.data<float>() + (b * C + 1) * S * S);
+    return out;
+  };
+  size_t peaks[2];
+  const int batches[2] = {4, 64};
+  for (int k = 0; k < 2; ++k) {
+    HostAllocator::reset_peak();
+    const size_t before = HostAllocator::stats().current_bytes;
+    Tensor probs = predict_tiled(image, int(S), 0.5, batches[k], fake);
+    peaks[k] = HostAllocator::stats().peak_bytes - before;
+    CHECK(probs.shape() == Shape{1, C, H, W});
+    CHECK(probs.at(H * W + 97 * 1000) == doctest::Approx(1 / (1 + std::exp(-1.0))).epsilon(1e-6));
+  }
+  // Probabilities (C planes) and weights (one plane), float32; a batch of tiles in (3 planes)
+  // and out (C planes).
+  const size_t whole = size_t((C + 1) * H * W * 4);
+  for (int k = 0; k < 2; ++k) {
+    const size_t tiles = size_t(batches[k]) * size_t((3 + C) * S * S * 4);
+    MESSAGE("4000x3000 in 64x64 tiles, batch ", batches[k], ": peak ", peaks[k] / (1 << 20), " MiB beyond the image (",
+            whole / (1 << 20), " MiB of probabilities and weights, ", tiles / 1024, " KiB of tiles)");
+    CHECK(peaks[k] <= whole + 2 * tiles + (1 << 20));
   }
 }
