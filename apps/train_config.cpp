@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <memory>
+#include <sstream>
 
 #include "cli/cli.h"
 #include "data/labels.h"
@@ -559,6 +560,33 @@ TrainConfig with_settings(const TrainConfig& in) {
     UNETCU_CHECK(!c.width_divisor || *c.width_divisor == d, "--width-divisor ", *c.width_divisor,
                  " contradicts the checkpoint '", file, "' to resume, trained with ", d);
     c.width_divisor = d;
+  }
+  // What the flags leave unsaid, a resumed run takes from its checkpoint: how the data was seen
+  // (crops or the training size), the ignore index and the class colours.
+  if (resumed.count("crop_size") && c.fit.crop == 0 && !c.image_size_given)
+    c.fit.crop = setting_int(resumed, "crop_size", file, 32, kMaxImageSize);
+  if (resumed.count("image_size") && !c.image_size_given && c.fit.crop == 0) {
+    int w = 0, h = 0;
+    cli::parse_size(resumed.at("image_size"), &w, &h);
+    c.data.image_width = w, c.data.image_size = h;
+  }
+  if (resumed.count("ignore_index") && c.data.labels.ignore_index < 0 && resumed.at("ignore_index") != "none")
+    c.data.labels.ignore_index = setting_int(resumed, "ignore_index", file, 0, 255);
+  if (resumed.count("class_colors") && c.data.labels.colors.empty()) {
+    std::stringstream ss(resumed.at("class_colors"));
+    for (std::string item; std::getline(ss, item, ';');) {
+      int r = -1, g = -1, b = -1;
+      UNETCU_CHECK(std::sscanf(item.c_str(), "%d,%d,%d", &r, &g, &b) == 3 && r >= 0 && r <= 255 && g >= 0 &&
+                       g <= 255 && b >= 0 && b <= 255,
+                   "checkpoint '", file, "' records class colour '", item, "'");
+      c.data.labels.colors.push_back({uint8_t(r), uint8_t(g), uint8_t(b), ""});
+    }
+    if (resumed.count("class_names")) {
+      std::stringstream names(resumed.at("class_names"));
+      size_t k = 0;
+      for (std::string n; std::getline(names, n, ',') && k < c.data.labels.colors.size(); ++k)
+        c.data.labels.colors[k].name = n == std::to_string(k) ? "" : n;
+    }
   }
   if (c.width_divisor) c.strategy.model.width_divisor = *c.width_divisor;
   if (c.classes)

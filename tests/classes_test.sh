@@ -22,15 +22,19 @@ grep -qE "^epoch 1/1 .* val_miou [0-9.]+  val_mdice [0-9.]+ " <<<"$out" || { ech
 head -1 "$d/m.csv" | grep -q ",val_iou_0,val_iou_1,val_iou_2$" || { echo "FAIL: per-class columns: $(head -1 "$d/m.csv")"; fail=1; }
 [ "$(tail -1 "$d/m.csv" | tr ',' '\n' | wc -l)" -eq "$(head -1 "$d/m.csv" | tr ',' '\n' | wc -l)" ] \
   || { echo "FAIL: epoch row has another column count than the header"; fail=1; }
-# dp and mp write checkpoints that resume in single mode (classes and width from the checkpoint).
+# dp and mp write checkpoints that resume in single mode (classes, width and crops from the
+# checkpoint).
 for m in dp mp; do
   extra=(--mode "$m" --devices cpu:0,cpu:1)
   [ "$m" = mp ] && extra+=(--split layer3)
   o=$("$train" "${common[@]}" --classes 3 "${extra[@]}" --epochs 1 --checkpoint "$d/$m.safetensors" 2>&1) \
     || { echo "FAIL: $m: $o"; fail=1; continue; }
-  o=$("$train" --data "$d/data" --crop-size 64 --batch-size 4 --val-fraction 0.2 --no-progress --device cpu \
+  o=$("$train" --data "$d/data" --batch-size 4 --val-fraction 0.2 --no-progress --device cpu \
       --epochs 2 --resume "$d/$m.safetensors" 2>&1) || { echo "FAIL: $m resumed in single mode: $o"; fail=1; continue; }
   grep -qE "^epoch 2/2 .* val_miou" <<<"$o" || { echo "FAIL: $m resumed: $o"; fail=1; }
+  # Classes, width and crops from the checkpoint.
+  grep -q "random 64x64 crops (validation: whole images in tiles), 3 classes" <<<"$o" \
+    || { echo "FAIL: $m resumed without the checkpoint's crops or classes: $o"; fail=1; }
 done
 msg=$("$train" "${common[@]}" --classes 2 --device cpu --epochs 2 --resume "$d/single.safetensors" 2>&1) && { echo "FAIL: --classes 2 resumed a 3-class run"; fail=1; }
 grep -q "contradicts the checkpoint" <<<"$msg" || { echo "FAIL: classes contradiction: $msg"; fail=1; }

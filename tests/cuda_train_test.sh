@@ -11,7 +11,8 @@
 #   tests/cuda_train_test.sh GROUP unet_train unet_predict unet_bench unet_synthetic_dataset
 #
 # GROUP picks the runs, each group its own ctest case (they run side by side under ctest -j):
-# single (float32 with a checkpoint, its resume, prediction from it), graphs (bf16 NHWC eager
+# single (float32 with a checkpoint, its resume, prediction from it; three classes on crops
+# and tiled prediction), graphs (bf16 NHWC eager
 # and as a CUDA graph), accumulate (accumulation eager and as a graph), launched (the profile
 # and one launched process), dp (two GPUs), mp (the pipeline on one GPU), bench.
 set -u
@@ -75,6 +76,15 @@ if [ "$group" = single ]; then
   run predict_bf16 "$predict" "$d/data/images" --checkpoint "$d/m.safetensors" --width-divisor 8 --image-size 64 \
     --device cuda:0 --out "$d/pred_bf16" --batch-size 2 --precision bf16 --memory-format nhwc --tta hflip &&
     expect predict_bf16 '^2 images in [0-9.]+ s .*, batch 2, bf16 NHWC, tta hflip, cuda:0$' "no summary line"
+  # Three classes on crops (bf16 NHWC): the multiclass losses, the confusion matrix on the
+  # device, tiled validation; then tiled prediction on the GPU from the checkpoint's settings.
+  run classes "$train" --classes 3 --image-size 160x96 --crop-size 64 --width-divisor 8 --train-size 8 --val-size 2 \
+    --batch-size 2 --epochs 2 --no-progress --device cuda:0 --precision bf16 --memory-format nhwc \
+    --checkpoint "$d/c3.safetensors" && expect classes '^epoch 2/2 .* val_miou [0-9.]+ ' "no mIoU epoch line"
+  "$make_data" "$d/cdata" --count 2 --size 160x96 --classes 3 > /dev/null || { echo "FAIL: 3-class dataset"; fail=1; }
+  run predict_classes "$predict" "$d/cdata/images" --checkpoint "$d/c3.safetensors" --masks "$d/cdata/masks" \
+    --device cuda:0 --batch-size 4 --out "$d/cpred" &&
+    expect predict_classes '^all 2 images: mIoU [0-9.]+ ' "no mIoU summary"
 fi
 if [ "$group" = graphs ]; then
   # Mixed precision, channels-last; then the same replayed as a CUDA graph: the same printed
