@@ -537,11 +537,26 @@ int setting_int(const CheckpointSettings& s, const std::string& key, const std::
   return x;
 }
 
+// "r,g,b;r,g,b;...", as a checkpoint records colours.
+std::vector<ClassColor> parse_colors(const std::string& text, const std::string& file) {
+  std::vector<ClassColor> out;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ';');) {
+    int r = -1, g = -1, b = -1;
+    UNETCU_CHECK(std::sscanf(item.c_str(), "%d,%d,%d", &r, &g, &b) == 3 && r >= 0 && r <= 255 && g >= 0 &&
+                     g <= 255 && b >= 0 && b <= 255,
+                 "checkpoint '", file, "' records colour '", item, "', not r,g,b in 0..255");
+    out.push_back({uint8_t(r), uint8_t(g), uint8_t(b), ""});
+  }
+  return out;
+}
+
 // The configuration with what other flags, the colour table or the checkpoint resumed decide:
 // the classes, the width divisor, the class colours, and the settings to record.
 TrainConfig with_settings(const TrainConfig& in) {
   TrainConfig c = in;
-  if (!c.data.class_colors.empty()) c.data.labels.colors = read_class_colors(c.data.class_colors);
+  if (!c.data.class_colors.empty())
+    c.data.labels.colors = read_class_colors(c.data.class_colors, &c.data.labels.ignored);
   CheckpointSettings resumed;
   // Read only from a regular file (a FIFO would block); what is wrong with another is said when
   // the checkpoint itself is loaded.
@@ -563,9 +578,11 @@ TrainConfig with_settings(const TrainConfig& in) {
   }
   // What the flags leave unsaid, a resumed run takes from its checkpoint: how the data was seen
   // (crops or the training size), the ignore index and the class colours.
-  if (resumed.count("crop_size") && c.fit.crop == 0 && !c.image_size_given)
+  // (A folder's crops keep images at their own size: an --image-size given then asks for
+  // resizing instead. The synthetic set's crops are cut from images of --image-size.)
+  if (resumed.count("crop_size") && c.fit.crop == 0 && (!c.image_size_given || c.data.folder.empty()))
     c.fit.crop = setting_int(resumed, "crop_size", file, 32, kMaxImageSize);
-  if (resumed.count("image_size") && !c.image_size_given && c.fit.crop == 0) {
+  if (resumed.count("image_size") && !c.image_size_given) {
     int w = 0, h = 0;
     cli::parse_size(resumed.at("image_size"), &w, &h);
     c.data.image_width = w, c.data.image_size = h;
@@ -573,14 +590,8 @@ TrainConfig with_settings(const TrainConfig& in) {
   if (resumed.count("ignore_index") && c.data.labels.ignore_index < 0 && resumed.at("ignore_index") != "none")
     c.data.labels.ignore_index = setting_int(resumed, "ignore_index", file, 0, 255);
   if (resumed.count("class_colors") && c.data.labels.colors.empty()) {
-    std::stringstream ss(resumed.at("class_colors"));
-    for (std::string item; std::getline(ss, item, ';');) {
-      int r = -1, g = -1, b = -1;
-      UNETCU_CHECK(std::sscanf(item.c_str(), "%d,%d,%d", &r, &g, &b) == 3 && r >= 0 && r <= 255 && g >= 0 &&
-                       g <= 255 && b >= 0 && b <= 255,
-                   "checkpoint '", file, "' records class colour '", item, "'");
-      c.data.labels.colors.push_back({uint8_t(r), uint8_t(g), uint8_t(b), ""});
-    }
+    c.data.labels.colors = parse_colors(resumed.at("class_colors"), file);
+    if (resumed.count("ignore_colors")) c.data.labels.ignored = parse_colors(resumed.at("ignore_colors"), file);
     if (resumed.count("class_names")) {
       std::stringstream names(resumed.at("class_names"));
       size_t k = 0;
@@ -598,16 +609,18 @@ TrainConfig with_settings(const TrainConfig& in) {
   CheckpointSettings& st = c.fit.settings;
   st["classes"] = std::to_string(c.strategy.model.classes);
   st["class_names"] = join(c.fit.class_names, ",");
-  if (!c.data.labels.colors.empty()) {
+  const auto colors_text = [](const std::vector<ClassColor>& v) {
     std::vector<std::string> colors;
-    for (const ClassColor& k : c.data.labels.colors) colors.push_back(str_cat(int(k.r), ",", int(k.g), ",", int(k.b)));
-    st["class_colors"] = join(colors, ";");
-  }
+    for (const ClassColor& k : v) colors.push_back(str_cat(int(k.r), ",", int(k.g), ",", int(k.b)));
+    return join(colors, ";");
+  };
+  if (!c.data.labels.colors.empty()) st["class_colors"] = colors_text(c.data.labels.colors);
+  if (!c.data.labels.ignored.empty()) st["ignore_colors"] = colors_text(c.data.labels.ignored);
   st["width_divisor"] = std::to_string(c.strategy.model.width_divisor);
-  if (c.fit.crop)
-    st["crop_size"] = std::to_string(c.fit.crop);
-  else
-    st["image_size"] = str_cat(c.data.width(), "x", c.data.height());
+  if (c.fit.crop) st["crop_size"] = std::to_string(c.fit.crop);
+  // The training size, or with crops the synthetic set's rendered size (a folder's crops come
+  // from images at their own size).
+  if (!c.fit.crop || c.data.folder.empty()) st["image_size"] = str_cat(c.data.width(), "x", c.data.height());
   st["normalization"] = "imagenet";
   st["ignore_index"] = c.data.labels.ignore_index >= 0 ? std::to_string(c.data.labels.ignore_index) : "none";
   st["loss"] = loss_kind_name(c.strategy.loss, c.strategy.model.classes);

@@ -103,7 +103,7 @@ int main(int argc, char** argv) {
                                   "default: the checkpoint's --crop-size when it was trained on crops, else off), "
                                   "their probabilities added with a Gaussian weight as nnU-Net does; --batch-size "
                                   "tiles at a time bound the memory");
-  app.add_option("--overlap", overlap, "--tile: the share of a tile its neighbours overlap (0 <= o < 1)")
+  app.add_option("--overlap", overlap, "--tile: the share of a tile its neighbours overlap (0..0.95)")
       ->capture_default_str();
   app.add_option("--threshold", threshold,
                  "Foreground where the probability sigmoid(logit) > this (0 < T < 1); a lower T "
@@ -160,19 +160,33 @@ int main(int argc, char** argv) {
     if (tile_opt->count() == 0) tile = setting(settings, "crop_size", 0, checkpoint);
     LabelRule labels;
     labels.classes = classes;
-    if (settings.count("ignore_index") && settings.at("ignore_index") != "none")
+    UNETCU_CHECK(trained_divisor >= 1 && trained_divisor <= 64, "checkpoint '", checkpoint, "' records width_divisor ",
+                 trained_divisor, ", outside 1..64");
+    if (settings.count("ignore_index") && settings.at("ignore_index") != "none") {
       labels.ignore_index = setting(settings, "ignore_index", -1, checkpoint);
-    std::vector<std::array<uint8_t, 3>> colors;
-    if (settings.count("class_colors")) {
-      std::stringstream ss(settings.at("class_colors"));
-      for (std::string item; std::getline(ss, item, ';');) {
-        int r = 0, g = 0, b = 0;
-        UNETCU_CHECK(std::sscanf(item.c_str(), "%d,%d,%d", &r, &g, &b) == 3, "checkpoint '", checkpoint,
-                     "' records class colour '", item, "'");
-        colors.push_back({uint8_t(r), uint8_t(g), uint8_t(b)});
-        labels.colors.push_back({uint8_t(r), uint8_t(g), uint8_t(b), ""});
-      }
+      UNETCU_CHECK(labels.ignore_index >= 0 && labels.ignore_index <= 255, "checkpoint '", checkpoint,
+                   "' records ignore_index ", labels.ignore_index, ", outside 0..255");
     }
+    // "r,g,b;r,g,b;...": the class colours (one per class) and the ignored pixels' colours.
+    const auto read_colors = [&](const char* key) {
+      std::vector<ClassColor> out;
+      if (!settings.count(key)) return out;
+      std::stringstream ss(settings.at(key));
+      for (std::string item; std::getline(ss, item, ';');) {
+        int r = -1, g = -1, b = -1;
+        UNETCU_CHECK(std::sscanf(item.c_str(), "%d,%d,%d", &r, &g, &b) == 3 && r >= 0 && r <= 255 && g >= 0 &&
+                         g <= 255 && b >= 0 && b <= 255,
+                     "checkpoint '", checkpoint, "' records colour '", item, "', not r,g,b in 0..255");
+        out.push_back({uint8_t(r), uint8_t(g), uint8_t(b), ""});
+      }
+      return out;
+    };
+    labels.colors = read_colors("class_colors");
+    labels.ignored = read_colors("ignore_colors");
+    UNETCU_CHECK(labels.colors.empty() || int(labels.colors.size()) == classes, "checkpoint '", checkpoint,
+                 "' records ", labels.colors.size(), " class colours for ", classes, " classes");
+    std::vector<std::array<uint8_t, 3>> colors;
+    for (const ClassColor& k : labels.colors) colors.push_back({k.r, k.g, k.b});
     std::vector<std::string> names;
     if (settings.count("class_names")) {
       std::stringstream ss(settings.at("class_names"));
@@ -184,7 +198,7 @@ int main(int argc, char** argv) {
                    "--image-size must be a multiple of 32 in 32..", kMaxImageSize, ", got ", side);
     UNETCU_CHECK(tile == 0 || (tile >= 32 && tile % 32 == 0 && tile <= kMaxImageSize),
                  "--tile must be a multiple of 32 in 32..", kMaxImageSize, ", got ", tile);
-    UNETCU_CHECK(overlap >= 0 && overlap < 1, "--overlap must be in [0, 1), got ", overlap);
+    UNETCU_CHECK(overlap >= 0 && overlap <= 0.95, "--overlap must be in 0..0.95, got ", overlap);
     UNETCU_CHECK(threshold > 0 && threshold < 1, "--threshold must be between 0 and 1");
     UNETCU_CHECK(max_pixels >= 1, "--max-image-pixels must be at least 1");
     UNETCU_CHECK(batch_size >= 1 && batch_size <= kMaxBatch, "--batch-size must be in 1..", kMaxBatch, ", got ",

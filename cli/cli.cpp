@@ -80,7 +80,9 @@ void parse_size(const std::string& s, int* width, int* height) {
   auto side = [&](const std::string& t) {
     UNETCU_CHECK(!t.empty() && t.size() <= 18 && std::all_of(t.begin(), t.end(), ::isdigit),
                  "'", s, "' is not a size S or WxH");
-    return int(std::min<long long>(std::stoll(t), INT_MAX));  // too large: refused by the range checks
+    const long long v = std::stoll(t);
+    UNETCU_CHECK(v > 0, "'", s, "' is not a size S or WxH: a side of 0");
+    return int(std::min<long long>(v, INT_MAX));  // too large: refused by the range checks
   };
   if (x == std::string::npos) {
     *width = 0, *height = side(s);

@@ -255,7 +255,9 @@ ImageInfo checked_header(const std::string& path, const std::vector<uint8_t>& d,
   // stbi_info gives a top-down BMP's height negative; stb cannot negate the most negative one.
   UNETCU_CHECK(info.height != INT_MIN, "cannot read image '", path, "': its height is out of range");
   if (bmp) info.height = std::abs(info.height);
-  info.palette = d.size() > 25 && d[0] == 0x89 && d[1] == 'P' && d[12] == 'I' && d[13] == 'H' && d[25] == 3;
+  const bool png = d.size() > 25 && d[0] == 0x89 && d[1] == 'P' && d[12] == 'I' && d[13] == 'H';
+  info.palette = png && d[25] == 3;
+  info.wide = png && d[24] == 16;
   const int64_t pixels = int64_t(info.width) * info.height;
   UNETCU_CHECK(info.width > 0 && info.height > 0, "cannot read image '", path, "': its header says ",
                info.width, "x", info.height);
@@ -378,6 +380,7 @@ Image load_palette_indices(const std::string& path) {
   for (size_t at = 8; at + 8 <= d.size();) {
     const uint64_t len = be32(d, at);
     UNETCU_CHECK(at + 12 + len <= d.size(), "cannot read image '", path, "': truncated PNG chunk");
+    if (std::equal(d.begin() + long(at) + 4, d.begin() + long(at) + 8, "IEND")) break;  // what follows is no PNG
     if (std::equal(d.begin() + long(at) + 4, d.begin() + long(at) + 8, "IDAT"))
       z.insert(z.end(), d.begin() + long(at) + 8, d.begin() + long(at + 8 + len));
     at += 12 + len;

@@ -33,6 +33,7 @@ int64_t max_image_pixels();
 struct ImageInfo {
   int width = 0, height = 0, channels = 0;  // channels as stored in the file
   bool palette = false;                     // an indexed PNG (colour type 3)
+  bool wide = false;                        // a 16-bit PNG (read as 8 bits: the high byte)
 };
 
 // The size from the header only (reads the file's first bytes, decodes no pixels), with the

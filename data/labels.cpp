@@ -1,5 +1,6 @@
 #include "data/labels.h"
 
+#include <cctype>
 #include <fstream>
 #include <sstream>
 
@@ -8,7 +9,7 @@
 
 namespace unetcu {
 
-std::vector<ClassColor> read_class_colors(const std::string& path) {
+std::vector<ClassColor> read_class_colors(const std::string& path, std::vector<ClassColor>* ignored) {
   check_regular_file(path, "the class colour table");
   std::ifstream f(path);
   UNETCU_CHECK(f, "cannot read the class colour table '", path, "'");
@@ -40,9 +41,22 @@ std::vector<ClassColor> read_class_colors(const std::string& path) {
     }
     ClassColor cc{uint8_t(rgb[0]), uint8_t(rgb[1]), uint8_t(rgb[2]), fields.size() == 4 ? fields[3] : ""};
     while (!cc.name.empty() && cc.name.front() == ' ') cc.name.erase(cc.name.begin());
-    for (const ClassColor& o : out)
+    for (char ch : cc.name)
+      UNETCU_CHECK(std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-' || ch == '.', "class colour table '",
+                   path, "' line ", line_no, ": the name '", cc.name, "' may hold letters, digits, _, - and . only");
+    std::vector<ClassColor> seen = out;
+    if (ignored) seen.insert(seen.end(), ignored->begin(), ignored->end());
+    for (const ClassColor& o : seen) {
       UNETCU_CHECK(o.r != cc.r || o.g != cc.g || o.b != cc.b, "class colour table '", path, "' line ", line_no,
-                   ": colour ", rgb[0], ",", rgb[1], ",", rgb[2], " is already class ", &o - out.data());
+                   ": colour ", rgb[0], ",", rgb[1], ",", rgb[2], " is listed twice");
+      UNETCU_CHECK(cc.name.empty() || cc.name == "ignore" || o.name != cc.name, "class colour table '", path,
+                   "' line ", line_no, ": the name '", cc.name, "' is listed twice");
+    }
+    if (cc.name == "ignore") {  // the colour of pixels no loss or metric counts, not a class
+      UNETCU_CHECK(ignored, "class colour table '", path, "' line ", line_no, ": 'ignore' is not read here");
+      ignored->push_back(cc);
+      continue;
+    }
     out.push_back(cc);
   }
   UNETCU_CHECK(!out.empty(), "class colour table '", path, "' has no colours");
@@ -61,18 +75,23 @@ std::vector<float> load_mask_targets(const std::string& path, const LabelRule& r
   const ImageInfo info = read_image_info(path);
   const bool rgb = info.channels >= 3 && !info.palette;
   std::vector<float> out;
+  UNETCU_CHECK(!info.wide || rule.classes == 1, "mask '", path, "' is a 16-bit PNG; save class indices as an "
+               "8-bit grayscale or indexed PNG");
   if (!rule.colors.empty() && (rgb || info.palette)) {  // colours to classes
     const Image img = load_image(path, 3);
     out.resize(size_t(img.width) * img.height);
     for (size_t q = 0; q < out.size(); ++q) {
       const uint8_t* p = &img.pixels[q * 3];
       int found = -1;
+      const auto same = [&](const ClassColor& k) { return k.r == p[0] && k.g == p[1] && k.b == p[2]; };
       for (size_t c = 0; c < rule.colors.size() && found < 0; ++c)
-        if (rule.colors[c].r == p[0] && rule.colors[c].g == p[1] && rule.colors[c].b == p[2]) found = int(c);
-      UNETCU_CHECK(found >= 0, "mask '", path, "': colour ", int(p[0]), ",", int(p[1]), ",", int(p[2]),
+        if (same(rule.colors[c])) found = int(c);
+      bool ignored = false;
+      for (const ClassColor& k : rule.ignored) ignored = ignored || same(k);
+      UNETCU_CHECK(found >= 0 || ignored, "mask '", path, "': colour ", int(p[0]), ",", int(p[1]), ",", int(p[2]),
                    " at (", q % size_t(img.width), ", ", q / size_t(img.width),
                    ") is not in the class colour table");
-      out[q] = found == rule.ignore_index ? -1.f : float(found);
+      out[q] = ignored ? -1.f : float(found);
     }
     *width = img.width, *height = img.height;
     return out;
@@ -80,7 +99,8 @@ std::vector<float> load_mask_targets(const std::string& path, const LabelRule& r
   UNETCU_CHECK(!rgb || rule.classes == 1, "mask '", path, "' is an RGB image; with --classes ", rule.classes,
                " give its colours with --class-colors FILE (a line r,g,b per class), or save masks as "
                "8-bit grayscale or indexed PNGs holding the class index");
-  const Image img = info.palette ? load_palette_indices(path) : load_image(path, 1);
+  // One class reads a palette PNG as its gray values (> 0 foreground), as it always has.
+  const Image img = info.palette && rule.classes > 1 ? load_palette_indices(path) : load_image(path, 1);
   out.resize(size_t(img.width) * img.height);
   for (size_t q = 0; q < out.size(); ++q) {
     const int v = img.pixels[q];

@@ -5,8 +5,8 @@
 //   C >= 2:      a grayscale PNG's value, or an indexed (palette) PNG's index, is the class;
 //                an RGB mask is read through the colour table (--class-colors);
 //   either:      the ignore index (the usual value is 255) becomes -1, which no loss or metric
-//                counts; a value >= C that is not the ignore index is an error naming the
-//                file, the value and C.
+//                counts (RGB masks: the colour table's "ignore" colours); a value >= C that is
+//                not the ignore index is an error naming the file, the value and C.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -23,11 +23,14 @@ struct LabelRule {
   int classes = 1;
   int ignore_index = -1;            // -1: none
   std::vector<ClassColor> colors;   // empty: masks hold class values; else one per class
+  std::vector<ClassColor> ignored;  // RGB masks: colours of ignored pixels (-1)
 };
 
-// --class-colors FILE: one line per class, in class order, "r,g,b" or "r,g,b,name"; blank
-// lines and lines starting with # are skipped. Throws naming the file and line.
-std::vector<ClassColor> read_class_colors(const std::string& path);
+// --class-colors FILE: one line per class, in class order, "r,g,b" or "r,g,b,name" (names of
+// letters, digits, _, - and .); blank lines and lines starting with # are skipped. A line
+// named "ignore" is no class: its colour marks ignored pixels (-1) and goes to *ignored (where
+// given; else it is an error). Throws naming the file and line.
+std::vector<ClassColor> read_class_colors(const std::string& path, std::vector<ClassColor>* ignored = nullptr);
 
 // The targets of one mask file at its own size (width * height floats, row-major).
 std::vector<float> load_mask_targets(const std::string& path, const LabelRule& rule, int* width,

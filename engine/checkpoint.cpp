@@ -25,6 +25,7 @@ constexpr int64_t kMaxEpoch = 10000000;
 constexpr int64_t kMaxStep = int64_t(1) << 40;
 // The longest key or value of a run record (engine/checkpoint.h RunRecord).
 constexpr size_t kMaxRunText = 64;
+constexpr size_t kMaxSettingText = size_t(1) << 16;  // a setting's value: 256 class names fit
 constexpr int64_t kMaxCounter = int64_t(1) << 50;
 
 size_t dtype_bytes(const std::string& d) {
@@ -402,7 +403,7 @@ void save_checkpoint(const std::string& path, const Module& model,
   for (const auto& [key, value] : settings)
     UNETCU_CHECK(key != "format" && key != "producer" && key != "epoch" && key != "step" && key != "save_id" &&
                      key.rfind("checksum.", 0) != 0 && !key.empty() && key.size() <= kMaxRunText &&
-                     value.size() <= kMaxRunText,
+                     value.size() <= kMaxSettingText,
                  "checkpoint: setting '", key, "' is reserved, empty or too long");
   UNETCU_CHECK(epoch >= 0 && epoch <= kMaxEpoch && step >= 0 && step <= kMaxStep,
                "checkpoint: epoch ", epoch, " step ", step, " out of range");

@@ -36,6 +36,13 @@ for m in dp mp; do
   grep -q "random 64x64 crops (validation: whole images in tiles), 3 classes" <<<"$o" \
     || { echo "FAIL: $m resumed without the checkpoint's crops or classes: $o"; fail=1; }
 done
+# The synthetic set on crops: the resumed run renders at the checkpoint's size and crops as it did.
+syn=(--width-divisor 16 --train-size 8 --val-size 2 --batch-size 4 --no-progress --device cpu)
+"$train" "${syn[@]}" --classes 3 --image-size 128x96 --crop-size 64 --epochs 1 --checkpoint "$d/syn.safetensors" \
+  > /dev/null 2>&1 || { echo "FAIL: synthetic 3-class run"; fail=1; }
+o=$("$train" "${syn[@]}" --epochs 2 --resume "$d/syn.safetensors" 2>&1) || { echo "FAIL: synthetic resume: $o"; fail=1; }
+grep -q "data: synthetic at 128x96, random 64x64 crops (validation: whole images in tiles), 3 classes" <<<"$o" \
+  || { echo "FAIL: the synthetic resume lost the size or crops: $o"; fail=1; }
 msg=$("$train" "${common[@]}" --classes 2 --device cpu --epochs 2 --resume "$d/single.safetensors" 2>&1) && { echo "FAIL: --classes 2 resumed a 3-class run"; fail=1; }
 grep -q "contradicts the checkpoint" <<<"$msg" || { echo "FAIL: classes contradiction: $msg"; fail=1; }
 # Prediction with no --classes, --width-divisor or --image-size: from the checkpoint, in tiles.

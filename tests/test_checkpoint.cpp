@@ -298,3 +298,16 @@ TEST_CASE("checkpoint: damage is found and named, stored values are range-checke
   CHECK(model.parameters()[0].to_vector() == before);
   for (const auto& p : {path, path + ".train"}) std::remove(p.c_str());
 }
+
+TEST_CASE("checkpoint: the run's settings travel in the model file's metadata, 256 class names included") {
+  UNet a(small(1));
+  const std::string path = temp_path("settings");
+  std::string names;
+  for (int c = 0; c < 256; ++c) names += (c ? "," : "") + std::string("class_name_") + std::to_string(c);
+  const CheckpointSettings settings{{"classes", "256"}, {"class_names", names}, {"width_divisor", "16"}};
+  save_checkpoint(path, a, {}, 1, 0, {}, settings);
+  CHECK(read_checkpoint_settings(path) == settings);
+  UNet b(small(2));
+  CHECK(load_checkpoint(path, b, {}) == 1);  // the settings are metadata only
+  CHECK_THROWS_WITH(save_checkpoint(path, a, {}, 1, 0, {}, {{"epoch", "9"}}), doctest::Contains("is reserved"));
+}

@@ -661,7 +661,7 @@ TEST_CASE("masks as users have them: class indices in grayscale and indexed PNGs
   save_png_indexed(pal, 7, 5, idx, palette);
   CHECK(read_image_info(pal).palette);
   CHECK(load_palette_indices(pal).pixels == idx);  // the five row filters undone
-  LabelRule rule{3, 255, {}};
+  LabelRule rule{3, 255, {}, {}};
   int w = 0, h = 0;
   for (const std::string& f : {gray, pal}) {
     CAPTURE(f);
@@ -672,11 +672,11 @@ TEST_CASE("masks as users have them: class indices in grayscale and indexed PNGs
     for (size_t q = 0; q < 35; ++q) CHECK(t[q] == (idx[q] == 255 ? -1.f : float(idx[q])));
   }
   // A value >= N that is not the ignore index: one error naming the file, the value and N.
-  CHECK_THROWS_WITH(load_mask_targets(gray, LabelRule{3, -1, {}}, &w, &h),
+  CHECK_THROWS_WITH(load_mask_targets(gray, LabelRule{3, -1, {}, {}}, &w, &h),
                     doctest::Contains("gray.png': pixel (3, 0) holds 255, not a class of --classes 3"));
-  CHECK_THROWS_WITH(load_mask_targets(gray, LabelRule{2, 255, {}}, &w, &h), doctest::Contains("holds 2, not a class"));
+  CHECK_THROWS_WITH(load_mask_targets(gray, LabelRule{2, 255, {}, {}}, &w, &h), doctest::Contains("holds 2, not a class"));
   // One class: > 0 is foreground, the ignore index ignored.
-  const std::vector<float> b = load_mask_targets(gray, LabelRule{1, 255, {}}, &w, &h);
+  const std::vector<float> b = load_mask_targets(gray, LabelRule{1, 255, {}, {}}, &w, &h);
   for (size_t q = 0; q < 35; ++q) CHECK(b[q] == (idx[q] == 255 ? -1.f : idx[q] > 0 ? 1.f : 0.f));
   // RGB: through the colour table; without it, one clear error; an unknown colour is named.
   Image c = solid(7, 5, 3, 0);
@@ -685,7 +685,7 @@ TEST_CASE("masks as users have them: class indices in grayscale and indexed PNGs
   save_image(rgb, c);
   CHECK_THROWS_WITH(load_mask_targets(rgb, rule, &w, &h), doctest::Contains("rgb.png' is an RGB image; with --classes 3 give"));
   std::ofstream(colors) << "# r,g,b,name\n0,0,0,background\n200,0,0,car\n0,200,0\n";
-  LabelRule with{3, -1, read_class_colors(colors)};
+  LabelRule with{3, -1, read_class_colors(colors), {}};
   CHECK(class_names(with) == std::vector<std::string>{"background", "car", "2"});
   const std::vector<float> r = load_mask_targets(rgb, with, &w, &h);
   for (size_t q = 0; q < 35; ++q) CHECK(r[q] == (idx[q] == 255 ? 0.f : float(idx[q])));
@@ -693,6 +693,31 @@ TEST_CASE("masks as users have them: class indices in grayscale and indexed PNGs
   save_image(rgb, c);
   CHECK_THROWS_WITH(load_mask_targets(rgb, with, &w, &h),
                     doctest::Contains("rgb.png': colour 0,7,0 at (1, 1) is not in the class colour table"));
+  // A line named "ignore" is the colour of ignored pixels, not a class.
+  std::ofstream(colors) << "0,0,0\n200,0,0\n0,200,0\n0,7,0,ignore\n";
+  LabelRule ig{3, -1, {}, {}};
+  ig.colors = read_class_colors(colors, &ig.ignored);
+  REQUIRE(ig.colors.size() == 3);
+  REQUIRE(ig.ignored.size() == 1);
+  const std::vector<float> ri = load_mask_targets(rgb, ig, &w, &h);
+  CHECK(ri[8] == -1.f);
+  CHECK(ri[0] == r[0]);
+  CHECK_THROWS_WITH(read_class_colors(colors), doctest::Contains("'ignore' is not read here"));
+  std::ofstream(colors) << "0,0,0,a\"b\n";
+  CHECK_THROWS_WITH(read_class_colors(colors), doctest::Contains("may hold letters, digits"));
+  std::ofstream(colors) << "0,0,0,car\n1,1,1,car\n";
+  CHECK_THROWS_WITH(read_class_colors(colors), doctest::Contains("the name 'car' is listed twice"));
+  // One class reads an indexed PNG's gray values (> 0 foreground), as before several classes:
+  // index 0 drawn in gray is foreground there, not background.
+  std::vector<std::array<uint8_t, 3>> gray_zero = palette;
+  gray_zero[0] = {90, 90, 90};
+  const std::string pal1 = (d.path / "pal1.png").string();
+  save_png_indexed(pal1, 7, 5, idx, gray_zero);
+  const std::vector<float> b1 = load_mask_targets(pal1, LabelRule{1, -1, {}, {}}, &w, &h);
+  for (size_t q = 0; q < 35; ++q) CHECK(b1[q] == 1.f);
+  // A 16-bit mask holds no 8-bit class index: refused with several classes.
+  save_png16((d.path / "wide.png").string(), 7, 5, std::vector<uint16_t>(35, 1));
+  CHECK_THROWS_WITH(load_mask_targets((d.path / "wide.png").string(), rule, &w, &h), doctest::Contains("is a 16-bit PNG"));
   std::ofstream(colors) << "1,2\n";
   CHECK_THROWS_WITH(read_class_colors(colors), doctest::Contains("line 1: expected r,g,b"));
   std::ofstream(colors) << "1,2,300\n";

@@ -171,6 +171,7 @@ TEST_CASE("tiles: starts cover every border, one tile covering the image equals 
   CHECK(tile_starts(40, 64, 0.5) == std::vector<int>{0});
   CHECK(tile_starts(160, 64, 0.5) == std::vector<int>{0, 32, 64, 96});
   CHECK(tile_starts(97, 64, 0.5) == std::vector<int>{0, 17, 33});
+  CHECK(tile_starts(8192, 32, 0.99999).size() == 8192 - 32 + 1);  // a stride of one pixel at most
   for (int len : {65, 97, 131, 1000})
     for (double ov : {0.0, 0.25, 0.5, 0.75}) {
       const std::vector<int> s = tile_starts(len, 64, ov);

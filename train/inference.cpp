@@ -81,7 +81,8 @@ Tensor predict_logits(UNet& model, const Tensor& inputs, Tta tta) {
 std::vector<int> tile_starts(int len, int tile, double overlap) {
   UNETCU_CHECK(tile > 0 && overlap >= 0 && overlap < 1, "tiles of ", tile, " with overlap ", overlap);
   if (len <= tile) return {0};
-  const int n = int(std::ceil(double(len - tile) / (double(tile) * (1 - overlap)))) + 1;
+  // At most one window per pixel of the slack (a stride of at least 1).
+  const int n = int(std::min(std::ceil(double(len - tile) / (double(tile) * (1 - overlap))), double(len - tile))) + 1;
   std::vector<int> out;
   const double step = double(len - tile) / double(n - 1);
   for (int i = 0; i < n; ++i) out.push_back(int(std::lround(i * step)));

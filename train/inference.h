@@ -35,7 +35,7 @@ Tensor predict_logits(UNet& model, const Tensor& inputs, Tta tta = Tta::None);
 
 // Sliding-window prediction, as nnU-Net's: `image` [1, 3, H, W] (normalised, float32, NCHW,
 // CPU; any H, W) is covered by tile x tile windows overlapping by `overlap` (0 <= overlap < 1:
-// along each side n = ceil((L - tile) / (tile (1 - overlap))) + 1 windows, evenly spaced from
+// along each side n = min(ceil((L - tile) / (tile (1 - overlap))), L - tile) + 1 windows, evenly spaced from
 // edge to edge; one window, padded with 0, where L <= tile). `forward` gives the logits
 // [B, C, tile, tile] of a batch of windows, at most `batch` at once; each window's
 // probabilities (softmax over C, sigmoid for one channel) are added with a Gaussian weight
