@@ -537,20 +537,6 @@ int setting_int(const CheckpointSettings& s, const std::string& key, const std::
   return x;
 }
 
-// "r,g,b;r,g,b;...", as a checkpoint records colours.
-std::vector<ClassColor> parse_colors(const std::string& text, const std::string& file) {
-  std::vector<ClassColor> out;
-  std::stringstream ss(text);
-  for (std::string item; std::getline(ss, item, ';');) {
-    int r = -1, g = -1, b = -1;
-    UNETCU_CHECK(std::sscanf(item.c_str(), "%d,%d,%d", &r, &g, &b) == 3 && r >= 0 && r <= 255 && g >= 0 &&
-                     g <= 255 && b >= 0 && b <= 255,
-                 "checkpoint '", file, "' records colour '", item, "', not r,g,b in 0..255");
-    out.push_back({uint8_t(r), uint8_t(g), uint8_t(b), ""});
-  }
-  return out;
-}
-
 // The configuration with what other flags, the colour table or the checkpoint resumed decide:
 // the classes, the width divisor, the class colours, and the settings to record.
 TrainConfig with_settings(const TrainConfig& in) {
@@ -590,8 +576,9 @@ TrainConfig with_settings(const TrainConfig& in) {
   if (resumed.count("ignore_index") && c.data.labels.ignore_index < 0 && resumed.at("ignore_index") != "none")
     c.data.labels.ignore_index = setting_int(resumed, "ignore_index", file, 0, 255);
   if (resumed.count("class_colors") && c.data.labels.colors.empty()) {
-    c.data.labels.colors = parse_colors(resumed.at("class_colors"), file);
-    if (resumed.count("ignore_colors")) c.data.labels.ignored = parse_colors(resumed.at("ignore_colors"), file);
+    const std::string what = "checkpoint '" + file + "'";
+    c.data.labels.colors = colors_from_text(resumed.at("class_colors"), what);
+    if (resumed.count("ignore_colors")) c.data.labels.ignored = colors_from_text(resumed.at("ignore_colors"), what);
     if (resumed.count("class_names")) {
       std::stringstream names(resumed.at("class_names"));
       size_t k = 0;
@@ -609,13 +596,8 @@ TrainConfig with_settings(const TrainConfig& in) {
   CheckpointSettings& st = c.fit.settings;
   st["classes"] = std::to_string(c.strategy.model.classes);
   st["class_names"] = join(c.fit.class_names, ",");
-  const auto colors_text = [](const std::vector<ClassColor>& v) {
-    std::vector<std::string> colors;
-    for (const ClassColor& k : v) colors.push_back(str_cat(int(k.r), ",", int(k.g), ",", int(k.b)));
-    return join(colors, ";");
-  };
-  if (!c.data.labels.colors.empty()) st["class_colors"] = colors_text(c.data.labels.colors);
-  if (!c.data.labels.ignored.empty()) st["ignore_colors"] = colors_text(c.data.labels.ignored);
+  if (!c.data.labels.colors.empty()) st["class_colors"] = colors_to_text(c.data.labels.colors);
+  if (!c.data.labels.ignored.empty()) st["ignore_colors"] = colors_to_text(c.data.labels.ignored);
   st["width_divisor"] = std::to_string(c.strategy.model.width_divisor);
   if (c.fit.crop) st["crop_size"] = std::to_string(c.fit.crop);
   // The training size, or with crops the synthetic set's rendered size (a folder's crops come

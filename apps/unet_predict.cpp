@@ -167,22 +167,10 @@ int main(int argc, char** argv) {
       UNETCU_CHECK(labels.ignore_index >= 0 && labels.ignore_index <= 255, "checkpoint '", checkpoint,
                    "' records ignore_index ", labels.ignore_index, ", outside 0..255");
     }
-    // "r,g,b;r,g,b;...": the class colours (one per class) and the ignored pixels' colours.
-    const auto read_colors = [&](const char* key) {
-      std::vector<ClassColor> out;
-      if (!settings.count(key)) return out;
-      std::stringstream ss(settings.at(key));
-      for (std::string item; std::getline(ss, item, ';');) {
-        int r = -1, g = -1, b = -1;
-        UNETCU_CHECK(std::sscanf(item.c_str(), "%d,%d,%d", &r, &g, &b) == 3 && r >= 0 && r <= 255 && g >= 0 &&
-                         g <= 255 && b >= 0 && b <= 255,
-                     "checkpoint '", checkpoint, "' records colour '", item, "', not r,g,b in 0..255");
-        out.push_back({uint8_t(r), uint8_t(g), uint8_t(b), ""});
-      }
-      return out;
-    };
-    labels.colors = read_colors("class_colors");
-    labels.ignored = read_colors("ignore_colors");
+    // The class colours (one per class) and the ignored pixels' colours.
+    const std::string what = "checkpoint '" + checkpoint + "'";
+    if (settings.count("class_colors")) labels.colors = colors_from_text(settings.at("class_colors"), what);
+    if (settings.count("ignore_colors")) labels.ignored = colors_from_text(settings.at("ignore_colors"), what);
     UNETCU_CHECK(labels.colors.empty() || int(labels.colors.size()) == classes, "checkpoint '", checkpoint,
                  "' records ", labels.colors.size(), " class colours for ", classes, " classes");
     std::vector<std::array<uint8_t, 3>> colors;

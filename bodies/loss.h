@@ -121,4 +121,46 @@ template <class A> HD A multiclass_dice_grad_p(A t_is_c, A inter, A denom, A tsu
   return -(A(2) * t_is_c * denom - (A(2) * inter + smooth)) / (classes * denom * denom);
 }
 
+// The multiclass Dice loss from its sums [3, C] (inter, psum, tsum per class).
+HD double multiclass_dice_value(const double* s, int64_t C, double smooth) {
+  double total = 0;
+  for (int64_t c = 0; c < C; ++c)
+    if (s[2 * C + c] > 0)
+      total += 1.0 - (2.0 * s[c] + smooth) / multiclass_dice_denominator(s[C + c], s[2 * C + c], smooth);
+  return total / double(C);
+}
+
+// The softmax cross-entropy's gradient at one pixel of target t, scale s (the upstream
+// gradient over the count): s (softmax(x)_c - [c = t]) for each class c, 0 where the pixel is
+// ignored, each given to put(c, value).
+template <class A, class X, class Put>
+HD void softmax_ce_grad_pixel(const X* x, const ClassLayout& L, int64_t p, A t, A s, Put&& put) {
+  const bool on = counted(t);
+  A mx = A(0), lse = A(0);
+  if (on) softmax_stats(x, L, p, &mx, &lse);
+  for (int64_t c = 0; c < L.C; ++c)
+    put(c, on ? s * (exp(A(x[L(p, c)]) - mx - lse) - A(int64_t(t) == c)) : A(0));
+}
+
+// The multiclass Dice's gradient at one pixel of target t from the sums [3, C], scale sc (the
+// upstream gradient): sc p_c (g_c - sum_k g_k p_k) for each class c (multiclass_dice_grad_p),
+// 0 where the pixel is ignored, each given to put(c, value).
+template <class A, class X, class Put>
+HD void multiclass_dice_grad_pixel(const X* x, const ClassLayout& L, int64_t p, A t, const double* s,
+                                   double smooth, A sc, Put&& put) {
+  const int64_t C = L.C;
+  const bool on = counted(t);
+  const int64_t k = on ? int64_t(t) : 0;
+  auto grad_p = [&](int64_t c) {  // d loss / d p_c at a pixel of class k
+    return multiclass_dice_grad_p(A(k == c), A(s[c]), A(multiclass_dice_denominator(s[C + c], s[2 * C + c], smooth)),
+                                  A(s[2 * C + c]), A(smooth), A(C));
+  };
+  A mx = A(0), lse = A(0), dot = A(0);
+  if (on) {
+    softmax_stats(x, L, p, &mx, &lse);
+    for (int64_t c = 0; c < C; ++c) dot += grad_p(c) * exp(A(x[L(p, c)]) - mx - lse);
+  }
+  for (int64_t c = 0; c < C; ++c) put(c, on ? sc * exp(A(x[L(p, c)]) - mx - lse) * (grad_p(c) - dot) : A(0));
+}
+
 }  // namespace unetcu::kernels

@@ -464,6 +464,16 @@ void put_chunk(std::vector<uint8_t>& out, const char type[4], const uint8_t* dat
   put_be32(out, crc32(out.data() + start, n + 4));
 }
 
+// The bytes to `path`, through a temporary file beside it.
+void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
+  write_through_temporary(path, [&](const char* tmp) {
+    std::FILE* f = std::fopen(tmp, "wb");
+    if (!f) return false;
+    const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+    return std::fclose(f) == 0 && ok;
+  });
+}
+
 }  // namespace
 
 void save_png16(const std::string& path, int width, int height, const std::vector<uint16_t>& gray) {
@@ -492,12 +502,7 @@ void save_png16(const std::string& path, int width, int height, const std::vecto
   put_chunk(png, "IHDR", ihdr.data(), ihdr.size());
   put_chunk(png, "IDAT", z.get(), size_t(zlen));
   put_chunk(png, "IEND", nullptr, 0);
-  write_through_temporary(path, [&](const char* tmp) {
-    std::FILE* f = std::fopen(tmp, "wb");
-    if (!f) return false;
-    const bool ok = std::fwrite(png.data(), 1, png.size(), f) == png.size();
-    return std::fclose(f) == 0 && ok;
-  });
+  write_bytes(path, png);
 }
 
 void save_png_indexed(const std::string& path, int width, int height, const std::vector<uint8_t>& indices,
@@ -540,12 +545,7 @@ void save_png_indexed(const std::string& path, int width, int height, const std:
   put_chunk(png, "PLTE", plte.data(), plte.size());
   put_chunk(png, "IDAT", z.get(), size_t(zlen));
   put_chunk(png, "IEND", nullptr, 0);
-  write_through_temporary(path, [&](const char* tmp) {
-    std::FILE* f = std::fopen(tmp, "wb");
-    if (!f) return false;
-    const bool ok = std::fwrite(png.data(), 1, png.size(), f) == png.size();
-    return std::fclose(f) == 0 && ok;
-  });
+  write_bytes(path, png);
 }
 
 std::vector<uint16_t> load_png16(const std::string& path, int* width, int* height) {

@@ -1,6 +1,7 @@
 #include "data/labels.h"
 
 #include <cctype>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -60,6 +61,26 @@ std::vector<ClassColor> read_class_colors(const std::string& path, std::vector<C
     out.push_back(cc);
   }
   UNETCU_CHECK(!out.empty(), "class colour table '", path, "' has no colours");
+  return out;
+}
+
+std::string colors_to_text(const std::vector<ClassColor>& colors) {
+  std::string out;
+  for (size_t i = 0; i < colors.size(); ++i)
+    out += str_cat(i ? ";" : "", int(colors[i].r), ",", int(colors[i].g), ",", int(colors[i].b));
+  return out;
+}
+
+std::vector<ClassColor> colors_from_text(const std::string& text, const std::string& what) {
+  std::vector<ClassColor> out;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ';');) {
+    int r = -1, g = -1, b = -1;
+    UNETCU_CHECK(std::sscanf(item.c_str(), "%d,%d,%d", &r, &g, &b) == 3 && r >= 0 && r <= 255 && g >= 0 &&
+                     g <= 255 && b >= 0 && b <= 255,
+                 what, " records colour '", item, "', not r,g,b in 0..255");
+    out.push_back({uint8_t(r), uint8_t(g), uint8_t(b), ""});
+  }
   return out;
 }
 

@@ -36,6 +36,11 @@ std::vector<ClassColor> read_class_colors(const std::string& path, std::vector<C
 std::vector<float> load_mask_targets(const std::string& path, const LabelRule& rule, int* width,
                                      int* height);
 
+// Colours as a checkpoint records them, "r,g,b;r,g,b;...", and back; `what` names the text's
+// source in the error for a colour that is not r,g,b in 0..255.
+std::string colors_to_text(const std::vector<ClassColor>& colors);
+std::vector<ClassColor> colors_from_text(const std::string& text, const std::string& what);
+
 // The class names: the colour table's, else "0", "1", ...
 std::vector<std::string> class_names(const LabelRule& rule);
 

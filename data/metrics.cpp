@@ -35,23 +35,27 @@ const std::vector<double>& SegmentationCounts::matrix() const {
   return host_;
 }
 
+SegmentationCounts::ClassTotals SegmentationCounts::totals(int c) const {
+  const std::vector<double>& m = matrix();
+  ClassTotals t{m[size_t(c * k_ + c)], 0, 0};
+  for (int j = 0; j < k_; ++j) t.truth += m[size_t(c * k_ + j)], t.predicted += m[size_t(j * k_ + c)];
+  return t;
+}
+
 bool SegmentationCounts::class_seen(int c) const {
-  return count(c, c) > 0 || class_iou(c) < 1.0;
+  const ClassTotals t = totals(c);
+  return t.truth + t.predicted > 0;
 }
 
 double SegmentationCounts::class_iou(int c) const {
-  const std::vector<double>& m = matrix();
-  double tp = m[size_t(c * k_ + c)], row = 0, col = 0;
-  for (int j = 0; j < k_; ++j) row += m[size_t(c * k_ + j)], col += m[size_t(j * k_ + c)];
-  const double uni = row + col - tp;
-  return uni == 0 ? 1.0 : tp / uni;
+  const ClassTotals t = totals(c);
+  const double uni = t.truth + t.predicted - t.tp;
+  return uni == 0 ? 1.0 : t.tp / uni;
 }
 
 double SegmentationCounts::class_dice(int c) const {
-  const std::vector<double>& m = matrix();
-  double tp = m[size_t(c * k_ + c)], row = 0, col = 0;
-  for (int j = 0; j < k_; ++j) row += m[size_t(c * k_ + j)], col += m[size_t(j * k_ + c)];
-  return row + col == 0 ? 1.0 : 2 * tp / (row + col);
+  const ClassTotals t = totals(c);
+  return t.truth + t.predicted == 0 ? 1.0 : 2 * t.tp / (t.truth + t.predicted);
 }
 
 double SegmentationCounts::miou() const {

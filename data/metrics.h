@@ -41,6 +41,10 @@ class SegmentationCounts {
 
  private:
   int64_t count(int truth, int pred) const { return int64_t(matrix()[size_t(truth * k_ + pred)]); }
+  struct ClassTotals {
+    double tp, truth, predicted;  // a class's diagonal, row and column sums
+  };
+  ClassTotals totals(int c) const;
   int classes_, k_;
   Tensor counts_;                         // on the device of the first logits
   mutable std::vector<double> host_;

@@ -4,6 +4,7 @@
 // here: the logits, the loss, the gradients and a running mean must agree to float64 rounding
 // (1e-10 relative: the two frameworks sum in different orders).
 #include <cstring>
+#include <memory>
 
 #include "engine/checkpoint.h"
 #include "engine/optim.h"
@@ -30,29 +31,45 @@ double rel_err(const Tensor& a, const Tensor& b) {
   }
   return std::sqrt(num / std::max(den, 1e-300));
 }
-}  // namespace
 
-TEST_CASE("golden: the engine matches PyTorch on SMP's UNet-ResNet34 (width/16, float64)") {
-  const std::string path = std::string(UNETCU_SOURCE_DIR) + "/tests/golden/unet_w16.safetensors";
+// A golden file's model (its state loaded strictly, in training mode) after one forward and
+// backward of the engine's loss on the file's input and target; the golden.* entries.
+struct GoldenRun {
+  SafeTensors golden;
+  std::unique_ptr<UNet> model;
+  Tensor logits, loss;
+};
+GoldenRun run_golden(const std::string& file, int classes) {
+  const std::string path = std::string(UNETCU_SOURCE_DIR) + "/tests/golden/" + file;
   SafeTensors all = read_safetensors(path);
-  SafeTensors state, golden;
-  for (auto& [name, t] : all) (name.rfind("golden.", 0) == 0 ? golden : state).emplace(name, t);
+  SafeTensors state;
+  GoldenRun r;
+  for (auto& [name, t] : all) (name.rfind("golden.", 0) == 0 ? r.golden : state).emplace(name, t);
   REQUIRE(state.size() == 278);
   UNetConfig cfg;
   cfg.width_divisor = 16;
   cfg.dtype = DType::F64;
-  UNet model(cfg);
-  load_model_state(model, state, path);  // strict: every name and shape of PyTorch's model
-  model.train();
-  const Tensor x = to_tensor(golden.at("golden.input")), t = to_tensor(golden.at("golden.target"));
+  cfg.classes = classes;
+  r.model = std::make_unique<UNet>(cfg);
+  load_model_state(*r.model, state, path);  // strict: every name and shape of PyTorch's model
+  r.model->train();
+  const Tensor x = to_tensor(r.golden.at("golden.input")), t = to_tensor(r.golden.at("golden.target"));
   Tape tape;
-  Tensor logits, loss;
   {
     TapeScope s(tape);
-    logits = model.forward(x);
-    loss = segmentation_loss(LossKind::BCEDice, logits, t);
+    r.logits = r.model->forward(x);
+    r.loss = segmentation_loss(LossKind::BCEDice, r.logits, t);
   }
-  tape.backward(loss);
+  tape.backward(r.loss);
+  return r;
+}
+}  // namespace
+
+TEST_CASE("golden: the engine matches PyTorch on SMP's UNet-ResNet34 (width/16, float64)") {
+  GoldenRun r = run_golden("unet_w16.safetensors", 1);
+  UNet& model = *r.model;
+  const SafeTensors& golden = r.golden;
+  const Tensor &logits = r.logits, &loss = r.loss;
   CHECK(rel_err(logits, to_tensor(golden.at("golden.logits"))) < 1e-10);
   CHECK(loss.item() == doctest::Approx(to_tensor(golden.at("golden.loss")).item()).epsilon(1e-12));
   const auto params = model.named_parameters();
@@ -78,30 +95,14 @@ TEST_CASE("golden: the engine matches PyTorch on SMP's UNet-ResNet34 (width/16, 
 // The Adam step divides by sqrt(v) + eps with v ~ g^2: a relative 1e-10 in g moves the step
 // by about as much relative, and the step is 1e-3 against weights of ~1e-1: 1e-12 absolute.
 TEST_CASE("golden: three classes with ignored pixels match PyTorch, gradients and one Adam step (float64)") {
-  const std::string path = std::string(UNETCU_SOURCE_DIR) + "/tests/golden/unet_w16_c3.safetensors";
-  SafeTensors all = read_safetensors(path);
-  SafeTensors state, golden;
-  for (auto& [name, t] : all) (name.rfind("golden.", 0) == 0 ? golden : state).emplace(name, t);
-  REQUIRE(state.size() == 278);
-  UNetConfig cfg;
-  cfg.width_divisor = 16;
-  cfg.dtype = DType::F64;
-  cfg.classes = 3;
-  UNet model(cfg);
-  load_model_state(model, state, path);
-  model.train();
-  const Tensor x = to_tensor(golden.at("golden.input")), t = to_tensor(golden.at("golden.target"));
+  GoldenRun r = run_golden("unet_w16_c3.safetensors", 3);
+  UNet& model = *r.model;
+  const SafeTensors& golden = r.golden;
+  const Tensor &logits = r.logits, &loss = r.loss;
+  const Tensor t = to_tensor(golden.at("golden.target"));
   int ignored = 0;
   for (int64_t i = 0; i < t.numel(); ++i) ignored += t.at(i) < 0;
   CHECK(ignored == 640);
-  Tape tape;
-  Tensor logits, loss;
-  {
-    TapeScope s(tape);
-    logits = model.forward(x);
-    loss = segmentation_loss(LossKind::BCEDice, logits, t);
-  }
-  tape.backward(loss);
   CHECK(rel_err(logits, to_tensor(golden.at("golden.logits"))) < 1e-10);
   CHECK(loss.item() == doctest::Approx(to_tensor(golden.at("golden.loss")).item()).epsilon(1e-12));
   const auto params = model.named_parameters();

@@ -165,14 +165,7 @@ void softmax_ce_backward(const TensorRef& logits, const TensorRef& target, const
     X* g = grad_x.data<X>();
     const A s = A(count > 0 ? double(grad_loss.data<acc_t<X>>()[0]) / count : 0.0), b = A(beta);
     parallel_for(pixels, [&](int64_t p) {
-      const A tv = A(t[p]);
-      const bool on = counted(tv);
-      A mx = A(0), lse = A(0);
-      if (on) softmax_stats(x, L, p, &mx, &lse);
-      for (int64_t c = 0; c < L.C; ++c) {
-        const A v = on ? s * (exp(A(x[L(p, c)]) - mx - lse) - A(int64_t(tv) == c)) : A(0);
-        store(g + L(p, c), acc_t<X>(v), acc_t<X>(b));
-      }
+      softmax_ce_grad_pixel(x, L, p, A(t[p]), s, [&](int64_t c, A v) { store(g + L(p, c), acc_t<X>(v), acc_t<X>(b)); });
     }, kParallelGrain / 8);
   });
 }
@@ -199,20 +192,15 @@ void multiclass_dice_sums(const TensorRef& logits, const TensorRef& target, cons
 }
 
 void multiclass_dice_loss_from_sums(const TensorRef& sums, double smooth, const TensorRef& loss) {
-  const int64_t C = sums.dim(1);
-  const double* s = sums.data<double>();
-  double total = 0;
-  for (int64_t c = 0; c < C; ++c)
-    if (s[2 * C + c] > 0)
-      total += 1.0 - (2.0 * s[c] + smooth) / multiclass_dice_denominator(s[C + c], s[2 * C + c], smooth);
-  UNETCU_DISPATCH_FLOAT(loss.dtype(), T, loss.data<T>()[0] = T(total / double(C)));
+  const double value = multiclass_dice_value(sums.data<double>(), sums.dim(1), smooth);
+  UNETCU_DISPATCH_FLOAT(loss.dtype(), T, loss.data<T>()[0] = T(value));
 }
 
 void multiclass_dice_backward(const TensorRef& logits, const TensorRef& target,
                               const TensorRef& sums, double smooth, const TensorRef& grad_loss,
                               const TensorRef& grad_x, double beta) {
   const ClassLayout L = class_layout(logits);
-  const int64_t pixels = logits.numel() / L.C, C = L.C;
+  const int64_t pixels = logits.numel() / L.C;
   const double* s = sums.data<double>();
   UNETCU_DISPATCH_LOSS(logits, target, {
     using A = loss_acc_t<X, Tt>;
@@ -220,24 +208,9 @@ void multiclass_dice_backward(const TensorRef& logits, const TensorRef& target,
     const Tt* t = target.data<Tt>();
     X* g = grad_x.data<X>();
     const A sc = A(grad_loss.data<acc_t<X>>()[0]), b = A(beta);
-    auto grad_p = [&](int64_t c, int64_t k) {  // d loss / d p_c at a pixel of class k
-      return multiclass_dice_grad_p(A(k == c), A(s[c]),
-                                    A(multiclass_dice_denominator(s[C + c], s[2 * C + c], smooth)),
-                                    A(s[2 * C + c]), A(smooth), A(C));
-    };
     parallel_for(pixels, [&](int64_t p) {
-      const A tv = A(t[p]);
-      const bool on = counted(tv);
-      const int64_t k = on ? int64_t(tv) : 0;
-      A mx = A(0), lse = A(0), dot = A(0);
-      if (on) {
-        softmax_stats(x, L, p, &mx, &lse);
-        for (int64_t c = 0; c < C; ++c) dot += grad_p(c, k) * exp(A(x[L(p, c)]) - mx - lse);
-      }
-      for (int64_t c = 0; c < C; ++c) {
-        const A v = on ? sc * exp(A(x[L(p, c)]) - mx - lse) * (grad_p(c, k) - dot) : A(0);
-        store(g + L(p, c), acc_t<X>(v), acc_t<X>(b));
-      }
+      multiclass_dice_grad_pixel(x, L, p, A(t[p]), s, smooth, sc,
+                                 [&](int64_t c, A v) { store(g + L(p, c), acc_t<X>(v), acc_t<X>(b)); });
     }, kParallelGrain / 8);
   });
 }

@@ -58,14 +58,7 @@ __global__ void softmax_ce_backward_kernel(const X* x, const Tt* t, ClassLayout 
   using A = loss_acc_t<X, Tt>;
   const A s = A(sums[1] > 0 ? double(grad_loss[0]) / sums[1] : 0.0);
   GRID_STRIDE(p, pixels) {
-    const A tv = A(t[p]);
-    const bool on = counted(tv);
-    A mx = A(0), lse = A(0);
-    if (on) softmax_stats(x, L, p, &mx, &lse);
-    for (int64_t c = 0; c < L.C; ++c) {
-      const A v = on ? s * (exp(A(x[L(p, c)]) - mx - lse) - A(int64_t(tv) == c)) : A(0);
-      store(gx + L(p, c), acc_t<X>(v), beta);
-    }
+    softmax_ce_grad_pixel(x, L, p, A(t[p]), s, [&](int64_t c, A v) { store(gx + L(p, c), acc_t<X>(v), beta); });
   }
 }
 
@@ -109,11 +102,7 @@ __global__ void sum_rows_kernel(const double* partials, int blocks, double* out)
 
 template <class L>
 __global__ void multiclass_dice_loss_kernel(const double* s, int64_t C, double smooth, L* loss) {
-  double total = 0;
-  for (int64_t c = 0; c < C; ++c)
-    if (s[2 * C + c] > 0)
-      total += 1.0 - (2.0 * s[c] + smooth) / multiclass_dice_denominator(s[C + c], s[2 * C + c], smooth);
-  loss[0] = L(total / double(C));
+  loss[0] = L(multiclass_dice_value(s, C, smooth));
 }
 
 template <class X, class Tt>
@@ -122,26 +111,10 @@ __global__ void multiclass_dice_backward_kernel(const X* x, const Tt* t, ClassLa
                                                 const acc_t<X>* grad_loss, X* gx, acc_t<X> beta,
                                                 int64_t pixels) {
   using A = loss_acc_t<X, Tt>;
-  const int64_t C = L.C;
   const A sc = A(grad_loss[0]);
-  auto grad_p = [&](int64_t c, int64_t k) {  // d loss / d p_c at a pixel of class k
-    return multiclass_dice_grad_p(A(k == c), A(s[c]),
-                                  A(multiclass_dice_denominator(s[C + c], s[2 * C + c], smooth)),
-                                  A(s[2 * C + c]), A(smooth), A(C));
-  };
   GRID_STRIDE(p, pixels) {
-    const A tv = A(t[p]);
-    const bool on = counted(tv);
-    const int64_t k = on ? int64_t(tv) : 0;
-    A mx = A(0), lse = A(0), dot = A(0);
-    if (on) {
-      softmax_stats(x, L, p, &mx, &lse);
-      for (int64_t c = 0; c < C; ++c) dot += grad_p(c, k) * exp(A(x[L(p, c)]) - mx - lse);
-    }
-    for (int64_t c = 0; c < C; ++c) {
-      const A v = on ? sc * exp(A(x[L(p, c)]) - mx - lse) * (grad_p(c, k) - dot) : A(0);
-      store(gx + L(p, c), acc_t<X>(v), beta);
-    }
+    multiclass_dice_grad_pixel(x, L, p, A(t[p]), s, smooth, sc,
+                               [&](int64_t c, A v) { store(gx + L(p, c), acc_t<X>(v), beta); });
   }
 }
 
