@@ -117,8 +117,8 @@ std::vector<float> load_mask_targets(const std::string& path, const LabelRule& r
     *width = img.width, *height = img.height;
     return out;
   }
-  UNETCU_CHECK(!rgb || rule.classes == 1, "mask '", path, "' is an RGB image; with --classes ", rule.classes,
-               " give its colours with --class-colors FILE (a line r,g,b per class), or save masks as "
+  UNETCU_CHECK(!rgb || rule.classes == 1, "mask '", path, "' is an RGB image; with ", rule.classes,
+               " classes give a class colour table (a line r,g,b per class), or save masks as "
                "8-bit grayscale or indexed PNGs holding the class index");
   // One class reads a palette PNG as its gray values (> 0 foreground), as it always has.
   const Image img = info.palette && rule.classes > 1 ? load_palette_indices(path) : load_image(path, 1);
@@ -131,8 +131,8 @@ std::vector<float> load_mask_targets(const std::string& path, const LabelRule& r
       out[q] = v > 0 ? 1.f : 0.f;
     } else {
       UNETCU_CHECK(v < rule.classes, "mask '", path, "': pixel (", q % size_t(img.width), ", ",
-                   q / size_t(img.width), ") holds ", v, ", not a class of --classes ", rule.classes, " (0..",
-                   rule.classes - 1, ")", rule.ignore_index >= 0 ? "" : " and no --ignore-index is set");
+                   q / size_t(img.width), ") holds ", v, ", not one of the ", rule.classes, " classes (0..",
+                   rule.classes - 1, ")", rule.ignore_index >= 0 ? "" : " and no ignore index is set");
       out[q] = float(v);
     }
   }

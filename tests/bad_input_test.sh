@@ -143,10 +143,10 @@ check "is larger than the 5 training images of data" "$train" "${small[@]}" --da
 # missing from the table; an empty output name; a data folder entry named like an image that
 # is none (a dangling link, a folder).
 "$make_data" cls --count 6 --size 64 --classes 3 > /dev/null || { echo "FAIL: setup 3-class dataset"; exit 1; }
-check "holds 2, not a class of --classes 2 (0..1) and no --ignore-index is set" "$train" "${small[@]}" --data cls \
+check "holds 2, not one of the 2 classes (0..1) and no ignore index is set" "$train" "${small[@]}" --data cls \
   --classes 2 --val-fraction 0.2 --batch-size 2
 mkdir -p rgb/images rgb/masks && cp data/images/* rgb/images/ && cp data/images/* rgb/masks/
-check "is an RGB image; with --classes 3 give its colours with --class-colors FILE" "$train" "${small[@]}" \
+check "is an RGB image; with 3 classes give a class colour table" "$train" "${small[@]}" \
   --data rgb --classes 3 --val-fraction 0.2 --batch-size 2
 printf '0,0,0,background\n1,2,3,one\n4,5,6,two\n' > colors.txt
 check "is not in the class colour table" "$train" "${small[@]}" --data rgb --class-colors colors.txt \

@@ -673,8 +673,8 @@ TEST_CASE("masks as users have them: class indices in grayscale and indexed PNGs
   }
   // A value >= N that is not the ignore index: one error naming the file, the value and N.
   CHECK_THROWS_WITH(load_mask_targets(gray, LabelRule{3, -1, {}, {}}, &w, &h),
-                    doctest::Contains("gray.png': pixel (3, 0) holds 255, not a class of --classes 3"));
-  CHECK_THROWS_WITH(load_mask_targets(gray, LabelRule{2, 255, {}, {}}, &w, &h), doctest::Contains("holds 2, not a class"));
+                    doctest::Contains("gray.png': pixel (3, 0) holds 255, not one of the 3 classes (0..2) and no ignore index is set"));
+  CHECK_THROWS_WITH(load_mask_targets(gray, LabelRule{2, 255, {}, {}}, &w, &h), doctest::Contains("holds 2, not one of the 2 classes"));
   // One class: > 0 is foreground, the ignore index ignored.
   const std::vector<float> b = load_mask_targets(gray, LabelRule{1, 255, {}, {}}, &w, &h);
   for (size_t q = 0; q < 35; ++q) CHECK(b[q] == (idx[q] == 255 ? -1.f : idx[q] > 0 ? 1.f : 0.f));
@@ -683,7 +683,7 @@ TEST_CASE("masks as users have them: class indices in grayscale and indexed PNGs
   for (size_t q = 0; q < 35; ++q)
     for (int k = 0; k < 3; ++k) c.pixels[q * 3 + size_t(k)] = idx[q] == 255 ? 0 : palette[idx[q]][size_t(k)];
   save_image(rgb, c);
-  CHECK_THROWS_WITH(load_mask_targets(rgb, rule, &w, &h), doctest::Contains("rgb.png' is an RGB image; with --classes 3 give"));
+  CHECK_THROWS_WITH(load_mask_targets(rgb, rule, &w, &h), doctest::Contains("rgb.png' is an RGB image; with 3 classes give a class colour table"));
   std::ofstream(colors) << "# r,g,b,name\n0,0,0,background\n200,0,0,car\n0,200,0\n";
   LabelRule with{3, -1, read_class_colors(colors), {}};
   CHECK(class_names(with) == std::vector<std::string>{"background", "car", "2"});

@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "cli/parse.h"
+#include "data/metrics.h"
 #include "runtime/cuda/nccl.cuh"
 #include "runtime/algo_cache.h"
 #include "runtime/cuda_api.h"
@@ -320,6 +321,35 @@ TEST_CASE("CUDA losses equal the CPU losses, values and gradients") {
           return segmentation_loss(k, v[0], v[0].device().is_cuda() ? tg : tc);
         }, {random64(s, rng, -8, 8).to(f)}, {true});
       }
+  }
+}
+
+TEST_CASE("CUDA confusion matrix equals the CPU's: one channel and four classes, ignored pixels, NHWC") {
+  Setup setup;
+  FRESH_RNG(rng);
+  for (int64_t C : {1, 4}) {
+    CAPTURE(C);
+    const Shape s = {3, C, 40, 37}, ts = {3, 1, 40, 37};
+    Tensor target = Tensor::empty(ts, DType::F64);
+    for (int64_t i = 0; i < target.numel(); ++i) {
+      const double u = rng.uniform();
+      target.set(i, u < 0.1 ? -1.0 : C == 1 ? (u < 0.4 ? 1.0 : 0.0) : double(int64_t(rng.uniform() * 3)));
+    }
+    const Tensor logits = random64(s, rng, -4, 4).to(DType::F32);
+    for (MemoryFormat f : {MemoryFormat::NCHW, MemoryFormat::NHWC}) {
+      CAPTURE(format_name(f));
+      SegmentationCounts cpu{int(C)}, gpu_counts{int(C)};
+      for (int pass = 0; pass < 2; ++pass) {  // accumulated over batches
+        cpu.add(logits.to(f), target.to(DType::F32));
+        gpu_counts.add(logits.to(f).to(kGpu), gpu(target));
+      }
+      CHECK(gpu_counts.matrix() == cpu.matrix());
+      double total = 0;
+      for (double v : cpu.matrix()) total += v;
+      int64_t counted = 0;
+      for (int64_t i = 0; i < target.numel(); ++i) counted += target.at(i) >= 0;
+      CHECK(total == double(2 * counted));
+    }
   }
 }
 
