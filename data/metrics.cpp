@@ -58,20 +58,21 @@ double SegmentationCounts::class_dice(int c) const {
   return t.truth + t.predicted == 0 ? 1.0 : 2 * t.tp / (t.truth + t.predicted);
 }
 
-double SegmentationCounts::miou() const {
+// The mean of per_class(c) over the classes seen, 1 when none is.
+template <class F> static double mean_over_seen(const SegmentationCounts& m, int k, F per_class) {
   double sum = 0;
   int seen = 0;
-  for (int c = 0; c < k_; ++c)
-    if (class_seen(c)) sum += class_iou(c), ++seen;
+  for (int c = 0; c < k; ++c)
+    if (m.class_seen(c)) sum += per_class(c), ++seen;
   return seen ? sum / seen : 1.0;
 }
 
+double SegmentationCounts::miou() const {
+  return mean_over_seen(*this, k_, [&](int c) { return class_iou(c); });
+}
+
 double SegmentationCounts::mean_dice() const {
-  double sum = 0;
-  int seen = 0;
-  for (int c = 0; c < k_; ++c)
-    if (class_seen(c)) sum += class_dice(c), ++seen;
-  return seen ? sum / seen : 1.0;
+  return mean_over_seen(*this, k_, [&](int c) { return class_dice(c); });
 }
 
 double SegmentationCounts::accuracy() const {

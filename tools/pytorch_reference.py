@@ -222,20 +222,26 @@ def read_metadata(path):
         return json.loads(f.read(n)).get("__metadata__", {})
 
 
-def golden(args):
-    if args.classes >= 2:
-        return golden_multiclass(args)
-    if args.ignore_index is not None:
-        raise SystemExit("golden: --ignore-index needs --classes 2 or more")
+def golden_model(args, classes):
+    """The golden runs' model: float64, training mode, seeded, with non-trivial batch-norm affine
+    parameters and running statistics; and a copy of its initial state."""
     torch.manual_seed(args.seed)
-    model = Unet(args.width_divisor).double().train()
-    for m in model.modules():  # non-trivial BN affine parameters and running statistics
+    model = Unet(args.width_divisor, classes).double().train()
+    for m in model.modules():
         if isinstance(m, nn.BatchNorm2d):
             nn.init.uniform_(m.weight, 0.5, 1.5)
             nn.init.uniform_(m.bias, -0.2, 0.2)
             m.running_mean.uniform_(-0.1, 0.1)
             m.running_var.uniform_(0.8, 1.2)
-    state = {k: v.clone() for k, v in model.state_dict().items()}
+    return model, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def golden(args):
+    if args.classes >= 2:
+        return golden_multiclass(args)
+    if args.ignore_index is not None:
+        raise SystemExit("golden: --ignore-index needs --classes 2 or more")
+    model, state = golden_model(args, 1)
     x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
     target = (torch.rand(2, 1, 64, 64, dtype=torch.float64) < 0.4).double()
     logits = model(x)
@@ -256,15 +262,7 @@ def golden_multiclass(args):
     n, k = args.classes, args.ignore_index
     if k is not None and 0 <= k < n:
         raise SystemExit(f"golden: --ignore-index {k} is a class of --classes {n}")
-    torch.manual_seed(args.seed)
-    model = Unet(args.width_divisor, n).double().train()
-    for m in model.modules():  # as golden()
-        if isinstance(m, nn.BatchNorm2d):
-            nn.init.uniform_(m.weight, 0.5, 1.5)
-            nn.init.uniform_(m.bias, -0.2, 0.2)
-            m.running_mean.uniform_(-0.1, 0.1)
-            m.running_var.uniform_(0.8, 1.2)
-    state = {k: v.clone() for k, v in model.state_dict().items()}
+    model, state = golden_model(args, n)
     x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
     target = torch.randint(0, n - 1, (2, 1, 64, 64))  # 0..n-2: class n-1 is absent
     ignored = torch.zeros(2, 1, 64, 64, dtype=torch.bool)

@@ -43,94 +43,83 @@ static void check_classes(const char* op, const Tensor& logits) {
                " must be [N, C, H, W] with C >= 2 classes");
 }
 
-Tensor bce_with_logits(const Tensor& logits, const Tensor& target) {
-  check_binary("bce_with_logits", logits);
-  check_loss_inputs("bce_with_logits", logits, target);
-  Tensor sums = Tensor::empty({2}, DType::F64, logits.device());
+// The glue every loss here shares: `forward(sums, loss)` writes float64 sums of `sums_shape`
+// on the logits' device and the 0-dim loss; the tape's backward calls
+// `backward(sums, grad_loss, grad_x, beta)`. Costs are per logit element.
+template <class Forward, class Backward>
+static Tensor loss_from_sums(const char* op, const Tensor& logits, const Tensor& target, const Shape& sums_shape,
+                             double forward_flops, double backward_flops, Forward forward, Backward backward) {
+  Tensor sums = Tensor::empty(sums_shape, DType::F64, logits.device());
   Tensor loss = Tensor::empty({}, loss_dtype(logits), logits.device());
   const double n = double(logits.numel()), bytes = ops_detail::bytes_of({&logits, &target});
   {
-    ProfileRange range("bce_with_logits", "op", 6 * n, bytes);
-    UNETCU_LAUNCH(logits.device(), bce_with_logits_forward, logits, target, sums, loss);
+    ProfileRange range(op, "op", forward_flops * n, bytes);
+    forward(sums, loss);
   }
   if (Tape::should_record({&logits})) {
-    Tape::record("bce_with_logits", {logits}, {loss}, [logits, target, sums](BackwardContext& ctx) {
+    Tape::record(op, {logits}, {loss}, [sums, backward](BackwardContext& ctx) {
       double beta;
       Tensor gx = ctx.grad_input(0, &beta);
-      UNETCU_LAUNCH(logits.device(), bce_with_logits_backward, logits, target, sums,
-                    ctx.grad_output(0), gx, beta);
-    }, OpCost{5 * n, 1.5 * bytes});
+      backward(sums, ctx.grad_output(0), gx, beta);
+    }, OpCost{backward_flops * n, 1.5 * bytes});
   }
   return loss;
+}
+
+Tensor bce_with_logits(const Tensor& logits, const Tensor& target) {
+  check_binary("bce_with_logits", logits);
+  check_loss_inputs("bce_with_logits", logits, target);
+  return loss_from_sums(
+      "bce_with_logits", logits, target, {2}, 6, 5,
+      [&](const Tensor& sums, const Tensor& loss) {
+        UNETCU_LAUNCH(logits.device(), bce_with_logits_forward, logits, target, sums, loss);
+      },
+      [logits, target](const Tensor& sums, const Tensor& grad_loss, const Tensor& gx, double beta) {
+        UNETCU_LAUNCH(logits.device(), bce_with_logits_backward, logits, target, sums, grad_loss, gx, beta);
+      });
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target) {
   check_classes("cross_entropy", logits);
   check_loss_inputs("cross_entropy", logits, target);
-  Tensor sums = Tensor::empty({2}, DType::F64, logits.device());
-  Tensor loss = Tensor::empty({}, loss_dtype(logits), logits.device());
-  const double n = double(logits.numel()), bytes = ops_detail::bytes_of({&logits, &target});
-  {
-    ProfileRange range("cross_entropy", "op", 5 * n, bytes);
-    UNETCU_LAUNCH(logits.device(), softmax_ce_forward, logits, target, sums, loss);
-  }
-  if (Tape::should_record({&logits})) {
-    Tape::record("cross_entropy", {logits}, {loss}, [logits, target, sums](BackwardContext& ctx) {
-      double beta;
-      Tensor gx = ctx.grad_input(0, &beta);
-      UNETCU_LAUNCH(logits.device(), softmax_ce_backward, logits, target, sums,
-                    ctx.grad_output(0), gx, beta);
-    }, OpCost{8 * n, 1.5 * bytes});
-  }
-  return loss;
+  return loss_from_sums(
+      "cross_entropy", logits, target, {2}, 5, 8,
+      [&](const Tensor& sums, const Tensor& loss) {
+        UNETCU_LAUNCH(logits.device(), softmax_ce_forward, logits, target, sums, loss);
+      },
+      [logits, target](const Tensor& sums, const Tensor& grad_loss, const Tensor& gx, double beta) {
+        UNETCU_LAUNCH(logits.device(), softmax_ce_backward, logits, target, sums, grad_loss, gx, beta);
+      });
 }
 
 Tensor multiclass_dice_loss(const Tensor& logits, const Tensor& target, double smooth) {
   check_classes("multiclass_dice_loss", logits);
   check_loss_inputs("multiclass_dice_loss", logits, target);
   UNETCU_CHECK(smooth >= 0, "multiclass_dice_loss: smooth must be >= 0");
-  const double n = double(logits.numel()), bytes = ops_detail::bytes_of({&logits, &target});
-  Tensor sums = Tensor::empty({3, logits.dim(1)}, DType::F64, logits.device());
-  Tensor loss = Tensor::empty({}, loss_dtype(logits), logits.device());
-  {
-    ProfileRange range("multiclass_dice_loss", "op", 7 * n, bytes);
-    UNETCU_LAUNCH(logits.device(), multiclass_dice_sums, logits, target, sums);
-    UNETCU_LAUNCH(logits.device(), multiclass_dice_loss_from_sums, sums, smooth, loss);
-  }
-  if (Tape::should_record({&logits})) {
-    Tape::record("multiclass_dice_loss", {logits}, {loss},
-                 [logits, target, sums, smooth](BackwardContext& ctx) {
-                   double beta;
-                   Tensor gx = ctx.grad_input(0, &beta);
-                   UNETCU_LAUNCH(logits.device(), multiclass_dice_backward, logits, target, sums,
-                                 smooth, ctx.grad_output(0), gx, beta);
-                 }, OpCost{14 * n, 1.5 * bytes});
-  }
-  return loss;
+  return loss_from_sums(
+      "multiclass_dice_loss", logits, target, {3, logits.dim(1)}, 7, 14,
+      [&](const Tensor& sums, const Tensor& loss) {
+        UNETCU_LAUNCH(logits.device(), multiclass_dice_sums, logits, target, sums);
+        UNETCU_LAUNCH(logits.device(), multiclass_dice_loss_from_sums, sums, smooth, loss);
+      },
+      [logits, target, smooth](const Tensor& sums, const Tensor& grad_loss, const Tensor& gx, double beta) {
+        UNETCU_LAUNCH(logits.device(), multiclass_dice_backward, logits, target, sums, smooth, grad_loss, gx, beta);
+      });
 }
 
 Tensor dice_loss(const Tensor& logits, const Tensor& target, double smooth) {
   check_binary("dice_loss", logits);
   check_loss_inputs("dice_loss", logits, target);
   UNETCU_CHECK(smooth >= 0, "dice_loss: smooth must be >= 0");
-  const double n = double(logits.numel()), bytes = ops_detail::bytes_of({&logits, &target});
-  Tensor sums = Tensor::empty({3}, DType::F64, logits.device());
-  Tensor loss = Tensor::empty({}, loss_dtype(logits), logits.device());
-  {
-    ProfileRange range("dice_loss", "op", 7 * n, bytes);
-    UNETCU_LAUNCH(logits.device(), dice_sums, logits, target, sums);
-    UNETCU_LAUNCH(logits.device(), dice_loss_from_sums, sums, smooth, loss);
-  }
-  if (Tape::should_record({&logits})) {
-    Tape::record("dice_loss", {logits}, {loss},
-                 [logits, target, sums, smooth](BackwardContext& ctx) {
-                   double beta;
-                   Tensor gx = ctx.grad_input(0, &beta);
-                   UNETCU_LAUNCH(logits.device(), dice_backward, logits, target, sums, smooth,
-                                 ctx.grad_output(0), gx, beta);
-                 }, OpCost{10 * n, 1.5 * bytes});
-  }
-  return loss;
+  return loss_from_sums(
+      "dice_loss", logits, target, {3}, 7, 10,
+      [&](const Tensor& sums, const Tensor& loss) {
+        UNETCU_LAUNCH(logits.device(), dice_sums, logits, target, sums);
+        UNETCU_LAUNCH(logits.device(), dice_loss_from_sums, sums, smooth, loss);
+      },
+      [logits, target, smooth](const Tensor& sums, const Tensor& grad_loss, const Tensor& gx, double beta) {
+        UNETCU_LAUNCH(logits.device(), dice_backward, logits, target, sums, smooth, grad_loss, gx, beta);
+      });
 }
 
 Tensor segmentation_loss(LossKind kind, const Tensor& logits, const Tensor& target) {
