@@ -12,6 +12,7 @@ BlockPool::~BlockPool() {
   for (auto& [id, pool] : private_)
     for (auto& [size, block] : pool.cached) backend_.deallocate(block.ptr, size);
   for (auto& [ptr, live] : held_frees_) backend_.deallocate(ptr, live.capacity);
+  for (auto& [ptr, live] : capture_held_) backend_.deallocate(ptr, live.capacity);
   for (auto& [ptr, live] : live_) backend_.deallocate(ptr, live.capacity);
   live_.clear();
 }
@@ -180,7 +181,43 @@ void BlockPool::free(void* ptr) noexcept {
     held_frees_.emplace_back(static_cast<char*>(ptr), std::move(live));
     return;
   }
+  if (used_by_capture(live)) {  // its events only once that capture has ended
+    capture_held_.emplace_back(static_cast<char*>(ptr), std::move(live));
+    return;
+  }
   free_locked(static_cast<char*>(ptr), std::move(live));
+}
+
+bool BlockPool::used_by_capture(const Live& live) const {
+  for (StreamRef s : live.uses)
+    if (std::find(capturing_.begin(), capturing_.end(), s) != capturing_.end()) return true;
+  return false;
+}
+
+void BlockPool::begin_capture(const std::vector<StreamRef>& streams) {
+  std::lock_guard<std::mutex> lock(mu_);
+  capturing_.insert(capturing_.end(), streams.begin(), streams.end());
+}
+
+void BlockPool::end_capture(const std::vector<StreamRef>& streams) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (StreamRef s : streams) {
+    auto it = std::find(capturing_.begin(), capturing_.end(), s);
+    if (it != capturing_.end()) capturing_.erase(it);
+  }
+  std::vector<std::pair<char*, Live>> held = std::move(capture_held_);
+  capture_held_.clear();
+  for (auto& [ptr, live] : held) {
+    if (used_by_capture(live))
+      capture_held_.emplace_back(ptr, std::move(live));
+    else
+      free_locked(ptr, std::move(live));
+  }
+}
+
+size_t BlockPool::capture_held_blocks() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return capture_held_.size();
 }
 
 void BlockPool::free_locked(char* ptr, Live live) noexcept {
@@ -246,6 +283,7 @@ void BlockPool::forget_stream(StreamRef stream) {
   };
   for (auto& [ptr, live] : live_) forget(live);
   for (auto& [ptr, live] : held_frees_) forget(live);  // their events come at close_private()
+  for (auto& [ptr, live] : capture_held_) forget(live);  // and at end_capture()
 }
 
 AllocatorStats BlockPool::stats() {

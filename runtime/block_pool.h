@@ -100,13 +100,22 @@ class BlockPool {
   // A private pool's cached blocks count in cached_bytes (memory held for a graph) but are not
   // given back by release_cache(); they also count in peak_bytes beside current_bytes, since
   // every replay of the graph writes them (after reset_peak, an epoch of replays would
-  // otherwise report only the memory outside its graph). Only the device pools take captures: a pinned block freed
-  // while a capture runs records its events as usual, so pinned memory the capturing stream
-  // uses must not be freed during a capture (the trainer frees batches between steps).
+  // otherwise report only the memory outside its graph). Only the device pools take private
+  // pools; the pinned pool is told of captures with begin_capture/end_capture below.
   int open_private(const std::vector<StreamRef>& streams);
   int open_private(StreamRef stream) { return open_private(std::vector<StreamRef>{stream}); }
   void close_private();
   void release_private(int id);
+
+  // Captures seen by a pool that keeps no private pool for them (the pinned pool: its blocks
+  // are the host's). While `streams` are being captured, a freed block that one of them used
+  // is held back: an event recorded on a capturing stream would be a node of the graph, and
+  // a later query of it fails (cudaErrorCapturedEvent). end_capture (after the capture has
+  // ended) frees the held blocks no other running capture used, with their events. Captures on
+  // several devices at once nest: each stream counts once per begin_capture.
+  void begin_capture(const std::vector<StreamRef>& streams);
+  void end_capture(const std::vector<StreamRef>& streams);
+  size_t capture_held_blocks();  // for tests
 
   // For tests: cached blocks and the events they still wait for.
   size_t cached_blocks();
@@ -152,6 +161,9 @@ class BlockPool {
   std::vector<StreamRef> open_streams_;
   size_t graph_bytes_ = 0;  // in the caches of private pools not yet released
   std::vector<std::pair<char*, Live>> held_frees_;  // main blocks freed while a pool is open
+  std::vector<StreamRef> capturing_;                 // begin_capture's streams, repeats allowed
+  std::vector<std::pair<char*, Live>> capture_held_;  // freed while a stream they used captured
+  bool used_by_capture(const Live& live) const;
 };
 
 }  // namespace unetcu

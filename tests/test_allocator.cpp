@@ -19,6 +19,7 @@ struct FakeEvent {
   StreamRef stream;
   bool done = false;
   bool released = false;
+  bool captured = false;  // recorded while its stream was being captured into a graph
 };
 
 // Memory from malloc (up to `limit` bytes at once), events the test completes by hand.
@@ -28,6 +29,7 @@ struct FakeBackend : BlockBackend {
   int allocations = 0, deallocations = 0, waits = 0;
   bool fail_records = false;
   std::vector<FakeEvent*> events;
+  std::set<const void*> capturing;  // streams being captured: an event recorded there is a node
 
   ~FakeBackend() override {
     for (FakeEvent* e : events) delete e;
@@ -46,10 +48,13 @@ struct FakeBackend : BlockBackend {
   void* record(StreamRef s) noexcept override {
     if (fail_records) return nullptr;
     events.push_back(new FakeEvent{s});
+    events.back()->captured = capturing.count(s.handle) > 0;
     return events.back();
   }
   bool completed(void* e) override {
     REQUIRE_FALSE(static_cast<FakeEvent*>(e)->released);
+    // CUDA refuses the query of an event recorded inside a capture (cudaErrorCapturedEvent).
+    REQUIRE_FALSE(static_cast<FakeEvent*>(e)->captured);
     return static_cast<FakeEvent*>(e)->done;
   }
   void wait(void* e) override {
@@ -208,6 +213,53 @@ TEST_CASE("pinned-style host blocks: reused only after the asynchronous copy's e
   be.reach(kA);
   pool.free(next);
   CHECK(pool.allocate(1 << 16, kHost, &c) == batch);
+}
+
+TEST_CASE("pinned-style host blocks freed during a capture: held back until the capture ends") {
+  FakeBackend be;
+  BlockPool pool(be);
+  size_t c = 0;
+  void* batch = pool.allocate(1 << 16, kHost, &c);
+  void* other = pool.allocate(1 << 16, kHost, &c);
+  pool.record_use(batch, kA);  // an upload from it on A
+  pool.record_use(other, kB);  // and from the other on B, which no capture spans
+  be.capturing.insert(kA.handle);
+  pool.begin_capture({kA});
+  pool.free(batch);  // an event now would be recorded inside A's capture
+  pool.free(other);  // B is not captured: cached with its event as usual
+  CHECK(pool.capture_held_blocks() == 1);
+  CHECK(be.events.size() == 1);  // B's only
+  be.reach(kB);
+  CHECK(pool.allocate(1 << 16, kHost, &c) == other);  // queries B's event, never one on A
+  void* fresh = pool.allocate(1 << 16, kHost, &c);
+  CHECK(fresh != batch);  // held, not handed out
+  be.capturing.erase(kA.handle);
+  pool.end_capture({kA});
+  CHECK(pool.capture_held_blocks() == 0);
+  CHECK(be.pending_on(kA) == 1);  // its event, recorded after the capture
+  be.reach(kA);
+  CHECK(pool.allocate(1 << 16, kHost, &c) == batch);
+}
+
+TEST_CASE("captures on two devices at once: a block both used waits for the last to end") {
+  FakeBackend be;
+  BlockPool pool(be);
+  size_t c = 0;
+  void* batch = pool.allocate(1 << 16, kHost, &c);
+  pool.record_use(batch, kA);
+  pool.record_use(batch, kPeer);
+  be.capturing = {kA.handle, kPeer.handle};
+  pool.begin_capture({kA});
+  pool.begin_capture({kPeer});
+  pool.free(batch);
+  be.capturing.erase(kA.handle);
+  pool.end_capture({kA});
+  CHECK(pool.capture_held_blocks() == 1);  // still in kPeer's capture
+  CHECK(be.events.empty());
+  be.capturing.clear();
+  pool.end_capture({kPeer});
+  CHECK(pool.capture_held_blocks() == 0);
+  CHECK(be.events.size() == 2);
 }
 
 TEST_CASE("out of memory: completed blocks are given back first, pending ones only when needed") {

@@ -616,14 +616,23 @@ Graph::Impl* capture_streams(const std::vector<CaptureStream>& streams, const st
   std::map<int, std::vector<StreamRef>> by_device;
   for (const CaptureStream& c : streams) by_device[c.device].push_back(StreamRef{c.device, c.stream});
   std::vector<int> open;
+  // The pinned pool holds back the frees of blocks these streams used until the capture ends
+  // (runtime/block_pool.h, begin_capture).
+  std::vector<StreamRef> all_refs;
+  for (const CaptureStream& c : streams) all_refs.push_back(StreamRef{c.device, c.stream});
+  bool pinned_told = false;
   const auto close_pools = [&] {
     for (int d : open) heap(d).pool.close_private();
+    if (pinned_told) pinned_heap().pool.end_capture(all_refs);
+    pinned_told = false;
   };
   try {
     for (const auto& [d, refs] : by_device) {
       impl->pools.emplace_back(d, heap(d).pool.open_private(refs));
       open.push_back(d);
     }
+    pinned_heap().pool.begin_capture(all_refs);
+    pinned_told = true;
   } catch (...) {
     close_pools();
     throw;

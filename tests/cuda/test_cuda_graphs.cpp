@@ -462,3 +462,34 @@ TEST_CASE("a replayed pipeline step's launch waits for every stage's stream") {
   CHECK(held.pipeline().graph_replays() == twin.pipeline().graph_replays());
   check_same_state(twin.model(), held.model());
 }
+
+TEST_CASE("pinned memory freed while a capture uses it is held back until the capture ends") {
+  // An upload from a pinned buffer captured into a graph, the buffer freed inside the capture
+  // (as a loader's batch could be). An event recorded for it on the capturing stream would be
+  // a node of the graph, and the pinned pool's next allocation would query it
+  // (cudaErrorCapturedEvent): the free waits for the capture's end instead.
+  const size_t bytes = 1 << 12;
+  void* host = cuda::pinned_alloc(bytes);
+  std::memset(host, 1, bytes);
+  Tensor dev = Tensor::empty({int64_t(bytes / 4)}, DType::F32, Device::cuda(0));
+  cuda::Graph graph = cuda::Graph::capture(0, [&] {
+    cuda::copy(dev.raw(), Device::cuda(0), host, Device::cpu(), bytes, /*src_pinned=*/true);
+    cuda::pinned_free(host);
+    void* during = cuda::pinned_alloc(bytes);  // the held block is not handed out
+    CHECK(during != host);
+    cuda::pinned_free(during);
+  });
+  REQUIRE(graph.valid());
+  void* after = cuda::pinned_alloc(bytes);  // queries the held block's event: recorded after the capture
+  cuda::pinned_free(after);
+  cuda::synchronize(0);
+  bool reused = false;
+  for (int k = 0; k < 2 && !reused; ++k) {  // the held block once its stream has passed its event
+    void* again = cuda::pinned_alloc(bytes);
+    reused = again == host;
+    cuda::pinned_free(again);
+  }
+  CHECK(reused);
+  graph.launch();
+  cuda::synchronize(0);
+}
