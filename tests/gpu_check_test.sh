@@ -25,6 +25,12 @@
 #      besides in the graphs rows (nowhere else), their images/s reach the unetcu bf16 NHWC and bf16 NHWC
 #      graphs columns (fraction of the bf16 peak, ratios against PyTorch bf16), and a bf16 or
 #      graphs row that fails says why in its cell and stops none of the steps after it;
+#   7. the header-only dependencies, looked for before anything runs: in a tree without .deps
+#      the rehearsal (which takes them from .deps alone) stops at once, one line on stderr that
+#      names the fix (tools/gpu_deps.sh, carry .deps), a non-zero exit, nothing configured and
+#      nothing under $OUT; the same with .deps incomplete, and for a GPU run that finds them
+#      neither in .deps nor on the system; with .deps complete the rehearsal runs its steps,
+#      CMake pointed at .deps with /usr hidden;
 #   and each time at most 8 files under $OUT (the device tool brings back no more).
 set -u
 script="$1"
@@ -56,6 +62,18 @@ steps_of() {  # a table.md's step names, comma-separated, in the order of their 
 running() {  # a zombie is dead: one left to an init that reaps late counts as ended
   [ -r "/proc/$1/stat" ] && ! sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | grep -q '^Z'
 }
+# The header-only dependencies the script needs before its real steps (what tools/gpu_deps.sh
+# copies into .deps/usr), as empty files under a prefix: the runs of the real steps find them
+# there, whether or not this machine has the Debian packages.
+DEPS_FILES="share/cmake/CLI11/CLI11Config.cmake include/CLI/CLI.hpp lib/cmake/doctest/doctestConfig.cmake
+  include/doctest/doctest.h share/cmake/nlohmann_json/nlohmann_jsonConfig.cmake include/nlohmann/json.hpp
+  include/stb/stb_image.h"
+deps_in() {  # prefix: the files in it
+  local f
+  for f in $DEPS_FILES; do mkdir -p "$1/$(dirname "$f")" && : > "$1/$f"; done
+}
+deps_in "$tmp/prefix"
+export GPU_CHECK_SYSTEM_PREFIXES="$tmp/prefix"
 
 # ---- 1. the deadline ------------------------------------------------------------------------
 # 8 s: on a loaded machine the script has taken 1.5 s to reach its first step, which left a
@@ -361,8 +379,59 @@ in_archive "$d" 07-train-single-bf16-NHWC-512-batch-14.log 08-train-single-bf16-
   11-train-single-bf16-NHWC-512-batch-64.log 12-train-single-bf16-NHWC-CUDA-graphs-512-batch-64.log
 few_files "$d"
 
+# ---- 7. the header-only dependencies, before anything runs ------------------------------------
+tree="$tmp/deps_tree"
+mkdir -p "$tree/tools" "$tmp/bin3" "$tmp/empty_prefix"
+cp "$script" "$tree/tools/gpu_check.sh"
+# CMake that records its arguments and configures nothing (--version: the device facts).
+# shellcheck disable=SC2016  # $1 and $* are the stand-in's
+printf '#!/bin/sh\n[ "$1" = --version ] && { echo "cmake stand-in"; exit 0; }\necho "$*" >> "%s"\nexit 1\n' \
+  "$tmp/deps_cmake_args" > "$tmp/bin3/cmake"
+chmod +x "$tmp/bin3/cmake"
+deps_stop() {  # name, what the one line on stderr says first, then the script's arguments
+  local name=$1 says=$2 rc ms t0
+  shift 2
+  t0=$(now)
+  PATH="$tmp/bin3:$PATH" "$tree/tools/gpu_check.sh" "$@" --out "$tmp/$name" > "$tmp/$name.out" 2> "$tmp/$name.err"
+  rc=$?
+  ms=$((($(now) - t0) / 1000000))
+  [ "$rc" -ne 0 ] || bad "$name: exited 0"
+  [ "$(wc -l < "$tmp/$name.err")" = 1 ] || bad "$name: not one line on stderr"
+  grep -qF -- "gpu_check: the header-only dependencies are $says" "$tmp/$name.err" || bad "$name: stderr lacks '$says'"
+  grep -qF -- 'run tools/gpu_deps.sh' "$tmp/$name.err" || bad "$name: stderr does not say to run tools/gpu_deps.sh"
+  grep -qF -- 'carry .deps' "$tmp/$name.err" || bad "$name: stderr does not say to carry .deps"
+  [ -s "$tmp/$name.out" ] && bad "$name: wrote to stdout: $(head -3 "$tmp/$name.out")"
+  [ -e "$tmp/$name" ] && bad "$name: wrote under its --out"
+  [ "$ms" -lt 5000 ] || bad "$name: took $ms ms to stop"
+}
+deps_stop deps_none "missing (no .deps): run" --rehearse
+mkdir -p "$tree/.deps/usr/include/doctest" "$tree/.deps/usr/lib/cmake/doctest"
+: > "$tree/.deps/usr/include/doctest/doctest.h"
+: > "$tree/.deps/usr/lib/cmake/doctest/doctestConfig.cmake"
+deps_stop deps_part "incomplete (.deps/usr lacks share/cmake/CLI11/CLI11Config.cmake, include/CLI/CLI.hpp, share/cmake/nlohmann_json/nlohmann_jsonConfig.cmake, include/nlohmann/json.hpp, include/stb/stb_image.h): run" --rehearse
+rm -rf "$tree/.deps"
+GPU_CHECK_SYSTEM_PREFIXES="$tmp/empty_prefix" \
+  deps_stop deps_gpu "missing (no .deps; not under $tmp/empty_prefix either): run" --deadline 540
+[ -e "$tmp/deps_cmake_args" ] && bad "CMake ran without the dependencies: $(cat "$tmp/deps_cmake_args")"
+deps_in "$tree/.deps/usr"
+d="$tmp/deps_full"
+PATH="$tmp/bin3:$PATH" GPU_CHECK_RESERVE=0 "$tree/tools/gpu_check.sh" --rehearse --out "$d" > "$d.out" 2> "$d.err"
+grep -q '^gpu_check:' "$d.err" && bad "a complete .deps was refused: $(cat "$d.err")"
+t="$d/table.md"
+if [ -f "$t" ]; then
+  has "$t" "| device facts | ok"
+  has "$t" "| configure (sm_90, no OpenBLAS/oneDNN) | FAILED"
+else
+  bad "no table.md after the rehearsal with a complete .deps"
+fi
+grep -qF -- "-DCMAKE_PREFIX_PATH=$tree/.deps/usr -DCMAKE_IGNORE_PREFIX_PATH=/usr" "$tmp/deps_cmake_args" 2>/dev/null ||
+  bad "the rehearsal's CMake was not given .deps with /usr hidden: $(cat "$tmp/deps_cmake_args" 2>/dev/null)"
+
 if [ "$fail" -ne 0 ]; then
-  for f in deadline term kill compare real nocuda quick built; do echo "== $f"; cat "$tmp/$f.out"; done
+  for f in deadline term kill compare real nocuda quick built deps_none deps_part deps_gpu deps_full; do
+    echo "== $f"; cat "$tmp/$f.out"; [ -f "$tmp/$f.err" ] && cat "$tmp/$f.err"
+  done
   exit 1
 fi
-echo "gpu_check: deadline, SIGTERM and SIGKILL behave; the comparison with PyTorch is tabled"
+echo "gpu_check: deadline, SIGTERM and SIGKILL behave; the comparison with PyTorch is tabled;" \
+  "a run without the header-only dependencies stops at once, saying so"

@@ -52,6 +52,10 @@
 # it --deadline 540).
 # --rehearse: steps 1-4 only, for a machine without a GPU: the cost of everything before the
 # first GPU call, printed step by step.
+# Before step 1 the header-only dependencies are looked for: the rehearsal needs all of them in
+# .deps (it hides /usr from CMake, as the GPU machine has no Debian packages), any other run in
+# .deps or under /usr or /usr/local. One missing stops the run at once, exit 1 and nothing under
+# $OUT, with one line on stderr: run tools/gpu_deps.sh, then carry .deps (the device tool's carry).
 # A step that needs a GPU where none is visible is reported "skipped: no GPU", never passed.
 #
 # What comes back (at most 2 files under $OUT; the device tool sets OUT, else ./gpu_check_out):
@@ -74,7 +78,8 @@
 # <col>_<batch> the step is expected to give. A spec with figures makes the run end with the
 # comparison table.
 # GPU_CHECK_FAKE_GPU=1 pretends a GPU is visible for them; GPU_CHECK_RESERVE (default 5) is the
-# time kept after the last step for packing.
+# time kept after the last step for packing; GPU_CHECK_SYSTEM_PREFIXES (default "/usr /usr/local")
+# are where a run other than the rehearsal looks for the dependencies missing from .deps.
 set -uo pipefail
 set -m  # every step is its own process group: a limit or a kill stops the whole of it
 
@@ -96,6 +101,37 @@ done
 [ -n "$OUTROOT" ] || OUTROOT="$PWD/gpu_check_out"
 case "$OUTROOT" in /*) ;; *) OUTROOT="$PWD/$OUTROOT" ;; esac
 cd "$(dirname "$0")/.." || exit 1
+
+# What the configure step needs of the header-only dependencies, relative to a prefix: each
+# package's CMake file and header, as tools/gpu_deps.sh copies them into .deps/usr from the
+# Debian packages (find_package(CLI11, doctest, nlohmann_json), find_path(stb_image.h)).
+DEPS_NEEDED="share/cmake/CLI11/CLI11Config.cmake include/CLI/CLI.hpp
+  lib/cmake/doctest/doctestConfig.cmake include/doctest/doctest.h
+  share/cmake/nlohmann_json/nlohmann_jsonConfig.cmake include/nlohmann/json.hpp include/stb/stb_image.h"
+deps_missing() {  # prefixes: the needed files under none of them
+  local f p missing=""
+  for f in $DEPS_NEEDED; do
+    for p; do [ -f "$p/$f" ] && continue 2; done
+    missing="$missing $f"
+  done
+  echo "${missing# }"
+}
+# Checked before anything runs: without them the configure fails after the machine's start and
+# the first steps have spent the loan. The fake steps configure nothing.
+if [ -z "${GPU_CHECK_FAKE_STEPS:-}" ]; then
+  DEPS_SYSTEM=""
+  [ "$REHEARSE" = 1 ] || DEPS_SYSTEM=${GPU_CHECK_SYSTEM_PREFIXES:-/usr /usr/local}
+  # shellcheck disable=SC2086
+  DEPS_MISSING=$(deps_missing .deps/usr $DEPS_SYSTEM)
+  if [ -n "$DEPS_MISSING" ]; then
+    if [ -d .deps/usr ]; then DEPS_WHY="incomplete (.deps/usr lacks ${DEPS_MISSING// /, }"
+    else DEPS_WHY="missing (no .deps"; fi
+    echo "gpu_check: the header-only dependencies are $DEPS_WHY${DEPS_SYSTEM:+; not under $DEPS_SYSTEM either}):" \
+      "run tools/gpu_deps.sh on a machine with the Debian packages, then carry .deps (the device tool's carry: [\".deps\"])" >&2
+    exit 1
+  fi
+fi
+
 mkdir -p "$OUTROOT" || exit 1
 TABLE="$OUTROOT/table.md"
 ARCHIVE="$OUTROOT/gpu_check_logs.tar.gz"
@@ -337,8 +373,9 @@ step_configure() {
   command -v ninja > /dev/null && gen=(-G Ninja)
   [ -d .deps/usr ] && prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps/usr") note=", .deps used"
   # The rehearsal hides this machine's /usr from find_package and find_path: the header-only
-  # dependencies must then come from .deps alone, as on the GPU machine (no Debian packages).
-  if [ "$REHEARSE" = 1 ] && [ -d .deps/usr ]; then
+  # dependencies must then come from .deps alone (checked complete at the start), as on the
+  # GPU machine (no Debian packages).
+  if [ "$REHEARSE" = 1 ]; then
     ignore=-DCMAKE_IGNORE_PREFIX_PATH=/usr note=", .deps used, /usr ignored"
   fi
   # Release adds -march=native: right here, since the binaries run where they are built.
