@@ -27,6 +27,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <iterator>
@@ -142,9 +143,27 @@ std::vector<A> dense(const Layout& l, const void* p, bool tf32) {
   return v;
 }
 
-// out = alpha * v + beta * out, rounded once to out's type; with beta = 0 out is not read.
+// v rounded to the type t stores.
+template <class A>
+A rounded(A v, cudnnDataType_t t) {
+  if (t == CUDNN_DATA_BFLOAT16) return A(from_bf16(to_bf16(float(v))));
+  if (t == CUDNN_DATA_FLOAT) return A(float(v));
+  return v;
+}
+
+// UNETCU_EMU_CUDNN_ROUND_BEFORE_BLEND=1: a cuDNN that rounds its result to the output's type
+// before it blends it with beta * out (two roundings), where this one blends in the compute
+// type and rounds once. The real cuDNN's rule is not documented; the code must not depend on it.
+bool round_before_blend() {
+  const char* v = std::getenv("UNETCU_EMU_CUDNN_ROUND_BEFORE_BLEND");
+  return v && std::strcmp(v, "1") == 0;
+}
+
+// out = alpha * v + beta * out, rounded once to out's type (or twice, above); with beta = 0 out
+// is not read.
 template <class A>
 void blend(const Layout& l, void* out, const std::vector<A>& v, A alpha, A beta) {
+  const bool twice = beta != A(0) && round_before_blend();
   size_t k = 0;
   for (int64_t i = 0; i < l.n; ++i)
     for (int64_t c = 0; c < l.c; ++c)
@@ -152,6 +171,7 @@ void blend(const Layout& l, void* out, const std::vector<A>& v, A alpha, A beta)
         for (int64_t x = 0; x < l.w; ++x) {
           const int64_t at = l.at(i, c, y, x);
           A r = alpha * v[k++];
+          if (twice) r = rounded(r, l.type);
           if (beta != A(0)) r += beta * load<A>(out, l.type, at);
           store<A>(out, l.type, at, r);
         }
@@ -259,6 +279,21 @@ cudnnStatus_t supports(const Algo& a, const Geo& g) {
   const bool k3 = g.R == 3 && g.S == 3, k5 = g.R == 5 && g.S == 5;
   if ((a.kernels == 3 && !k3) || (a.kernels == 35 && !k3 && !k5))
     return CUDNN_STATUS_NOT_SUPPORTED_SHAPE;
+  return CUDNN_STATUS_SUCCESS;
+}
+
+// UNETCU_EMU_CUDNN_ALIGN8=nhwc (or all): in NHWC (or any) layout, a cuDNN whose tensor-core
+// kernels want input and output channel counts that are multiples of 8, and that has no other
+// kernels for bfloat16 there. A variant (an algorithm with or without tensor cores) outside
+// that is NOT_SUPPORTED: a bfloat16 layer of 3 input channels then has no algorithm at all, and
+// the engine's fallback runs (kernels/cuda/conv.cu).
+cudnnStatus_t variant_supported(const Geo& g, bool tc) {
+  const char* v = std::getenv("UNETCU_EMU_CUDNN_ALIGN8");
+  if (!v) return CUDNN_STATUS_SUCCESS;
+  const bool applies = std::strcmp(v, "all") == 0 || (std::strcmp(v, "nhwc") == 0 && g.nhwc);
+  if (!applies) return CUDNN_STATUS_SUCCESS;
+  if (tc && (g.C % 8 != 0 || g.K % 8 != 0)) return CUDNN_STATUS_NOT_SUPPORTED;
+  if (!tc && g.type == CUDNN_DATA_BFLOAT16) return CUDNN_STATUS_NOT_SUPPORTED;
   return CUDNN_STATUS_SUCCESS;
 }
 
@@ -492,6 +527,7 @@ cudnnStatus_t run(Dir d, const char* call, cudnnHandle_t h, const void* alpha,
   const Algo* a = algo(d, algo_id);
   if (!a) return CUDNN_STATUS_BAD_PARAM;
   if (const cudnnStatus_t st = supports(*a, g)) return st;
+  if (const cudnnStatus_t st = variant_supported(g, tensor_cores(*a, g, conv->math))) return st;
   if (!in1 || !in2 || !out) return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
   double al = 0, be = 0;
   const bool f64 = g.type == CUDNN_DATA_DOUBLE;
@@ -519,6 +555,7 @@ cudnnStatus_t workspace_size(Dir d, cudnnHandle_t h, const cudnnTensorStruct* x,
   const Algo* a = algo(d, algo_id);
   if (!a) return CUDNN_STATUS_BAD_PARAM;
   if (const cudnnStatus_t st = supports(*a, g)) return st;
+  if (const cudnnStatus_t st = variant_supported(g, tensor_cores(*a, g, conv->math))) return st;
   *bytes = workspace_need(d, *a, g);
   return CUDNN_STATUS_SUCCESS;
 }
@@ -561,7 +598,8 @@ cudnnStatus_t search(Dir d, const char* call, cudnnHandle_t h, const cudnnTensor
       p.mathType = tc ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
       p.determinism = a.atomics ? CUDNN_NON_DETERMINISTIC : CUDNN_DETERMINISTIC;
       p.time = -1;
-      if (st == CUDNN_STATUS_SUCCESS) {
+      if (st == CUDNN_STATUS_SUCCESS) p.status = variant_supported(g, tc);
+      if (p.status == CUDNN_STATUS_SUCCESS) {
         p.memory = workspace_need(d, a, g);
         if (p.memory > ws_bytes) {
           p.status = CUDNN_STATUS_BAD_PARAM_SIZE_INSUFFICIENT;

@@ -31,7 +31,13 @@ namespace unetcu_emu {
 namespace {
 
 constexpr int kMaxDevices = 16;
-constexpr size_t kDeviceBytes = size_t(16) << 30;  // what cudaMemGetInfo reports as the total
+// Each device's memory: 16 GiB, or UNETCU_EMU_DEVICE_MEMORY bytes (read at each call, so a
+// test may shrink it for a while). cudaMalloc past it fails as on a GPU of that size.
+size_t device_bytes() {
+  const char* s = std::getenv("UNETCU_EMU_DEVICE_MEMORY");
+  const long long v = s ? std::atoll(s) : 0;
+  return v > 0 ? size_t(v) : size_t(16) << 30;
+}
 
 int device_count() {
   static const int n = [] {
@@ -406,7 +412,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
   *prop = cudaDeviceProp{};
   std::snprintf(prop->name, sizeof prop->name, "CUDA emulator on the CPU (device %d)", device);
-  prop->totalGlobalMem = kDeviceBytes;
+  prop->totalGlobalMem = device_bytes();
   prop->major = 9;
   prop->minor = 0;
   prop->multiProcessorCount = 132;
@@ -473,15 +479,16 @@ const char* cudaGetErrorString(cudaError_t err) {
 }
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   std::lock_guard<std::mutex> lock(g_mem_mutex);
-  *total_bytes = kDeviceBytes;
+  const size_t total = device_bytes();
+  *total_bytes = total;
   const size_t used = g_device_bytes[t_device];
-  *free_bytes = used < kDeviceBytes ? kDeviceBytes - used : 0;
+  *free_bytes = used < total ? total - used : 0;
   return cudaSuccess;
 }
 cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   {
     std::lock_guard<std::mutex> lock(g_mem_mutex);
-    if (g_device_bytes[t_device] + bytes > kDeviceBytes) return fail(cudaErrorMemoryAllocation);
+    if (g_device_bytes[t_device] + bytes > device_bytes()) return fail(cudaErrorMemoryAllocation);
   }
   *ptr = allocate(bytes, t_device);
   return *ptr ? cudaSuccess : fail(cudaErrorMemoryAllocation);
@@ -560,6 +567,13 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   if (const cudaError_t e = no_sync_in_capture(s)) return e;
   s->queue->drain();
   return cudaSuccess;
+}
+// Whether the stream's work so far has all run; inside a capture the capture is invalidated, as
+// CUDA's relaxed mode does for this call.
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  Stream* s = resolve(stream);
+  if (const cudaError_t e = no_sync_in_capture(s)) return e;
+  return s->queue->reached(s->queue->position()) ? cudaSuccess : fail(cudaErrorNotReady);
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
   Stream* s = resolve(stream);

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "runtime/common.h"
+#include "runtime/device.h"
 
 #ifdef UNETCU_WITH_CUDA
 #include <nvtx3/nvToolsExt.h>
@@ -25,7 +26,6 @@ std::vector<ProfileRecord>& store() {
 }
 const auto g_epoch = std::chrono::steady_clock::now();
 thread_local std::string t_track = "main";
-thread_local std::string t_block;
 }  // namespace
 
 void Profiler::enable(bool on) { on_.store(on, std::memory_order_relaxed); }
@@ -52,7 +52,7 @@ ProfileRange::ProfileRange(const char* name, const char* category, double flops,
   active_ = true;
   rec_.name = name;
   rec_.category = category;
-  rec_.block = t_block;
+  rec_.block = current_block_name();
   rec_.track = t_track;
   rec_.flops = flops;
   rec_.bytes = bytes;
@@ -71,9 +71,11 @@ ProfileRange::~ProfileRange() {
   Profiler::add(std::move(rec_));
 }
 
-BlockScope::BlockScope(const std::string& name) : previous_(t_block) { t_block = name; }
-BlockScope::~BlockScope() { t_block = previous_; }
-const std::string& BlockScope::current() { return t_block; }
+BlockScope::BlockScope(const std::string& name) : previous_(current_block_name()) {
+  current_block_name() = name;
+}
+BlockScope::~BlockScope() { current_block_name() = previous_; }
+const std::string& BlockScope::current() { return current_block_name(); }
 
 namespace {
 

@@ -33,7 +33,8 @@ std::string token(const std::string& s) {
 }
 
 std::string choice_text(const ConvAlgoChoice& c) {
-  return str_cat("algo=", c.algo, " math=", c.math_type, " det=", c.deterministic ? 1 : 0);
+  return str_cat("algo=", c.algo, " math=", c.math_type, " det=", c.deterministic ? 1 : 0,
+                 c.provisional ? " provisional=1" : "");
 }
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -67,10 +68,13 @@ bool parse_choice(const std::string& text, ConvAlgoChoice* c) {
   const std::vector<std::string> t = split(text, ' ');
   int det = 0;
   // cuDNN has at most 8 algorithms per direction and 4 math types; a little room for more.
-  if (t.size() != 3 || !parse_field(t[0], "algo", 64, &c->algo) ||
-      !parse_field(t[1], "math", 16, &c->math_type) || !parse_field(t[2], "det", 2, &det))
+  int provisional = 0;
+  if ((t.size() != 3 && t.size() != 4) || !parse_field(t[0], "algo", 64, &c->algo) ||
+      !parse_field(t[1], "math", 16, &c->math_type) || !parse_field(t[2], "det", 2, &det) ||
+      (t.size() == 4 && (!parse_field(t[3], "provisional", 2, &provisional) || provisional != 1)))
     return false;
   c->deterministic = det == 1;
+  c->provisional = provisional == 1;
   return true;
 }
 
@@ -118,7 +122,7 @@ bool parse_conv_algo_cache(const std::string& text, ConvAlgoEntries* entries, st
     const std::vector<std::string> kv = split(lines[i], '\t');
     ConvAlgoChoice c;
     if (kv.size() != 2 || kv[0].compare(0, 6, "cudnn=") != 0 || !parse_choice(kv[1], &c))
-      return fail(str_cat("line ", i + 1, " is not \"<key>\\t algo=N math=N det=0|1\""));
+      return fail(str_cat("line ", i + 1, " is not \"<key>\\t algo=N math=N det=0|1[ provisional=1]\""));
     if (!entries->emplace(kv[0], c).second) return fail(str_cat("line ", i + 1, " repeats a key"));
   }
   return true;
@@ -186,6 +190,11 @@ void ConvAlgoCache::store(const ConvAlgoKey& key, const ConvAlgoChoice& choice) 
   ConvAlgoEntries merged = read_file();
   loaded_ = true;
   for (const auto& [ek, ec] : entries_) merged.emplace(ek, ec);
+  const auto existing = merged.find(k);
+  if (choice.provisional && existing != merged.end() && !existing->second.provisional) {
+    entries_ = merged;  // another process measured it alone meanwhile: that one stays
+    return;
+  }
   merged[k] = choice;
   // Entries of this device from another cuDNN version will never match again: drop them.
   const std::string device = key_field(k, "device"), cc = key_field(k, "cc");

@@ -37,12 +37,16 @@ struct ConvAlgoKey {
 
 // The choice: cuDNN's algorithm and math type enum values, and whether cuDNN reported the
 // algorithm deterministic. The workspace size is asked of cuDNN again when a choice is used.
+// A provisional choice was measured beside other work, or with less workspace than the
+// policy's: a later process searches again when it can search alone (kernels/cuda/conv.cu).
 struct ConvAlgoChoice {
   int algo = 0;
   int math_type = 0;
   bool deterministic = false;
+  bool provisional = false;
   bool operator==(const ConvAlgoChoice& o) const {
-    return algo == o.algo && math_type == o.math_type && deterministic == o.deterministic;
+    return algo == o.algo && math_type == o.math_type && deterministic == o.deterministic &&
+           provisional == o.provisional;
   }
 };
 
@@ -73,7 +77,7 @@ class ConvAlgoCache {
   std::optional<ConvAlgoChoice> find(const ConvAlgoKey& key);
   // Adds the entry and writes the file: what is on disk now (other processes may have added
   // entries), plus this entry, less the entries of this key's device measured with another
-  // cuDNN version. Never throws: a file that cannot be written is a warning, and later stores
+  // cuDNN version. A provisional choice never replaces a final one. Never throws: a file that cannot be written is a warning, and later stores
   // do not try again.
   void store(const ConvAlgoKey& key, const ConvAlgoChoice& choice);
 

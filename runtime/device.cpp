@@ -73,4 +73,9 @@ void set_cpu_threads(int n) {
 
 int cpu_threads() { return omp_get_max_threads(); }
 
+std::string& current_block_name() {
+  thread_local std::string name;
+  return name;
+}
+
 }  // namespace unetcu

@@ -39,4 +39,8 @@ Device resolve_device(const std::string& spec, std::string* note);
 void set_cpu_threads(int n);
 int cpu_threads();
 
+// The model block the calling thread is running ("encoder.layer2"; empty outside one). Set by
+// the engine's BlockScope; kernels name it in their one-off notes (a convolution that falls back).
+std::string& current_block_name();
+
 }  // namespace unetcu

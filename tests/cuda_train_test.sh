@@ -13,11 +13,11 @@
 # GROUP picks the runs, each group its own ctest case (they run side by side under ctest -j):
 # single (float32 with a checkpoint, its resume, prediction from it; three classes on crops
 # and tiled prediction), graphs (bf16 NHWC eager
-# and as a CUDA graph), accumulate (accumulation eager and as a graph), launched (the profile
+# and as a CUDA graph), fallback (bf16 NHWC where the emulated cuDNN refuses unaligned channels), accumulate (accumulation eager and as a graph), launched (the profile
 # and one launched process), dp (two GPUs), mp (the pipeline on one GPU), bench.
 set -u
 group=$1 train=$2 predict=$3 bench=$4 make_data=$5
-case "$group" in single|graphs|accumulate|launched|dp|mp|bench) ;;
+case "$group" in single|graphs|fallback|accumulate|launched|dp|mp|bench) ;;
   *) echo "FAIL: unknown group '$group'"; exit 1 ;; esac
 d=$(mktemp -d)
 trap 'rm -rf "$d"' EXIT
@@ -94,6 +94,31 @@ if [ "$group" = graphs ]; then
     { epochs bf16g; expect bf16g '^strategy: one device, cuda:0, CUDA graphs$' "strategy line"; }
   [ -n "$(losses bf16)" ] && [ "$(losses bf16)" = "$(losses bf16g)" ] ||
     { echo "FAIL: bf16 losses with CUDA graphs differ from eager:"; paste <(losses bf16) <(losses bf16g) | sed 's/^/  /'; fail=1; }
+fi
+if [ "$group" = fallback ]; then
+  # The emulated cuDNN made to refuse what tensor-core kernels may (emulator/README.md): NHWC
+  # layers whose channel counts are not multiples of 8 run in NCHW, one note a layer; with no
+  # algorithm for them in any format, on channels padded to multiples of 8, also replayed as a
+  # CUDA graph. The emulator sums in one order whatever the layout, and zero channels add
+  # nothing: the losses are those of the run that refuses nothing.
+  bf=("${tiny[@]}" --device cuda:0 --precision bf16 --memory-format nhwc --deterministic)
+  run plain "$train" "${bf[@]}" && epochs plain
+  run nchw env UNETCU_EMU_CUDNN_ALIGN8=nhwc "$train" "${bf[@]}" && {
+    epochs nchw
+    expect nchw '^unetcu: the convolution in encoder.stem .*bfloat16 NHWC input 2x3x64x64.*; it runs in NCHW' "no note naming the stem's fallback"
+    n=$(grep -c 'encoder.stem' "$d/nchw.log")
+    [ "$n" = 1 ] || { echo "FAIL: nchw: $n notes name the stem, not 1"; fail=1; }
+  }
+  run padded env UNETCU_EMU_CUDNN_ALIGN8=all "$train" "${bf[@]}" --cuda-graphs && {
+    epochs padded
+    expect padded '^unetcu: the convolution in encoder.stem .*; it runs with channels padded with zeros to 8 in and 8 out' "no note naming the stem's padding"
+    expect padded '^unetcu: the convolution in segmentation_head .*input 2x2x64x64, weight 1x2x3x3.*padded with zeros to 8 in and 8 out' "no note naming the head's padding"
+    expect padded '^strategy: one device, cuda:0, CUDA graphs$' "strategy line"
+  }
+  for r in nchw padded; do
+    [ -n "$(losses plain)" ] && [ "$(losses plain)" = "$(losses $r)" ] ||
+      { echo "FAIL: $r losses differ from the run without fallbacks:"; paste <(losses plain) <(losses $r) | sed 's/^/  /'; fail=1; }
+  done
 fi
 if [ "$group" = accumulate ]; then
   # Two batches accumulated per step, eager and as one graph holding both: the same losses.

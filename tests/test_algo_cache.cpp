@@ -120,7 +120,11 @@ TEST_CASE("the algorithm cache file round-trips, and anything else is refused wh
   ConvAlgoKey other = h200_key();
   other.direction = "bwd_filter";
   e[conv_algo_key_text(other)] = ConvAlgoChoice{5, 0, false};
+  other.direction = "bwd_data";
+  e[conv_algo_key_text(other)] = ConvAlgoChoice{1, 1, true, /*provisional=*/true};
   const std::string text = format_conv_algo_cache(e);
+  CHECK(text.find("\talgo=1 math=1 det=1 provisional=1\n") != std::string::npos);
+  CHECK(text.find("\talgo=5 math=0 det=0\n") != std::string::npos);  // final: as before
   CHECK(text.rfind(std::string(kConvAlgoCacheHeader) + "\n", 0) == 0);
   ConvAlgoEntries back;
   std::string error;
@@ -136,6 +140,8 @@ TEST_CASE("the algorithm cache file round-trips, and anything else is refused wh
         header + line1 + line1,                                  // a key twice
         header + "cudnn=1 x\talgo=1 math=3\n",                   // a field missing
         header + "cudnn=1 x\talgo=1 math=3 det=2\n",             // det not 0/1
+        header + "cudnn=1 x\talgo=1 math=3 det=1 provisional=0\n",  // only provisional=1
+        header + "cudnn=1 x\talgo=1 math=3 det=1 final=1\n",     // another field
         header + "cudnn=1 x\talgo=-1 math=3 det=1\n",            // negative
         header + "cudnn=1 x\talgo=99 math=3 det=1\n",            // no such algorithm
         header + "cudnn=1 x algo=1 math=3 det=1\n",              // no tab
@@ -151,6 +157,34 @@ TEST_CASE("the algorithm cache file round-trips, and anything else is refused wh
   // An empty cache is a header alone.
   REQUIRE(parse_conv_algo_cache(header, &back, &error));
   CHECK(back.empty());
+}
+
+TEST_CASE("a provisional algorithm choice never replaces a final one, and a final one replaces it") {
+  TempDir dir("algo_cache_provisional");
+  const fs::path file = dir.path / "conv_algos.txt";
+  Warnings w;
+  const ConvAlgoChoice final_choice{6, 3, true}, provisional{1, 3, true, true};
+  {
+    ConvAlgoCache first(file.string(), w.sink());
+    first.store(h200_key(), provisional);
+    CHECK(first.find(h200_key()) == provisional);
+    first.store(h200_key(), final_choice);  // searched again alone
+    CHECK(first.find(h200_key()) == final_choice);
+  }
+  ConvAlgoCache later(file.string(), w.sink());
+  CHECK(later.find(h200_key()) == final_choice);
+  {
+    // Another process measured it alone meanwhile; this one's busy search does not undo that.
+    ConvAlgoCache busy(file.string(), w.sink());
+    ConvAlgoKey k = h200_key();
+    k.direction = "bwd_data";
+    busy.store(k, ConvAlgoChoice{0, 3, true, true});
+    busy.store(h200_key(), provisional);
+    CHECK(busy.find(h200_key()) == final_choice);
+    CHECK(busy.find(k) == ConvAlgoChoice{0, 3, true, true});
+  }
+  CHECK(ConvAlgoCache(file.string(), w.sink()).find(h200_key()) == final_choice);
+  CHECK(w.lines.empty());
 }
 
 TEST_CASE("the algorithm cache stores, finds in a new process, and follows the environment") {

@@ -21,6 +21,23 @@
 //    and they sum in float32): the search runs with CUDNN_TENSOR_OP_MATH and the choice runs
 //    with the math type it was measured with, whatever the TF32 setting.
 //
+// When nothing qualifies (tensor-core NHWC kernels want channel counts that are multiples of
+// 8; the stem has 3 input channels, the head 1 output, a narrow model's decoder 2 or 4), the
+// direction falls back, for that layer shape only, and one line on stderr names the model
+// block and what the layer took:
+//  1. the search again under the other math types (cuDNN may list only the descriptor's);
+//  2. an NHWC layer in NCHW: its inputs converted for each call, its output converted back;
+//  3. its channels padded with zeros to multiples of 8, in its own format (zero channels add
+//     nothing to the sums); the output's leading channels taken.
+// Nothing anywhere is an error listing every search's results. The emulator's cuDNN refuses
+// unaligned channels on request (UNETCU_EMU_CUDNN_ALIGN8), so the suite runs both fallbacks.
+//
+// Searches are measured on this process's GPU time only when nothing else of it runs there: a
+// choice made while another of its streams was busy (a second pipeline stage, NCCL, an upload),
+// or with less workspace than the policy's (a quarter of the GPU's memory, at most 1 GiB)
+// while some algorithm needed more, is used for the run and kept on disk as provisional; a
+// later process searches it again when it can do so alone.
+//
 // dtypes and formats: x, w, y (and b) float32, or all bfloat16 (compute type float32, y
 // rounded once by cuDNN). x and y NCHW or NHWC; cuDNN is given the filter in x's format (OHWI
 // with NHWC, the layout its channels-last tensor-core kernels read): a w in the other format
@@ -30,25 +47,32 @@
 // bias is rounded twice, as PyTorch's CUDA path does: once by the convolution, once by the
 // bias add (each kernel computes in float32 and rounds once on store).
 //
-// Gradient rule (cuDNN beta): the weight and bias gradients accumulate when a gradient
-// exists (beta = 1) and are written otherwise (beta = 0); the same holds for the input
-// gradient, which is written (beta = 0) unless the input already has one (e.g. a residual
-// input read by both the block and its downsample conv).
+// Gradient rule (beta): the weight and bias gradients accumulate when a gradient exists
+// (beta = 1) and are written otherwise (beta = 0); the same holds for the input gradient,
+// which is written (beta = 0) unless the input already has one (e.g. a residual input read by
+// both the block and its downsample conv). float32 gradients are blended by cuDNN. What the
+// code relies on of cuDNN for bfloat16: only that a written (beta = 0) output is its float32
+// result rounded once. Whether cuDNN rounds before it blends with beta = 1 is not documented,
+// so a bfloat16 gradient is never accumulated by cuDNN: it writes a scratch, and the convert
+// kernel adds that in float32 and rounds once (conv2d_backward).
 #include <algorithm>
 #include <cstdio>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 
 #include "runtime/algo_cache.h"
 #include "runtime/cuda_api.h"
+#include "runtime/device.h"
 #include "bodies/bf16.h"
 #include "bodies/layout.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/conv_pick.h"
+#include "kernels/cuda/conv_reset.h"
 #include "kernels/cuda/cudnn_util.cuh"
 #include "kernels/launchers.h"
 
@@ -80,6 +104,13 @@ struct Key {
   }
 };
 
+// How a direction runs when cuDNN has no usable algorithm for the layer as it is (the ladder in
+// chosen() below): as it is; converted to NCHW for the call; or with its channels padded to
+// multiples of 8 (zeros), in its own format.
+enum class Route { Direct, Nchw, Padded };
+
+struct Plan;
+
 // One direction's algorithm. Each direction has its own convolution descriptor, set once to the
 // math type its algorithm runs with: plans are shared by every stream of the device, and two
 // streams may run the same plan at once, so nothing in a chosen plan changes afterwards.
@@ -87,6 +118,8 @@ template <class Algo>
 struct Choice {
   ConvDesc conv;
   bool chosen = false;
+  Route route = Route::Direct;
+  Plan* via = nullptr;  // Nchw, Padded: the plan (NCHW, or padded geometry) that runs it
   Algo algo{};
   cudnnMathType_t math = CUDNN_FMA_MATH;
   size_t workspace = 0;
@@ -94,15 +127,20 @@ struct Choice {
 };
 
 struct Plan {
+  ConvGeometry g;
   Data data;
+  std::string layer;      // the model block that made the plan (first of its shape), for notes
   TensorDesc x, y, bias;  // bias: float32 [1, O, 1, 1], for cudnnAddTensor on float32 NCHW
   FilterDesc w;
   Choice<cudnnConvolutionFwdAlgo_t> fwd;
   Choice<cudnnConvolutionBwdDataAlgo_t> bwd_data;
   Choice<cudnnConvolutionBwdFilterAlgo_t> bwd_filter;
   std::mutex search_mutex;  // each direction is chosen once, by its first caller
-  Plan(const ConvGeometry& g, const Data& d)
-      : data(d),
+  unsigned noted = 0;       // the fallbacks a note has named (bits: 1 math, 2 NCHW, 4 padded)
+  Plan(const ConvGeometry& geometry, const Data& d)
+      : g(geometry),
+        data(d),
+        layer(current_block_name()),
         x(g.N, g.C, g.H, g.W, d.type, d.format),
         y(g.N, g.O, g.OH, g.OW, d.type, d.format),
         bias(1, g.O, 1, 1),
@@ -125,6 +163,15 @@ Plan& plan_for(int device, const ConvGeometry& g, const Data& data, bool tf32, b
   auto& slot = plans()[k];
   if (!slot) slot = std::make_unique<Plan>(g, data);
   return *slot;
+}
+
+int64_t pad8(int64_t c) { return (c + 7) / 8 * 8; }
+
+// The geometry with input and output channels padded to multiples of 8.
+ConvGeometry padded_geometry(ConvGeometry g) {
+  g.C = pad8(g.C);
+  g.O = pad8(g.O);
+  return g;
 }
 
 // ---- the directions, each with its cuDNN calls -----------------------------------------
@@ -214,10 +261,23 @@ cudnnMathType_t run_math(const Data& data, bool tf32, int measured) {
   return tensor_cores_allowed(data, tf32) ? cudnnMathType_t(measured) : CUDNN_FMA_MATH;
 }
 
-// The math type the search runs with.
-cudnnMathType_t search_math(const Data& data, bool tf32) {
-  if (data.bf16()) return CUDNN_TENSOR_OP_MATH;
-  return tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+// The math types a search runs with, in order: the first is the usual one; the others are
+// tried when it leaves no usable algorithm (cuDNN may list only the descriptor's math type).
+// float32 with TF32 off has FMA alone: anything else could run TF32.
+std::vector<cudnnMathType_t> search_maths(const Data& data, bool tf32) {
+  if (data.bf16()) return {CUDNN_TENSOR_OP_MATH, CUDNN_DEFAULT_MATH, CUDNN_FMA_MATH};
+  if (tf32) return {CUDNN_DEFAULT_MATH, CUDNN_TENSOR_OP_MATH, CUDNN_FMA_MATH};
+  return {CUDNN_FMA_MATH};
+}
+
+const char* math_name(int m) {
+  switch (m) {
+    case CUDNN_DEFAULT_MATH: return "default";
+    case CUDNN_TENSOR_OP_MATH: return "tensor-core";
+    case CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION: return "tensor-core (conversion allowed)";
+    case CUDNN_FMA_MATH: return "FMA";
+  }
+  return "unknown";
 }
 
 // The dtype field of the on-disk key: "f32" for float32 NCHW (the entries written before
@@ -248,42 +308,74 @@ ConvAlgoKey disk_key(const char* direction, int device, const ConvGeometry& g, c
   return k;
 }
 
-// Workspace the search may use: a quarter of the free memory, at most 1 GiB, fixed per device
-// at its first search so that every later search reuses the same cached block. It comes from
-// the caching allocator (cudaMalloc/cudaFree here would synchronise the device, with NCCL
-// kernels possibly in flight) and is optional: when memory is short the search runs among
-// the algorithms that need less.
+// The search's workspace policy: a quarter of the device's memory, at most 1 GiB. Algorithms
+// that need more are never chosen, on any run: choices made within the policy are final.
+size_t workspace_policy_bytes(int device) {
+  return std::min<size_t>(unetcu::cuda::device_properties(device).totalGlobalMem / 4,
+                          size_t(1) << 30);
+}
+
+// Workspace the search may use: the policy's, or a quarter of the free memory when that is
+// less, fixed per device at its first search so that every later search reuses the same
+// cached block. It comes from the caching allocator (cudaMalloc/cudaFree here would
+// synchronise the device, with NCCL kernels possibly in flight) and is optional: when memory is
+// short the search runs among the algorithms that need less.
+std::mutex g_workspace_mutex;
+std::map<int, size_t> g_workspace_bytes;
+
 size_t search_workspace_bytes(int device) {
-  static std::mutex mu;
-  static std::map<int, size_t> bytes;
-  std::lock_guard<std::mutex> lock(mu);
+  auto& bytes = g_workspace_bytes;
+  std::lock_guard<std::mutex> lock(g_workspace_mutex);
   auto it = bytes.find(device);
   if (it != bytes.end()) return it->second;
   size_t free_b = 0, total_b = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));  // on `device`: the launcher set it
-  return bytes[device] = std::min<size_t>(free_b / 4, size_t(1) << 30);
+  return bytes[device] = std::min<size_t>(free_b / 4, workspace_policy_bytes(device));
 }
 
-// The direction's choice among the search results (conv_pick.h), for this plan's shape.
-template <class D>
-typename D::Perf pick(const typename D::Perf* results, int count, const Data& data, bool tf32,
-                      bool deterministic, const ConvGeometry& g) {
-  const std::string shape = str_cat(dtype_name(data.type), " ", format_name(data.format),
-                                    " input ", g.N, "x", g.C, "x", g.H, "x", g.W, ", weight ", g.O,
-                                    "x", g.C, "x", g.kh, "x", g.kw, " stride ", g.sh, "x", g.sw,
-                                    " padding ", g.ph, "x", g.pw);
-  return pick_result(results, count, tensor_cores_allowed(data, tf32), deterministic, D::kWhat,
-                     shape);
+std::string shape_text(const ConvGeometry& g, const Data& data) {
+  return str_cat(dtype_name(data.type), " ", format_name(data.format), " input ", g.N, "x", g.C,
+                 "x", g.H, "x", g.W, ", weight ", g.O, "x", g.C, "x", g.kh, "x", g.kw, " stride ",
+                 g.sh, "x", g.sw, " padding ", g.ph, "x", g.pw);
 }
 
-// Chooses the direction's algorithm (once per plan): the on-disk cache, else the search.
+// Where a plan was made, for notes: "in encoder.layer2 (and every convolution of its shape)".
+std::string layer_text(const Plan& p) {
+  return p.layer.empty() ? std::string("a convolution")
+                         : str_cat("the convolution in ", p.layer, " (and every one of its shape)");
+}
+
+// Whether some algorithm of the direction needs more workspace than `got`, the search's.
 template <class D>
-void choose(Plan& p, cudnnHandle_t h, int device, const ConvGeometry& g, bool tf32,
-            bool deterministic, const void* in1, const void* in2, void* out) {
+bool needs_more_than(cudnnHandle_t h, Plan& p, size_t got) {
+  for (int a = 0; a < D::kCount; ++a) {
+    size_t need = 0;
+    if (D::workspace(h, p, typename D::Algo(a), &need) == CUDNN_STATUS_SUCCESS && need > got)
+      return true;
+  }
+  return false;
+}
+
+// Chooses the direction's algorithm for the plan as it is (format, channels): the on-disk
+// cache, else the search, under each math type of search_maths in turn. False when nothing
+// usable was found; *tried then says what each search returned.
+//
+// A choice the search made beside other work of this process on the device (another stream
+// busy before or after it: a second pipeline stage, NCCL, an upload), or with less workspace
+// than the policy's while some algorithm needed more, is used for this run but written to the
+// disk cache as provisional: a later process takes it only while it cannot search alone, and
+// searches again when it can.
+template <class D>
+bool choose(Plan& p, cudnnHandle_t h, int device, bool tf32, bool deterministic, const void* in1,
+            const void* in2, void* out, std::string* tried) {
   Choice<typename D::Algo>& c = D::choice(p);
   const Data& data = p.data;
+  const ConvGeometry& g = p.g;
   const ConvAlgoKey key = disk_key(D::kDirection, device, g, data, tf32, deterministic);
-  if (const auto hit = disk_cache().find(key)) {
+  cudaStream_t stream = nullptr;
+  CUDNN_CHECK(cudnnGetStream(h, &stream));
+  const bool busy_before = unetcu::cuda::other_streams_busy(device, stream);
+  if (const auto hit = disk_cache().find(key); hit && (!hit->provisional || busy_before)) {
     // Checked again, not trusted: the file may have been edited, or written by a cuDNN that
     // had other algorithms. Anything doubtful is searched instead.
     const auto algo = typename D::Algo(hit->algo);
@@ -300,10 +392,9 @@ void choose(Plan& p, cudnnHandle_t h, int device, const ConvGeometry& g, bool tf
       c.math = math;
       c.workspace = ws;
       c.chosen = true;
-      return;
+      return true;
     }
   }
-  CUDNN_CHECK(cudnnSetConvolutionMathType(c.conv.d, search_math(data, tf32)));
   const size_t want = search_workspace_bytes(device);
   // Optional: when memory is short, half as much, down to 16 MiB, then none.
   size_t got = want;
@@ -314,54 +405,143 @@ void choose(Plan& p, cudnnHandle_t h, int device, const ConvGeometry& g, bool tf
     ws.reset();
     ws.emplace(device, got, /*optional=*/true);
   }
+  if (!ws->get()) got = 0;
+  const std::string shape = shape_text(g, data);
+  const std::vector<cudnnMathType_t> maths = search_maths(data, tf32);
   std::vector<typename D::Perf> results(size_t(std::max(D::max_count(h), D::kCount)));
-  int n = 0;
-  D::find(h, p, in1, in2, out, results.data(), int(results.size()), &n, ws->get(),
-          ws->get() ? got : 0);
-  const typename D::Perf perf = pick<D>(results.data(), n, data, tf32, deterministic, g);
-  c.algo = perf.algo;
-  c.math = run_math(data, tf32, perf.mathType);
-  CUDNN_CHECK(cudnnSetConvolutionMathType(c.conv.d, c.math));
-  // The workspace for the math type it will run with (FMA where the search measured DEFAULT).
-  size_t need = 0;
-  c.workspace = D::workspace(h, p, c.algo, &need) == CUDNN_STATUS_SUCCESS
-                    ? std::max(perf.memory, need)
-                    : perf.memory;
-  c.chosen = true;
-  // A search that had to do without its workspace (memory was short) may have missed the
-  // fastest algorithm: good for this process, not worth keeping for the next.
-  if ((ws->get() && got == want) || want == 0)
-    disk_cache().store(key, ConvAlgoChoice{int(perf.algo), int(perf.mathType),
-                                           perf.determinism == CUDNN_DETERMINISTIC});
+  for (cudnnMathType_t m : maths) {
+    CUDNN_CHECK(cudnnSetConvolutionMathType(c.conv.d, m));
+    int n = 0;
+    D::find(h, p, in1, in2, out, results.data(), int(results.size()), &n, ws->get(), got);
+    const std::optional<typename D::Perf> perf = find_result(
+        results.data(), n, tensor_cores_allowed(data, tf32), deterministic, D::kWhat, shape);
+    if (!perf) {
+      *tried += str_cat(tried->empty() ? "" : "; ", "searched with ", math_name(m), " math: ",
+                        results_line(results.data(), n));
+      continue;
+    }
+    c.algo = perf->algo;
+    c.math = run_math(data, tf32, perf->mathType);
+    CUDNN_CHECK(cudnnSetConvolutionMathType(c.conv.d, c.math));
+    // The workspace for the math type it will run with (FMA where the search measured DEFAULT).
+    size_t need = 0;
+    c.workspace = D::workspace(h, p, c.algo, &need) == CUDNN_STATUS_SUCCESS
+                      ? std::max(perf->memory, need)
+                      : perf->memory;
+    c.chosen = true;
+    if (m != maths.front() && !(p.noted & 1)) {
+      p.noted |= 1;
+      std::fprintf(stderr, "unetcu: %s: cuDNN has no usable algorithm for %s under %s math; it "
+                   "runs with %s math\n", layer_text(p).c_str(), shape.c_str(),
+                   math_name(maths.front()), math_name(c.math));
+    }
+    const bool busy = busy_before || unetcu::cuda::other_streams_busy(device, stream);
+    const bool capped = got < workspace_policy_bytes(device) && needs_more_than<D>(h, p, got);
+    disk_cache().store(key, ConvAlgoChoice{int(perf->algo), int(perf->mathType),
+                                           perf->determinism == CUDNN_DETERMINISTIC,
+                                           /*provisional=*/busy || capped});
+    return true;
+  }
+  return false;
 }
 
-// The direction's choice, made by the first caller. The search writes its output: `out`, or
-// with `scratch_bytes` a scratch buffer (a backward's real output may hold a gradient that
-// must be accumulated into, not overwritten).
+// A scratch buffer of `bytes` zeros on the current stream: inputs a search runs on when the
+// real ones have another shape (padded channels). Their values only feed timings.
+struct Zeros {
+  unetcu::cuda::DeviceBuffer buffer;
+  Zeros(int device, size_t bytes) : buffer(device, bytes) {
+    if (bytes)
+      CUDA_CHECK(cudaMemsetAsync(buffer.get(), 0, bytes, unetcu::cuda::current_stream(device)));
+  }
+};
+
+// The bytes of the direction's two inputs and its output in a plan.
 template <class D>
-Choice<typename D::Algo>& chosen(Plan& p, cudnnHandle_t h, int device, const ConvGeometry& g,
-                                 bool tf32, bool deterministic, const void* in1, const void* in2,
-                                 void* out, size_t scratch_bytes = 0) {
+void role_bytes(const Plan& p, size_t* in1, size_t* in2, size_t* out) {
+  const ConvGeometry& g = p.g;
+  const size_t e = p.data.bf16() ? 2 : 4;
+  const size_t x = size_t(g.N * g.C * g.H * g.W) * e, y = size_t(g.N * g.O * g.OH * g.OW) * e,
+               w = size_t(g.O * g.C * g.kh * g.kw) * e;
+  if constexpr (std::is_same_v<D, Forward>) *in1 = x, *in2 = w, *out = y;
+  else if constexpr (std::is_same_v<D, BackwardData>) *in1 = w, *in2 = y, *out = x;
+  else *in1 = x, *in2 = y, *out = w;
+}
+
+// The direction's choice, made by the first caller. The search writes a scratch output of the
+// plan's size (a backward's real output may hold a gradient that must be accumulated into,
+// not overwritten). When the layer as it is has no usable algorithm under any math type, the
+// direction falls back, with one note on stderr naming the layer: to NCHW for the call (an
+// NHWC layer), else to channels padded with zeros to multiples of 8 (tensor-core kernels'
+// alignment). Nothing usable anywhere is an error listing every search's results.
+template <class D>
+Choice<typename D::Algo>& chosen(Plan& p, cudnnHandle_t h, int device, bool tf32,
+                                 bool deterministic, const void* in1, const void* in2) {
   std::lock_guard<std::mutex> lock(p.search_mutex);
   Choice<typename D::Algo>& c = D::choice(p);
-  if (!c.chosen) {
-    // The search runs kernels and reads the free memory: not inside a graph capture, whose
-    // warm-up steps choose every algorithm first. A new shape there is an error that says so.
-    cudaStream_t stream = nullptr;
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    if (cudnnGetStream(h, &stream) == CUDNN_STATUS_SUCCESS &&
-        cudaStreamIsCapturing(stream, &capturing) == cudaSuccess &&
-        capturing != cudaStreamCaptureStatusNone)
-      throw Error(str_cat("a ", D::kWhat, " of a shape not seen in the eager steps (input ", g.N,
-                          "x", g.C, "x", g.H, "x", g.W, ", weight ", g.O, "x", g.C, "x", g.kh, "x",
-                          g.kw, ") came up while capturing a CUDA graph: its algorithm must be "
-                          "chosen before the capture"));
-    unetcu::cuda::DeviceBuffer scratch(device, scratch_bytes);
-    choose<D>(p, h, device, g, tf32, deterministic, in1, in2, scratch_bytes ? scratch.get() : out);
+  if (c.chosen) return c;  // not changed again: read without the lock from here on
+  // The search runs kernels and reads the free memory: not inside a graph capture, whose
+  // warm-up steps choose every algorithm first. A new shape there is an error that says so.
+  const ConvGeometry& g = p.g;
+  cudaStream_t stream = nullptr;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (cudnnGetStream(h, &stream) == CUDNN_STATUS_SUCCESS &&
+      cudaStreamIsCapturing(stream, &capturing) == cudaSuccess &&
+      capturing != cudaStreamCaptureStatusNone)
+    throw Error(str_cat("a ", D::kWhat, " of a shape not seen in the eager steps (input ", g.N,
+                        "x", g.C, "x", g.H, "x", g.W, ", weight ", g.O, "x", g.C, "x", g.kh, "x",
+                        g.kw, ") came up while capturing a CUDA graph: its algorithm must be "
+                        "chosen before the capture"));
+  size_t b1 = 0, b2 = 0, bo = 0;
+  role_bytes<D>(p, &b1, &b2, &bo);
+  std::string tried;
+  {
+    unetcu::cuda::DeviceBuffer out(device, bo);
+    if (choose<D>(p, h, device, tf32, deterministic, in1, in2, out.get(), &tried)) return c;
   }
-  return c;  // not changed again: read without the lock from here on
+  const auto take = [&](Plan& q, Route route, const void* q1, const void* q2, size_t qo) {
+    std::lock_guard<std::mutex> qlock(q.search_mutex);
+    Choice<typename D::Algo>& qc = D::choice(q);
+    std::string q_tried;
+    if (qc.chosen && qc.route != Route::Direct) return false;  // that layer falls back itself
+    if (!qc.chosen) {
+      unetcu::cuda::DeviceBuffer out(device, qo);
+      if (!choose<D>(q, h, device, tf32, deterministic, q1, q2, out.get(), &q_tried)) {
+        tried += str_cat("; as ", route == Route::Nchw ? "NCHW" : "padded", ": ", q_tried);
+        return false;
+      }
+    }
+    c.route = route;
+    c.via = &q;
+    c.chosen = true;
+    const unsigned bit = route == Route::Nchw ? 2 : 4;
+    if (!(p.noted & bit)) {  // one line per layer shape and fallback, whichever direction
+      p.noted |= bit;
+      std::fprintf(stderr, "unetcu: %s: cuDNN has no usable algorithm for %s; it runs %s\n",
+                   layer_text(p).c_str(), shape_text(g, p.data).c_str(),
+                   route == Route::Nchw ? "in NCHW, converted for each call"
+                                        : str_cat("with channels padded with zeros to ", q.g.C,
+                                                  " in and ", q.g.O, " out").c_str());
+    }
+    return true;
+  };
+  // The same bytes in NCHW: the search may run on the inputs as they are (values only time).
+  if (p.data.format == MemoryFormat::NHWC &&
+      take(plan_for(device, g, Data{p.data.type, MemoryFormat::NCHW}, tf32, deterministic),
+           Route::Nchw, in1, in2, bo))
+    return c;
+  const ConvGeometry pg = padded_geometry(g);
+  if (pg.C != g.C || pg.O != g.O) {
+    Plan& q = plan_for(device, pg, p.data, tf32, deterministic);
+    size_t q1 = 0, q2 = 0, qo = 0;
+    role_bytes<D>(q, &q1, &q2, &qo);
+    const Zeros z1(device, q1), z2(device, q2);
+    if (take(q, Route::Padded, z1.buffer.get(), z2.buffer.get(), qo)) return c;
+  }
+  throw Error(str_cat("cuDNN found no usable ", D::kWhat, " algorithm for ", shape_text(g, p.data),
+                      deterministic ? " among the deterministic ones" : "",
+                      tensor_cores_allowed(p.data, tf32) ? "" : " without tensor-core math",
+                      ", in NCHW or with padded channels either (", tried, ")"));
 }
-
 
 // ---- bias: add and gradient for any dtype and format -----------------------------------
 
@@ -441,9 +621,87 @@ struct InFormat {
   }
 };
 
+// Device memory for a tensor of `shape` like t (dtype, device) in `format`, held for the call.
+struct Scratch {
+  unetcu::cuda::DeviceBuffer buffer;
+  TensorRef ref;
+  Scratch(const TensorRef& like, const Shape& shape, MemoryFormat format, int device)
+      : buffer(device, size_t(shape[0] * shape[1] * shape[2] * shape[3]) * dtype_size(like.dtype())),
+        ref(buffer.get(), like.dtype(), like.device(), shape, format) {}
+};
+
+// The first n rows (outermost dimension) of t: a view.
+TensorRef rows(const TensorRef& t, int64_t n) {
+  Shape s = t.shape();
+  s[0] = n;
+  return TensorRef(t.raw(), t.dtype(), t.device(), s, t.format());
+}
+
+// t [n, c, h, w] with zeros up to [n_to, c_to, h, w], in t's format (the padded route).
+struct PaddedCopy : Scratch {
+  PaddedCopy(const TensorRef& t, int64_t n_to, int64_t c_to, int device)
+      : Scratch(t, {n_to, c_to, t.dim(2), t.dim(3)}, t.format(), device) {
+    CUDA_CHECK(cudaMemsetAsync(ref.raw(), 0, ref.nbytes(), unetcu::cuda::current_stream(device)));
+    concat_forward_part(t, rows(ref, t.dim(0)), 0);
+  }
+};
+
+// dst (written, or accumulated by beta in float32 and rounded once) = src, where src is dst in
+// any format, or dst with more rows and channels (the padded route: its leading ones count).
+void put(const TensorRef& src, const TensorRef& dst, double beta, int device) {
+  if (src.shape() == dst.shape()) {
+    convert(src, dst, beta);
+    return;
+  }
+  const TensorRef lead = rows(src, dst.dim(0));
+  if (src.format() == dst.format()) {
+    concat_backward_part(lead, dst, 0, beta);
+    return;
+  }
+  Scratch tmp(dst, dst.shape(), src.format(), device);
+  concat_backward_part(lead, tmp.ref, 0, 0);
+  convert(tmp.ref, dst, beta);
+}
+
 bool float32_nchw(const Data& d) { return d.type == DType::F32 && d.format == MemoryFormat::NCHW; }
 
+// Each direction on a plan whose choice for it runs directly, the output written (beta 0) or
+// blended by cuDNN.
+void run_forward(cudnnHandle_t h, Plan& q, const TensorRef& x, const TensorRef& w,
+                 const TensorRef& y, int dev) {
+  const auto& c = q.fwd;
+  unetcu::cuda::DeviceBuffer ws(dev, c.workspace);
+  const float one = 1, zero = 0;
+  CUDNN_CHECK(cudnnConvolutionForward(h, &one, q.x.d, x.raw(), q.w.d, w.raw(), c.conv.d, c.algo,
+                                      ws.get(), c.workspace, &zero, q.y.d, y.raw()));
+}
+void run_backward_filter(cudnnHandle_t h, Plan& q, const TensorRef& x, const TensorRef& gy,
+                         const TensorRef& gw, float beta, int dev) {
+  const auto& c = q.bwd_filter;
+  unetcu::cuda::DeviceBuffer ws(dev, c.workspace);
+  const float one = 1;
+  CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, q.x.d, x.raw(), q.y.d, gy.raw(), c.conv.d,
+                                             c.algo, ws.get(), c.workspace, &beta, q.w.d, gw.raw()));
+}
+void run_backward_data(cudnnHandle_t h, Plan& q, const TensorRef& w, const TensorRef& gy,
+                       const TensorRef& gx, float beta, int dev) {
+  const auto& c = q.bwd_data;
+  unetcu::cuda::DeviceBuffer ws(dev, c.workspace);
+  const float one = 1;
+  CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, q.w.d, w.raw(), q.y.d, gy.raw(), c.conv.d,
+                                           c.algo, ws.get(), c.workspace, &beta, q.x.d, gx.raw()));
+}
+
 }  // namespace
+
+void forget_conv_plans() {
+  {
+    std::lock_guard<std::mutex> lock(g_plans_mutex);
+    plans().clear();
+  }
+  std::lock_guard<std::mutex> lock(g_workspace_mutex);
+  g_workspace_bytes.clear();
+}
 
 void conv2d_forward(const TensorRef& x, const TensorRef& w, const TensorRef& b, const TensorRef& y,
                     const ConvGeometry& g) {
@@ -453,19 +711,31 @@ void conv2d_forward(const TensorRef& x, const TensorRef& w, const TensorRef& b, 
   const Data data{x.dtype(), x.format()};
   Plan& p = plan_for(dev, g, data, tf32, det);
   const InFormat wx(w, x.format(), dev, true);  // the filter in x's format
-  const float one = 1, zero = 0;
+  bool bias_added = false;
   {
     unetcu::cuda::CudnnLock h(dev);
-    // The search writes y, which this call overwrites anyway.
-    auto& c = chosen<Forward>(p, h.handle(), dev, g, tf32, det, x.raw(), wx.ref.raw(), y.raw());
-    unetcu::cuda::DeviceBuffer ws(dev, c.workspace);
-    CUDNN_CHECK(cudnnConvolutionForward(h.handle(), &one, p.x.d, x.raw(), p.w.d, wx.ref.raw(),
-                                        c.conv.d, c.algo, ws.get(), c.workspace, &zero, p.y.d,
-                                        y.raw()));
-    if (b.defined() && float32_nchw(data))
-      CUDNN_CHECK(cudnnAddTensor(h.handle(), &one, p.bias.d, b.raw(), &one, p.y.d, y.raw()));
+    auto& c = chosen<Forward>(p, h.handle(), dev, tf32, det, x.raw(), wx.ref.raw());
+    if (c.route == Route::Direct) {
+      run_forward(h.handle(), p, x, wx.ref, y, dev);
+      if (b.defined() && float32_nchw(data)) {
+        const float one = 1;
+        CUDNN_CHECK(cudnnAddTensor(h.handle(), &one, p.bias.d, b.raw(), &one, p.y.d, y.raw()));
+        bias_added = true;
+      }
+    } else if (c.route == Route::Nchw) {
+      const InFormat xn(x, MemoryFormat::NCHW, dev, true), wn(w, MemoryFormat::NCHW, dev, true);
+      Scratch yn(y, y.shape(), MemoryFormat::NCHW, dev);
+      run_forward(h.handle(), *c.via, xn.ref, wn.ref, yn.ref, dev);
+      convert(yn.ref, y, 0);
+    } else {
+      const ConvGeometry& q = c.via->g;
+      const PaddedCopy xp(x, g.N, q.C, dev), wp(wx.ref, q.O, q.C, dev);
+      Scratch yp(y, {g.N, q.O, g.OH, g.OW}, y.format(), dev);
+      run_forward(h.handle(), *c.via, xp.ref, wp.ref, yp.ref, dev);
+      put(yp.ref, y, 0, dev);
+    }
   }
-  if (b.defined() && !float32_nchw(data)) {
+  if (b.defined() && !bias_added) {
     const int64_t n = y.numel();
     UNETCU_DISPATCH_STORAGE(y.dtype(), S, {
       with_index_type(n, [&](auto index) {
@@ -478,6 +748,12 @@ void conv2d_forward(const TensorRef& x, const TensorRef& w, const TensorRef& b, 
   CUDA_CHECK_LAUNCH(l.stream, "conv2d_forward");
 }
 
+// Accumulation (beta = 1) into a bfloat16 gradient is never left to cuDNN: whether it rounds
+// its result to bfloat16 before it blends (two roundings) or blends in float32 (one) is not
+// documented, and the two differ. cuDNN writes into a scratch (beta = 0, rounded once) and
+// the convert kernel adds that to the gradient in float32 and rounds once: the same two
+// roundings, on every cuDNN, as PyTorch's autograd (a bfloat16 gradient summed with a
+// bfloat16 gradient). float32 gradients are blended by cuDNN.
 void conv2d_backward(const TensorRef& grad_y, const TensorRef& x, const TensorRef& w,
                      const TensorRef& grad_x, double beta_x, const TensorRef& grad_w, double beta_w,
                      const TensorRef& grad_b, double beta_b, const ConvGeometry& g) {
@@ -486,12 +762,7 @@ void conv2d_backward(const TensorRef& grad_y, const TensorRef& x, const TensorRe
   const bool tf32 = unetcu::cuda::allow_tf32(), det = unetcu::cuda::deterministic();
   const Data data{x.dtype(), x.format()};
   Plan& p = plan_for(dev, g, data, tf32, det);
-  // The filter, and the filter gradient, in x's format. A grad_w in the other format is
-  // copied into x's format when it is accumulated into (beta_w = 1), cuDNN writes or
-  // accumulates there (one rounding), and the result is copied back (a layout change only).
-  const InFormat wx(grad_x.defined() ? w : TensorRef(), x.format(), dev, true);
-  const InFormat gwx(grad_w, x.format(), dev, beta_w != 0);
-  const bool gw_converted = gwx.copy != nullptr;
+  const InFormat wx(grad_x.defined() ? w : TensorRef(), x.format(), dev, true);  // in x's format
   const float one = 1;
   {
     unetcu::cuda::CudnnLock h(dev);
@@ -505,25 +776,54 @@ void conv2d_backward(const TensorRef& grad_y, const TensorRef& x, const TensorRe
       }
     }
     if (grad_w.defined()) {
-      auto& c = chosen<BackwardFilter>(p, h.handle(), dev, g, tf32, det, x.raw(), grad_y.raw(),
-                                       nullptr, w.nbytes());
-      unetcu::cuda::DeviceBuffer ws(dev, c.workspace);
-      const float bw = float(beta_w);
-      CUDNN_CHECK(cudnnConvolutionBackwardFilter(h.handle(), &one, p.x.d, x.raw(), p.y.d,
-                                                 grad_y.raw(), c.conv.d, c.algo, ws.get(),
-                                                 c.workspace, &bw, p.w.d, gwx.ref.raw()));
+      auto& c = chosen<BackwardFilter>(p, h.handle(), dev, tf32, det, x.raw(), grad_y.raw());
+      const Shape ws = {g.O, g.C, g.kh, g.kw};
+      if (c.route == Route::Direct) {
+        // cuDNN writes the filter gradient in x's format.
+        if (grad_w.format() == x.format() && !(data.bf16() && beta_w != 0)) {
+          run_backward_filter(h.handle(), p, x, grad_y, grad_w, float(beta_w), dev);
+        } else {
+          Scratch s(grad_w, ws, x.format(), dev);
+          run_backward_filter(h.handle(), p, x, grad_y, s.ref, 0, dev);
+          put(s.ref, grad_w, beta_w, dev);
+        }
+      } else if (c.route == Route::Nchw) {
+        const InFormat xn(x, MemoryFormat::NCHW, dev, true), gyn(grad_y, MemoryFormat::NCHW, dev, true);
+        Scratch s(grad_w, ws, MemoryFormat::NCHW, dev);
+        run_backward_filter(h.handle(), *c.via, xn.ref, gyn.ref, s.ref, 0, dev);
+        put(s.ref, grad_w, beta_w, dev);
+      } else {
+        const ConvGeometry& q = c.via->g;
+        const PaddedCopy xp(x, g.N, q.C, dev), gyp(grad_y, g.N, q.O, dev);
+        Scratch s(grad_w, {q.O, q.C, g.kh, g.kw}, x.format(), dev);
+        run_backward_filter(h.handle(), *c.via, xp.ref, gyp.ref, s.ref, 0, dev);
+        put(s.ref, grad_w, beta_w, dev);
+      }
     }
     if (grad_x.defined()) {
-      auto& c = chosen<BackwardData>(p, h.handle(), dev, g, tf32, det, wx.ref.raw(), grad_y.raw(),
-                                     nullptr, x.nbytes());
-      unetcu::cuda::DeviceBuffer ws(dev, c.workspace);
-      const float bx = float(beta_x);
-      CUDNN_CHECK(cudnnConvolutionBackwardData(h.handle(), &one, p.w.d, wx.ref.raw(), p.y.d,
-                                               grad_y.raw(), c.conv.d, c.algo, ws.get(),
-                                               c.workspace, &bx, p.x.d, grad_x.raw()));
+      auto& c = chosen<BackwardData>(p, h.handle(), dev, tf32, det, wx.ref.raw(), grad_y.raw());
+      if (c.route == Route::Direct) {
+        if (!(data.bf16() && beta_x != 0)) {
+          run_backward_data(h.handle(), p, wx.ref, grad_y, grad_x, float(beta_x), dev);
+        } else {
+          Scratch s(grad_x, grad_x.shape(), x.format(), dev);
+          run_backward_data(h.handle(), p, wx.ref, grad_y, s.ref, 0, dev);
+          put(s.ref, grad_x, beta_x, dev);
+        }
+      } else if (c.route == Route::Nchw) {
+        const InFormat wn(w, MemoryFormat::NCHW, dev, true), gyn(grad_y, MemoryFormat::NCHW, dev, true);
+        Scratch s(grad_x, grad_x.shape(), MemoryFormat::NCHW, dev);
+        run_backward_data(h.handle(), *c.via, wn.ref, gyn.ref, s.ref, 0, dev);
+        put(s.ref, grad_x, beta_x, dev);
+      } else {
+        const ConvGeometry& q = c.via->g;
+        const PaddedCopy wp(wx.ref, q.O, q.C, dev), gyp(grad_y, g.N, q.O, dev);
+        Scratch s(grad_x, {g.N, q.C, g.H, g.W}, x.format(), dev);
+        run_backward_data(h.handle(), *c.via, wp.ref, gyp.ref, s.ref, 0, dev);
+        put(s.ref, grad_x, beta_x, dev);
+      }
     }
   }
-  if (gw_converted) convert(gwx.ref, grad_w, 0);
   CUDA_CHECK_LAUNCH(l.stream, "conv2d_backward");
 }
 

@@ -10,11 +10,13 @@
 //    header marks as accumulating with atomics, and no FFT or Winograd variant (their rounding
 //    differs most from the direct sum) while any other result qualifies; when none does, a
 //    deterministic FFT or Winograd result is taken, with a note on stderr;
-//  - nothing usable: an error naming the direction, the shape and every result.
+//  - nothing usable: none (find_result; conv.cu then falls back), or an error naming the
+//    direction, the shape and every result (pick_result).
 #pragma once
 #include <cudnn.h>
 
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "runtime/common.h"
@@ -67,11 +69,11 @@ std::string results_line(const Perf* results, int count) {
   return s.empty() ? "none" : s;
 }
 
-// The result to take among `count` results (the rules above). `what` names the direction
-// ("forward convolution"), `shape` the convolution, for the note and the error.
+// The result to take among `count` results (the rules above), or none. `what` names the
+// direction ("forward convolution"), `shape` the convolution, for the note.
 template <class Perf>
-Perf pick_result(const Perf* results, int count, bool tensor_cores_allowed, bool deterministic,
-                 const char* what, const std::string& shape) {
+std::optional<Perf> find_result(const Perf* results, int count, bool tensor_cores_allowed,
+                                bool deterministic, const char* what, const std::string& shape) {
   const auto first = [&](bool allow_fft_winograd) -> const Perf* {
     for (int i = 0; i < count; ++i) {
       const Perf& r = results[i];
@@ -90,12 +92,20 @@ Perf pick_result(const Perf* results, int count, bool tensor_cores_allowed, bool
                  "unetcu: no deterministic %s algorithm without FFT or Winograd for %s; using "
                  "deterministic algorithm %d (its rounding differs)\n",
                  what, shape.c_str(), int(chosen->algo));
-  if (!chosen)
-    throw Error(str_cat("cuDNN found no usable ", what, " algorithm for ", shape,
-                        deterministic ? " among the deterministic ones" : "",
-                        tensor_cores_allowed ? "" : " without tensor-core math",
-                        " (search results: ", results_line(results, count), ")"));
+  if (!chosen) return std::nullopt;
   return *chosen;
+}
+
+// find_result, or an error naming the direction, the shape and every result.
+template <class Perf>
+Perf pick_result(const Perf* results, int count, bool tensor_cores_allowed, bool deterministic,
+                 const char* what, const std::string& shape) {
+  if (const auto r = find_result(results, count, tensor_cores_allowed, deterministic, what, shape))
+    return *r;
+  throw Error(str_cat("cuDNN found no usable ", what, " algorithm for ", shape,
+                      deterministic ? " among the deterministic ones" : "",
+                      tensor_cores_allowed ? "" : " without tensor-core math",
+                      " (search results: ", results_line(results, count), ")"));
 }
 
 }  // namespace unetcu::kernels::cuda

@@ -1,11 +1,13 @@
 // The CUDA runtime of the engine: device count, contexts and streams, cuDNN handles, the
 // caching device allocator, pinned host memory, copies, and the error reporting behind the
 // check macros.
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <optional>
 #include <utility>
@@ -743,15 +745,58 @@ Graph& Graph::operator=(Graph&&) noexcept = default;
 
 // ---- streams and events (runtime/cuda_api.h) -------------------------------------------
 
+namespace {
+// Every live Stream, by device: what other_streams_busy looks at.
+struct StreamRegistry {
+  std::mutex mu;
+  std::vector<cudaStream_t> streams[kMaxDevices];
+};
+StreamRegistry& stream_registry() {
+  static auto* r = new StreamRegistry();  // never destroyed: streams may outlive main
+  return *r;
+}
+}  // namespace
+
+bool other_streams_busy(int device, cudaStream_t except) {
+  check_device_index(device);
+  StreamRegistry& r = stream_registry();
+  std::lock_guard<std::mutex> lock(r.mu);  // no stream is destroyed while it is queried
+  QuietDeviceGuard g(device);
+  for (cudaStream_t s : r.streams[device]) {
+    if (s == except) continue;
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    // A capturing stream is busy, and must not be queried (that would end its capture).
+    if (cudaStreamIsCapturing(s, &capturing) != cudaSuccess || capturing != cudaStreamCaptureStatusNone) {
+      cudaGetLastError();
+      return true;
+    }
+    const cudaError_t st = cudaStreamQuery(s);
+    if (st != cudaSuccess) {
+      cudaGetLastError();  // cudaErrorNotReady is an answer, not an error
+      return true;
+    }
+  }
+  return false;
+}
+
 // Destructors must not throw: they switch devices with unchecked calls.
 Stream::Stream(int device) : device_(device) {
   check_device_index(device);
   DeviceGuard g(device);
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  StreamRegistry& r = stream_registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.streams[device].push_back(stream_);
 }
 Stream::~Stream() {
   if (!stream_) return;
   QuietDeviceGuard g(device_);
+  {
+    StreamRegistry& r = stream_registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    auto& v = r.streams[device_];
+    v.erase(std::remove(v.begin(), v.end(), stream_), v.end());
+  }
   cudaStreamSynchronize(stream_);
   release_cudnn_handle(device_, stream_);
   // Blocks still alive that this stream used (on any device: a peer copy reads one device's

@@ -95,6 +95,11 @@ cudaStream_t current_stream(int device);
 // The device's properties, read once (cudaGetDeviceProperties is slow).
 const cudaDeviceProp& device_properties(int device);
 
+// Whether a stream of `device` that this process made, other than `except`, has work queued or
+// running, or is being captured. Work of other processes on the GPU is not seen. A convolution
+// search measured while this is true timed its candidates beside other work.
+bool other_streams_busy(int device, cudaStream_t except);
+
 // The cuDNN handle of the calling thread's current stream on `device`, held (under its own
 // mutex) for the lock's lifetime. Each (device, stream) has its own handle, created on first
 // use and bound to the stream once: two pipeline stages on one GPU, each on its own stream, do

@@ -31,6 +31,7 @@
 #include "engine/optim.h"
 #include "engine/random.h"
 #include "engine/tape.h"
+#include "kernels/cuda/conv_reset.h"
 #include "kernels/launchers.h"
 #include "models/unet.h"
 #include "parallel/data_parallel.h"
@@ -787,6 +788,118 @@ TEST_CASE("deterministic convolutions give the same bits twice, and their choice
 
 using unetcu::testing::OpenAtExit;
 using unetcu::testing::StreamGate;
+
+namespace {
+
+// The on-disk choices of the three directions of the convolutions whose key holds `shape`
+// ("x=3x24x20x20 w=24x24x3x3"): how many, and how many of them are provisional.
+struct DiskChoices {
+  int entries = 0, provisional = 0;
+};
+DiskChoices disk_choices(const std::string& shape) {
+  DiskChoices d;
+  const std::string path = default_conv_algo_cache_path();
+  std::ifstream in(path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  ConvAlgoEntries entries;
+  std::string error;
+  if (!parse_conv_algo_cache(text.str(), &entries, &error)) return d;
+  for (const auto& [key, choice] : entries)
+    if (key.find(shape) != std::string::npos) {
+      ++d.entries;
+      d.provisional += choice.provisional;
+    }
+  return d;
+}
+
+// A forward and backward convolution of x [n, c, s, s] with a c x c 3x3 filter, on cuda:0.
+void conv_step(int64_t n, int64_t c, int64_t s) {
+  Rng rng(5);
+  Tensor x = gpu(random64({n, c, s, s}, rng)).set_requires_grad(true);
+  Tensor w = gpu(random64({c, c, 3, 3}, rng)).set_requires_grad(true);
+  Tape tape;
+  Tensor y;
+  {
+    TapeScope scope(tape);
+    y = conv2d(x, w, Tensor(), 1, 1);
+  }
+  tape.backward({y}, {gpu(random64(y.shape(), rng))});
+  cuda::synchronize(0);
+}
+
+struct EnvScope {
+  std::string name;
+  EnvScope(const char* n, const char* value) : name(n) { setenv(n, value, 1); }
+  ~EnvScope() { unsetenv(name.c_str()); }
+};
+
+}  // namespace
+
+// A search timed beside other work of the process (another stream of the GPU busy: a second
+// pipeline stage, NCCL, an upload) is used for the run and kept as provisional; the next
+// process, alone on the GPU, searches again and keeps its choice for good; a final choice is
+// never replaced by a provisional one.
+TEST_CASE("convolution choices searched beside other work are provisional, and searched again alone") {
+  Setup setup;
+  if (default_conv_algo_cache_path().empty()) return;  // turned off by the environment
+  const std::string shape = "x=3x24x20x20 w=24x24x3x3";
+  {
+    StreamGate gate;
+    cuda::Stream busy(0);
+    OpenAtExit open_at_exit{gate};
+    gate.hold(busy);
+    kernels::cuda::forget_conv_plans();
+    conv_step(3, 24, 20);
+  }
+  DiskChoices d = disk_choices(shape);
+  CHECK(d.entries == 3);
+  CHECK(d.provisional == 3);
+  kernels::cuda::forget_conv_plans();  // a new process, nothing else on the GPU
+  conv_step(3, 24, 20);
+  d = disk_choices(shape);
+  CHECK(d.entries == 3);
+  CHECK(d.provisional == 0);
+  {
+    StreamGate gate;
+    cuda::Stream busy(0);
+    OpenAtExit open_at_exit{gate};
+    gate.hold(busy);
+    kernels::cuda::forget_conv_plans();  // busy again: the final choices are taken as they are
+    conv_step(3, 24, 20);
+  }
+  d = disk_choices(shape);
+  CHECK(d.entries == 3);
+  CHECK(d.provisional == 0);
+}
+
+// A search that got less workspace than the policy's (a quarter of the GPU's memory, at most
+// 1 GiB) while some algorithm needed more, because memory was short, is provisional too.
+TEST_CASE("convolution choices searched with memory short of the workspace policy are provisional") {
+  Setup setup;
+  if (default_conv_algo_cache_path().empty()) return;
+#ifdef UNETCU_CUDA_EMU
+  const std::string shape = "x=1x32x64x64 w=32x32x3x3";
+  {
+    // An emulated GPU of 96 MiB: the search gets under 24 MiB; the FFT algorithms of this
+    // shape want about 38 MB.
+    const EnvScope small("UNETCU_EMU_DEVICE_MEMORY", std::to_string(size_t(96) << 20).c_str());
+    cuda::release_device_cache(0);  // what earlier cases of this process left cached
+    kernels::cuda::forget_conv_plans();
+    conv_step(1, 32, 64);
+  }
+  DiskChoices d = disk_choices(shape);
+  CHECK(d.entries == 3);
+  CHECK(d.provisional >= 1);  // the directions whose algorithms wanted more
+  kernels::cuda::forget_conv_plans();
+  conv_step(1, 32, 64);
+  d = disk_choices(shape);
+  CHECK(d.entries == 3);
+  CHECK(d.provisional == 0);
+#else
+  MESSAGE("the emulated GPU's memory is what this case shrinks; a real GPU's is not");
+#endif
+}
 
 TEST_CASE("the caching allocator hands a block to another stream, or the host, only after its work") {
   Setup setup;
