@@ -162,8 +162,8 @@ bool round_before_blend() {
 // out = alpha * v + beta * out, rounded once to out's type (or twice, above); with beta = 0 out
 // is not read.
 template <class A>
-void blend(const Layout& l, void* out, const std::vector<A>& v, A alpha, A beta) {
-  const bool twice = beta != A(0) && round_before_blend();
+void blend(const Layout& l, void* out, const std::vector<A>& v, A alpha, A beta, bool round_first) {
+  const bool twice = beta != A(0) && round_first;
   size_t k = 0;
   for (int64_t i = 0; i < l.n; ++i)
     for (int64_t c = 0; c < l.c; ++c)
@@ -506,14 +506,14 @@ void roles_data(Dir d, cudnnHandle_t h, const Roles& r, const void* in1, const v
 
 template <class A>
 void compute(Dir d, const Geo& g, const Roles& r, const void* in1, const void* in2, void* out,
-             bool tc, bool atomics, A alpha, A beta) {
+             bool tc, bool atomics, A alpha, A beta, bool round_first) {
   const bool tf32 = tc && g.type == CUDNN_DATA_FLOAT;
   const std::vector<A> a = dense<A>(r.in1, in1, tf32), b = dense<A>(r.in2, in2, tf32);
   const unsigned start = atomics ? g_atomics_order.fetch_add(1) : 0;
   std::vector<A> v = d == kFwd       ? forward(g, a, b)
                      : d == kBwdData ? backward_data(g, a, b, start)
                                      : backward_filter(g, a, b, start);
-  blend<A>(r.out, out, v, alpha, beta);
+  blend<A>(r.out, out, v, alpha, beta, round_first);
 }
 
 cudnnStatus_t run(Dir d, const char* call, cudnnHandle_t h, const void* alpha,
@@ -537,12 +537,13 @@ cudnnStatus_t run(Dir d, const char* call, cudnnHandle_t h, const void* alpha,
   const Roles r = roles(d, x, w, y);
   roles_data(d, h, r, in1, in2, out, call);
   const bool tc = tensor_cores(*a, g, conv->math), atomics = a->atomics;
+  const bool round_first = round_before_blend();  // read here, not on the stream's thread
   return queue(h, [=] {
     if (need) std::memset(ws, 0xA5, need);
     if (f64)
-      compute<double>(d, g, r, in1, in2, out, tc, atomics, al, be);
+      compute<double>(d, g, r, in1, in2, out, tc, atomics, al, be, round_first);
     else
-      compute<float>(d, g, r, in1, in2, out, tc, atomics, float(al), float(be));
+      compute<float>(d, g, r, in1, in2, out, tc, atomics, float(al), float(be), round_first);
   });
 }
 
@@ -802,6 +803,7 @@ cudnnStatus_t cudnnConvolutionBackwardBias(cudnnHandle_t handle, const void* alp
   const Layout ly = layout(*dy_desc), lb = layout(*db_desc);
   device_data(handle, dy, ly.bytes(), "cudnnConvolutionBackwardBias", "dy");
   device_data(handle, db, lb.bytes(), "cudnnConvolutionBackwardBias", "db");
+  const bool round_first = round_before_blend();
   return queue(handle, [=] {
     const auto sums = [&](auto zero) {
       using A = decltype(zero);
@@ -816,7 +818,7 @@ cudnnStatus_t cudnnConvolutionBackwardBias(cudnnHandle_t handle, const void* alp
         }
         v[size_t(c)] = total;
       }
-      blend<A>(lb, db, v, A(al), A(be));
+      blend<A>(lb, db, v, A(al), A(be), round_first);
     };
     if (f64)
       sums(0.0);

@@ -33,8 +33,7 @@ std::string token(const std::string& s) {
 }
 
 std::string choice_text(const ConvAlgoChoice& c) {
-  return str_cat("algo=", c.algo, " math=", c.math_type, " det=", c.deterministic ? 1 : 0,
-                 c.provisional ? " provisional=1" : "");
+  return str_cat("algo=", c.algo, " math=", c.math_type, " det=", c.deterministic ? 1 : 0);
 }
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -68,13 +67,10 @@ bool parse_choice(const std::string& text, ConvAlgoChoice* c) {
   const std::vector<std::string> t = split(text, ' ');
   int det = 0;
   // cuDNN has at most 8 algorithms per direction and 4 math types; a little room for more.
-  int provisional = 0;
-  if ((t.size() != 3 && t.size() != 4) || !parse_field(t[0], "algo", 64, &c->algo) ||
-      !parse_field(t[1], "math", 16, &c->math_type) || !parse_field(t[2], "det", 2, &det) ||
-      (t.size() == 4 && (!parse_field(t[3], "provisional", 2, &provisional) || provisional != 1)))
+  if (t.size() != 3 || !parse_field(t[0], "algo", 64, &c->algo) ||
+      !parse_field(t[1], "math", 16, &c->math_type) || !parse_field(t[2], "det", 2, &det))
     return false;
   c->deterministic = det == 1;
-  c->provisional = provisional == 1;
   return true;
 }
 
@@ -101,9 +97,14 @@ std::string conv_algo_key_text(const ConvAlgoKey& k) {
                  "x", k.sw, " pad=", k.ph, "x", k.pw);
 }
 
+// A provisional choice is written under its key with this suffix: a reader that does not know
+// the mark (an older build sharing the file) takes it for another key, never matched.
+const char* const kProvisionalMark = " provisional=1";
+
 std::string format_conv_algo_cache(const ConvAlgoEntries& entries) {
   std::string out = std::string(kConvAlgoCacheHeader) + "\n";
-  for (const auto& [key, choice] : entries) out += key + "\t" + choice_text(choice) + "\n";
+  for (const auto& [key, choice] : entries)
+    out += key + (choice.provisional ? kProvisionalMark : "") + "\t" + choice_text(choice) + "\n";
   return out;
 }
 
@@ -119,11 +120,20 @@ bool parse_conv_algo_cache(const std::string& text, ConvAlgoEntries* entries, st
   if (lines[0] != kConvAlgoCacheHeader)
     return fail(str_cat("first line is not \"", kConvAlgoCacheHeader, "\" (another format version?)"));
   for (size_t i = 1; i < lines.size(); ++i) {
-    const std::vector<std::string> kv = split(lines[i], '\t');
+    std::vector<std::string> kv = split(lines[i], '\t');
     ConvAlgoChoice c;
     if (kv.size() != 2 || kv[0].compare(0, 6, "cudnn=") != 0 || !parse_choice(kv[1], &c))
-      return fail(str_cat("line ", i + 1, " is not \"<key>\\t algo=N math=N det=0|1[ provisional=1]\""));
-    if (!entries->emplace(kv[0], c).second) return fail(str_cat("line ", i + 1, " repeats a key"));
+      return fail(str_cat("line ", i + 1, " is not \"<key>\\t algo=N math=N det=0|1\""));
+    const size_t mark = std::strlen(kProvisionalMark);
+    if (kv[0].size() > mark && kv[0].compare(kv[0].size() - mark, mark, kProvisionalMark) == 0) {
+      kv[0].resize(kv[0].size() - mark);
+      c.provisional = true;
+    }
+    const auto [it, added] = entries->emplace(kv[0], c);
+    if (!added) {
+      if (it->second.provisional == c.provisional) return fail(str_cat("line ", i + 1, " repeats a key"));
+      if (it->second.provisional) it->second = c;  // a final choice wins over a provisional one
+    }
   }
   return true;
 }

@@ -6,6 +6,8 @@
 // The file: `$UNETCU_CACHE_DIR/conv_algos.txt`, else
 // `${XDG_CACHE_HOME:-$HOME/.cache}/unetcu/conv_algos.txt`; `UNETCU_ALGO_CACHE=0` turns it off.
 // A header line (the format's version), then one line per entry: the key, a tab, the choice.
+// A provisional choice's key ends in " provisional=1" (a build that does not know the mark
+// reads it as another key and never uses it); a final choice of the same key wins over it.
 // A file that is not in this format (damaged, or written by another version of the format) is
 // ignored with a one-line warning and replaced on the next write. Writes go to a temporary
 // file in the same folder that is then renamed over the file, so a reader (another process of
@@ -77,7 +79,8 @@ class ConvAlgoCache {
   std::optional<ConvAlgoChoice> find(const ConvAlgoKey& key);
   // Adds the entry and writes the file: what is on disk now (other processes may have added
   // entries), plus this entry, less the entries of this key's device measured with another
-  // cuDNN version. A provisional choice never replaces a final one. Never throws: a file that cannot be written is a warning, and later stores
+  // cuDNN version. A provisional choice never replaces a final one. Never throws: a file that
+  // cannot be written is a warning, and later stores
   // do not try again.
   void store(const ConvAlgoKey& key, const ConvAlgoChoice& choice);
 

@@ -12,7 +12,7 @@ BlockPool::~BlockPool() {
   for (auto& [id, pool] : private_)
     for (auto& [size, block] : pool.cached) backend_.deallocate(block.ptr, size);
   for (auto& [ptr, live] : held_frees_) backend_.deallocate(ptr, live.capacity);
-  for (auto& [ptr, live] : capture_held_) backend_.deallocate(ptr, live.capacity);
+  for (Held& h : capture_held_) backend_.deallocate(h.ptr, h.live.capacity);
   for (auto& [ptr, live] : live_) backend_.deallocate(ptr, live.capacity);
   live_.clear();
 }
@@ -181,37 +181,50 @@ void BlockPool::free(void* ptr) noexcept {
     held_frees_.emplace_back(static_cast<char*>(ptr), std::move(live));
     return;
   }
-  if (used_by_capture(live)) {  // its events only once that capture has ended
-    capture_held_.emplace_back(static_cast<char*>(ptr), std::move(live));
+  if (std::vector<int> ids = captures_using(live); !ids.empty()) {  // until their graphs are gone
+    capture_held_.push_back(Held{static_cast<char*>(ptr), std::move(live), std::move(ids)});
     return;
   }
   free_locked(static_cast<char*>(ptr), std::move(live));
 }
 
-bool BlockPool::used_by_capture(const Live& live) const {
-  for (StreamRef s : live.uses)
-    if (std::find(capturing_.begin(), capturing_.end(), s) != capturing_.end()) return true;
-  return false;
-}
-
-void BlockPool::begin_capture(const std::vector<StreamRef>& streams) {
-  std::lock_guard<std::mutex> lock(mu_);
-  capturing_.insert(capturing_.end(), streams.begin(), streams.end());
-}
-
-void BlockPool::end_capture(const std::vector<StreamRef>& streams) {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (StreamRef s : streams) {
-    auto it = std::find(capturing_.begin(), capturing_.end(), s);
-    if (it != capturing_.end()) capturing_.erase(it);
+std::vector<int> BlockPool::captures_using(const Live& live) const {
+  std::vector<int> ids;
+  for (const auto& [id, c] : captures_) {
+    if (c.ended) continue;
+    for (StreamRef s : live.uses)
+      if (std::find(c.streams.begin(), c.streams.end(), s) != c.streams.end()) {
+        ids.push_back(id);
+        break;
+      }
   }
-  std::vector<std::pair<char*, Live>> held = std::move(capture_held_);
+  return ids;
+}
+
+int BlockPool::begin_capture(const std::vector<StreamRef>& streams) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int id = next_capture_++;
+  captures_[id] = Capture{streams, false};
+  return id;
+}
+
+void BlockPool::end_capture(int id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = captures_.find(id);
+  if (it != captures_.end()) it->second.ended = true;
+}
+
+void BlockPool::release_capture(int id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  captures_.erase(id);
+  std::vector<Held> held = std::move(capture_held_);
   capture_held_.clear();
-  for (auto& [ptr, live] : held) {
-    if (used_by_capture(live))
-      capture_held_.emplace_back(ptr, std::move(live));
+  for (Held& h : held) {
+    h.captures.erase(std::remove(h.captures.begin(), h.captures.end(), id), h.captures.end());
+    if (h.captures.empty())
+      free_locked(h.ptr, std::move(h.live));
     else
-      free_locked(ptr, std::move(live));
+      capture_held_.push_back(std::move(h));
   }
 }
 
@@ -283,7 +296,7 @@ void BlockPool::forget_stream(StreamRef stream) {
   };
   for (auto& [ptr, live] : live_) forget(live);
   for (auto& [ptr, live] : held_frees_) forget(live);  // their events come at close_private()
-  for (auto& [ptr, live] : capture_held_) forget(live);  // and at end_capture()
+  for (Held& h : capture_held_) forget(h.live);  // and at release_capture()
 }
 
 AllocatorStats BlockPool::stats() {

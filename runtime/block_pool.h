@@ -109,12 +109,16 @@ class BlockPool {
 
   // Captures seen by a pool that keeps no private pool for them (the pinned pool: its blocks
   // are the host's). While `streams` are being captured, a freed block that one of them used
-  // is held back: an event recorded on a capturing stream would be a node of the graph, and
-  // a later query of it fails (cudaErrorCapturedEvent). end_capture (after the capture has
-  // ended) frees the held blocks no other running capture used, with their events. Captures on
-  // several devices at once nest: each stream counts once per begin_capture.
-  void begin_capture(const std::vector<StreamRef>& streams);
-  void end_capture(const std::vector<StreamRef>& streams);
+  // is held back: an event recorded on a capturing stream would be a node of the graph (a
+  // later query of it fails: cudaErrorCapturedEvent), and the graph's replays read or write
+  // the block's address (an upload from it, a copy into it). It stays held until every capture
+  // it was used under is released: release_capture(id), once that capture's graph is gone (or
+  // at once, for a capture abandoned), frees it with its events. Captures on several devices at
+  // once nest: a stream counts once per begin_capture. end_capture(id): the capture has ended
+  // (its streams take work again); its held blocks wait for release_capture(id).
+  int begin_capture(const std::vector<StreamRef>& streams);
+  void end_capture(int id);
+  void release_capture(int id);
   size_t capture_held_blocks();  // for tests
 
   // For tests: cached blocks and the events they still wait for.
@@ -161,9 +165,19 @@ class BlockPool {
   std::vector<StreamRef> open_streams_;
   size_t graph_bytes_ = 0;  // in the caches of private pools not yet released
   std::vector<std::pair<char*, Live>> held_frees_;  // main blocks freed while a pool is open
-  std::vector<StreamRef> capturing_;                 // begin_capture's streams, repeats allowed
-  std::vector<std::pair<char*, Live>> capture_held_;  // freed while a stream they used captured
-  bool used_by_capture(const Live& live) const;
+  struct Capture {
+    std::vector<StreamRef> streams;
+    bool ended = false;
+  };
+  std::map<int, Capture> captures_;  // begin_capture's, until release_capture
+  int next_capture_ = 1;
+  struct Held {
+    char* ptr;
+    Live live;
+    std::vector<int> captures;  // the captures it was used under, not yet released
+  };
+  std::vector<Held> capture_held_;  // freed while a stream they used was captured
+  std::vector<int> captures_using(const Live& live) const;  // running captures of its streams
 };
 
 }  // namespace unetcu

@@ -123,8 +123,8 @@ TEST_CASE("the algorithm cache file round-trips, and anything else is refused wh
   other.direction = "bwd_data";
   e[conv_algo_key_text(other)] = ConvAlgoChoice{1, 1, true, /*provisional=*/true};
   const std::string text = format_conv_algo_cache(e);
-  CHECK(text.find("\talgo=1 math=1 det=1 provisional=1\n") != std::string::npos);
-  CHECK(text.find("\talgo=5 math=0 det=0\n") != std::string::npos);  // final: as before
+  CHECK(text.find(" pad=3x3 provisional=1\talgo=1 math=1 det=1\n") != std::string::npos);
+  CHECK(text.find(" pad=3x3\talgo=5 math=0 det=0\n") != std::string::npos);  // final: as before
   CHECK(text.rfind(std::string(kConvAlgoCacheHeader) + "\n", 0) == 0);
   ConvAlgoEntries back;
   std::string error;
@@ -133,6 +133,7 @@ TEST_CASE("the algorithm cache file round-trips, and anything else is refused wh
 
   const std::string line1 = conv_algo_key_text(h200_key()) + "\talgo=1 math=3 det=1\n";
   const std::string header = std::string(kConvAlgoCacheHeader) + "\n";
+  const std::string provisional_line_bad = "cudnn=1 x provisional=1\talgo=1 math=3 det=1\n";
   for (const std::string& bad :
        {std::string(), std::string("garbage"), header.substr(0, header.size() - 1),
         std::string("unetcu conv_algos v0\n") + line1,            // another format version
@@ -140,8 +141,8 @@ TEST_CASE("the algorithm cache file round-trips, and anything else is refused wh
         header + line1 + line1,                                  // a key twice
         header + "cudnn=1 x\talgo=1 math=3\n",                   // a field missing
         header + "cudnn=1 x\talgo=1 math=3 det=2\n",             // det not 0/1
-        header + "cudnn=1 x\talgo=1 math=3 det=1 provisional=0\n",  // only provisional=1
-        header + "cudnn=1 x\talgo=1 math=3 det=1 final=1\n",     // another field
+        header + "cudnn=1 x\talgo=1 math=3 det=1 provisional=1\n",  // the mark is the key's
+        header + provisional_line_bad + provisional_line_bad,         // a provisional key twice
         header + "cudnn=1 x\talgo=-1 math=3 det=1\n",            // negative
         header + "cudnn=1 x\talgo=99 math=3 det=1\n",            // no such algorithm
         header + "cudnn=1 x algo=1 math=3 det=1\n",              // no tab
@@ -153,6 +154,14 @@ TEST_CASE("the algorithm cache file round-trips, and anything else is refused wh
     CHECK_FALSE(parse_conv_algo_cache(bad, &out, &error));
     CHECK(out.empty());
     CHECK_FALSE(error.empty());
+  }
+  // A final choice and a provisional one of the same key: the final one is kept.
+  const std::string provisional_line =
+      conv_algo_key_text(h200_key()) + " provisional=1\talgo=0 math=1 det=1\n";
+  for (const std::string& both : {header + line1 + provisional_line, header + provisional_line + line1}) {
+    REQUIRE(parse_conv_algo_cache(both, &back, &error));
+    CHECK(back.size() == 1);
+    CHECK(back[conv_algo_key_text(h200_key())] == ConvAlgoChoice{1, 3, true});
   }
   // An empty cache is a header alone.
   REQUIRE(parse_conv_algo_cache(header, &back, &error));

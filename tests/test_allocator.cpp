@@ -215,7 +215,7 @@ TEST_CASE("pinned-style host blocks: reused only after the asynchronous copy's e
   CHECK(pool.allocate(1 << 16, kHost, &c) == batch);
 }
 
-TEST_CASE("pinned-style host blocks freed during a capture: held back until the capture ends") {
+TEST_CASE("pinned-style host blocks freed during a capture: held until its graph is gone") {
   FakeBackend be;
   BlockPool pool(be);
   size_t c = 0;
@@ -224,7 +224,7 @@ TEST_CASE("pinned-style host blocks freed during a capture: held back until the 
   pool.record_use(batch, kA);  // an upload from it on A
   pool.record_use(other, kB);  // and from the other on B, which no capture spans
   be.capturing.insert(kA.handle);
-  pool.begin_capture({kA});
+  const int capture = pool.begin_capture({kA});
   pool.free(batch);  // an event now would be recorded inside A's capture
   pool.free(other);  // B is not captured: cached with its event as usual
   CHECK(pool.capture_held_blocks() == 1);
@@ -234,14 +234,20 @@ TEST_CASE("pinned-style host blocks freed during a capture: held back until the 
   void* fresh = pool.allocate(1 << 16, kHost, &c);
   CHECK(fresh != batch);  // held, not handed out
   be.capturing.erase(kA.handle);
-  pool.end_capture({kA});
+  pool.end_capture(capture);
+  // The capture has ended, its graph lives: replays read the block's address.
+  CHECK(pool.capture_held_blocks() == 1);
+  CHECK(be.pending_on(kA) == 0);
+  pool.free(fresh);
+  CHECK(pool.allocate(1 << 16, kHost, &c) == fresh);  // a block the capture did not use: as usual
+  pool.release_capture(capture);  // the graph is gone
   CHECK(pool.capture_held_blocks() == 0);
-  CHECK(be.pending_on(kA) == 1);  // its event, recorded after the capture
+  CHECK(be.pending_on(kA) == 1);  // its event, recorded now
   be.reach(kA);
   CHECK(pool.allocate(1 << 16, kHost, &c) == batch);
 }
 
-TEST_CASE("captures on two devices at once: a block both used waits for the last to end") {
+TEST_CASE("captures on two devices at once: a block both used waits for both graphs") {
   FakeBackend be;
   BlockPool pool(be);
   size_t c = 0;
@@ -249,17 +255,26 @@ TEST_CASE("captures on two devices at once: a block both used waits for the last
   pool.record_use(batch, kA);
   pool.record_use(batch, kPeer);
   be.capturing = {kA.handle, kPeer.handle};
-  pool.begin_capture({kA});
-  pool.begin_capture({kPeer});
+  const int first = pool.begin_capture({kA});
+  const int second = pool.begin_capture({kPeer});
   pool.free(batch);
-  be.capturing.erase(kA.handle);
-  pool.end_capture({kA});
-  CHECK(pool.capture_held_blocks() == 1);  // still in kPeer's capture
-  CHECK(be.events.empty());
   be.capturing.clear();
-  pool.end_capture({kPeer});
+  pool.end_capture(first);
+  pool.end_capture(second);
+  pool.release_capture(first);
+  CHECK(pool.capture_held_blocks() == 1);  // still in the second graph
+  CHECK(be.events.empty());
+  pool.release_capture(second);
   CHECK(pool.capture_held_blocks() == 0);
   CHECK(be.events.size() == 2);
+  // A capture that has ended holds nothing freed after it.
+  void* later = pool.allocate(1 << 16, kHost, &c);
+  pool.record_use(later, kA);
+  const int third = pool.begin_capture({kA});
+  pool.end_capture(third);
+  pool.free(later);
+  CHECK(pool.capture_held_blocks() == 0);
+  pool.release_capture(third);
 }
 
 TEST_CASE("out of memory: completed blocks are given back first, pending ones only when needed") {

@@ -56,6 +56,7 @@
 // so a bfloat16 gradient is never accumulated by cuDNN: it writes a scratch, and the convert
 // kernel adds that in float32 and rounds once (conv2d_backward).
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -345,16 +346,22 @@ std::string layer_text(const Plan& p) {
                          : str_cat("the convolution in ", p.layer, " (and every one of its shape)");
 }
 
-// Whether some algorithm of the direction needs more workspace than `got`, the search's.
+// Whether an algorithm the choice could take (within the policy's workspace; under the
+// deterministic setting, no atomics, FFT or Winograd) needs more workspace than `got`, the
+// search's: then the search may have missed the fastest.
 template <class D>
-bool needs_more_than(cudnnHandle_t h, Plan& p, size_t got) {
+bool missed_for_workspace(cudnnHandle_t h, Plan& p, size_t got, size_t policy, bool deterministic) {
   for (int a = 0; a < D::kCount; ++a) {
+    const auto algo = typename D::Algo(a);
+    if (deterministic && (uses_atomics(algo) || fft_or_winograd(algo))) continue;
     size_t need = 0;
-    if (D::workspace(h, p, typename D::Algo(a), &need) == CUDNN_STATUS_SUCCESS && need > got)
+    if (D::workspace(h, p, algo, &need) == CUDNN_STATUS_SUCCESS && need > got && need <= policy)
       return true;
   }
   return false;
 }
+
+std::atomic<int> g_searches{0};  // cudnnFind* calls, for tests (conv_searches)
 
 // Chooses the direction's algorithm for the plan as it is (format, channels): the on-disk
 // cache, else the search, under each math type of search_maths in turn. False when nothing
@@ -412,6 +419,7 @@ bool choose(Plan& p, cudnnHandle_t h, int device, bool tf32, bool deterministic,
   for (cudnnMathType_t m : maths) {
     CUDNN_CHECK(cudnnSetConvolutionMathType(c.conv.d, m));
     int n = 0;
+    ++g_searches;
     D::find(h, p, in1, in2, out, results.data(), int(results.size()), &n, ws->get(), got);
     const std::optional<typename D::Perf> perf = find_result(
         results.data(), n, tensor_cores_allowed(data, tf32), deterministic, D::kWhat, shape);
@@ -436,7 +444,8 @@ bool choose(Plan& p, cudnnHandle_t h, int device, bool tf32, bool deterministic,
                    math_name(maths.front()), math_name(c.math));
     }
     const bool busy = busy_before || unetcu::cuda::other_streams_busy(device, stream);
-    const bool capped = got < workspace_policy_bytes(device) && needs_more_than<D>(h, p, got);
+    const size_t policy = workspace_policy_bytes(device);
+    const bool capped = got < policy && missed_for_workspace<D>(h, p, got, policy, deterministic);
     disk_cache().store(key, ConvAlgoChoice{int(perf->algo), int(perf->mathType),
                                            perf->determinism == CUDNN_DETERMINISTIC,
                                            /*provisional=*/busy || capped});
@@ -694,6 +703,8 @@ void run_backward_data(cudnnHandle_t h, Plan& q, const TensorRef& w, const Tenso
 
 }  // namespace
 
+int conv_searches() { return g_searches.load(); }
+
 void forget_conv_plans() {
   {
     std::lock_guard<std::mutex> lock(g_plans_mutex);
@@ -763,6 +774,11 @@ void conv2d_backward(const TensorRef& grad_y, const TensorRef& x, const TensorRe
   const Data data{x.dtype(), x.format()};
   Plan& p = plan_for(dev, g, data, tf32, det);
   const InFormat wx(grad_x.defined() ? w : TensorRef(), x.format(), dev, true);  // in x's format
+  std::optional<InFormat> gyn;  // grad_y in NCHW, made once for the directions that run there
+  const auto grad_y_nchw = [&]() -> const TensorRef& {
+    if (!gyn) gyn.emplace(grad_y, MemoryFormat::NCHW, dev, true);
+    return gyn->ref;
+  };
   const float one = 1;
   {
     unetcu::cuda::CudnnLock h(dev);
@@ -788,9 +804,9 @@ void conv2d_backward(const TensorRef& grad_y, const TensorRef& x, const TensorRe
           put(s.ref, grad_w, beta_w, dev);
         }
       } else if (c.route == Route::Nchw) {
-        const InFormat xn(x, MemoryFormat::NCHW, dev, true), gyn(grad_y, MemoryFormat::NCHW, dev, true);
+        const InFormat xn(x, MemoryFormat::NCHW, dev, true);
         Scratch s(grad_w, ws, MemoryFormat::NCHW, dev);
-        run_backward_filter(h.handle(), *c.via, xn.ref, gyn.ref, s.ref, 0, dev);
+        run_backward_filter(h.handle(), *c.via, xn.ref, grad_y_nchw(), s.ref, 0, dev);
         put(s.ref, grad_w, beta_w, dev);
       } else {
         const ConvGeometry& q = c.via->g;
@@ -811,9 +827,9 @@ void conv2d_backward(const TensorRef& grad_y, const TensorRef& x, const TensorRe
           put(s.ref, grad_x, beta_x, dev);
         }
       } else if (c.route == Route::Nchw) {
-        const InFormat wn(w, MemoryFormat::NCHW, dev, true), gyn(grad_y, MemoryFormat::NCHW, dev, true);
+        const InFormat wn(w, MemoryFormat::NCHW, dev, true);
         Scratch s(grad_x, grad_x.shape(), MemoryFormat::NCHW, dev);
-        run_backward_data(h.handle(), *c.via, wn.ref, gyn.ref, s.ref, 0, dev);
+        run_backward_data(h.handle(), *c.via, wn.ref, grad_y_nchw(), s.ref, 0, dev);
         put(s.ref, grad_x, beta_x, dev);
       } else {
         const ConvGeometry& q = c.via->g;

@@ -582,12 +582,26 @@ std::string device_name(int device) { return device_properties(device).name; }
 
 // ---- graphs (runtime/cuda_api.h) ---------------------------------------------------------
 
+namespace {
+// Every live Stream, by device: what other_streams_busy looks at.
+struct StreamRegistry {
+  std::mutex mu;
+  std::vector<cudaStream_t> streams[kMaxDevices];
+  int capturing[kMaxDevices] = {};  // captures begun and not yet ended, by device
+};
+StreamRegistry& stream_registry() {
+  static auto* r = new StreamRegistry();  // never destroyed: streams may outlive main
+  return *r;
+}
+}  // namespace
+
 struct Graph::Impl {
   int device = -1;
   cudaStream_t stream = nullptr;  // the origin: launches go there
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   std::vector<std::pair<int, int>> pools;  // (device, private pool id)
+  int pinned_capture = 0;  // the pinned pool's hold on the blocks the capture used
   ~Impl() {
     {
       QuietDeviceGuard g(device);
@@ -597,6 +611,7 @@ struct Graph::Impl {
       if (graph) cudaGraphDestroy(graph);
     }
     for (auto [d, id] : pools) heap(d).pool.release_private(id);
+    if (pinned_capture) pinned_heap().pool.release_capture(pinned_capture);
   }
 };
 
@@ -618,23 +633,33 @@ Graph::Impl* capture_streams(const std::vector<CaptureStream>& streams, const st
   std::map<int, std::vector<StreamRef>> by_device;
   for (const CaptureStream& c : streams) by_device[c.device].push_back(StreamRef{c.device, c.stream});
   std::vector<int> open;
-  // The pinned pool holds back the frees of blocks these streams used until the capture ends
-  // (runtime/block_pool.h, begin_capture).
+  // The pinned pool holds the blocks these streams used and that are freed meanwhile until the
+  // graph is gone (runtime/block_pool.h, begin_capture; ~Impl releases them); other streams'
+  // searches query nothing on these devices until the capture ends (other_streams_busy).
   std::vector<StreamRef> all_refs;
   for (const CaptureStream& c : streams) all_refs.push_back(StreamRef{c.device, c.stream});
-  bool pinned_told = false;
+  std::vector<int> counted;  // devices whose capture count this capture raised
   const auto close_pools = [&] {
     for (int d : open) heap(d).pool.close_private();
-    if (pinned_told) pinned_heap().pool.end_capture(all_refs);
-    pinned_told = false;
+    open.clear();
+    if (impl->pinned_capture) pinned_heap().pool.end_capture(impl->pinned_capture);
+    StreamRegistry& r = stream_registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    for (int d : counted) --r.capturing[d];
+    counted.clear();
   };
   try {
     for (const auto& [d, refs] : by_device) {
       impl->pools.emplace_back(d, heap(d).pool.open_private(refs));
       open.push_back(d);
     }
-    pinned_heap().pool.begin_capture(all_refs);
-    pinned_told = true;
+    impl->pinned_capture = pinned_heap().pool.begin_capture(all_refs);
+    StreamRegistry& r = stream_registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    for (const auto& [d, refs] : by_device) {
+      ++r.capturing[d];
+      counted.push_back(d);
+    }
   } catch (...) {
     close_pools();
     throw;
@@ -745,22 +770,13 @@ Graph& Graph::operator=(Graph&&) noexcept = default;
 
 // ---- streams and events (runtime/cuda_api.h) -------------------------------------------
 
-namespace {
-// Every live Stream, by device: what other_streams_busy looks at.
-struct StreamRegistry {
-  std::mutex mu;
-  std::vector<cudaStream_t> streams[kMaxDevices];
-};
-StreamRegistry& stream_registry() {
-  static auto* r = new StreamRegistry();  // never destroyed: streams may outlive main
-  return *r;
-}
-}  // namespace
-
 bool other_streams_busy(int device, cudaStream_t except) {
   check_device_index(device);
   StreamRegistry& r = stream_registry();
   std::lock_guard<std::mutex> lock(r.mu);  // no stream is destroyed while it is queried
+  // While a capture runs on the device nothing there is queried: a stream could join it
+  // between the check below and the query, and a query would end that capture.
+  if (r.capturing[device] > 0) return true;
   QuietDeviceGuard g(device);
   for (cudaStream_t s : r.streams[device]) {
     if (s == except) continue;
