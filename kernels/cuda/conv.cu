@@ -35,8 +35,8 @@
 // Searches are measured on this process's GPU time only when nothing else of it runs there: a
 // choice made while another of its streams was busy (a second pipeline stage, NCCL, an upload),
 // or with less workspace than the policy's (a quarter of the GPU's memory, at most 1 GiB)
-// while some algorithm needed more, is used for the run and kept on disk as provisional; a
-// later process searches it again when it can do so alone.
+// while an algorithm it could take needed more, is used for the run and kept on disk as
+// provisional; a later process searches it again when it can do so alone.
 //
 // dtypes and formats: x, w, y (and b) float32, or all bfloat16 (compute type float32, y
 // rounded once by cuDNN). x and y NCHW or NHWC; cuDNN is given the filter in x's format (OHWI
@@ -369,9 +369,9 @@ std::atomic<int> g_searches{0};  // cudnnFind* calls, for tests (conv_searches)
 //
 // A choice the search made beside other work of this process on the device (another stream
 // busy before or after it: a second pipeline stage, NCCL, an upload), or with less workspace
-// than the policy's while some algorithm needed more, is used for this run but written to the
-// disk cache as provisional: a later process takes it only while it cannot search alone, and
-// searches again when it can.
+// than the policy's while an algorithm it could take needed more, is used for this run but
+// written to the disk cache as provisional: a later process takes it only while it cannot
+// search alone, and searches again when it can.
 template <class D>
 bool choose(Plan& p, cudnnHandle_t h, int device, bool tf32, bool deterministic, const void* in1,
             const void* in2, void* out, std::string* tried) {
