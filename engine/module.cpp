@@ -1,5 +1,7 @@
 #include "engine/module.h"
 
+#include "engine/recompute.h"
+
 #include <cmath>
 
 namespace unetcu {
@@ -115,9 +117,16 @@ Tensor Conv2d::forward(const Tensor& x) const {
   return conv2d(x, w, b, stride_, padding_);
 }
 
+BatchNorm2d::Running BatchNorm2d::begin_forward() {
+  if (!training_) return {running_mean, running_var};
+  if (recomputing()) return {running_mean.clone(), running_var.clone()};
+  ++num_batches_tracked;
+  return {running_mean, running_var};
+}
+
 Tensor BatchNorm2d::forward(const Tensor& x) {
-  if (training_) ++num_batches_tracked;
-  return batch_norm2d(x, weight, bias, running_mean, running_var, training_, momentum_, eps_);
+  Running r = begin_forward();
+  return batch_norm2d(x, weight, bias, r.mean, r.var, training_, momentum_, eps_);
 }
 
 CapturedCounts::CapturedCounts(const Module& m) {

@@ -93,6 +93,14 @@ class BatchNorm2d : public Module {
   Tensor weight, bias, running_mean, running_var;
   int64_t num_batches_tracked = 0;
 
+  // The running statistics a forward reads (evaluation) or updates (training), counting the
+  // batch: the module's own, or copies while the forward is recomputed in a backward
+  // (engine/recompute.h), so that a step updates and counts them once.
+  struct Running {
+    Tensor mean, var;
+  };
+  Running begin_forward();
+
  private:
   double momentum_, eps_;
 };

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "engine/profiler.h"
+#include "engine/recompute.h"
 
 namespace unetcu {
 namespace {
@@ -19,14 +20,14 @@ std::unique_ptr<BatchNorm2d> make_bn(int channels, DType dt, Device dev) {
 // relu(bn(x)) and relu(bn(x) + residual) as one fused op each (engine/ops.h), with the layer's
 // parameters and running statistics, counting the batch as BatchNorm2d::forward does.
 Tensor bn_relu(BatchNorm2d* bn, const Tensor& x) {
-  if (bn->is_training()) ++bn->num_batches_tracked;
-  return batch_norm_relu(x, bn->weight, bn->bias, bn->running_mean, bn->running_var,
-                         bn->is_training(), kBnMomentum, kBnEps);
+  BatchNorm2d::Running r = bn->begin_forward();
+  return batch_norm_relu(x, bn->weight, bn->bias, r.mean, r.var, bn->is_training(), kBnMomentum,
+                         kBnEps);
 }
 Tensor bn_add_relu(BatchNorm2d* bn, const Tensor& x, const Tensor& residual) {
-  if (bn->is_training()) ++bn->num_batches_tracked;
-  return batch_norm_add_relu(x, bn->weight, bn->bias, residual, bn->running_mean,
-                             bn->running_var, bn->is_training(), kBnMomentum, kBnEps);
+  BatchNorm2d::Running r = bn->begin_forward();
+  return batch_norm_add_relu(x, bn->weight, bn->bias, residual, r.mean, r.var, bn->is_training(),
+                             kBnMomentum, kBnEps);
 }
 
 // A container whose children are named "0", "1", ... like nn.Sequential.
@@ -210,6 +211,8 @@ UNet::UNet(const UNetConfig& cfg) : cfg_(cfg) {
   blocks_.push_back({"segmentation_head", {9}, {head}, [head, out_dtype](const std::vector<Tensor>& in) {
                        return convert(head->conv->forward(in[0]), out_dtype, MemoryFormat::NCHW);
                      }});
+  UNETCU_CHECK(int(blocks_.size()) == kBlocks, "the UNet has ", blocks_.size(), " blocks");
+  set_recompute(cfg.recompute);
 }
 
 void UNet::check_input(const Tensor& x, int in_channels) {
@@ -221,16 +224,33 @@ void UNet::check_input(const Tensor& x, int in_channels) {
                x.dim(3));
 }
 
+void UNet::set_recompute(std::vector<bool> blocks) {
+  UNETCU_CHECK(blocks.empty() || blocks.size() == blocks_.size(), "recompute: ", blocks.size(),
+               " flags for ", blocks_.size(), " blocks");
+  recompute_ = std::move(blocks);
+  block_params_.assign(blocks_.size(), {});
+  for (size_t b = 0; b < blocks_.size(); ++b)
+    for (Module* m : blocks_[b].modules)
+      for (const Tensor& p : m->parameters()) block_params_[b].push_back(p);
+}
+
+Tensor UNet::run_block(size_t b, const std::vector<Tensor>& in) const {
+  const Block& block = blocks_.at(b);
+  BlockScope scope(block.name);
+  ProfileRange range(block.name, "block");
+  if (recompute_.empty() || !recompute_[b]) return block.forward(in);
+  const auto fn = [&block](const std::vector<Tensor>& x) { return std::vector<Tensor>{block.forward(x)}; };
+  return checkpoint("recompute", fn, in, block_params_[b]).at(0);
+}
+
 std::vector<Tensor> UNet::forward_all(const Tensor& x) {
   check_input(x, cfg_.in_channels);
   std::vector<Tensor> outs;
   outs.reserve(blocks_.size());
-  for (const Block& b : blocks_) {
+  for (size_t b = 0; b < blocks_.size(); ++b) {
     std::vector<Tensor> in;
-    for (int i : b.inputs) in.push_back(i < 0 ? x : outs[i]);
-    BlockScope scope(b.name);
-    ProfileRange range(b.name, "block");
-    outs.push_back(b.forward(in));
+    for (int i : blocks_[b].inputs) in.push_back(i < 0 ? x : outs[i]);
+    outs.push_back(run_block(b, in));
   }
   return outs;
 }
@@ -246,11 +266,7 @@ Tensor UNet::forward(const Tensor& x) {
   for (size_t b = 0; b < blocks_.size(); ++b) {
     std::vector<Tensor> in;
     for (int i : blocks_[b].inputs) in.push_back(i < 0 ? x : outs[i]);
-    {
-      BlockScope scope(blocks_[b].name);
-      ProfileRange range(blocks_[b].name, "block");
-      outs[b] = blocks_[b].forward(in);
-    }
+    outs[b] = run_block(b, in);
     for (int i : blocks_[b].inputs)
       if (i >= 0 && last_use[i] == int(b)) outs[i] = Tensor();
   }

@@ -39,11 +39,15 @@ struct UNetConfig {
   uint64_t seed = 0;  // initialisation
   int in_channels = 3;
   int classes = 1;
+  // Blocks whose activations are recomputed in the backward (UNet::run_block), one flag per
+  // block in blocks() order (kBlocks); empty: none.
+  std::vector<bool> recompute;
 };
 
 class UNet : public Module {
  public:
   explicit UNet(const UNetConfig& cfg);
+  static constexpr int kBlocks = 11;  // stem, layer1-4, decoder blocks 0-4, head
 
   struct Block {
     std::string name;
@@ -58,6 +62,13 @@ class UNet : public Module {
   // The output of every block, in order (the last is the logits).
   std::vector<Tensor> forward_all(const Tensor& x);
 
+  // Block b's forward on its inputs, named for the profiler. A block marked for
+  // recomputation (engine/recompute.h) keeps only its inputs and output on the tape; its
+  // backward runs its forward again first.
+  Tensor run_block(size_t b, const std::vector<Tensor>& in) const;
+  void set_recompute(std::vector<bool> blocks);  // one flag per block; empty: none
+  const std::vector<bool>& recompute() const { return recompute_; }
+
   const UNetConfig& config() const { return cfg_; }
   DType activation_dtype() const { return cfg_.bf16_activations ? DType::BF16 : cfg_.dtype; }
   static void check_input(const Tensor& x, int in_channels);
@@ -65,6 +76,8 @@ class UNet : public Module {
  private:
   UNetConfig cfg_;
   std::vector<Block> blocks_;
+  std::vector<bool> recompute_;
+  std::vector<std::vector<Tensor>> block_params_;  // each block's parameters, for recompute
 };
 
 }  // namespace unetcu

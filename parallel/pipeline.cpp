@@ -67,9 +67,7 @@ Tensor forward_stage(const UNet& model, const std::vector<int>& stage_of_block, 
       else  // straight from the stage that made it
         in.push_back(remote(i));
     }
-    BlockScope block_scope(blocks[b].name);
-    ProfileRange range(blocks[b].name, "block");
-    outputs[int(b)] = blocks[b].forward(in);
+    outputs[int(b)] = model.run_block(b, in);
   }
   if (!masks) return Tensor();
   return scale(segmentation_loss(loss, outputs.at(int(blocks.size()) - 1), *masks), weight);
