@@ -1,5 +1,6 @@
 #include "apps/train_config.h"
 
+#include <algorithm>
 #include <omp.h>
 #include <sys/stat.h>
 
@@ -156,6 +157,13 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
       ->capture_default_str();
   add_enum(app, "--schedule", cfg.strategy.schedule, kScheduleNames,
            "--mode mp: gpipe (all forwards, then all backwards) or 1f1b");
+  app.add_option_function<std::string>(
+      "--recompute",
+      checked("--recompute", [&cfg](const std::string& s) { cfg.strategy.model.recompute = cli::parse_recompute(s); }),
+      "Activation recomputation, any mode: none; blocks (every block keeps only its input and "
+      "output for the backward, which runs its forward again first: less memory, about one "
+      "more forward of time); or the blocks to recompute, comma separated (names as --split)")
+      ->default_str("none");
   app.add_option_function<std::string>(
       "--devices",
       checked("--devices", [&cfg](const std::string& s) { cfg.strategy.devices = cli::parse_device_list(s); }),
@@ -333,6 +341,17 @@ void check_train_count(const TrainConfig& c, int64_t train_n, const std::string&
 }
 
 }  // namespace
+
+// ", recompute N blocks" (all: "every block"), or nothing.
+static std::string recompute_text(const std::vector<bool>& on) {
+  const long n = std::count(on.begin(), on.end(), true);
+  if (n == 0) return "";
+  if (n == long(on.size())) return ", every block recomputed in the backward";
+  std::string names;
+  for (size_t b = 0; b < on.size(); ++b)
+    if (on[b]) names += (names.empty() ? "" : ",") + cli::unet_block_names()[b];
+  return ", recomputed in the backward: " + names;
+}
 
 LrSchedule lr_schedule_of(const TrainConfig& c) {
   LrSchedule s;
@@ -731,7 +750,8 @@ TrainResult train_unet(const TrainConfig& given, std::ostream& rank0_out,
   const int N = strategy->replicas();
   out << "strategy: " << strategy->describe() << "\n"
       << "model: Unet(resnet34), " << strategy->model().parameter_count() << " parameters, width divisor "
-      << cfg.strategy.model.width_divisor << ", " << dtype_name(cfg.fit.dtype) << "\n"
+      << cfg.strategy.model.width_divisor << ", " << dtype_name(cfg.fit.dtype)
+      << recompute_text(cfg.strategy.model.recompute) << "\n"
       << "data: " << (cfg.data.folder.empty() ? "synthetic" : cfg.data.folder);
   if (cfg.fit.crop)
     out << (cfg.data.folder.empty() ? str_cat(" at ", cfg.data.width(), "x", cfg.data.height()) : std::string(" at their own sizes"))

@@ -37,6 +37,46 @@ const std::vector<std::string>& unet_block_names() {
   return names;
 }
 
+namespace {
+// A block named by its name (encoder.layer3), the name's last part (layer3) or its index; -1
+// when none is.
+int block_index(const std::string& item) {
+  const auto& blocks = unet_block_names();
+  if (std::all_of(item.begin(), item.end(), ::isdigit) && !item.empty() && item.size() < 4) {
+    const int b = std::stoi(item);
+    return b < int(blocks.size()) ? b : -1;
+  }
+  int found = -1;
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    const std::string& n = blocks[b];
+    if (n == item || (n.size() > item.size() && n.compare(n.size() - item.size(), item.size(), item) == 0 &&
+                      n[n.size() - item.size() - 1] == '.'))
+      found = int(b);
+  }
+  return found;
+}
+}  // namespace
+
+std::vector<bool> parse_recompute(const std::string& spec) {
+  const auto& blocks = unet_block_names();
+  if (spec == "none") return {};
+  if (spec == "blocks") return std::vector<bool>(blocks.size(), true);
+  std::vector<bool> on(blocks.size(), false);
+  std::stringstream ss(spec);
+  std::string item;
+  bool any = false;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    const int b = block_index(item);
+    UNETCU_CHECK(b >= 0, "'", item, "' is not a block of the model (none, blocks, or a list of "
+                 "encoder.stem, encoder.layer1..4, decoder.blocks.0..4, segmentation_head, or "
+                 "their index)");
+    on[size_t(b)] = any = true;
+  }
+  UNETCU_CHECK(any, "no block given to recompute");
+  return on;
+}
+
 std::vector<int> parse_cuts(const std::string& spec) {
   const auto& blocks = unet_block_names();
   std::vector<int> cuts;
@@ -44,17 +84,7 @@ std::vector<int> parse_cuts(const std::string& spec) {
   std::string item;
   while (std::getline(ss, item, ',')) {
     if (item.empty()) continue;
-    int after = -1;
-    if (std::all_of(item.begin(), item.end(), ::isdigit) && item.size() < 4) {
-      after = std::stoi(item);
-    } else {
-      for (size_t b = 0; b < blocks.size(); ++b) {
-        const std::string& n = blocks[b];
-        if (n == item || (n.size() > item.size() && n.compare(n.size() - item.size(), item.size(), item) == 0 &&
-                          n[n.size() - item.size() - 1] == '.'))
-          after = int(b);
-      }
-    }
+    const int after = block_index(item);
     UNETCU_CHECK(after >= 0 && after + 1 < int(blocks.size()), "'", item,
                  "' is not a block the model can be cut after (blocks: encoder.stem, "
                  "encoder.layer1..4, decoder.blocks.0..4, segmentation_head; or their index)");

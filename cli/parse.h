@@ -18,6 +18,9 @@ std::vector<Device> parse_device_list(const std::string& s);
 // block indices, comma separated, in increasing order; each names the block a cut follows.
 // Returns the first block of each later stage.
 std::vector<int> parse_cuts(const std::string& spec);
+// Blocks whose activations are recomputed: "none" (empty), "blocks" (every one), or block
+// names or indices, comma separated, as for parse_cuts. One flag per block.
+std::vector<bool> parse_recompute(const std::string& spec);
 // A whole number in 0..2^64-1, digits only (no sign: "-1" is refused, not wrapped).
 uint64_t parse_uint64(const std::string& s);
 // An image size: "S" (width 0: square) or "WxH" (positive whole numbers).
