@@ -20,6 +20,7 @@
 #include "kernels/cpu/conv_dnnl.h"
 #include "kernels/cpu/cpu_select.h"
 #include "parallel/nccl_communicator.h"
+#include "runtime/allocator.h"
 #include "runtime/cuda_api.h"
 
 namespace unetcu {
@@ -280,6 +281,12 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
   app.add_flag("--deterministic", cfg.deterministic,
                "CUDA: only deterministic cuDNN convolution algorithms (no atomics, FFT or "
                "Winograd), so repeated runs give the same bits; usually slower");
+  app.add_option_function<std::string>(
+      "--max-memory",
+      checked("--max-memory", [&cfg](const std::string& s) { cfg.max_memory = cli::parse_bytes(s); }),
+      "The most memory each device may hold, e.g. 512M or 8G (K, M, G, T: powers of 1024): an "
+      "allocation past it is an out-of-memory error, as on a device of that size (CPU devices: "
+      "their tensors; GPUs: the caching allocator's blocks)");
 }
 
 namespace {
@@ -688,6 +695,7 @@ TrainResult train_unet(const TrainConfig& given, std::ostream& rank0_out,
     apply_precision(cfg.precision, cfg.tf32, d);
     if (d.is_cuda()) cuda::set_deterministic(cfg.deterministic);
   }
+  set_memory_limit(size_t(cfg.max_memory));
   const MemoryFormat format = memory_format_of(cfg.memory_format);
   if (cfg.precision == Precision::BF16 || format == MemoryFormat::NHWC)
     out << "precision: " << (cfg.precision == Precision::BF16 ? "bf16 activations and gradients (float32 "

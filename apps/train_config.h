@@ -93,6 +93,7 @@ struct TrainConfig {
   Precision precision = Precision::Auto;
   FormatChoice memory_format = FormatChoice::Auto;
   bool deterministic = false;      // CUDA: only deterministic cuDNN convolution algorithms
+  uint64_t max_memory = 0;         // per device, bytes (runtime/allocator.h); 0: no limit
   DistMode dist = DistMode::Auto;  // process group from the launcher's environment
   // The watched validation metric (train/monitor.h) for the best checkpoint and early stopping;
   // given only with what they belong to.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <cerrno>
 #include <cstdlib>
 #include <sstream>
@@ -103,6 +104,24 @@ uint64_t parse_uint64(const std::string& s) {
   const unsigned long long v = std::strtoull(s.c_str(), nullptr, 10);
   UNETCU_CHECK(errno == 0, "'", s, "' is larger than 18446744073709551615");
   return uint64_t(v);
+}
+
+uint64_t parse_bytes(const std::string& s) {
+  size_t digits = 0;
+  while (digits < s.size() && std::isdigit(static_cast<unsigned char>(s[digits]))) ++digits;
+  const std::string unit = s.substr(digits);
+  const std::pair<const char*, int> units[] = {{"", 0},   {"K", 10},   {"KiB", 10}, {"M", 20},
+                                               {"MiB", 20}, {"G", 30}, {"GiB", 30}, {"T", 40},
+                                               {"TiB", 40}};
+  int shift = -1;
+  for (const auto& [name, bits] : units)
+    if (unit == name) shift = bits;
+  UNETCU_CHECK(digits > 0 && shift >= 0, "'", s, "' is not a size in bytes (a whole number, "
+               "optionally followed by K, M, G or T: 1024, 1024^2, ...)");
+  const uint64_t v = parse_uint64(s.substr(0, digits));
+  UNETCU_CHECK(v > 0, "'", s, "' is not a size in bytes: 0");
+  UNETCU_CHECK(v <= (UINT64_MAX >> shift), "'", s, "' is too large");
+  return v << shift;
 }
 
 void parse_size(const std::string& s, int* width, int* height) {

@@ -23,6 +23,9 @@ std::vector<int> parse_cuts(const std::string& spec);
 std::vector<bool> parse_recompute(const std::string& spec);
 // A whole number in 0..2^64-1, digits only (no sign: "-1" is refused, not wrapped).
 uint64_t parse_uint64(const std::string& s);
+// A positive size in bytes: digits, optionally followed by K, M, G or T (or KiB, MiB, GiB,
+// TiB): powers of 1024.
+uint64_t parse_bytes(const std::string& s);
 // An image size: "S" (width 0: square) or "WxH" (positive whole numbers).
 void parse_size(const std::string& s, int* width, int* height);
 // Positive integers, comma separated ("1,2,4").

@@ -36,7 +36,7 @@ Storage::Storage(size_t nbytes, Device dev, bool pin) : bytes(nbytes), device(de
     ptr = cuda::pinned_alloc(nbytes);
     capacity = nbytes;
   } else {
-    ptr = HostAllocator::allocate(nbytes, &capacity);
+    ptr = HostAllocator::allocate(nbytes, &capacity, dev.index);
   }
 }
 
@@ -46,7 +46,7 @@ Storage::~Storage() {
   else if (pinned)
     cuda::pinned_free(ptr);
   else
-    HostAllocator::free(ptr, capacity);
+    HostAllocator::free(ptr, capacity, device.index);
 }
 
 static uint64_t next_tensor_id() {

@@ -1,6 +1,7 @@
 #include "runtime/allocator.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -10,11 +11,27 @@
 namespace unetcu {
 namespace {
 
+constexpr int kMaxCpuDevices = 64;
+
 struct State {
   std::mutex mu;
   std::multimap<size_t, void*> free_blocks;  // capacity -> block
   AllocatorStats stats;
+  AllocatorStats devices[kMaxCpuDevices];  // current and peak bytes in each device's tensors
 };
+
+std::atomic<size_t> g_limit{0};
+
+int slot(int device) { return device >= 0 && device < kMaxCpuDevices ? device : 0; }
+
+// Counts a block taken for `device`'s tensors (the lock held).
+void count_in(State& s, int device, size_t capacity) {
+  s.stats.current_bytes += capacity;
+  if (s.stats.current_bytes > s.stats.peak_bytes) s.stats.peak_bytes = s.stats.current_bytes;
+  AllocatorStats& d = s.devices[slot(device)];
+  d.current_bytes += capacity;
+  if (d.current_bytes > d.peak_bytes) d.peak_bytes = d.current_bytes;
+}
 
 State& state() {
   static State* s = new State();  // never destroyed: tensors may be freed during exit
@@ -35,19 +52,23 @@ size_t round_size(size_t bytes) {
 
 }  // namespace
 
-void* HostAllocator::allocate(size_t bytes, size_t* capacity) {
+void* HostAllocator::allocate(size_t bytes, size_t* capacity, int device) {
   const size_t want = round_size(bytes ? bytes : 1);
   State& s = state();
   {
     std::lock_guard<std::mutex> lock(s.mu);
+    const size_t limit = g_limit.load(), held = s.devices[slot(device)].current_bytes;
+    if (limit && held + want > limit)
+      throw Error(str_cat("out of memory on cpu:", device, ": allocating ", bytes, " bytes with ",
+                          held, " bytes in its tensors needs ", held + want,
+                          " bytes, over the limit of ", limit, " bytes (--max-memory)"));
     auto it = s.free_blocks.lower_bound(want);
     if (it != s.free_blocks.end() && it->first <= want + want / 8) {
       void* p = it->second;
       *capacity = it->first;
       s.stats.cached_bytes -= it->first;
       s.free_blocks.erase(it);
-      s.stats.current_bytes += *capacity;
-      if (s.stats.current_bytes > s.stats.peak_bytes) s.stats.peak_bytes = s.stats.current_bytes;
+      count_in(s, device, *capacity);
       return p;
     }
   }
@@ -60,16 +81,16 @@ void* HostAllocator::allocate(size_t bytes, size_t* capacity) {
   *capacity = want;
   std::lock_guard<std::mutex> lock(s.mu);
   ++s.stats.system_allocations;
-  s.stats.current_bytes += want;
-  if (s.stats.current_bytes > s.stats.peak_bytes) s.stats.peak_bytes = s.stats.current_bytes;
+  count_in(s, device, want);
   return p;
 }
 
-void HostAllocator::free(void* ptr, size_t capacity) {
+void HostAllocator::free(void* ptr, size_t capacity, int device) {
   if (!ptr) return;
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   s.stats.current_bytes -= capacity;
+  s.devices[slot(device)].current_bytes -= capacity;
   // Blocks in tensors and in the cache together stay within twice what the busiest moment
   // ever needed in tensors (at least a floor), so sizes that stop recurring cannot pile up
   // without bound. Twice: an evaluation pass at 512², batch 4, held 457 MB at most but needed
@@ -92,11 +113,21 @@ AllocatorStats HostAllocator::stats() {
   return s.stats;
 }
 
+AllocatorStats HostAllocator::device_stats(int device) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.devices[slot(device)];
+}
+
 void HostAllocator::reset_peak() {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   s.stats.peak_bytes = s.stats.current_bytes;
+  for (AllocatorStats& d : s.devices) d.peak_bytes = d.current_bytes;
 }
+
+void set_memory_limit(size_t bytes) { g_limit = bytes; }
+size_t memory_limit() { return g_limit.load(); }
 
 void HostAllocator::release_cache() {
   State& s = state();

@@ -21,12 +21,23 @@ struct AllocatorStats {
 
 class HostAllocator {
  public:
-  // Returns a block of at least `bytes`; *capacity receives its real size (pass it to free).
-  static void* allocate(size_t bytes, size_t* capacity);
-  static void free(void* ptr, size_t capacity);
-  static AllocatorStats stats();
+  // Returns a block of at least `bytes` for a tensor of CPU device `device` (cpu:N); *capacity
+  // receives its real size (pass it and the device to free). Past the memory limit of a
+  // device (set_memory_limit), throws an out-of-memory error naming the device, the
+  // allocation, what its tensors hold and the limit.
+  static void* allocate(size_t bytes, size_t* capacity, int device = 0);
+  static void free(void* ptr, size_t capacity, int device = 0);
+  static AllocatorStats stats();               // every CPU device together, and the cache
+  static AllocatorStats device_stats(int device);  // cpu:N's tensors (current, peak)
   static void reset_peak();
   static void release_cache();  // returns every cached block to the system
 };
+
+// The most memory each device's tensors may hold at once (--max-memory), 0 for no limit: the
+// CPU devices' tensors (the host cache is shared, not counted) and each GPU's blocks (tensors
+// and the caching allocator's cache, as a GPU of that size holds them). An allocation past it
+// is an out-of-memory error, as on a device of that size.
+void set_memory_limit(size_t bytes);
+size_t memory_limit();
 
 }  // namespace unetcu

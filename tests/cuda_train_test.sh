@@ -11,7 +11,8 @@
 #   tests/cuda_train_test.sh GROUP unet_train unet_predict unet_bench unet_synthetic_dataset
 #
 # GROUP picks the runs, each group its own ctest case (they run side by side under ctest -j):
-# single (float32 with a checkpoint, its resume, prediction from it; three classes on crops
+# single (float32 with a checkpoint, its resume, prediction from it; a GPU of 4 MiB refusing
+# the step; three classes on crops
 # and tiled prediction), graphs (bf16 NHWC eager
 # and as a CUDA graph), fallback (bf16 NHWC where the emulated cuDNN refuses unaligned channels), accumulate (accumulation eager and as a graph), launched (the profile
 # and one launched process), dp (two GPUs), mp (the pipeline on one GPU), bench.
@@ -64,6 +65,13 @@ if [ "$group" = single ]; then
     { epochs single; expect single '^strategy: one device, cuda:0$' "strategy line"; }
   [ -s "$d/m.safetensors" ] && [ -s "$d/m.safetensors.train" ] || { echo "FAIL: no checkpoint written"; fail=1; }
   [ "$(grep -c . "$d/m.csv" 2>/dev/null)" = 4 ] || { echo "FAIL: the metrics log has not a header and 3 rows"; fail=1; }
+  # A GPU of 4 MiB (--max-memory): the step does not fit; one line names the device, the
+  # allocation, the blocks it would take and the limit.
+  "$train" "${tiny[@]}" --device cuda:0 --max-memory 4M > "$d/small.log" 2> "$d/small.err"
+  rc=$?
+  [ "$rc" = 1 ] && [ "$(wc -l < "$d/small.err")" = 1 ] &&
+    grep -qE '^unet_train: error: out of device memory on cuda:0: allocating [0-9]+ bytes with [0-9]+ bytes in tensors \(the device.s blocks would take [0-9]+ bytes, over the limit of 4194304 bytes \(--max-memory\)\)$' "$d/small.err" ||
+    { echo "FAIL: --max-memory 4M: exit $rc, expected exit 1 and one line naming the limit:"; sed 's/^/  /' "$d/small.err"; fail=1; }
   # Resumed for a fourth epoch.
   run resume "$train" "${model[@]}" --batch-size 2 --epochs 4 --device cuda:0 --resume "$d/m.safetensors" &&
     expect resume '^epoch 4/4 ' "the resumed run has no epoch 4"

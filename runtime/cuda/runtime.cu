@@ -16,6 +16,7 @@
 #include <sanitizer/asan_interface.h>
 #endif
 
+#include "runtime/allocator.h"
 #include "runtime/block_pool.h"
 #include "runtime/cuda/runtime.cuh"
 #include "runtime/cuda_api.h"
@@ -319,6 +320,13 @@ class DeviceMemory : public CudaEvents {
  public:
   explicit DeviceMemory(int device) : device_(device) {}
   void* allocate(size_t bytes) override {
+    // --max-memory: a GPU of that size (blocks in tensors and in the cache alike).
+    const size_t limit = memory_limit();
+    if (limit && reserved_ + bytes > limit) {
+      t_alloc_error = str_cat("the device's blocks would take ", reserved_ + bytes,
+                              " bytes, over the limit of ", limit, " bytes (--max-memory)");
+      return nullptr;
+    }
     DeviceGuard g(device_);
     void* p = nullptr;
     const cudaError_t err = cudaMalloc(&p, bytes);
@@ -328,17 +336,20 @@ class DeviceMemory : public CudaEvents {
       return nullptr;
     }
     CUDA_CHECK(err);  // anything else is a fault to report, not a full device
+    reserved_ += bytes;
     return p;
   }
   // cudaFree synchronises the whole device: the pool calls it only when memory is short
   // (BlockPool::allocate) or when asked to empty its cache.
-  void deallocate(void* ptr, size_t) noexcept override {
+  void deallocate(void* ptr, size_t bytes) noexcept override {
     QuietDeviceGuard g(device_);
     if (cudaFree(ptr) != cudaSuccess) cudaGetLastError();
+    reserved_ -= bytes;
   }
 
  private:
   int device_;
+  std::atomic<size_t> reserved_{0};  // taken from cudaMalloc and not given back
 };
 
 class PinnedMemory : public CudaEvents {

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# --max-memory: each CPU device's tensors stay under the limit, and a run that needs more ends
+# with one line naming the device, what it needed and the limit (exit 1); --recompute blocks
+# trains where the plain step does not fit (a 128x128, batch 4, width/16 step needs between 8
+# and 10 MiB without recomputation, under 8 with it).
+#
+#   tests/memory_limit_test.sh unet_train
+set -u
+train=$1
+d=$(mktemp -d)
+trap 'rm -rf "$d"' EXIT
+fail=0
+T=(--image-size 128 --width-divisor 16 --train-size 8 --val-size 2 --batch-size 4 --epochs 1 --no-progress)
+
+# refused NAME PATTERN ARGS...: exit 1, and stderr is one line matching PATTERN.
+refused() {
+  local name=$1 pattern=$2
+  shift 2
+  "$train" "${T[@]}" "$@" > "$d/$name.out" 2> "$d/$name.err"
+  local rc=$? lines
+  lines=$(wc -l < "$d/$name.err")
+  if [ "$rc" != 1 ] || [ "$lines" != 1 ] || ! grep -qE "$pattern" "$d/$name.err"; then
+    echo "FAIL: $name: exit $rc, $lines stderr lines, expected exit 1 and one line matching: $pattern"
+    sed 's/^/  /' "$d/$name.err" | tail -5
+    fail=1
+  fi
+}
+# fits NAME ARGS...: exit 0 and its epoch line.
+fits() {
+  local name=$1
+  shift
+  "$train" "${T[@]}" "$@" > "$d/$name.out" 2> "$d/$name.err"
+  local rc=$?
+  if [ "$rc" != 0 ] || ! grep -q '^epoch 1/1 ' "$d/$name.out"; then
+    echo "FAIL: $name: exit $rc, expected a finished epoch"
+    tail -5 "$d/$name.err" | sed 's/^/  /'
+    fail=1
+  fi
+}
+
+oom='^unet_train: error: out of memory on cpu:[0-9]+: allocating [0-9]+ bytes with [0-9]+ bytes in its tensors needs [0-9]+ bytes, over the limit of'
+refused single "$oom 8388608 bytes \(--max-memory\)\$" --max-memory 8M
+fits single_recompute --max-memory 8M --recompute blocks
+fits single_roomy --max-memory 10M
+refused dp "$oom 4194304 bytes" --max-memory 4M --mode dp --devices cpu:0,cpu:1
+refused mp "$oom 4194304 bytes" --max-memory 4M --mode mp --devices cpu:0,cpu:1 --split-size 2
+# bad_flag NAME PATTERN ARGS...: a non-zero exit whose first stderr line matches PATTERN (the
+# command line's own errors, as every flag's).
+bad_flag() {
+  local name=$1 pattern=$2
+  shift 2
+  "$train" "${T[@]}" "$@" > "$d/$name.out" 2> "$d/$name.err"
+  local rc=$?
+  if [ "$rc" = 0 ] || ! head -1 "$d/$name.err" | grep -qE "$pattern"; then
+    echo "FAIL: $name: exit $rc, expected a refusal matching: $pattern"
+    sed 's/^/  /' "$d/$name.err" | tail -5
+    fail=1
+  fi
+}
+bad_flag unit "^--max-memory: '8X' is not a size in bytes" --max-memory 8X
+bad_flag zero "^--max-memory: '0' is not a size in bytes: 0" --max-memory 0
+[ "$fail" = 0 ] && echo "memory limit: runs past --max-memory end with one line; --recompute blocks fits under 8 MiB where the plain step does not"
+exit "$fail"
