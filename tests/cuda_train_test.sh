@@ -15,7 +15,7 @@
 # the step; three classes on crops
 # and tiled prediction), graphs (bf16 NHWC eager
 # and as a CUDA graph), fallback (bf16 NHWC where the emulated cuDNN refuses unaligned channels), accumulate (accumulation eager and as a graph), launched (the profile
-# and one launched process), dp (two GPUs), mp (the pipeline on one GPU), bench.
+# and one launched process), dp (two GPUs; with synchronised batch norm and recomputation), mp (the pipeline on one GPU), bench.
 set -u
 group=$1 train=$2 predict=$3 bench=$4 make_data=$5
 case "$group" in single|graphs|fallback|accumulate|launched|dp|mp|bench) ;;
@@ -156,6 +156,14 @@ if [ "$group" = dp ]; then
     { epochs dp; expect dp '^epoch 3/3 .*  lr [0-9.e-]+$' "no learning rate on the last epoch line"
       expect dp 'gradients clipped to norm 0.5$' "no gradient clipping on the data line"
       expect dp '^epoch 3/3 .*  grad_norm [0-9.e+-]+ \(max [0-9.e+-]+, [0-9]+/[0-9]+ clipped\)' "no gradient norms on the epoch line"; }
+  # Synchronised batch norm over NCCL, every block recomputed in the backward (its batch-norm
+  # all-reduces run again there, in the same order on both ranks): the losses of the run
+  # without recomputation (--deterministic: the same kernels).
+  dpr=("${tiny[@]}" --mode dp --devices cuda:0,cuda:1 --sync-bn --deterministic)
+  run dp_plain "$train" "${dpr[@]}" && run dp_recompute "$train" "${dpr[@]}" --recompute blocks &&
+    { expect dp_recompute '^model: .*every block recomputed in the backward$' "no recompute on the model line"
+      [ -n "$(losses dp_plain)" ] && [ "$(losses dp_plain)" = "$(losses dp_recompute)" ] ||
+        { echo "FAIL: dp losses with --recompute blocks differ:"; paste <(losses dp_plain) <(losses dp_recompute) | sed 's/^/  /'; fail=1; }; }
 fi
 if [ "$group" = mp ]; then
   # The article's pipeline on one GPU (two stages, two streams), micro-batches of 1, as a graph;
