@@ -20,6 +20,7 @@
 #include "kernels/cpu/conv_dnnl.h"
 #include "kernels/cpu/cpu_select.h"
 #include "parallel/nccl_communicator.h"
+#include "planning/memory_model.h"
 #include "runtime/allocator.h"
 #include "runtime/cuda_api.h"
 
@@ -160,10 +161,15 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
            "--mode mp: gpipe (all forwards, then all backwards) or 1f1b");
   app.add_option_function<std::string>(
       "--recompute",
-      checked("--recompute", [&cfg](const std::string& s) { cfg.strategy.model.recompute = cli::parse_recompute(s); }),
+      checked("--recompute", [&cfg](const std::string& s) {
+        cfg.recompute_auto = s == "auto";
+        cfg.strategy.model.recompute = cfg.recompute_auto ? std::vector<bool>() : cli::parse_recompute(s);
+      }),
       "Activation recomputation, any mode: none; blocks (every block keeps only its input and "
       "output for the backward, which runs its forward again first: less memory, about one "
-      "more forward of time); or the blocks to recompute, comma separated (names as --split)")
+      "more forward of time); the blocks to recompute, comma separated (names as --split); or "
+      "auto (--mode single or dp, with --max-memory: the fewest blocks whose step the memory "
+      "model puts under the limit, measured first at batches of 1 and 2)")
       ->default_str("none");
   app.add_option_function<std::string>(
       "--devices",
@@ -348,6 +354,64 @@ void check_train_count(const TrainConfig& c, int64_t train_n, const std::string&
 }
 
 }  // namespace
+
+// --recompute auto: the memory model (planning/memory_model.h) measured on the run's first
+// device at batches of 1 and 2 of the training set, then the fewest blocks whose recomputation
+// it predicts puts a step at the run's batch under --max-memory (ties: the lowest peak).
+static std::vector<bool> choose_recompute(const TrainConfig& cfg, const StrategyConfig& sc,
+                                          const Dataset& train, std::ostream& out) {
+  UNETCU_CHECK(sc.mode == Mode::Single || sc.mode == Mode::DataParallel,
+               "--recompute auto: --mode single or dp (a pipeline stage's memory is not modelled "
+               "yet); name the blocks to recompute instead");
+  const size_t limit = memory_limit();
+  UNETCU_CHECK(limit > 0, "--recompute auto needs --max-memory (the memory the step must fit in)");
+  UNETCU_CHECK(train.size() >= 2, "--recompute auto measures batches of 1 and 2 images: the "
+               "training set has ", train.size());
+  UNetConfig mc = sc.model;
+  mc.device = sc.devices.at(0);
+  mc.recompute.clear();
+  MemoryProfile profile;
+  set_memory_limit(0);  // the measurement is not the run
+  try {
+    UNet model(mc);
+    auto optimizer = optimizer_factory(sc.optimizer)(model.parameters());
+    const auto batch = [&](int n) {
+      std::vector<int64_t> idx;
+      for (int i = 0; i < n; ++i) idx.push_back(i);
+      return make_batch(train, idx, cfg.fit.dtype, false, Augment::None, 0, 0, cfg.fit.crop);
+    };
+    profile = profile_memory(model, *optimizer, sc.loss, batch(1), batch(2));
+  } catch (...) {
+    set_memory_limit(limit);
+    throw;
+  }
+  set_memory_limit(limit);
+  const int blocks = UNet::kBlocks, n = cfg.fit.batch_size;
+  std::vector<bool> best, set(static_cast<size_t>(blocks), false);
+  int best_count = blocks + 1;
+  double best_peak = 0;
+  for (unsigned mask = 0; mask < (1u << blocks); ++mask) {
+    int count = 0;
+    for (int b = 0; b < blocks; ++b) count += (set[size_t(b)] = (mask >> b) & 1u);
+    if (count > best_count) continue;
+    const double peak = predict_step_peak(profile, n, set);
+    if (peak > double(limit)) continue;
+    if (count < best_count || peak < best_peak) best = set, best_count = count, best_peak = peak;
+  }
+  const auto mib = [](double b) { return str_cat(int64_t(b / (1 << 20) + 0.5), " MiB"); };
+  const double all = predict_step_peak(profile, n, std::vector<bool>(size_t(blocks), true));
+  UNETCU_CHECK(best_count <= blocks, "--recompute auto: a step of ", n, " images needs about ",
+               mib(all), " with every block recomputed, over the limit of ", mib(double(limit)),
+               " (--max-memory); use a smaller batch, or split the model over devices");
+  std::string names;
+  for (int b = 0; b < blocks; ++b)
+    if (best[size_t(b)]) names += (names.empty() ? "" : ",") + cli::unet_block_names()[size_t(b)];
+  out << "recompute auto: " << (names.empty() ? std::string("none") : names) << " (predicted peak "
+      << mib(best_peak) << " of the " << mib(double(limit)) << " limit; without recomputation "
+      << mib(predict_step_peak(profile, n, {})) << ")\n";
+  if (best_count == 0) best.clear();
+  return best;
+}
 
 // ", recompute N blocks" (all: "every block"), or nothing.
 static std::string recompute_text(const std::vector<bool>& on) {
@@ -747,6 +811,7 @@ TrainResult train_unet(const TrainConfig& given, std::ostream& rank0_out,
   // Processes on one machine share its cores: by default each takes its share.
   if (group && sc.threads == 0) sc.threads = std::max(1, omp_get_num_procs() / std::max(1, dist.local_size));
   if (!sc.split_size && !sc.search_split) sc.split_size = cfg.fit.batch_size;
+  if (cfg.recompute_auto) sc.model.recompute = choose_recompute(cfg, sc, *train_ds, out);
   std::unique_ptr<Batch> probe;
   if (cfg.strategy.search_split) {
     std::vector<int64_t> idx;
@@ -759,7 +824,7 @@ TrainResult train_unet(const TrainConfig& given, std::ostream& rank0_out,
   out << "strategy: " << strategy->describe() << "\n"
       << "model: Unet(resnet34), " << strategy->model().parameter_count() << " parameters, width divisor "
       << cfg.strategy.model.width_divisor << ", " << dtype_name(cfg.fit.dtype)
-      << recompute_text(cfg.strategy.model.recompute) << "\n"
+      << recompute_text(sc.model.recompute) << "\n"
       << "data: " << (cfg.data.folder.empty() ? "synthetic" : cfg.data.folder);
   if (cfg.fit.crop)
     out << (cfg.data.folder.empty() ? str_cat(" at ", cfg.data.width(), "x", cfg.data.height()) : std::string(" at their own sizes"))

@@ -1,5 +1,7 @@
 #include "data/dataset.h"
 
+#include "runtime/allocator.h"
+
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -233,6 +235,7 @@ Batch make_batch(const Dataset& ds, const std::vector<int64_t>& indices, DType d
   const int64_t B = int64_t(indices.size()), H = crop ? crop : ds.height(), W = crop ? crop : ds.width();
   UNETCU_CHECK(B > 0, "empty batch");
   UNETCU_CHECK(H > 0 && W > 0, "make_batch: samples of their own sizes need a crop size");
+  const HostDataScope host_data;  // a loader's batch: host memory, no device's
   Batch out = pinned ? Batch{Tensor::empty_pinned({B, 3, H, W}, dtype), Tensor::empty_pinned({B, 1, H, W}, dtype)}
                      : Batch{Tensor::empty({B, 3, H, W}, dtype), Tensor::empty({B, 1, H, W}, dtype)};
   std::vector<std::exception_ptr> errors(static_cast<size_t>(B));

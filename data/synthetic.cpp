@@ -1,5 +1,7 @@
 #include "data/synthetic.h"
 
+#include "runtime/allocator.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -121,6 +123,7 @@ Batch SyntheticSegmentation::batch(const std::vector<int64_t>& indices, DType dt
   const int64_t B = int64_t(indices.size()), H = height_, W = width_;
   UNETCU_CHECK(B > 0, "empty batch");
   UNETCU_CHECK(device.is_cpu(), "synthetic batches are made on a CPU device");
+  const HostDataScope host_data;  // a loader's batch: host memory, no device's
   Batch out = pinned ? Batch{Tensor::empty_pinned({B, 3, H, W}, dtype),
                              Tensor::empty_pinned({B, 1, H, W}, dtype)}
                      : Batch{Tensor::empty({B, 3, H, W}, dtype, device),

@@ -36,7 +36,8 @@ Storage::Storage(size_t nbytes, Device dev, bool pin) : bytes(nbytes), device(de
     ptr = cuda::pinned_alloc(nbytes);
     capacity = nbytes;
   } else {
-    ptr = HostAllocator::allocate(nbytes, &capacity, dev.index);
+    account = HostDataScope::active() ? -1 : dev.index;
+    ptr = HostAllocator::allocate(nbytes, &capacity, account);
   }
 }
 
@@ -46,7 +47,7 @@ Storage::~Storage() {
   else if (pinned)
     cuda::pinned_free(ptr);
   else
-    HostAllocator::free(ptr, capacity, device.index);
+    HostAllocator::free(ptr, capacity, account);
 }
 
 static uint64_t next_tensor_id() {

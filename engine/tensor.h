@@ -30,6 +30,7 @@ struct Storage {
   size_t capacity = 0;  // size of the allocator block holding it
   Device device;
   bool pinned = false;   // page-locked host memory (CPU device), for asynchronous uploads
+  int account = 0;       // CPU: the device whose memory it counts in (-1: host data)
   Storage(size_t bytes, Device device, bool pinned = false);
   ~Storage();
   Storage(const Storage&) = delete;

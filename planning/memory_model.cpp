@@ -47,7 +47,9 @@ StepMemory measure_step(UNet& model, Optimizer& optimizer, LossKind loss_kind, c
   StepMemory s;
   optimizer.zero_grad();
   const double empty = m.held();
-  const Tensor images = b.images.to(dev), masks = b.masks.to(dev);
+  // Placed as a strategy places it: a copy on a GPU, the loader's own tensors on a CPU device.
+  const Tensor images = b.images.device() == dev ? b.images : b.images.to(dev);
+  const Tensor masks = b.masks.device() == dev ? b.masks : b.masks.to(dev);
   const double start = m.held();
   s.before = empty;
   s.batch = start - empty;
@@ -105,15 +107,8 @@ MemoryProfile profile_memory(UNet& model, Optimizer& optimizer, LossKind loss, c
   const StepMemory c = measure_step(model, optimizer, loss, b2);
   const auto slope = [&](double x1, double x2) { return std::max(0.0, (x2 - x1) / (n2 - n1)); };
   MemoryProfile p;
-  // The batches given are held beside the step (on a CPU device, as the device's tensors): not
-  // part of what a step holds before it. A step's own batch is its images and masks.
-  const Device dev = model.parameters()[0].device();
-  const auto bytes = [](const Batch& b) { return double(b.images.nbytes() + b.masks.nbytes()); };
-  double resident = 0;
-  for (const Batch* b : {&b1, &b2})
-    if (b->images.device() == dev) resident += bytes(*b);
-  p.before = std::max(a.before, c.before) - resident;
-  p.batch = bytes(b2) / n2;
+  p.before = std::max(a.before, c.before);
+  p.batch = c.batch / n2;  // on a GPU its copy; a CPU device reads the loader's host batch
   p.loss = c.loss / n2;
   p.gradients = std::max(a.gradients, c.gradients);
   p.optimizer = std::max(a.optimizer, c.optimizer);

@@ -37,14 +37,14 @@ struct BlockMemory {
 struct MemoryProfile {
   std::vector<BlockMemory> blocks;
   double before = 0;           // held when a step starts, less the batch
-  double batch = 0;            // bytes per sample of the batch on the device (images, masks)
+  double batch = 0;            // bytes per sample of the batch's copy on the device (none on a CPU)
   double loss = 0;             // bytes per sample the loss adds at the end of the forward
   double gradients = 0;        // the parameter gradients after the backward
   double optimizer = 0;        // the optimizer step's scratch above them
 };
 
 // Steps `model` (on its device, with `optimizer` over its parameters) at b1 and then b2 > b1
-// samples of `data`-like batches (b1's and b2's given), each twice (the first sets up the
+// samples (host batches, as make_batch makes them), each twice (the first sets up the
 // optimizer's state), measuring as above. The model's parameters change (it trains).
 MemoryProfile profile_memory(UNet& model, Optimizer& optimizer, LossKind loss, const Batch& b1,
                              const Batch& b2);

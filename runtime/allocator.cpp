@@ -24,10 +24,13 @@ std::atomic<size_t> g_limit{0};
 
 int slot(int device) { return device >= 0 && device < kMaxCpuDevices ? device : 0; }
 
-// Counts a block taken for `device`'s tensors (the lock held).
+thread_local int t_host_data = 0;
+
+// Counts a block taken for `device`'s tensors (-1: host data, no device's; the lock held).
 void count_in(State& s, int device, size_t capacity) {
   s.stats.current_bytes += capacity;
   if (s.stats.current_bytes > s.stats.peak_bytes) s.stats.peak_bytes = s.stats.current_bytes;
+  if (device < 0) return;
   AllocatorStats& d = s.devices[slot(device)];
   d.current_bytes += capacity;
   if (d.current_bytes > d.peak_bytes) d.peak_bytes = d.current_bytes;
@@ -57,7 +60,8 @@ void* HostAllocator::allocate(size_t bytes, size_t* capacity, int device) {
   State& s = state();
   {
     std::lock_guard<std::mutex> lock(s.mu);
-    const size_t limit = g_limit.load(), held = s.devices[slot(device)].current_bytes;
+    const size_t limit = device < 0 ? 0 : g_limit.load();
+    const size_t held = device < 0 ? 0 : s.devices[slot(device)].current_bytes;
     if (limit && held + want > limit)
       throw Error(str_cat("out of memory on cpu:", device, ": allocating ", bytes, " bytes with ",
                           held, " bytes in its tensors needs ", held + want,
@@ -90,7 +94,7 @@ void HostAllocator::free(void* ptr, size_t capacity, int device) {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   s.stats.current_bytes -= capacity;
-  s.devices[slot(device)].current_bytes -= capacity;
+  if (device >= 0) s.devices[slot(device)].current_bytes -= capacity;
   // Blocks in tensors and in the cache together stay within twice what the busiest moment
   // ever needed in tensors (at least a floor), so sizes that stop recurring cannot pile up
   // without bound. Twice: an evaluation pass at 512², batch 4, held 457 MB at most but needed
@@ -127,6 +131,10 @@ void HostAllocator::reset_peak() {
 }
 
 void set_memory_limit(size_t bytes) { g_limit = bytes; }
+
+HostDataScope::HostDataScope() { ++t_host_data; }
+HostDataScope::~HostDataScope() { --t_host_data; }
+bool HostDataScope::active() { return t_host_data > 0; }
 size_t memory_limit() { return g_limit.load(); }
 
 void HostAllocator::release_cache() {

@@ -21,10 +21,10 @@ struct AllocatorStats {
 
 class HostAllocator {
  public:
-  // Returns a block of at least `bytes` for a tensor of CPU device `device` (cpu:N); *capacity
-  // receives its real size (pass it and the device to free). Past the memory limit of a
-  // device (set_memory_limit), throws an out-of-memory error naming the device, the
-  // allocation, what its tensors hold and the limit.
+  // Returns a block of at least `bytes` for a tensor of CPU device `device` (cpu:N; -1: host
+  // data, no device's); *capacity receives its real size (pass it and the device to free).
+  // Past the memory limit of a device (set_memory_limit), throws an out-of-memory error naming
+  // the device, the allocation, what its tensors hold and the limit.
   static void* allocate(size_t bytes, size_t* capacity, int device = 0);
   static void free(void* ptr, size_t capacity, int device = 0);
   static AllocatorStats stats();               // every CPU device together, and the cache
@@ -39,5 +39,18 @@ class HostAllocator {
 // is an out-of-memory error, as on a device of that size.
 void set_memory_limit(size_t bytes);
 size_t memory_limit();
+
+// While one is alive on a thread, the CPU tensors the thread makes are host data (a loader's
+// batches: make_batch, SyntheticSegmentation::batch), not a device's: counted under no CPU
+// device and never refused by the memory limit, as on a GPU run, where they are host memory
+// beside the device's.
+class HostDataScope {
+ public:
+  HostDataScope();
+  ~HostDataScope();
+  HostDataScope(const HostDataScope&) = delete;
+  HostDataScope& operator=(const HostDataScope&) = delete;
+  static bool active();
+};
 
 }  // namespace unetcu

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# --max-memory: each CPU device's tensors stay under the limit, and a run that needs more ends
-# with one line naming the device, what it needed and the limit (exit 1); --recompute blocks
-# trains where the plain step does not fit (a 128x128, batch 4, width/16 step needs between 8
-# and 10 MiB without recomputation, under 8 with it).
+# --max-memory: each CPU device's tensors stay under the limit (the loader's batches are host
+# data, not counted), and a run that needs more ends with one line naming the device, what it
+# needed and the limit (exit 1); --recompute blocks trains where the plain step does not fit
+# (a 128x128, batch 4, width/16 step needs between 6 and 7 MiB without recomputation, under 6
+# with it); --recompute auto names the blocks the memory model says fit, and trains, or says
+# in one line that even every block does not.
 #
 #   tests/memory_limit_test.sh unet_train
 set -u
@@ -39,9 +41,15 @@ fits() {
 }
 
 oom='^unet_train: error: out of memory on cpu:[0-9]+: allocating [0-9]+ bytes with [0-9]+ bytes in its tensors needs [0-9]+ bytes, over the limit of'
-refused single "$oom 8388608 bytes \(--max-memory\)\$" --max-memory 8M
-fits single_recompute --max-memory 8M --recompute blocks
-fits single_roomy --max-memory 10M
+refused single "$oom 6291456 bytes \(--max-memory\)\$" --max-memory 6M
+fits single_recompute --max-memory 6M --recompute blocks
+fits single_roomy --max-memory 8M
+fits single_auto --max-memory 6M --recompute auto
+grep -qE '^recompute auto: [a-z.0-9]+(,[a-z.0-9]+)* \(predicted peak [0-9]+ MiB of the 6 MiB limit; without recomputation [0-9]+ MiB\)$' "$d/single_auto.out" &&
+  grep -qE '^model: .*recomputed in the backward: ' "$d/single_auto.out" ||
+  { echo "FAIL: --recompute auto named no blocks:"; sed 's/^/  /' "$d/single_auto.out" | head -8; fail=1; }
+refused auto_too_small "^unet_train: error: --recompute auto: a step of 4 images needs about [0-9]+ MiB with every block recomputed, over the limit of 3 MiB" --max-memory 3M --recompute auto
+refused auto_no_limit "^unet_train: error: --recompute auto needs --max-memory" --recompute auto
 refused dp "$oom 4194304 bytes" --max-memory 4M --mode dp --devices cpu:0,cpu:1
 refused mp "$oom 4194304 bytes" --max-memory 4M --mode mp --devices cpu:0,cpu:1 --split-size 2
 # bad_flag NAME PATTERN ARGS...: a non-zero exit whose first stderr line matches PATTERN (the
@@ -59,5 +67,5 @@ bad_flag() {
 }
 bad_flag unit "^--max-memory: '8X' is not a size in bytes" --max-memory 8X
 bad_flag zero "^--max-memory: '0' is not a size in bytes: 0" --max-memory 0
-[ "$fail" = 0 ] && echo "memory limit: runs past --max-memory end with one line; --recompute blocks fits under 8 MiB where the plain step does not"
+[ "$fail" = 0 ] && echo "memory limit: runs past --max-memory end with one line; --recompute blocks and auto fit under 6 MiB where the plain step does not"
 exit "$fail"
