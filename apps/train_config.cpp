@@ -168,8 +168,8 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
       "Activation recomputation, any mode: none; blocks (every block keeps only its input and "
       "output for the backward, which runs its forward again first: less memory, about one "
       "more forward of time); the blocks to recompute, comma separated (names as --split); or "
-      "auto (--mode single or dp, with --max-memory: the fewest blocks whose step the memory "
-      "model puts under the limit, measured first at batches of 1 and 2)")
+      "auto (--mode single, with --max-memory: the fewest blocks whose step the memory model "
+      "puts under the limit, measured first at batches of 1 and 2)")
       ->default_str("none");
   app.add_option_function<std::string>(
       "--devices",
@@ -360,9 +360,9 @@ void check_train_count(const TrainConfig& c, int64_t train_n, const std::string&
 // it predicts puts a step at the run's batch under --max-memory (ties: the lowest peak).
 static std::vector<bool> choose_recompute(const TrainConfig& cfg, const StrategyConfig& sc,
                                           const Dataset& train, std::ostream& out) {
-  UNETCU_CHECK(sc.mode == Mode::Single || sc.mode == Mode::DataParallel,
-               "--recompute auto: --mode single or dp (a pipeline stage's memory is not modelled "
-               "yet); name the blocks to recompute instead");
+  UNETCU_CHECK(sc.mode == Mode::Single,
+               "--recompute auto: --mode single (a data-parallel replica's and a pipeline "
+               "stage's memory are not modelled yet); name the blocks to recompute instead");
   const size_t limit = memory_limit();
   UNETCU_CHECK(limit > 0, "--recompute auto needs --max-memory (the memory the step must fit in)");
   UNETCU_CHECK(train.size() >= 2, "--recompute auto measures batches of 1 and 2 images: the "

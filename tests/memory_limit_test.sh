@@ -50,6 +50,7 @@ grep -qE '^recompute auto: [a-z.0-9]+(,[a-z.0-9]+)* \(predicted peak [0-9]+ MiB 
   { echo "FAIL: --recompute auto named no blocks:"; sed 's/^/  /' "$d/single_auto.out" | head -8; fail=1; }
 refused auto_too_small "^unet_train: error: --recompute auto: a step of 4 images needs about [0-9]+ MiB with every block recomputed, over the limit of 3 MiB" --max-memory 3M --recompute auto
 refused auto_no_limit "^unet_train: error: --recompute auto needs --max-memory" --recompute auto
+refused auto_dp "^unet_train: error: --recompute auto: --mode single " --max-memory 6M --recompute auto --mode dp --devices cpu:0,cpu:1
 refused dp "$oom 4194304 bytes" --max-memory 4M --mode dp --devices cpu:0,cpu:1
 refused mp "$oom 4194304 bytes" --max-memory 4M --mode mp --devices cpu:0,cpu:1 --split-size 2
 # bad_flag NAME PATTERN ARGS...: a non-zero exit whose first stderr line matches PATTERN (the
