@@ -12,13 +12,14 @@
 #
 # GROUP picks the runs, each group its own ctest case (they run side by side under ctest -j):
 # single (float32 with a checkpoint, its resume, prediction from it; a GPU of 4 MiB refusing
-# the step; three classes on crops
-# and tiled prediction), graphs (bf16 NHWC eager
-# and as a CUDA graph), fallback (bf16 NHWC where the emulated cuDNN refuses unaligned channels), accumulate (accumulation eager and as a graph), launched (the profile
-# and one launched process), dp (two GPUs; with synchronised batch norm and recomputation), mp (the pipeline on one GPU), bench.
+# the step; three classes on crops and tiled prediction), graphs (bf16 NHWC eager and as a
+# CUDA graph), fallback (bf16 NHWC where the emulated cuDNN refuses unaligned channels),
+# accumulate (accumulation eager and as a graph), launched (the profile and one launched
+# process), dp (two GPUs), recompute (two GPUs, synchronised batch norm, every block
+# recomputed), mp (the pipeline on one GPU), bench.
 set -u
 group=$1 train=$2 predict=$3 bench=$4 make_data=$5
-case "$group" in single|graphs|fallback|accumulate|launched|dp|mp|bench) ;;
+case "$group" in single|graphs|fallback|accumulate|launched|dp|recompute|mp|bench) ;;
   *) echo "FAIL: unknown group '$group'"; exit 1 ;; esac
 d=$(mktemp -d)
 trap 'rm -rf "$d"' EXIT
@@ -156,6 +157,8 @@ if [ "$group" = dp ]; then
     { epochs dp; expect dp '^epoch 3/3 .*  lr [0-9.e-]+$' "no learning rate on the last epoch line"
       expect dp 'gradients clipped to norm 0.5$' "no gradient clipping on the data line"
       expect dp '^epoch 3/3 .*  grad_norm [0-9.e+-]+ \(max [0-9.e+-]+, [0-9]+/[0-9]+ clipped\)' "no gradient norms on the epoch line"; }
+fi
+if [ "$group" = recompute ]; then
   # Synchronised batch norm over NCCL, every block recomputed in the backward (its batch-norm
   # all-reduces run again there, in the same order on both ranks): the losses of the run
   # without recomputation (--deterministic: the same kernels).
