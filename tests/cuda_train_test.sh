@@ -162,7 +162,7 @@ if [ "$group" = recompute ]; then
   # Synchronised batch norm over NCCL, every block recomputed in the backward (its batch-norm
   # all-reduces run again there, in the same order on both ranks): the losses of the run
   # without recomputation (--deterministic: the same kernels).
-  dpr=("${tiny[@]}" --mode dp --devices cuda:0,cuda:1 --sync-bn --deterministic)
+  dpr=("${model[@]}" --batch-size 2 --epochs 2 --mode dp --devices cuda:0,cuda:1 --sync-bn --deterministic)
   run dp_plain "$train" "${dpr[@]}" && run dp_recompute "$train" "${dpr[@]}" --recompute blocks &&
     { expect dp_recompute '^model: .*every block recomputed in the backward$' "no recompute on the model line"
       [ -n "$(losses dp_plain)" ] && [ "$(losses dp_plain)" = "$(losses dp_recompute)" ] ||
