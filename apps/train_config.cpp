@@ -382,10 +382,10 @@ static std::vector<bool> choose_recompute(const TrainConfig& cfg, const Strategy
     };
     profile = profile_memory(model, *optimizer, sc.loss, batch(1), batch(2));
   } catch (...) {
-    set_memory_limit(limit);
+    set_memory_limit(limit, "--max-memory");
     throw;
   }
-  set_memory_limit(limit);
+  set_memory_limit(limit, "--max-memory");
   const int blocks = UNet::kBlocks, n = cfg.fit.batch_size;
   std::vector<bool> best, set(static_cast<size_t>(blocks), false);
   int best_count = blocks + 1;
@@ -759,7 +759,7 @@ TrainResult train_unet(const TrainConfig& given, std::ostream& rank0_out,
     apply_precision(cfg.precision, cfg.tf32, d);
     if (d.is_cuda()) cuda::set_deterministic(cfg.deterministic);
   }
-  set_memory_limit(size_t(cfg.max_memory));
+  set_memory_limit(size_t(cfg.max_memory), "--max-memory");
   const MemoryFormat format = memory_format_of(cfg.memory_format);
   if (cfg.precision == Precision::BF16 || format == MemoryFormat::NHWC)
     out << "precision: " << (cfg.precision == Precision::BF16 ? "bf16 activations and gradients (float32 "

@@ -65,7 +65,7 @@ void* HostAllocator::allocate(size_t bytes, size_t* capacity, int device) {
     if (limit && held + want > limit)
       throw Error(str_cat("out of memory on cpu:", device, ": allocating ", bytes, " bytes with ",
                           held, " bytes in its tensors needs ", held + want,
-                          " bytes, over the limit of ", limit, " bytes (--max-memory)"));
+                          " bytes, over the limit of ", limit, " bytes", memory_limit_source()));
     auto it = s.free_blocks.lower_bound(want);
     if (it != s.free_blocks.end() && it->first <= want + want / 8) {
       void* p = it->second;
@@ -130,7 +130,21 @@ void HostAllocator::reset_peak() {
   for (AllocatorStats& d : s.devices) d.peak_bytes = d.current_bytes;
 }
 
-void set_memory_limit(size_t bytes) { g_limit = bytes; }
+std::mutex g_source_mu;
+std::string g_source;
+
+void set_memory_limit(size_t bytes, const std::string& source) {
+  {
+    std::lock_guard<std::mutex> lock(g_source_mu);
+    g_source = source;
+  }
+  g_limit = bytes;
+}
+
+std::string memory_limit_source() {
+  std::lock_guard<std::mutex> lock(g_source_mu);
+  return g_source.empty() ? std::string() : " (" + g_source + ")";
+}
 
 HostDataScope::HostDataScope() { ++t_host_data; }
 HostDataScope::~HostDataScope() { --t_host_data; }

@@ -6,6 +6,7 @@
 // aligned. Thread-safe.
 #pragma once
 #include <cstddef>
+#include <string>
 
 namespace unetcu {
 
@@ -37,8 +38,11 @@ class HostAllocator {
 // CPU devices' tensors (the host cache is shared, not counted) and each GPU's blocks (tensors
 // and the caching allocator's cache, as a GPU of that size holds them). An allocation past it
 // is an out-of-memory error, as on a device of that size.
-void set_memory_limit(size_t bytes);
+// `source` names where the limit came from, for the error (the program's flag), if anything.
+void set_memory_limit(size_t bytes, const std::string& source = "");
 size_t memory_limit();
+// " (SOURCE)" for the limit's errors, or nothing.
+std::string memory_limit_source();
 
 // While one is alive on a thread, the CPU tensors the thread makes are host data (a loader's
 // batches: make_batch, SyntheticSegmentation::batch), not a device's: counted under no CPU

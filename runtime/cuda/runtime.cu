@@ -324,7 +324,7 @@ class DeviceMemory : public CudaEvents {
     const size_t limit = memory_limit();
     if (limit && reserved_ + bytes > limit) {
       t_alloc_error = str_cat("the device's blocks would take ", reserved_ + bytes,
-                              " bytes, over the limit of ", limit, " bytes (--max-memory)");
+                              " bytes, over the limit of ", limit, " bytes", memory_limit_source());
       return nullptr;
     }
     DeviceGuard g(device_);
