@@ -23,8 +23,10 @@
 #include "engine/tape.h"
 #include "runtime/algo_cache.h"
 #include "runtime/cuda_api.h"
+#include "env_scope.h"
 
 using namespace unetcu;
+using unetcu::testing::EnvScope;
 
 namespace {
 
@@ -302,23 +304,6 @@ TEST_CASE("CUDA conv2d bfloat16 equals the CPU float64 conv on bf16-rounded inpu
 }
 
 namespace {
-
-// Sets an environment variable for a scope, then restores it (the emulator reads its
-// settings at each call, on the calling thread).
-struct EnvScope {
-  std::string name, previous;
-  bool had = false;
-  EnvScope(const char* n, const char* value) : name(n) {
-    if (const char* v = std::getenv(n)) had = true, previous = v;
-    setenv(n, value, 1);
-  }
-  ~EnvScope() {
-    if (had)
-      setenv(name.c_str(), previous.c_str(), 1);
-    else
-      unsetenv(name.c_str());
-  }
-};
 
 // What the process writes to stderr for a scope, kept in a temporary file.
 class StderrCapture {

@@ -39,8 +39,10 @@
 #include "train/strategy.h"
 #include "same_state.h"
 #include "stream_gate.h"
+#include "env_scope.h"
 
 using namespace unetcu;
+using unetcu::testing::EnvScope;
 
 namespace {
 
@@ -827,23 +829,6 @@ void conv_step(int64_t n, int64_t c, int64_t s, int64_t o) {
   tape.backward({y}, {gpu(random64(y.shape(), rng))});
   cuda::synchronize(0);
 }
-
-// Sets an environment variable for a scope, then restores it (the emulator reads its
-// settings at each call, on the calling thread).
-struct EnvScope {
-  std::string name, previous;
-  bool had = false;
-  EnvScope(const char* n, const char* value) : name(n) {
-    if (const char* v = std::getenv(n)) had = true, previous = v;
-    setenv(n, value, 1);
-  }
-  ~EnvScope() {
-    if (had)
-      setenv(name.c_str(), previous.c_str(), 1);
-    else
-      unsetenv(name.c_str());
-  }
-};
 
 }  // namespace
 
