@@ -55,13 +55,13 @@ std::vector<Tensor> checkpoint(const char* name, const PieceFn& fn,
       RecomputeScope again;
       outs = fn(leaves);
     }
-    std::vector<Tensor> seeds, grads;
+    std::vector<Tensor> seeds, grads;  // moved into the backward, which lets each go once used
     for (size_t k = 0; k < outs.size(); ++k)
       if (outs[k].requires_grad() && ctx.grad_output(int(k)).defined()) {
         seeds.push_back(outs[k]);
         grads.push_back(ctx.grad_output(int(k)));
       }
-    inner.backward(seeds, grads);
+    inner.backward(std::move(seeds), std::move(grads));
     for (size_t i = 0; i < n_in; ++i) {
       if (!fresh[i].defined()) continue;
       const Tensor got = leaves[i].grad();

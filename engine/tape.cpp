@@ -115,7 +115,7 @@ void Tape::backward(const Tensor& loss) {
   backward({loss}, {Tensor::full(loss.shape(), 1.0, loss.dtype(), loss.device())});
 }
 
-void Tape::backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs) {
+void Tape::backward(std::vector<Tensor> outputs, std::vector<Tensor> grad_outputs) {
   UNETCU_CHECK(outputs.size() == grad_outputs.size(), "backward: ", outputs.size(),
                " outputs but ", grad_outputs.size(), " gradients");
   for (size_t i = 0; i < outputs.size(); ++i) {
@@ -135,6 +135,9 @@ void Tape::backward(const std::vector<Tensor>& outputs, const std::vector<Tensor
       o.impl().grad = g.clone().impl_ptr();
     }
   }
+  // Seeded: what the caller moved in goes as the walk frees its gradients.
+  outputs.clear();
+  grad_outputs.clear();
   // For the leaf-ready hook: the first node (in forward order) reading each leaf. Once the
   // walk back has passed it, that leaf's gradient is final.
   std::unordered_map<const TensorImpl*, size_t> first_use;

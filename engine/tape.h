@@ -82,7 +82,7 @@ class Tape {
   // Back-propagates d(loss)/d(everything) from a one-element loss.
   void backward(const Tensor& loss);
   // Back-propagates from the given gradients of the given outputs.
-  void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs);
+  void backward(std::vector<Tensor> outputs, std::vector<Tensor> grad_outputs);
 
   // Called during backward() as soon as a leaf's gradient is final (no node left to run uses
   // it): data parallelism starts reducing gradient buckets while the rest of backward runs.

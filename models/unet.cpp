@@ -228,10 +228,6 @@ void UNet::set_recompute(std::vector<bool> blocks) {
   UNETCU_CHECK(blocks.empty() || blocks.size() == blocks_.size(), "recompute: ", blocks.size(),
                " flags for ", blocks_.size(), " blocks");
   recompute_ = std::move(blocks);
-  block_params_.assign(blocks_.size(), {});
-  for (size_t b = 0; b < blocks_.size(); ++b)
-    for (Module* m : blocks_[b].modules)
-      for (const Tensor& p : m->parameters()) block_params_[b].push_back(p);
 }
 
 Tensor UNet::run_block(size_t b, const std::vector<Tensor>& in) const {
@@ -240,7 +236,12 @@ Tensor UNet::run_block(size_t b, const std::vector<Tensor>& in) const {
   ProfileRange range(block.name, "block");
   if (recompute_.empty() || !recompute_[b]) return block.forward(in);
   const auto fn = [&block](const std::vector<Tensor>& x) { return std::vector<Tensor>{block.forward(x)}; };
-  return checkpoint("recompute", fn, in, block_params_[b]).at(0);
+  // The parameters as they are now: a pipeline moves its blocks' modules after construction,
+  // and a list taken earlier would keep the old device's copies alive.
+  std::vector<Tensor> params;
+  for (Module* m : block.modules)
+    for (const Tensor& p : m->parameters()) params.push_back(p);
+  return checkpoint("recompute", fn, in, params).at(0);
 }
 
 std::vector<Tensor> UNet::forward_all(const Tensor& x) {

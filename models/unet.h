@@ -77,7 +77,6 @@ class UNet : public Module {
   UNetConfig cfg_;
   std::vector<Block> blocks_;
   std::vector<bool> recompute_;
-  std::vector<std::vector<Tensor>> block_params_;  // each block's parameters, for recompute
 };
 
 }  // namespace unetcu

@@ -38,7 +38,7 @@ std::vector<PipelineAction> stage_schedule(Schedule schedule, int stage, int sta
   return out;
 }
 
-void backward_stage(Tape& tape, const std::map<int, Tensor>& outputs, const std::function<Tensor(int)>& gradient_of) {
+void backward_stage(Tape& tape, std::map<int, Tensor>& outputs, const std::function<Tensor(int)>& gradient_of) {
   std::vector<Tensor> outs, grads;
   for (const auto& [b, out] : outputs) {
     Tensor g = gradient_of(b);
@@ -46,10 +46,11 @@ void backward_stage(Tape& tape, const std::map<int, Tensor>& outputs, const std:
     outs.push_back(out);
     grads.push_back(std::move(g));
   }
+  outputs.clear();  // the tape keeps what its backward reads
   if (outs.empty())
     tape.clear();
   else
-    tape.backward(outs, grads);
+    tape.backward(std::move(outs), std::move(grads));
 }
 
 Tensor forward_stage(const UNet& model, const std::vector<int>& stage_of_block, int stage,

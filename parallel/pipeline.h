@@ -80,8 +80,9 @@ Tensor forward_stage(const UNet& model, const std::vector<int>& stage_of_block, 
 // A stage's backward of one micro-batch from its seeds, on `tape`: each output of `outputs`
 // (block -> tensor) whose `gradient_of(block)` is defined (the sum of the gradients of the
 // later stages that read it, in stage order), or, where no later stage used any, the tape
-// cleared. The one backward seeding both pipelines run.
-void backward_stage(Tape& tape, const std::map<int, Tensor>& outputs, const std::function<Tensor(int)>& gradient_of);
+// cleared. `outputs` is emptied first, and the seeds go as the backward consumes them, so
+// neither outlives its use. The one backward seeding both pipelines run.
+void backward_stage(Tape& tape, std::map<int, Tensor>& outputs, const std::function<Tensor(int)>& gradient_of);
 
 struct Transfer {
   int from_stage, to_stage, block, micro_batch;

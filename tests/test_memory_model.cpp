@@ -1,5 +1,6 @@
-// The memory model (planning/memory_model.h) against the measured peak of training steps on a
-// CPU device: a grid of batch sizes and recompute sets, each within 10 %.
+// The memory model (planning/memory_model.h) against the measured peaks of training steps on
+// CPU devices: one device over batch sizes and recompute sets, data-parallel replicas and
+// pipeline stages over cuts, split sizes, schedules and recompute sets, each within 10 %.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -32,6 +33,45 @@ double measured_peak(UNetConfig cfg, const std::vector<bool>& recompute, const B
   s.step(placed);
   return double(HostAllocator::device_stats(0).peak_bytes);
 }
+
+// The most each device's tensors held during the third step of a fresh strategy.
+std::vector<double> measured_peaks(TrainingStrategy& s, const Batch& b) {
+  s.step(s.place(b));
+  s.step(s.place(b));
+  const PlacedBatch placed = s.place(b);
+  HostAllocator::reset_peak();
+  s.step(placed);
+  std::vector<double> out;
+  for (const Device& d : s.devices()) out.push_back(double(HostAllocator::device_stats(d.index).peak_bytes));
+  return out;
+}
+
+MemoryProfile profile_of(const UNetConfig& cfg, const SyntheticSegmentation& data) {
+  UNet model(cfg);
+  auto adam = optimizer_factory({OptimizerKind::Adam, 1e-3, 0.9, 0})(model.parameters());
+  return profile_memory(model, *adam, LossKind::BCEDice, batch_of(data, 2), batch_of(data, 4));
+}
+
+// Checks every device's prediction against its measurement; returns the worst error.
+double check_peaks(const MemoryProfile& profile, const MemoryPlan& plan, const std::vector<double>& want,
+                   const std::string& what) {
+  const std::vector<double> got = predict_peaks(profile, plan);
+  REQUIRE(got.size() == want.size());
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(got[i] - want[i]) / want[i];
+    CAPTURE(what);
+    CAPTURE(i);
+    CAPTURE(memory_report(profile, plan));
+    MESSAGE(what, ", device ", i, ": measured ", want[i] / (1 << 20), " MiB, predicted ", got[i] / (1 << 20),
+            " MiB (", err * 100, " %)");
+    CHECK(err < 0.10);
+    worst = std::max(worst, err);
+  }
+  return worst;
+}
+
+const auto kAdam = optimizer_factory({OptimizerKind::Adam, 1e-3, 0.9, 0});
 
 }  // namespace
 
@@ -69,4 +109,78 @@ TEST_CASE("the memory model predicts a step's peak within 10 % over batches and 
     }
   }
   MESSAGE("worst error over the grid: ", worst * 100, " %");
+}
+
+TEST_CASE("the memory model predicts each data-parallel replica's peak within 10 % (CPU devices)") {
+  UNetConfig cfg;
+  cfg.width_divisor = 8;
+  cfg.seed = 2;
+  SyntheticSegmentation data(96, 7);
+  const MemoryProfile profile = profile_of(cfg, data);
+  double worst = 0;
+  for (int b : {2, 3}) {
+    for (const char* set : {"none", "blocks", "layer1,decoder.blocks.3"}) {
+      UNetConfig c = cfg;
+      c.recompute = cli::parse_recompute(set);
+      DataParallelOptions o;
+      o.devices = {Device::cpu(0), Device::cpu(1)};
+      DataParallelStrategy dp(c, o, kAdam, LossKind::BCEDice);
+      const std::vector<double> want = measured_peaks(dp, batch_of(data, 2 * b));
+      MemoryPlan plan;
+      plan.kind = MemoryPlan::DataParallel;
+      plan.batch = b;
+      plan.recompute = c.recompute;
+      plan.devices = o.devices;
+      worst = std::max(worst, check_peaks(profile, plan, want, str_cat("dp, ", b, " per replica, recompute ", set)));
+    }
+  }
+  MESSAGE("worst error over the data-parallel grid: ", worst * 100, " %");
+}
+
+TEST_CASE("the memory model predicts each pipeline stage's peak within 10 % (CPU devices)") {
+  UNetConfig cfg;
+  cfg.width_divisor = 8;
+  cfg.seed = 2;
+  SyntheticSegmentation data(96, 7);
+  const MemoryProfile profile = profile_of(cfg, data);
+  struct Case {
+    const char* cuts;
+    int batch, split;
+    Schedule schedule;
+    const char* recompute;
+  };
+  const std::vector<Case> cases = {
+      {"layer3", 4, 2, Schedule::GPipe, "none"},
+      {"layer3", 4, 1, Schedule::GPipe, "none"},
+      {"layer3", 4, 1, Schedule::OneFOneB, "none"},
+      {"decoder.blocks.1", 6, 2, Schedule::GPipe, "none"},
+      {"layer2", 4, 4, Schedule::GPipe, "blocks"},
+      {"layer3", 6, 2, Schedule::OneFOneB, "blocks"},
+      {"layer2,decoder.blocks.1", 6, 2, Schedule::OneFOneB, "none"},
+      {"layer2,decoder.blocks.1", 6, 2, Schedule::GPipe, "layer3,decoder.blocks.4"},
+  };
+  double worst = 0;
+  for (const Case& k : cases) {
+    UNetConfig c = cfg;
+    c.recompute = cli::parse_recompute(k.recompute);
+    PipelineOptions o;
+    o.cuts = cli::parse_cuts(k.cuts);
+    for (size_t s = 0; s <= o.cuts.size(); ++s) o.devices.push_back(Device::cpu(int(s)));
+    o.split_size = k.split;
+    o.schedule = k.schedule;
+    PipelineStrategy mp(c, o, kAdam, LossKind::BCEDice);
+    const std::vector<double> want = measured_peaks(mp, batch_of(data, k.batch));
+    MemoryPlan plan;
+    plan.kind = MemoryPlan::Pipeline;
+    plan.batch = k.batch;
+    plan.recompute = c.recompute;
+    plan.devices = o.devices;
+    plan.cuts = o.cuts;
+    plan.split_size = k.split;
+    plan.schedule = k.schedule;
+    worst = std::max(worst, check_peaks(profile, plan, want,
+                                        str_cat("mp, cut ", k.cuts, ", batch ", k.batch, ", split ", k.split, ", ",
+                                                name_of(kScheduleNames, k.schedule), ", recompute ", k.recompute)));
+  }
+  MESSAGE("worst error over the pipeline grid: ", worst * 100, " %");
 }
