@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <omp.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
 
@@ -23,6 +24,7 @@
 #include "planning/memory_model.h"
 #include "runtime/allocator.h"
 #include "runtime/cuda_api.h"
+#include "train/auto_mode.h"
 
 namespace unetcu {
 
@@ -138,8 +140,11 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
            "single (one device, --device), dp (data parallel: one replica per device of "
            "--devices, gradients averaged by all-reduce), mp (model parallel: the model cut "
            "by --split into stages on --devices, micro-batches of --split-size; under a launcher "
-           "one stage per process) or dp+mp (under a launcher: replicas of a pipeline of "
-           "--pipeline-stages stages, one stage per process)");
+           "one stage per process), dp+mp (under a launcher: replicas of a pipeline of "
+           "--pipeline-stages stages, one stage per process) or auto (in one process: the fastest "
+           "plan that fits --max-memory, or a GPU's free memory, per device: one device, dp or mp over "
+           "--devices, with recompute and accumulation as needed; --batch-size is then the images "
+           "per optimizer step; the candidates' table is printed)");
   app.add_option("--pipeline-stages", cfg.strategy.pipeline_stages,
                  "--mode dp+mp: stages per pipeline; the launcher's process count must be a "
                  "multiple (stages x replicas; process r*S+s holds stage s of replica r)");
@@ -147,6 +152,7 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
       "--split",
       checked("--split", [&cfg](const std::string& s) {
         cfg.strategy.search_split = s == "auto";
+        cfg.split_given = true;
         if (!cfg.strategy.search_split) cfg.strategy.cuts = cli::parse_cuts(s);
       }),
       "--mode mp: the blocks after which the model is cut, comma separated, one cut per extra "
@@ -164,12 +170,13 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
       checked("--recompute", [&cfg](const std::string& s) {
         cfg.recompute_auto = s == "auto";
         cfg.strategy.model.recompute = cfg.recompute_auto ? std::vector<bool>() : cli::parse_recompute(s);
+        cfg.recompute_given = !cfg.recompute_auto && !cfg.strategy.model.recompute.empty();
       }),
       "Activation recomputation, any mode: none; blocks (every block keeps only its input and "
       "output for the backward, which runs its forward again first: less memory, about one "
       "more forward of time); the blocks to recompute, comma separated (names as --split); or "
-      "auto (--mode single, with --max-memory: the fewest blocks whose step the memory model "
-      "puts under the limit, measured first at batches of 1 and 2)")
+      "auto (with --max-memory: the fewest blocks whose step the memory model puts under the "
+      "limit on every device, measured first at batches of 1 and 2)")
       ->default_str("none");
   app.add_option_function<std::string>(
       "--devices",
@@ -357,12 +364,14 @@ void check_train_count(const TrainConfig& c, int64_t train_n, const std::string&
 
 // --recompute auto: the memory model (planning/memory_model.h) measured on the run's first
 // device at batches of 1 and 2 of the training set, then the fewest blocks whose recomputation
-// it predicts puts a step at the run's batch under --max-memory (ties: the lowest peak).
+// it predicts puts the step under --max-memory on every device of the run (ties: the lowest peak).
 static std::vector<bool> choose_recompute(const TrainConfig& cfg, const StrategyConfig& sc,
                                           const Dataset& train, std::ostream& out) {
-  UNETCU_CHECK(sc.mode == Mode::Single,
-               "--recompute auto: --mode single (a data-parallel replica's and a pipeline "
-               "stage's memory are not modelled yet); name the blocks to recompute instead");
+  UNETCU_CHECK(sc.mode == Mode::Single || sc.mode == Mode::DataParallel || (sc.mode == Mode::Pipeline && !sc.across_processes),
+               "--recompute auto: --mode single, dp, or mp in one process (it models every stage of the pipeline); "
+               "name the blocks to recompute instead");
+  UNETCU_CHECK(!sc.search_split, "--recompute auto models a given cut: with --split auto name the blocks to recompute, "
+               "or give --mode auto to choose both");
   const size_t limit = memory_limit();
   UNETCU_CHECK(limit > 0, "--recompute auto needs --max-memory (the memory the step must fit in)");
   UNETCU_CHECK(train.size() >= 2, "--recompute auto measures batches of 1 and 2 images: the "
@@ -387,6 +396,24 @@ static std::vector<bool> choose_recompute(const TrainConfig& cfg, const Strategy
   }
   set_memory_limit(limit, "--max-memory");
   const int blocks = UNet::kBlocks, n = cfg.fit.batch_size;
+  // The step as the strategy runs it: a replica's shard, or every stage of the pipeline.
+  MemoryPlan plan;
+  plan.batch = n;
+  plan.devices = sc.devices;
+  if (sc.mode == Mode::DataParallel) {
+    plan.kind = MemoryPlan::DataParallel;
+  } else if (sc.mode == Mode::Pipeline) {
+    plan.kind = MemoryPlan::Pipeline;
+    plan.batch = n * cfg.fit.accumulate;  // a pipeline accumulates over more micro-batches
+    plan.cuts = sc.cuts;
+    plan.split_size = sc.split_size;
+    plan.schedule = sc.schedule;
+  }
+  const auto peak_of = [&](const std::vector<bool>& set) {
+    plan.recompute = set;
+    const auto peaks = predict_peaks(profile, plan);
+    return *std::max_element(peaks.begin(), peaks.end());
+  };
   std::vector<bool> best, set(static_cast<size_t>(blocks), false);
   int best_count = blocks + 1;
   double best_peak = 0;
@@ -394,23 +421,63 @@ static std::vector<bool> choose_recompute(const TrainConfig& cfg, const Strategy
     int count = 0;
     for (int b = 0; b < blocks; ++b) count += (set[size_t(b)] = (mask >> b) & 1u);
     if (count > best_count) continue;
-    const double peak = predict_step_peak(profile, n, set);
-    if (peak > double(limit)) continue;
+    const double peak = peak_of(set);
+    if (peak > double(limit) * (1 - kMemoryHeadroom)) continue;
     if (count < best_count || peak < best_peak) best = set, best_count = count, best_peak = peak;
   }
   const auto mib = [](double b) { return str_cat(int64_t(b / (1 << 20) + 0.5), " MiB"); };
-  const double all = predict_step_peak(profile, n, std::vector<bool>(size_t(blocks), true));
+  const double all = peak_of(std::vector<bool>(size_t(blocks), true));
   UNETCU_CHECK(best_count <= blocks, "--recompute auto: a step of ", n, " images needs about ",
                mib(all), " with every block recomputed, over the limit of ", mib(double(limit)),
-               " (--max-memory); use a smaller batch, or split the model over devices");
+               " (--max-memory) less ", int(kMemoryHeadroom * 100), " % to spare; use a smaller batch, split the "
+               "model over devices, or let --mode auto accumulate");
   std::string names;
   for (int b = 0; b < blocks; ++b)
     if (best[size_t(b)]) names += (names.empty() ? "" : ",") + cli::unet_block_names()[size_t(b)];
   out << "recompute auto: " << (names.empty() ? std::string("none") : names) << " (predicted peak "
       << mib(best_peak) << " of the " << mib(double(limit)) << " limit; without recomputation "
-      << mib(predict_step_peak(profile, n, {})) << ")\n";
+      << mib(peak_of({})) << ")\n";
   if (best_count == 0) best.clear();
   return best;
+}
+
+// The memory each device of a --mode auto run may take: --max-memory, else a GPU's free memory
+// less a tenth (the CUDA context's and cuDNN's own, fragmentation), else the host's available
+// memory shared out over the CPU devices.
+static double auto_memory_limit(const std::vector<Device>& devices) {
+  if (memory_limit() > 0) return double(memory_limit());
+  if (devices.at(0).is_cuda()) {
+    double least = 0;
+    for (size_t i = 0; i < devices.size(); ++i) {
+      const double free_b = 0.9 * double(cuda::device_free_memory(devices[i].index));
+      least = i ? std::min(least, free_b) : free_b;
+    }
+    return least;
+  }
+  const double available = double(sysconf(_SC_AVPHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  return available / double(devices.size());
+}
+
+// --mode auto (train/auto_mode.h): the plan chosen, its strategy in `sc`, its batch and
+// accumulation in `cfg` (the images per optimizer step stay --batch-size).
+static void choose_plan(TrainConfig& cfg, StrategyConfig& sc, const Dataset& train, std::ostream& out) {
+  UNETCU_CHECK(train.size() >= 2, "--mode auto measures batches of 1 and 2 images: the training set has ",
+               train.size());
+  const auto batch_of = [&](int n) {
+    std::vector<int64_t> idx;
+    for (int i = 0; i < n; ++i) idx.push_back(i % train.size());
+    return make_batch(train, idx, cfg.fit.dtype, false, Augment::None, 0, 0, cfg.fit.crop);
+  };
+  const int tw = cfg.fit.crop ? cfg.fit.crop : cfg.data.width(), th = cfg.fit.crop ? cfg.fit.crop : cfg.data.height();
+  const int min_samples = (tw / 32) * (th / 32) > 1 ? 1 : 2;  // batch norm: two values per channel
+  const double limit = auto_memory_limit(sc.devices);
+  const AutoResult r = choose_auto_plan(sc, batch_of, cfg.fit.batch_size, limit, min_samples, out);
+  sc = r.strategy;
+  sc.threads = cfg.strategy.threads;
+  cfg.strategy.mode = sc.mode;
+  cfg.strategy.devices = sc.devices;
+  cfg.fit.batch_size = r.batch_size;
+  cfg.fit.accumulate = r.accumulate;
 }
 
 // ", recompute N blocks" (all: "every block"), or nothing.
@@ -515,10 +582,24 @@ void validate(const TrainConfig& c) {
   UNETCU_CHECK(!c.data.folder.empty() || (c.data.val_folder.empty() && c.data.list.empty()),
                "--val-data and --data-list need --data");
   UNETCU_CHECK(c.strategy.mode != Mode::Single || c.strategy.devices.empty(), "--devices belongs to --mode dp or mp");
-  UNETCU_CHECK(c.strategy.mode == Mode::Single || !c.device || as_group(c.dist),
+  UNETCU_CHECK(c.strategy.mode == Mode::Single || c.strategy.mode == Mode::Auto || !c.device || as_group(c.dist),
                "--device belongs to --mode single (or, under a launcher, names each process's "
                "device kind); --mode dp and mp take --devices");
   UNETCU_CHECK(c.strategy.mode == Mode::DataParallel || !c.strategy.sync_bn, "--sync-bn belongs to --mode dp");
+  if (c.strategy.mode == Mode::Auto) {
+    UNETCU_CHECK(!as_group(c.dist), "--mode auto chooses its plan in one process; under a launcher give --mode dp, "
+                 "mp or dp+mp (or --dist none to ignore the launcher)");
+    UNETCU_CHECK(!c.split_given && c.strategy.split_size == 0,
+                 "--mode auto chooses the cut and the split size: drop --split and --split-size");
+    UNETCU_CHECK(!c.recompute_given && !c.recompute_auto, "--mode auto chooses what to recompute: drop --recompute");
+    UNETCU_CHECK(c.fit.accumulate == 1, "--mode auto chooses the accumulation (--batch-size is then the images per "
+                 "optimizer step): drop --accumulate-grad-batches");
+    UNETCU_CHECK(!c.device || c.strategy.devices.empty(),
+                 "--mode auto: give --devices (the devices it may use) or --device (one), not both");
+    for (size_t i = 0; i < c.strategy.devices.size(); ++i)
+      for (size_t j = 0; j < i; ++j)
+        UNETCU_CHECK(c.strategy.devices[i] != c.strategy.devices[j], "--devices lists ", c.strategy.devices[i].str(), " twice");
+  }
   UNETCU_CHECK(c.strategy.mode != Mode::DataPipeline || !c.strategy.cuda_graphs,
                "--cuda-graphs belongs to --mode single, dp or mp (GPUs)");
   UNETCU_CHECK(!c.strategy.cuda_graphs || !as_group(c.dist) || c.strategy.mode == Mode::DataParallel,
@@ -703,7 +784,7 @@ TrainConfig with_settings(const TrainConfig& in) {
 
 TrainResult train_unet(const TrainConfig& given, std::ostream& rank0_out,
                        const std::function<void(const EpochStats&)>& on_epoch) {
-  const TrainConfig cfg = with_settings(given);
+  TrainConfig cfg = with_settings(given);  // --mode auto sets the plan it chose
   validate(cfg);
   const DistEnv dist = detect_dist(cfg.dist);
   std::ostream null_out(nullptr);
@@ -739,7 +820,7 @@ TrainResult train_unet(const TrainConfig& given, std::ostream& rank0_out,
   }
   out << kernels::cpu::cpu_gemm_line() << "\n";
   std::vector<Device> devices;
-  if (cfg.strategy.mode == Mode::Single) {
+  if (cfg.strategy.mode == Mode::Single || (cfg.strategy.mode == Mode::Auto && cfg.strategy.devices.empty())) {
     // float64 is a CPU-only type: "auto" then means the CPU.
     const std::string spec = cfg.device ? cfg.device->str() : cfg.fit.dtype != DType::F32 ? "cpu" : "auto";
     std::string note;
@@ -812,6 +893,10 @@ TrainResult train_unet(const TrainConfig& given, std::ostream& rank0_out,
   if (group && sc.threads == 0) sc.threads = std::max(1, omp_get_num_procs() / std::max(1, dist.local_size));
   if (!sc.split_size && !sc.search_split) sc.split_size = cfg.fit.batch_size;
   if (cfg.recompute_auto) sc.model.recompute = choose_recompute(cfg, sc, *train_ds, out);
+  if (sc.mode == Mode::Auto) {
+    choose_plan(cfg, sc, *train_ds, out);
+    check_train_count(cfg, train_ds->size(), cfg.data.folder);
+  }
   std::unique_ptr<Batch> probe;
   if (cfg.strategy.search_split) {
     std::vector<int64_t> idx;

@@ -95,6 +95,8 @@ struct TrainConfig {
   bool deterministic = false;      // CUDA: only deterministic cuDNN convolution algorithms
   uint64_t max_memory = 0;         // per device, bytes (runtime/allocator.h); 0: no limit
   bool recompute_auto = false;     // --recompute auto: the fewest blocks that fit max_memory
+  bool split_given = false;        // --split named the cuts (or auto)
+  bool recompute_given = false;    // --recompute named blocks (not none or auto)
   DistMode dist = DistMode::Auto;  // process group from the launcher's environment
   // The watched validation metric (train/monitor.h) for the best checkpoint and early stopping;
   // given only with what they belong to.

@@ -255,7 +255,8 @@ std::vector<Parts> plan_parts(const MemoryProfile& p, const MemoryPlan& plan) {
     const bool dp = plan.kind == MemoryPlan::DataParallel;
     const size_t N = dp ? (plan.devices.empty() ? size_t(std::max(1, plan.replicas)) : plan.devices.size()) : 1;
     for (size_t i = 0; i < N; ++i) {
-      Parts r = device_parts(p, plan.recompute, 0, n, B, 1, 0, dp, copied(i) ? (p.images + p.masks) * B : 0);
+      Parts r = device_parts(p, plan.recompute, 0, n, B, 1, plan.chunks > 1 ? 1 : 0, dp,
+                             copied(i) ? (p.images + p.masks) * B * plan.chunks : 0);
       r.device = device(i);
       r.what = dp ? str_cat("replica ", i) : std::string("one device");
       out.push_back(r);

@@ -85,11 +85,18 @@ struct MemoryPlan {
   // (every stage or replica), with the batch copied as on the device profiled.
   std::vector<Device> devices;
   int replicas = 1;             // DataParallel without devices
+  // Single, DataParallel: gradient accumulation, `batch` being one chunk of the step (a later
+  // chunk's backward finds every gradient made).
+  int chunks = 1;
   // Pipeline
   std::vector<int> cuts;        // first block of stages 1..S-1
   int split_size = 1;
   Schedule schedule = Schedule::GPipe;
 };
+
+// The predictions are within 10 % of the measured peaks (tests/test_memory_model.cpp); a plan
+// chosen by them counts as fitting a limit when its prediction leaves this much of it free.
+constexpr double kMemoryHeadroom = 0.10;
 
 // Whether the strategies copy a host batch onto `d`: a GPU's copy, and every CPU device's but
 // cpu:0's (the loader's tensors are cpu:0's, counted under no device).

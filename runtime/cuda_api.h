@@ -31,6 +31,9 @@ void* device_alloc(int device, size_t bytes, size_t* capacity);
 void device_free(int device, void* ptr, size_t capacity);
 AllocatorStats device_memory_stats(int device);
 void reset_device_peak(int device);
+// What a new allocation could take on `device`: the driver's free memory and this process's
+// cached blocks.
+size_t device_free_memory(int device);
 // Gives every cached block back to CUDA after waiting for its streams (cudaFree synchronises
 // the device: not while NCCL kernels of this process may wait for another rank).
 void release_device_cache(int device);

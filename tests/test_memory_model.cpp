@@ -184,3 +184,37 @@ TEST_CASE("the memory model predicts each pipeline stage's peak within 10 % (CPU
   }
   MESSAGE("worst error over the pipeline grid: ", worst * 100, " %");
 }
+
+TEST_CASE("the memory model predicts a step accumulated in chunks within 10 % (one device and DP, CPU devices)") {
+  UNetConfig cfg;
+  cfg.width_divisor = 8;
+  cfg.seed = 2;
+  SyntheticSegmentation data(96, 7);
+  const MemoryProfile profile = profile_of(cfg, data);
+  double worst = 0;
+  for (const char* set : {"none", "blocks"}) {
+    UNetConfig c = cfg;
+    c.recompute = cli::parse_recompute(set);
+    for (const auto& [chunk, chunks] : {std::pair{2, 3}, std::pair{1, 4}, std::pair{3, 2}}) {
+      MemoryPlan plan;
+      plan.batch = chunk;
+      plan.chunks = chunks;
+      plan.recompute = c.recompute;
+      plan.devices = {Device::cpu(0)};
+      {
+        SingleDevice one(c, kAdam, LossKind::BCEDice, false, chunk);
+        worst = std::max(worst, check_peaks(profile, plan, measured_peaks(one, batch_of(data, chunk * chunks)),
+                                            str_cat("one device, ", chunks, " chunks of ", chunk, ", recompute ", set)));
+      }
+      DataParallelOptions o;
+      o.devices = {Device::cpu(0), Device::cpu(1)};
+      o.accumulate_rows = chunk;
+      DataParallelStrategy dp(c, o, kAdam, LossKind::BCEDice);
+      plan.kind = MemoryPlan::DataParallel;
+      plan.devices = o.devices;
+      worst = std::max(worst, check_peaks(profile, plan, measured_peaks(dp, batch_of(data, 2 * chunk * chunks)),
+                                          str_cat("dp, ", chunks, " chunks of ", chunk, " per replica, recompute ", set)));
+    }
+  }
+  MESSAGE("worst error over the accumulation grid: ", worst * 100, " %");
+}

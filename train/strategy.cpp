@@ -436,6 +436,8 @@ std::unique_ptr<TrainingStrategy> make_strategy(const StrategyConfig& c, const B
       UNETCU_CHECK(o.split_size >= 1, "model parallelism: the split size must be at least 1");
       return std::make_unique<PipelineStrategy>(c.model, o, make_optimizer, c.loss);
     }
+    case Mode::Auto:
+      throw Error("the automatic mode chooses its plan (train/auto_mode.h) before a strategy is made");
   }
   throw Error("unknown training mode");
 }

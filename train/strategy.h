@@ -271,11 +271,13 @@ class ProcessPipelineStrategy : public TrainingStrategy {
 // --- choosing a strategy ---------------------------------------------------------------------
 
 // DataPipeline: R data-parallel replicas of an S-stage pipeline, one stage per process.
-enum class Mode { Single, DataParallel, Pipeline, DataPipeline };
+// Auto: the fastest plan that fits (train/auto_mode.h), chosen before the strategy is made.
+enum class Mode { Single, DataParallel, Pipeline, DataPipeline, Auto };
 inline constexpr NamedValue<Mode> kModeNames[] = {{"single", Mode::Single},
                                                   {"dp", Mode::DataParallel},
                                                   {"mp", Mode::Pipeline},
-                                                  {"dp+mp", Mode::DataPipeline}};
+                                                  {"dp+mp", Mode::DataPipeline},
+                                                  {"auto", Mode::Auto}};
 
 struct StrategyConfig {
   Mode mode = Mode::Single;

@@ -484,6 +484,14 @@ void reset_device_peak(int device) {
   heap(device).pool.reset_peak();
 }
 
+size_t device_free_memory(int device) {
+  check_device_index(device);
+  DeviceGuard guard(device);
+  size_t free_b = 0, total_b = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return free_b + heap(device).pool.stats().cached_bytes;
+}
+
 // Waits for the events of the cached blocks, then cudaFree's them (which synchronises the
 // device: not to be called while NCCL kernels of this process may wait for another rank).
 void release_device_cache(int device) {

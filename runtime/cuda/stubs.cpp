@@ -11,6 +11,7 @@ void* device_alloc(int, size_t, size_t*) { no_cuda(); }
 void device_free(int, void*, size_t) { no_cuda(); }
 AllocatorStats device_memory_stats(int) { no_cuda(); }
 void reset_device_peak(int) { no_cuda(); }
+size_t device_free_memory(int) { no_cuda(); }
 void release_device_cache(int) { no_cuda(); }
 void set_poison_allocations(bool) {}
 void* pinned_alloc(size_t) { no_cuda(); }
