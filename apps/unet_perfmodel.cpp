@@ -1,12 +1,16 @@
 // unet_perfmodel: the performance model of data and model parallelism for UNet-ResNet34
 // (planning/perf_model.h) on N = 2, 4, 8 devices, and the article's setting held against the
 // article's measured speedups, and DP over many machines next to PyTorch DDP's published
-// scaling.
+// scaling; then the memory model (planning/memory_model.h): each device's predicted peak for
+// the same settings, from a memory profile measured on the CPU at the image size.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <iostream>
 
+#include "cli/parse.h"
+#include "data/synthetic.h"
+#include "planning/memory_model.h"
 #include "planning/perf_model.h"
 
 using namespace unetcu;
@@ -45,6 +49,10 @@ int main(int argc, char** argv) {
                  "machines over --dp-link: --dp-ranks 8,64")
       ->delimiter(',')
       ->capture_default_str();
+  bool memory = true;
+  app.add_flag("!--no-memory", memory,
+               "Skip the memory table (it measures a step at batches of 1 and 2 of the full model on the CPU at "
+               "--image-size: seconds, and that memory)");
   CLI11_PARSE(app, argc, argv);
   try {
     double preset_tflops = 0;
@@ -92,6 +100,55 @@ int main(int argc, char** argv) {
     std::printf("| DP, batch %d per GPU, ring | %.2fx | ~1.30x |\n", dp_batch, dp.speedup);
     std::printf("| MP, batch %d, split_size %d, cut after layer3, GPipe | %.2fx | ~1.04x |\n", mp_batch,
                 mp_split, single_mp / mp_t);
+    if (memory) {
+      UNETCU_CHECK(image >= 64 && image % 32 == 0, "--image-size: a multiple of 32, at least 64, for the memory "
+                   "profile (or --no-memory)");
+      UNetConfig cfg;
+      cfg.device = Device::cpu(0);
+      MemoryProfile profile;
+      {
+        SyntheticSegmentation data(image, 1);
+        UNet model(cfg);
+        auto adam = optimizer_factory({OptimizerKind::Adam, 1e-3, 0.9, 0})(model.parameters());
+        profile = profile_memory(model, *adam, LossKind::BCEDice, data.batch({0}), data.batch({0, 1}));
+      }
+      const std::vector<bool> all(size_t(UNet::kBlocks), true);
+      const std::vector<Device> two = {Device::cuda(0), Device::cuda(1)};
+      std::printf("\nMemory per device (planning/memory_model.h), float32 NCHW, Adam, BCE+Dice, %dx%d: the profile "
+                  "measured on the CPU (a GPU holds the same tensors, with cuDNN's workspace for the CPU's "
+                  "scratch), the batch copied onto each device:\n\n| plan | peak per device (MiB) |\n|---|---|\n",
+                  image, image);
+      const auto row = [&](const std::string& name, MemoryPlan plan) {
+        std::string cells;
+        for (double b : predict_peaks(profile, plan))
+          cells += (cells.empty() ? "" : " / ") + std::to_string(int64_t(b / (1 << 20) + 0.5));
+        std::printf("| %s | %s |\n", name.c_str(), cells.c_str());
+      };
+      for (const bool again : {false, true}) {
+        const std::string rc = again ? ", every block recomputed" : "";
+        MemoryPlan one;
+        one.batch = mp_batch;
+        one.devices = {Device::cuda(0)};
+        one.recompute = again ? all : std::vector<bool>();
+        row(str_cat("one device, batch ", mp_batch, rc), one);
+        MemoryPlan dp = one;
+        dp.kind = MemoryPlan::DataParallel;
+        dp.batch = dp_batch;
+        dp.devices = two;
+        row(str_cat("DP x2, batch ", dp_batch, " per replica", rc), dp);
+        for (const Schedule s : {Schedule::GPipe, Schedule::OneFOneB}) {
+          MemoryPlan mp = one;
+          mp.kind = MemoryPlan::Pipeline;
+          mp.devices = two;
+          mp.cuts = cli::parse_cuts("layer3");
+          mp.split_size = mp_split;
+          mp.schedule = s;
+          row(str_cat("MP x2, batch ", mp_batch, ", split_size ", mp_split, ", cut after layer3, ",
+                      name_of(kScheduleNames, s), rc),
+              mp);
+        }
+      }
+    }
   } catch (const std::exception& e) {
     std::cerr << "unet_perfmodel: error: " << e.what() << "\n";
     return 1;

@@ -73,6 +73,18 @@ double check_peaks(const MemoryProfile& profile, const MemoryPlan& plan, const s
 
 const auto kAdam = optimizer_factory({OptimizerKind::Adam, 1e-3, 0.9, 0});
 
+// The grid's model (width/8), its data (96x96) and the model's memory profile on cpu:0.
+struct Grid {
+  UNetConfig cfg = [] {
+    UNetConfig c;
+    c.width_divisor = 8;
+    c.seed = 2;
+    return c;
+  }();
+  SyntheticSegmentation data{96, 7};
+  MemoryProfile profile = profile_of(cfg, data);
+};
+
 }  // namespace
 
 TEST_CASE("the memory model predicts a step's peak within 10 % over batches and recompute sets (CPU)") {
@@ -112,11 +124,10 @@ TEST_CASE("the memory model predicts a step's peak within 10 % over batches and 
 }
 
 TEST_CASE("the memory model predicts each data-parallel replica's peak within 10 % (CPU devices)") {
-  UNetConfig cfg;
-  cfg.width_divisor = 8;
-  cfg.seed = 2;
-  SyntheticSegmentation data(96, 7);
-  const MemoryProfile profile = profile_of(cfg, data);
+  const Grid g;
+  const UNetConfig& cfg = g.cfg;
+  const SyntheticSegmentation& data = g.data;
+  const MemoryProfile& profile = g.profile;
   double worst = 0;
   for (int b : {2, 3}) {
     for (const char* set : {"none", "blocks", "layer1,decoder.blocks.3"}) {
@@ -138,11 +149,10 @@ TEST_CASE("the memory model predicts each data-parallel replica's peak within 10
 }
 
 TEST_CASE("the memory model predicts each pipeline stage's peak within 10 % (CPU devices)") {
-  UNetConfig cfg;
-  cfg.width_divisor = 8;
-  cfg.seed = 2;
-  SyntheticSegmentation data(96, 7);
-  const MemoryProfile profile = profile_of(cfg, data);
+  const Grid g;
+  const UNetConfig& cfg = g.cfg;
+  const SyntheticSegmentation& data = g.data;
+  const MemoryProfile& profile = g.profile;
   struct Case {
     const char* cuts;
     int batch, split;
@@ -186,11 +196,10 @@ TEST_CASE("the memory model predicts each pipeline stage's peak within 10 % (CPU
 }
 
 TEST_CASE("the memory model predicts a step accumulated in chunks within 10 % (one device and DP, CPU devices)") {
-  UNetConfig cfg;
-  cfg.width_divisor = 8;
-  cfg.seed = 2;
-  SyntheticSegmentation data(96, 7);
-  const MemoryProfile profile = profile_of(cfg, data);
+  const Grid g;
+  const UNetConfig& cfg = g.cfg;
+  const SyntheticSegmentation& data = g.data;
+  const MemoryProfile& profile = g.profile;
   double worst = 0;
   for (const char* set : {"none", "blocks"}) {
     UNetConfig c = cfg;
