@@ -164,7 +164,8 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg) {
                  "smaller). Batch norm uses each micro-batch's statistics, as the article's run")
       ->capture_default_str();
   add_enum(app, "--schedule", cfg.strategy.schedule, kScheduleNames,
-           "--mode mp: gpipe (all forwards, then all backwards) or 1f1b");
+           "--mode mp: gpipe (all forwards, then all backwards) or 1f1b")
+      ->each([&cfg](const std::string&) { cfg.schedule_given = true; });
   app.add_option_function<std::string>(
       "--recompute",
       checked("--recompute", [&cfg](const std::string& s) {
@@ -362,6 +363,13 @@ void check_train_count(const TrainConfig& c, int64_t train_n, const std::string&
 
 }  // namespace
 
+// The fewest images a batch of the run may hold: batch norm needs two values per channel at
+// layer4, (W/32)·(H/32) per image.
+static int fewest_images(const TrainConfig& cfg) {
+  const int tw = cfg.fit.crop ? cfg.fit.crop : cfg.data.width(), th = cfg.fit.crop ? cfg.fit.crop : cfg.data.height();
+  return (tw / 32) * (th / 32) > 1 ? 1 : 2;
+}
+
 // --recompute auto: the memory model (planning/memory_model.h) measured on the run's first
 // device at batches of 1 and 2 of the training set, then the fewest blocks whose recomputation
 // it predicts puts the step under --max-memory on every device of the run (ties: the lowest peak).
@@ -374,8 +382,9 @@ static std::vector<bool> choose_recompute(const TrainConfig& cfg, const Strategy
                "or give --mode auto to choose both");
   const size_t limit = memory_limit();
   UNETCU_CHECK(limit > 0, "--recompute auto needs --max-memory (the memory the step must fit in)");
-  UNETCU_CHECK(train.size() >= 2, "--recompute auto measures batches of 1 and 2 images: the "
-               "training set has ", train.size());
+  const int k = fewest_images(cfg);
+  UNETCU_CHECK(train.size() >= 2 * k, "--recompute auto measures batches of ", k, " and ", 2 * k,
+               " images: the training set has ", train.size());
   UNetConfig mc = sc.model;
   mc.device = sc.devices.at(0);
   mc.recompute.clear();
@@ -389,7 +398,7 @@ static std::vector<bool> choose_recompute(const TrainConfig& cfg, const Strategy
       for (int i = 0; i < n; ++i) idx.push_back(i);
       return make_batch(train, idx, cfg.fit.dtype, false, Augment::None, 0, 0, cfg.fit.crop);
     };
-    profile = profile_memory(model, *optimizer, sc.loss, batch(1), batch(2));
+    profile = profile_memory(model, *optimizer, sc.loss, batch(k), batch(2 * k));
   } catch (...) {
     set_memory_limit(limit, "--max-memory");
     throw;
@@ -400,6 +409,7 @@ static std::vector<bool> choose_recompute(const TrainConfig& cfg, const Strategy
   MemoryPlan plan;
   plan.batch = n;
   plan.devices = sc.devices;
+  if (sc.mode != Mode::Pipeline) plan.chunks = cfg.fit.accumulate;  // batch_size at a time
   if (sc.mode == Mode::DataParallel) {
     plan.kind = MemoryPlan::DataParallel;
   } else if (sc.mode == Mode::Pipeline) {
@@ -411,8 +421,7 @@ static std::vector<bool> choose_recompute(const TrainConfig& cfg, const Strategy
   }
   const auto peak_of = [&](const std::vector<bool>& set) {
     plan.recompute = set;
-    const auto peaks = predict_peaks(profile, plan);
-    return *std::max_element(peaks.begin(), peaks.end());
+    return most_on_a_device(profile, plan);
   };
   std::vector<bool> best, set(static_cast<size_t>(blocks), false);
   int best_count = blocks + 1;
@@ -461,21 +470,24 @@ static double auto_memory_limit(const std::vector<Device>& devices) {
 // --mode auto (train/auto_mode.h): the plan chosen, its strategy in `sc`, its batch and
 // accumulation in `cfg` (the images per optimizer step stay --batch-size).
 static void choose_plan(TrainConfig& cfg, StrategyConfig& sc, const Dataset& train, std::ostream& out) {
-  UNETCU_CHECK(train.size() >= 2, "--mode auto measures batches of 1 and 2 images: the training set has ",
-               train.size());
+  const int min_samples = fewest_images(cfg);
+  UNETCU_CHECK(train.size() >= 2 * min_samples, "--mode auto measures batches of ", min_samples, " and ",
+               2 * min_samples, " images: the training set has ", train.size());
   const auto batch_of = [&](int n) {
     std::vector<int64_t> idx;
     for (int i = 0; i < n; ++i) idx.push_back(i % train.size());
     return make_batch(train, idx, cfg.fit.dtype, false, Augment::None, 0, 0, cfg.fit.crop);
   };
-  const int tw = cfg.fit.crop ? cfg.fit.crop : cfg.data.width(), th = cfg.fit.crop ? cfg.fit.crop : cfg.data.height();
-  const int min_samples = (tw / 32) * (th / 32) > 1 ? 1 : 2;  // batch norm: two values per channel
   const double limit = auto_memory_limit(sc.devices);
   const AutoResult r = choose_auto_plan(sc, batch_of, cfg.fit.batch_size, limit, min_samples, out);
   sc = r.strategy;
   sc.threads = cfg.strategy.threads;
-  cfg.strategy.mode = sc.mode;
+  cfg.strategy.mode = sc.mode;  // as if the flags had said it (check_train_count reads them)
   cfg.strategy.devices = sc.devices;
+  cfg.strategy.cuts = sc.cuts;
+  cfg.strategy.split_size = sc.split_size;
+  cfg.strategy.schedule = sc.schedule;
+  cfg.strategy.model.recompute = sc.model.recompute;
   cfg.fit.batch_size = r.batch_size;
   cfg.fit.accumulate = r.accumulate;
 }
@@ -592,6 +604,9 @@ void validate(const TrainConfig& c) {
     UNETCU_CHECK(!c.split_given && c.strategy.split_size == 0,
                  "--mode auto chooses the cut and the split size: drop --split and --split-size");
     UNETCU_CHECK(!c.recompute_given && !c.recompute_auto, "--mode auto chooses what to recompute: drop --recompute");
+    UNETCU_CHECK(!c.schedule_given, "--mode auto chooses the schedule: drop --schedule");
+    UNETCU_CHECK(!c.strategy.cuda_graphs, "--mode auto times and models eager steps: drop --cuda-graphs (or give "
+                 "the plan it chose, with --cuda-graphs, as flags)");
     UNETCU_CHECK(c.fit.accumulate == 1, "--mode auto chooses the accumulation (--batch-size is then the images per "
                  "optimizer step): drop --accumulate-grad-batches");
     UNETCU_CHECK(!c.device || c.strategy.devices.empty(),

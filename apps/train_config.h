@@ -97,6 +97,7 @@ struct TrainConfig {
   bool recompute_auto = false;     // --recompute auto: the fewest blocks that fit max_memory
   bool split_given = false;        // --split named the cuts (or auto)
   bool recompute_given = false;    // --recompute named blocks (not none or auto)
+  bool schedule_given = false;     // --schedule was given
   DistMode dist = DistMode::Auto;  // process group from the launcher's environment
   // The watched validation metric (train/monitor.h) for the best checkpoint and early stopping;
   // given only with what they belong to.

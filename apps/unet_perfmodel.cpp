@@ -49,8 +49,8 @@ int main(int argc, char** argv) {
                  "machines over --dp-link: --dp-ranks 8,64")
       ->delimiter(',')
       ->capture_default_str();
-  bool memory = true;
-  app.add_flag("!--no-memory", memory,
+  bool no_memory = false;
+  app.add_flag("--no-memory", no_memory,
                "Skip the memory table (it measures a step at batches of 1 and 2 of the full model on the CPU at "
                "--image-size: seconds, and that memory)");
   CLI11_PARSE(app, argc, argv);
@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
     std::printf("| DP, batch %d per GPU, ring | %.2fx | ~1.30x |\n", dp_batch, dp.speedup);
     std::printf("| MP, batch %d, split_size %d, cut after layer3, GPipe | %.2fx | ~1.04x |\n", mp_batch,
                 mp_split, single_mp / mp_t);
-    if (memory) {
+    if (!no_memory) {
       UNETCU_CHECK(image >= 64 && image % 32 == 0, "--image-size: a multiple of 32, at least 64, for the memory "
                    "profile (or --no-memory)");
       UNetConfig cfg;

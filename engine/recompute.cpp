@@ -55,7 +55,7 @@ std::vector<Tensor> checkpoint(const char* name, const PieceFn& fn,
       RecomputeScope again;
       outs = fn(leaves);
     }
-    std::vector<Tensor> seeds, grads;  // moved into the backward, which lets each go once used
+    std::vector<Tensor> seeds, grads;
     for (size_t k = 0; k < outs.size(); ++k)
       if (outs[k].requires_grad() && ctx.grad_output(int(k)).defined()) {
         seeds.push_back(outs[k]);

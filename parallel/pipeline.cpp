@@ -186,6 +186,24 @@ std::vector<Batch> Pipeline::place_ahead(const Batch& batch, std::vector<StageAr
 
 Tensor Pipeline::infer(const Tensor& images) {
   synchronize();  // the parameters the last step_async() updates on the stages' streams
+  // In micro-batches of the split size: no more of the batch on a stage at once than a
+  // training step puts there.
+  const int64_t n = images.dim(0), m = std::max(1, options_.split_size);
+  if (n <= m) return infer_micro_batch(images);
+  Tensor out;
+  for (int64_t r = 0; r < n; r += m) {
+    const Tensor part = infer_micro_batch(images.rows(r, std::min(n, r + m)));
+    if (!out.defined()) {
+      Shape s = part.shape();
+      s[0] = n;
+      out = Tensor::empty(s, part.dtype(), part.device(), part.format());
+    }
+    out.rows(r, r + part.dim(0)).copy_(part);
+  }
+  return out;
+}
+
+Tensor Pipeline::infer_micro_batch(const Tensor& images) {
   const auto& blocks = model_->blocks();
   std::vector<Tensor> outs(blocks.size());
   for (size_t b = 0; b < blocks.size(); ++b) {

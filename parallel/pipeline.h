@@ -134,8 +134,9 @@ class Pipeline {
   void parameters_placed();
   const std::vector<std::unique_ptr<Optimizer>>& optimizers() const { return optimizers_; }
   const PipelineOptions& options() const { return options_; }
-  // Inference through the stages in the calling thread (no tape, no micro-batches): logits on
-  // the last stage's device. Put the model in eval mode first for evaluation.
+  // Inference through the stages in the calling thread (no tape), in micro-batches of the
+  // split size: logits on the last stage's device. Put the model in eval mode first for
+  // evaluation (in training mode batch norm would take each micro-batch's statistics).
   Tensor infer(const Tensor& images);
   int stages() const { return int(options_.devices.size()); }
   // Of the last step: the most micro-batches whose activations a stage held at once.
@@ -145,6 +146,7 @@ class Pipeline {
   int64_t graph_replays() const { return graph_.replays(); }   // steps run as the graph
 
  private:
+  Tensor infer_micro_batch(const Tensor& images);
   class Run;  // one step's execution
   void run_stages(Run& run);
   // The step queued as the graph, *losses its micro-batches' losses; or false: run it eagerly.

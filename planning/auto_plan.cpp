@@ -39,13 +39,12 @@ Fit cheapest_fit(const MemoryProfile& memory, const std::vector<BlockProfile>& t
   const size_t n = memory.blocks.size();
   const auto peak_of = [&](const std::vector<bool>& set) {
     plan.recompute = set;
-    const auto peaks = predict_peaks(memory, plan);
-    return *std::max_element(peaks.begin(), peaks.end());
+    return most_on_a_device(memory, plan);
   };
   Fit best;
   const double plain = peak_of({});
   if (plain <= limit) return {true, {}, plain};
-  if (peak_of(std::vector<bool>(n, true)) > limit) return best;  // nothing does (nearly always)
+  UNETCU_CHECK(n < 32, "auto plans: recompute sets over ", n, " blocks");
   double best_cost = 0;
   std::vector<bool> set(n);
   for (unsigned mask = 1; mask < (1u << n); ++mask) {
@@ -89,11 +88,14 @@ std::vector<AutoPlan> auto_plans(const MemoryProfile& memory, const std::vector<
   const int N = int(s.devices.size());
   const auto share = [&](int used) { return s.devices[0].is_cpu() ? double(used) : 1.0; };
   std::vector<AutoPlan> out;
-  // One device, then DP over all: the fewest chunks at which some recompute set fits.
+  // One device, then DP over all: the whole batch (or shard) at once where some recompute set
+  // fits; else the fewest chunks at which one does, and the next two chunk counts (should the
+  // first not fit after all). Accumulation changes what batch norm sees: only where needed.
   for (const bool dp : {false, true}) {
     if (dp && (N < 2 || s.images % N != 0)) continue;
     const int replicas = dp ? N : 1, shard = s.images / replicas;
-    for (int chunks = 1; chunks <= shard; ++chunks) {
+    int found = 0;
+    for (int chunks = 1; chunks <= shard && found < 3; ++chunks) {
       if (shard % chunks != 0 || shard / chunks < s.min_samples) continue;
       const int b = shard / chunks;
       MemoryPlan plan;
@@ -108,14 +110,19 @@ std::vector<AutoPlan> auto_plans(const MemoryProfile& memory, const std::vector<
       AutoPlan a;
       a.plan = plan;
       a.predicted_peak = fit.peak;
-      a.predicted_s = chunks * (dp ? predict_dp(t, param_bytes, N, b, s.allreduce, s.link).step_s
-                                   : single_step_seconds(t, b));
+      if (dp) {  // every chunk's compute, one all-reduce of the accumulated gradients
+        const DpPrediction d = predict_dp(t, param_bytes, N, b, s.allreduce, s.link);
+        a.predicted_s = chunks * d.compute_s + (d.step_s - d.compute_s);
+      } else {
+        a.predicted_s = chunks * single_step_seconds(t, b);
+      }
       out.push_back(a);
-      break;
+      if (chunks == 1) break;
+      ++found;
     }
   }
-  // A pipeline over all the devices.
-  if (N >= 2) {
+  // A pipeline over all the devices (a stage has at least one block).
+  if (N >= 2 && N <= int(times.size())) {
     std::vector<std::vector<int>> cut_sets;
     if (N == 2) {
       for (int c = 1; c < int(times.size()); ++c) cut_sets.push_back({c});

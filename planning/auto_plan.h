@@ -7,8 +7,10 @@
 //    by compute; split sizes 1, 2, 4, ... and the whole batch; GPipe and 1F1B;
 // each with the recompute set that adds the least forward time among those the memory model
 // (memory_model.h) puts under the limit on every device, and, for one device and DP, where even
-// every block recomputed does not fit, gradient accumulation over 2, 4, ... chunks of the
-// batch (the fewest that fit). A plan is timed by the performance model (perf_model.h) from
+// every block recomputed does not fit, gradient accumulation over the fewest chunks that fit
+// (each count that divides the batch, or the shard), with the next two counts beside it
+// (accumulation changes the batch that batch norm sees, so only where nothing else fits). A
+// plan is timed by the performance model (perf_model.h) from
 // per-block times measured on the first device: a recomputed block's backward runs its forward
 // again; on CPU devices, which share the machine's cores, a plan over n devices gives each
 // block 1/n of them (its time n times longer).

@@ -108,12 +108,13 @@ MemoryProfile profile_memory(UNet& model, Optimizer& optimizer, LossKind loss, c
                              const Batch& b2) {
   const double n1 = double(b1.size()), n2 = double(b2.size());
   UNETCU_CHECK(n2 > n1 && n1 >= 1, "profile_memory: two batch sizes, the second larger");
+  const std::vector<bool> kept_recompute = model.recompute();
+  model.set_recompute({});  // the plain steps first
   measure_step(model, optimizer, loss, b1);  // the optimizer's state is made
   const StepMemory a = measure_step(model, optimizer, loss, b1);
   measure_step(model, optimizer, loss, b2);
   const StepMemory c = measure_step(model, optimizer, loss, b2);
   // Again with every block recomputed: a recomputed block's own backward.
-  const std::vector<bool> kept_recompute = model.recompute();
   model.set_recompute(std::vector<bool>(model.blocks().size(), true));
   StepMemory ra, rc;
   try {
@@ -254,6 +255,7 @@ std::vector<Parts> plan_parts(const MemoryProfile& p, const MemoryPlan& plan) {
   if (plan.kind == MemoryPlan::Single || plan.kind == MemoryPlan::DataParallel) {
     const bool dp = plan.kind == MemoryPlan::DataParallel;
     const size_t N = dp ? (plan.devices.empty() ? size_t(std::max(1, plan.replicas)) : plan.devices.size()) : 1;
+    UNETCU_CHECK(dp || plan.devices.size() <= 1, "memory plan: one device, ", plan.devices.size(), " named");
     for (size_t i = 0; i < N; ++i) {
       Parts r = device_parts(p, plan.recompute, 0, n, B, 1, plan.chunks > 1 ? 1 : 0, dp,
                              copied(i) ? (p.images + p.masks) * B * plan.chunks : 0);
@@ -265,6 +267,8 @@ std::vector<Parts> plan_parts(const MemoryProfile& p, const MemoryPlan& plan) {
   }
   const size_t S = plan.cuts.size() + 1;
   UNETCU_CHECK(plan.split_size >= 1, "memory plan: a split size of at least one sample");
+  UNETCU_CHECK(plan.devices.empty() || plan.devices.size() == S, "memory plan: ", S, " stages on ",
+               plan.devices.size(), " devices");
   const int m = std::min(plan.split_size, plan.batch);
   const int M = (plan.batch + m - 1) / m;
   for (size_t s = 0; s < S; ++s) {
@@ -289,6 +293,19 @@ std::vector<double> predict_peaks(const MemoryProfile& p, const MemoryPlan& plan
   std::vector<double> out;
   for (const Parts& r : plan_parts(p, plan)) out.push_back(r.peak());
   return out;
+}
+
+double most_on_a_device(const MemoryProfile& p, const MemoryPlan& plan) {
+  const std::vector<double> peaks = predict_peaks(p, plan);
+  if (plan.devices.empty()) return *std::max_element(peaks.begin(), peaks.end());
+  double most = 0;
+  for (size_t i = 0; i < peaks.size(); ++i) {
+    double on = 0;
+    for (size_t j = 0; j < peaks.size(); ++j)
+      if (plan.devices[j] == plan.devices[i]) on += peaks[j];
+    most = std::max(most, on);
+  }
+  return most;
 }
 
 double predict_step_peak(const MemoryProfile& p, int batch, const std::vector<bool>& recompute) {

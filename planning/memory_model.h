@@ -102,8 +102,10 @@ constexpr double kMemoryHeadroom = 0.10;
 // cpu:0's (the loader's tensors are cpu:0's, counted under no device).
 bool copies_batch(const Device& d);
 
-// The predicted peak of each device of the plan (one for Single), in bytes.
+// The predicted peak of each replica or stage of the plan (one for Single), in bytes.
 std::vector<double> predict_peaks(const MemoryProfile& p, const MemoryPlan& plan);
+// The most on any one device: stages that share a device (`--devices cuda:0,cuda:0`) add up.
+double most_on_a_device(const MemoryProfile& p, const MemoryPlan& plan);
 
 // One device's step at `batch` samples with `recompute` (one flag per block; empty: none), as
 // on the device profiled.

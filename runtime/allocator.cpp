@@ -65,7 +65,8 @@ void* HostAllocator::allocate(size_t bytes, size_t* capacity, int device) {
     if (limit && held + want > limit)
       throw Error(str_cat("out of memory on cpu:", device, ": allocating ", bytes, " bytes with ",
                           held, " bytes in its tensors needs ", held + want,
-                          " bytes, over the limit of ", limit, " bytes", memory_limit_source()));
+                          " bytes, over the limit of ", limit, " bytes",
+                          memory_limit_note()));
     auto it = s.free_blocks.lower_bound(want);
     if (it != s.free_blocks.end() && it->first <= want + want / 8) {
       void* p = it->second;
@@ -143,7 +144,12 @@ void set_memory_limit(size_t bytes, const std::string& source) {
 
 std::string memory_limit_source() {
   std::lock_guard<std::mutex> lock(g_source_mu);
-  return g_source.empty() ? std::string() : " (" + g_source + ")";
+  return g_source;
+}
+
+std::string memory_limit_note() {
+  const std::string s = memory_limit_source();
+  return s.empty() ? s : " (" + s + ")";
 }
 
 HostDataScope::HostDataScope() { ++t_host_data; }

@@ -41,8 +41,10 @@ class HostAllocator {
 // `source` names where the limit came from, for the error (the program's flag), if anything.
 void set_memory_limit(size_t bytes, const std::string& source = "");
 size_t memory_limit();
-// " (SOURCE)" for the limit's errors, or nothing.
+// Where the limit came from, as set_memory_limit was given it.
 std::string memory_limit_source();
+// " (SOURCE)" for the limit's errors, or nothing.
+std::string memory_limit_note();
 
 // While one is alive on a thread, the CPU tensors the thread makes are host data (a loader's
 // batches: make_batch, SyntheticSegmentation::batch), not a device's: counted under no CPU

@@ -87,7 +87,7 @@ expect_error "--memory-format" --memory-format nhcw
 expect_error "two --devices" --mode mp --devices cpu:0,cpu:1,cpu:0 --split auto
 expect_error "--device belongs to --mode single" --mode dp --devices cpu:0,cpu:1 --device cpu:1
 expect_error "--schedule: unknown schedule 'foo' (expected gpipe or 1f1b)" --schedule foo
-expect_error "--mode: unknown mode 'pp' (expected single, dp, mp or dp+mp)" --mode pp
+expect_error "--mode: unknown mode 'pp' (expected single, dp, mp, dp+mp or auto)" --mode pp
 expect_error "bad device 'gpu:1'" --mode dp --devices cpu:0,gpu:1
 expect_error "--mode dp+mp runs one stage per process" --mode dp+mp --pipeline-stages 2
 expect_error "--pipeline-stages belongs to --mode dp+mp" --mode mp --devices cpu:0,cpu:1 --pipeline-stages 2

@@ -16,10 +16,11 @@
 # CUDA graph), fallback (bf16 NHWC where the emulated cuDNN refuses unaligned channels),
 # accumulate (accumulation eager and as a graph), launched (the profile and one launched
 # process), dp (two GPUs), recompute (two GPUs, synchronised batch norm, every block
-# recomputed), mp (the pipeline on one GPU), bench.
+# recomputed), mp (the pipeline on one GPU), auto and auto_limit (--mode auto over two GPUs,
+# under their free memory and under --max-memory 3M), bench.
 set -u
 group=$1 train=$2 predict=$3 bench=$4 make_data=$5
-case "$group" in single|graphs|fallback|accumulate|launched|dp|recompute|mp|bench) ;;
+case "$group" in single|graphs|fallback|accumulate|launched|dp|recompute|mp|auto|auto_limit|bench) ;;
   *) echo "FAIL: unknown group '$group'"; exit 1 ;; esac
 d=$(mktemp -d)
 trap 'rm -rf "$d"' EXIT
@@ -176,6 +177,32 @@ if [ "$group" = mp ]; then
     --lr-schedule step --lr-step-epochs 1 --lr-gamma 0.5 --clip-grad-norm 0.5 &&
     { epochs mp; expect mp '^epoch 3/3 .*  lr 0.00025  live_micro_batches' "not lr 0.00025 on the last epoch line"
       expect mp '^epoch 3/3 .*  grad_norm [0-9.e+-]+ \(max [0-9.e+-]+, [0-9]+/[0-9]+ clipped\)  lr ' "no gradient norms on the epoch line"; }
+fi
+if [ "$group" = auto ] || [ "$group" = auto_limit ]; then
+  # --mode auto over two GPUs: without --max-memory the limit is their free memory (everything
+  # fits); under 3 MiB each (width/16: one GPU's plain step predicted at 3.3 MiB, DP's 2.8) the
+  # memory model's choice. Each times one plan of each kind and trains the fastest measured,
+  # its measured peak under the limit.
+  limit=
+  [ "$group" = auto_limit ] && limit=3M
+  for name in "$group"; do
+    run "$name" "$train" --image-size 64 --width-divisor 16 --train-size 8 --val-size 2 --no-progress --batch-size 4 --epochs 1 --mode auto \
+      --devices cuda:0,cuda:1 ${limit:+--max-memory $limit} &&
+      { expect "$name" '^chosen: ' "no chosen plan"
+        expect "$name" '^\| dp x2' "no DP plan in the table"
+        expect "$name" '^\| mp x2' "no MP plan in the table"
+        expect "$name" '^epoch 1/1 ' "no epoch"
+        chosen=$(sed -n 's/^chosen: //p' "$d/$name.log")
+        awk -F'|' -v chosen="$chosen" -v limit="${limit%M}" '
+            /^\| (single|dp|mp)/ {
+              n = $2; gsub(/^ +| +$/, "", n); t = $4; gsub(/ /, "", t); p = $6; gsub(/ /, "", p)
+              if (t !~ /^[0-9.]+$/) next
+              if (best == "" || t + 0 < best + 0) best = t
+              if (n == chosen) { mine = t; peak = p }
+            }
+            END { exit !(mine != "" && mine + 0 == best + 0 && (limit == "" || peak + 0 <= limit)) }' "$d/$name.log" ||
+          { echo "FAIL: $name: the chosen plan is not the fastest one measured under the limit"; sed -n '/^mode auto/,/^chosen/p' "$d/$name.log" | sed 's/^/  /'; fail=1; }; }
+  done
 fi
 if [ "$group" = bench ]; then
   # unet_bench on cuda:0 (one device: DP of one replica, MP as two stages on it).

@@ -54,12 +54,13 @@ AutoResult choose_auto_plan(const StrategyConfig& base, const std::function<Batc
                             double limit, int min_samples, std::ostream& out) {
   using Clock = std::chrono::steady_clock;
   UNETCU_CHECK(!base.devices.empty(), "the plan search needs at least one device");
+  UNETCU_CHECK(!base.cuda_graphs, "the plan search times and models eager steps, not CUDA graphs");
   AutoSearch search;
   search.devices = base.devices;
   search.images = images;
   search.limit = limit * (1 - kMemoryHeadroom);
   search.min_samples = min_samples;
-  search.allreduce = base.allreduce == AllReduceAlgo::Mpi ? AllReduceAlgo::Ring : base.allreduce;
+  search.allreduce = base.allreduce;
   const size_t saved_limit = memory_limit();
   const std::string saved_source = memory_limit_source();
   const auto restore = [&] { set_memory_limit(saved_limit, saved_source); };
@@ -79,12 +80,14 @@ AutoResult choose_auto_plan(const StrategyConfig& base, const std::function<Batc
     for (const Tensor& p : model.parameters()) param_bytes += double(p.nbytes());
     {
       auto optimizer = optimizer_factory(base.optimizer)(model.parameters());
-      memory = profile_memory(model, *optimizer, base.loss, batch_of(1), batch_of(2));
+      const int k = std::max(1, min_samples);
+      memory = profile_memory(model, *optimizer, base.loss, batch_of(k), batch_of(2 * k));
     }
+    // Block times at the sizes the plans use, as far as a plain step of that size fits the
+    // limit (beyond, a block's time per sample is taken as at the largest size measured).
     std::vector<Batch> sizes;
     for (int b : auto_batch_sizes(search))
-      if (!base.devices[0].is_cuda() || predict_step_peak(memory, b, {}) <= limit) sizes.push_back(batch_of(b));
-    if (sizes.empty()) sizes.push_back(batch_of(std::max(1, min_samples)));
+      if (sizes.empty() || predict_step_peak(memory, b, {}) <= limit) sizes.push_back(batch_of(b));
     model.train();
     times = profile_blocks_by_batch(model, sizes, base.loss, 1);
   } catch (...) {

@@ -324,7 +324,8 @@ class DeviceMemory : public CudaEvents {
     const size_t limit = memory_limit();
     if (limit && reserved_ + bytes > limit) {
       t_alloc_error = str_cat("the device's blocks would take ", reserved_ + bytes,
-                              " bytes, over the limit of ", limit, " bytes", memory_limit_source());
+                              " bytes, over the limit of ", limit, " bytes",
+                              memory_limit_note());
       return nullptr;
     }
     DeviceGuard g(device_);

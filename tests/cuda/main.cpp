@@ -47,6 +47,7 @@ const char* const kTwoGpus[] = {
     "a data-parallel capture refused on one GPU: both replicas go on eagerly, with the eager bits",
     "a data-parallel step on two GPUs returns before its work has run, its loss read late the waited step's",
     "a data-parallel loss read late on two GPUs after the group was aborted throws the reason, not a number",
+    "the memory model predicts each GPU's peak within 10 %: data parallelism and a pipeline over two GPUs",
 };
 
 // A doctest filter names the case with its commas escaped.
