@@ -87,6 +87,13 @@ fits mode_auto_one --mode auto --max-memory 5M
 check_auto mode_auto_one 5
 grep -qE '^chosen: single \(cpu:0\), recompute ' "$d/mode_auto_one.out" ||
   { echo "FAIL: mode_auto_one: one device at 5 MiB should recompute:"; sed 's/^/  /' "$d/mode_auto_one.out" | head -8; fail=1; }
+# At 32x32 batch norm needs two images a batch: the searches measure batches of 2 and 4.
+"$train" --image-size 32 --width-divisor 16 --train-size 8 --val-size 2 --batch-size 4 --epochs 1 --no-progress \
+  --mode auto --devices cpu:0,cpu:1 --max-memory 6M > "$d/auto32.out" 2> "$d/auto32.err" &&
+  grep -q '^chosen: ' "$d/auto32.out" && grep -q '^epoch 1/1 ' "$d/auto32.out" &&
+  "$train" --image-size 32 --width-divisor 16 --train-size 8 --val-size 2 --batch-size 4 --epochs 1 --no-progress \
+    --recompute auto --max-memory 6M > "$d/recompute32.out" 2> "$d/recompute32.err" ||
+  { echo "FAIL: the automatic searches at 32x32:"; tail -3 "$d/auto32.err" "$d/recompute32.err" | sed 's/^/  /'; fail=1; }
 refused mode_auto_tiny "^unet_train: error: no plan over cpu:0,cpu:1 fits a step of 4 images in 1 MiB per device" \
   --mode auto --devices cpu:0,cpu:1 --max-memory 1M
 refused mode_auto_split "^unet_train: error: --mode auto chooses the cut" --mode auto --split layer3
