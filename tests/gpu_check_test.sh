@@ -243,6 +243,7 @@ PyTorch eager 512² batch 64 (fp32, TF32, bf16 AMP),\
 profile bf16 NHWC 512² batch 14 (UNETCU_CUDA_SYNC=1),\
 train DP NCCL 1 rank 512² batch 14,train DP as 1 launched process (NCCL_COMM_ID) 512² batch 14,\
 train MP 2 stages 1 GPU 512² batch 30 split 6,train MP 2 stages 1 GPU CUDA graphs 512² batch 30 split 6,\
+train auto 1 GPU 512² batch 14 under 6G,\
 unet_bench cuda:0 256² (20 pipelines),\
 PyTorch bf16 compiled 512² batch 14,PyTorch bf16 compiled 512² batch 64"
   [ "$order" = "$want" ] || bad "full run's steps: $order"

@@ -672,6 +672,9 @@ else
         step_train 30 --mode mp --devices cuda:0,cuda:0 --split layer3 --split-size 6
       step "train MP 2 stages 1 GPU CUDA graphs 512² batch 30 split 6" 40 150 gpu \
         step_train 30 --mode mp --devices cuda:0,cuda:0 --split layer3 --split-size 6 --cuda-graphs
+      # --mode auto on one GPU under 6 GiB (about the plain step at 14): the memory model on the
+      # GPU's allocator, its table of predicted and measured peaks, and the plan it chose.
+      step "train auto 1 GPU 512² batch 14 under 6G" 60 240 gpu step_train 14 --mode auto --devices cuda:0 --max-memory 6G
       step "unet_bench cuda:0 256² (20 pipelines)" 60 600 gpu step_bench
     fi
     torch_compiled 14
