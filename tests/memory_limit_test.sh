@@ -99,6 +99,8 @@ refused mode_auto_tiny "^unet_train: error: no plan over cpu:0,cpu:1 fits a step
 refused mode_auto_split "^unet_train: error: --mode auto chooses the cut" --mode auto --split layer3
 refused mode_auto_recompute "^unet_train: error: --mode auto chooses what to recompute" --mode auto --recompute blocks
 refused mode_auto_accumulate "^unet_train: error: --mode auto chooses the accumulation" --mode auto --accumulate-grad-batches 2
+refused mode_auto_schedule "^unet_train: error: --mode auto chooses the schedule" --mode auto --schedule 1f1b
+refused mode_auto_graphs "^unet_train: error: --mode auto times and models eager steps" --mode auto --cuda-graphs
 # bad_flag NAME PATTERN ARGS...: a non-zero exit whose first stderr line matches PATTERN (the
 # command line's own errors, as every flag's).
 bad_flag() {
