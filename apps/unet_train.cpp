@@ -5,12 +5,14 @@
 #include <iostream>
 
 #include "apps/train_config.h"
+#include "cli/parse.h"
 #include "kernels/cpu/cpu_select.h"
 #include "parallel/dist.h"
 #include "train/interrupt.h"
 
 int main(int argc, char** argv) {
   using namespace unetcu;
+  cli::name_settings_as_flags();  // errors name the flags
   kernels::cpu::select_gemm_kernels(argv);  // before anything else: it may run us again
   TrainConfig cfg;
   CLI::App app{"unet_train: train a UNet-ResNet34 (segmentation_models_pytorch Unet('resnet34'), "

@@ -68,8 +68,8 @@ int main(int argc, char** argv) {
                    " is not divisible by ", n, " replicas");
       DataParallelOptions o;
       for (int r = 0; r < n; ++r) o.devices.push_back(Device::cpu(r));
-      o.algo = allreduce;
-      o.threads_per_replica = 1;
+      o.allreduce = allreduce;
+      o.threads = 1;
       std::string err_cell;
       if (bf16_allreduce) {
         // One step each from the same start: the mean gradients of full and bf16 all-reduce.

@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
         o.cuts = cuts;
         o.split_size = split;
         o.schedule = sched;
-        o.threads_per_stage = 1;
+        o.threads = 1;
         PipelineStrategy pipe(mc, o, optimizer_factory({}), LossKind::BCEDice);
         const double t = median(bench::time_steps(pipe, b, warmup, steps));
         std::string live;

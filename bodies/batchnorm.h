@@ -12,6 +12,17 @@
 
 namespace unetcu::kernels {
 
+// A batch-norm operand's geometry: [N, C, H*W] in either memory order (NCHW or NHWC), P =
+// N*H*W pixels, the values of a channel. Both backends' launchers index through it.
+struct BnGeometry {
+  int64_t N, C, HW;
+  bool nhwc;
+  HD int64_t pixels() const { return N * HW; }
+  HD int64_t numel() const { return N * C * HW; }
+  // Memory index of (n = 0, c, q = 0): the channel's first element.
+  HD int64_t first_of(int64_t c) const { return nhwc ? c : c * HW; }
+};
+
 // The scale and shift as one mul_add (bodies/common.h): the same bits in every kernel of a
 // build, which the fused op's backward needs when it recomputes the ReLU mask (below).
 template <class T> HD T bn_normalize(T x, T mean, T invstd, T gamma, T beta) {

@@ -1,5 +1,6 @@
 #include "cli/parse.h"
 
+#include "data/image_io.h"
 #include "models/unet.h"
 
 #include <algorithm>
@@ -16,27 +17,17 @@ std::optional<Device> parse_device(const std::string& s, bool allow_auto) {
   return Device::parse(s);
 }
 
-std::vector<Device> parse_device_list(const std::string& s) {
-  std::vector<Device> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(Device::parse(item));
-  UNETCU_CHECK(!out.empty(), "the device list is empty");
-  return out;
+std::vector<Device> parse_device_list(const std::string& s) { return Device::parse_list(s); }
+
+void name_settings_as_flags() {
+  set_setting_names([](const std::string& name) {
+    std::string flag = "--" + name;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    return flag;
+  });
 }
 
-const std::vector<std::string>& unet_block_names() {
-  static const std::vector<std::string> names = [] {
-    UNetConfig probe;
-    probe.width_divisor = 64;  // only the block names are read
-    UNet model(probe);
-    std::vector<std::string> out;
-    for (const auto& b : model.blocks()) out.push_back(b.name);
-    return out;
-  }();
-  return names;
-}
+const std::vector<std::string>& unet_block_names() { return UNet::block_names(); }
 
 namespace {
 // A block named by its name (encoder.layer3), the name's last part (layer3) or its index; -1
@@ -124,33 +115,8 @@ uint64_t parse_bytes(const std::string& s) {
   return v << shift;
 }
 
-void parse_size(const std::string& s, int* width, int* height) {
-  const size_t x = s.find_first_of("xX");
-  auto side = [&](const std::string& t) {
-    UNETCU_CHECK(!t.empty() && t.size() <= 18 && std::all_of(t.begin(), t.end(), ::isdigit),
-                 "'", s, "' is not a size S or WxH");
-    const long long v = std::stoll(t);
-    UNETCU_CHECK(v > 0, "'", s, "' is not a size S or WxH: a side of 0");
-    return int(std::min<long long>(v, INT_MAX));  // too large: refused by the range checks
-  };
-  if (x == std::string::npos) {
-    *width = 0, *height = side(s);
-  } else {
-    *width = side(s.substr(0, x)), *height = side(s.substr(x + 1));
-  }
-}
+void parse_size(const std::string& s, int* width, int* height) { parse_image_size(s, width, height); }
 
-std::vector<int> parse_int_list(const std::string& s) {
-  std::vector<int> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');) {
-    if (item.empty()) continue;
-    UNETCU_CHECK(item.size() < 10 && std::all_of(item.begin(), item.end(), ::isdigit),
-                 "'", item, "' is not a positive whole number");
-    out.push_back(std::stoi(item));
-  }
-  UNETCU_CHECK(!out.empty(), "the list is empty");
-  return out;
-}
+std::vector<int> parse_int_list(const std::string& s) { return unetcu::parse_int_list(s); }
 
 }  // namespace unetcu::cli

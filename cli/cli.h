@@ -5,6 +5,7 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
+#include <optional>
 #include <string>
 
 #include "cli/parse.h"
@@ -37,6 +38,13 @@ CLI::Option* add_enum(CLI::App& app, const std::string& flag, E& field,
           }),
           help + " (" + names_list(table) + ")")
       ->default_str(name_of(table, field));
+}
+
+// --flag VALUE into an optional, which stays empty unless the flag is given (where "not given"
+// means something else than any value: the checkpoint's, or "belongs to another setting").
+template <class T>
+CLI::Option* add_optional(CLI::App& app, const std::string& flag, std::optional<T>& field, const std::string& help) {
+  return app.add_option_function<T>(flag, [&field](const T& v) { field = v; }, help);
 }
 
 }  // namespace unetcu::cli

@@ -30,6 +30,9 @@ uint64_t parse_bytes(const std::string& s);
 void parse_size(const std::string& s, int* width, int* height);
 // Positive integers, comma separated ("1,2,4").
 std::vector<int> parse_int_list(const std::string& s);
+// Settings named in messages (runtime/common.h setting()) as the flags that set them: a
+// setting's name is its flag's without the dashes, '_' for '-' (batch_size: --batch-size).
+void name_settings_as_flags();
 // The block names of the UNet, in order (what --split accepts).
 const std::vector<std::string>& unet_block_names();
 

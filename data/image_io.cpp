@@ -571,4 +571,20 @@ void save_image(const std::string& path, const Image& image) {
   });
 }
 
+void parse_image_size(const std::string& s, int* width, int* height) {
+  const size_t x = s.find_first_of("xX");
+  auto side = [&](const std::string& t) {
+    UNETCU_CHECK(!t.empty() && t.size() <= 18 && std::all_of(t.begin(), t.end(), ::isdigit),
+                 "'", s, "' is not a size S or WxH");
+    const long long v = std::stoll(t);
+    UNETCU_CHECK(v > 0, "'", s, "' is not a size S or WxH: a side of 0");
+    return int(std::min<long long>(v, INT_MAX));  // too large: refused by the range checks
+  };
+  if (x == std::string::npos) {
+    *width = 0, *height = side(s);
+  } else {
+    *width = side(s.substr(0, x)), *height = side(s.substr(x + 1));
+  }
+}
+
 }  // namespace unetcu

@@ -69,4 +69,7 @@ void save_png_indexed(const std::string& path, int width, int height, const std:
 // behaviour, a signed left shift that overflows, under -fsanitize=undefined.)
 void save_image(const std::string& path, const Image& image);
 
+// An image size: "S" (width 0: square) or "WxH" (positive whole numbers).
+void parse_image_size(const std::string& s, int* width, int* height);
+
 }  // namespace unetcu

@@ -171,6 +171,15 @@ void SGD::update() {
   }
 }
 
+void OptimizerConfig::check() const {
+  UNETCU_CHECK(lr > 0 && std::isfinite(lr), setting("lr"), " must be a positive number, got ", lr);
+  UNETCU_CHECK(weight_decay >= 0 && std::isfinite(weight_decay), setting("weight_decay"), " must be >= 0");
+  UNETCU_CHECK(clip_grad_norm >= 0 && !std::isnan(clip_grad_norm), setting("clip_grad_norm"),
+               " must be a number >= 0 (0: no clipping) or inf (the norm measured, never clipped), got ",
+               clip_grad_norm);
+  UNETCU_CHECK(momentum >= 0 && momentum < 1, setting("momentum"), " must be in [0, 1)");
+}
+
 OptimizerFactory optimizer_factory(const OptimizerConfig& c) {
   return [c](std::vector<Tensor> params) -> std::unique_ptr<Optimizer> {
     std::unique_ptr<Optimizer> opt;
@@ -186,7 +195,7 @@ OptimizerFactory optimizer_factory(const OptimizerConfig& c) {
       o.weight_decay = c.weight_decay;
       opt = std::make_unique<SGD>(std::move(params), o);
     }
-    opt->set_max_grad_norm(c.max_grad_norm);
+    opt->set_max_grad_norm(c.clip_grad_norm);
     return opt;
   };
 }

@@ -121,7 +121,9 @@ struct OptimizerConfig {
   double momentum = 0.9;     // SGD only
   double weight_decay = 0;
   // Gradient clipping by the total norm (Optimizer::set_max_grad_norm); 0 none, inf measured.
-  double max_grad_norm = 0;
+  double clip_grad_norm = 0;
+  // A bad value: one line naming the setting (runtime/common.h setting()).
+  void check() const;
 };
 using OptimizerFactory = std::function<std::unique_ptr<Optimizer>(std::vector<Tensor>)>;
 OptimizerFactory optimizer_factory(const OptimizerConfig& config);

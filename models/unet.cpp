@@ -274,4 +274,16 @@ Tensor UNet::forward(const Tensor& x) {
   return outs.back();
 }
 
+const std::vector<std::string>& UNet::block_names() {
+  static const std::vector<std::string> names = [] {
+    UNetConfig probe;
+    probe.width_divisor = 64;  // only the block names are read
+    UNet model(probe);
+    std::vector<std::string> out;
+    for (const auto& b : model.blocks()) out.push_back(b.name);
+    return out;
+  }();
+  return names;
+}
+
 }  // namespace unetcu

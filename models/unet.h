@@ -56,6 +56,8 @@ class UNet : public Module {
     std::function<Tensor(const std::vector<Tensor>&)> forward;
   };
   const std::vector<Block>& blocks() const { return blocks_; }
+  // The blocks' names, in order (the names a cut or a recomputed block is given by).
+  static const std::vector<std::string>& block_names();
 
   // Logits [N, classes, H, W] in `dtype`, NCHW; H and W must be multiples of 32.
   Tensor forward(const Tensor& x);

@@ -118,6 +118,16 @@ Tensor pack_buffers(const Module& model) {
   return flat;
 }
 
+void DataParallelOptions::check() const {
+  UNETCU_CHECK(collective_timeout > 0 && collective_timeout <= 7 * 24 * 3600.0, setting("collective_timeout"),
+               " must be between 0 and 604800 seconds, got ", collective_timeout);
+  UNETCU_CHECK(!bf16_allreduce || allreduce != AllReduceAlgo::Mpi, setting("allreduce_precision"), " bf16 needs ",
+               setting("allreduce"), " ring or ps: the transport library's own all-reduce has no bfloat16 sum");
+  UNETCU_CHECK(allreduce != AllReduceAlgo::Mpi || across_processes, setting("allreduce"),
+               " mpi is the transport library's own all-reduce, for ranks in several processes: start them with "
+               "mpirun, srun or torchrun (in one process use ring or ps)");
+}
+
 DataParallel::DataParallel(const UNetConfig& model_cfg, const DataParallelOptions& options,
                            const OptimizerFactory& make_optimizer)
     : options_(options), graph_(options.cuda_graphs, int(options.devices.size())) {
@@ -134,11 +144,11 @@ DataParallel::DataParallel(const UNetConfig& model_cfg, const DataParallelOption
                "CUDA graphs need GPU replicas; ", device_list_str(options.devices), " run eagerly");
   UNETCU_CHECK(options.accumulate_rows >= 0, "data parallelism: chunks of ", options.accumulate_rows,
                " rows for gradient accumulation");
-  UNETCU_CHECK(!options.bf16_allreduce || options.algo != AllReduceAlgo::Mpi,
+  UNETCU_CHECK(!options.bf16_allreduce || options.allreduce != AllReduceAlgo::Mpi,
                "data parallelism: the MPI library's own all-reduce has no bfloat16 sum; bfloat16 "
                "gradients take the ring or ps all-reduce");
-  if (options_.threads_per_replica <= 0)
-    options_.threads_per_replica = std::max(1, omp_get_num_procs() / N);
+  if (options_.threads <= 0)
+    options_.threads = std::max(1, omp_get_num_procs() / N);
   for (int r = 0; r < N; ++r) {
     auto rep = std::make_unique<Replica>();
     rep->device = options.devices[r];
@@ -165,7 +175,7 @@ DataParallel::DataParallel(const UNetConfig& model_cfg, const DataParallelOption
     replicas_.push_back(std::move(rep));
   }
   connect();
-  pool_ = std::make_unique<WorkerPool>(options.devices, options_.threads_per_replica, "compute replica");
+  pool_ = std::make_unique<WorkerPool>(options.devices, options_.threads, "compute replica");
   replicate_rank0();  // every replica starts from rank 0's parameters and buffers
 }
 
@@ -190,23 +200,23 @@ void DataParallel::connect() {
       const int rank = base ? base->rank() : options.process_rank;
       const int world = base ? base->size() : options.process_count;
       const int dev = options.devices[0].index;
-      auto comms = make_nccl_process_communicators(dev, rank, world, base.get(),
-                                                   {options.algo, AllReduceAlgo::Ring}, options.collective_timeout);
+      auto comms = make_nccl_process_communicators(
+          dev, rank, world, base.get(), {options.allreduce, AllReduceAlgo::Ring}, options.collective_timeout);
       grad_comms.push_back(std::move(comms[0]));
       ctrl_comms.push_back(std::move(comms[1]));
     } else {
       // Two groups of their own, so gradients and control never pair up.
       if (!base) base = world_process_group(options.collective_timeout);
-      grad_comms.push_back(make_process_communicator(base->duplicate(), options.algo));
+      grad_comms.push_back(make_process_communicator(base->duplicate(), options.allreduce));
       ctrl_comms.push_back(make_process_communicator(base->duplicate(), AllReduceAlgo::Ring));
     }
   } else if (options.devices[0].is_cuda()) {
     std::vector<int> ids;
     for (const Device& d : options.devices) ids.push_back(d.index);
-    grad_comms = make_nccl_communicators(ids, options.algo, options.collective_timeout);
+    grad_comms = make_nccl_communicators(ids, options.allreduce, options.collective_timeout);
     ctrl_comms = make_nccl_communicators(ids, AllReduceAlgo::Ring, options.collective_timeout);
   } else {
-    grad_comms = make_cpu_communicators(N, options.algo, options.collective_timeout);
+    grad_comms = make_cpu_communicators(N, options.allreduce, options.collective_timeout);
     ctrl_comms = make_cpu_communicators(N, AllReduceAlgo::Ring, options.collective_timeout);
   }
   for (int r = 0; r < N; ++r) {

@@ -36,42 +36,36 @@
 #include "engine/optim.h"
 #include "models/unet.h"
 #include "parallel/communicator.h"
+#include "parallel/placement.h"
 #include "parallel/process_group.h"
 #include "parallel/worker_pool.h"
 
 namespace unetcu {
 
-struct DataParallelOptions {
-  std::vector<Device> devices;
-  AllReduceAlgo algo = AllReduceAlgo::Ring;
+// The placement's devices hold one replica each, with `threads` each on CPU devices;
+// across_processes: one replica in this process (devices: its one device), one rank of a job of
+// several processes, the communicators spanning the processes (parallel/process_communicator.h)
+// of `process_group` (null: every process of the job); GPU ranks: NCCL communicators whose
+// unique id comes over this group, or from NCCL's own rendezvous (NCCL_COMM_ID,
+// parallel/nccl_communicator.h) without any. accumulate_rows: the all-reduce overlaps the last
+// chunk's backward only; with cuda_graphs every chunk is in the one graph.
+struct DataParallelOptions : Placement {
+  AllReduceAlgo allreduce = AllReduceAlgo::Ring;
   bool sync_bn = false;
   // Gradients all-reduced in bfloat16 (PyTorch DDP's bf16_compress_hook): each bucket is
-  // rounded to a bfloat16 copy, summed (additions in float32, every partial sum rounded to
-  // bfloat16), widened back into the float32 bucket and divided by N there, before the
-  // optimizer step. Half the bytes on the wire; the mean of N replicas is off by at most
-  // 2^-8 (1 + 2^-8)^N times the mean of their magnitudes. Not with the MPI library's own
-  // all-reduce (it has no bfloat16 sum).
+  // rounded to a bfloat16 copy, summed (additions in
+  // float32, every partial sum rounded to bfloat16), widened back into the float32 bucket and
+  // divided by N there, before the optimizer step. Half the bytes on the wire; the mean of N
+  // replicas is off by at most 2^-8 (1 + 2^-8)^N times the mean of their magnitudes. Not with
+  // the MPI library's own all-reduce (it has no bfloat16 sum).
   bool bf16_allreduce = false;
   size_t bucket_bytes = size_t(25) << 20;
   size_t first_bucket_bytes = size_t(1) << 20;
-  int threads_per_replica = 0;  // CPU devices; 0: the cores shared out, at least 1 each
   bool record_events = false;   // keep an ordered log of backward nodes and bucket launches
   double collective_timeout = kDefaultCollectiveTimeout;  // seconds; then every rank fails
-  bool cuda_graphs = false;     // GPU replicas: replay each step as a CUDA graph (see above)
-  // Gradient accumulation: a replica's shard of more rows than this runs forward and backward
-  // in chunks of this many rows (the last may be smaller), each chunk's loss weighted by its
-  // share of the shard, the gradients accumulated; the all-reduce overlaps the last chunk's
-  // backward only. Batch norm uses each chunk's statistics. 0: the whole shard at once. With
-  // cuda_graphs every chunk is in the one graph.
-  int64_t accumulate_rows = 0;
-  // One replica in this process (devices: its one CPU device), one rank of a job of several
-  // processes: the communicators span the processes (parallel/process_communicator.h) of
-  // `process_group` (null: every process of the job).
-  // GPU ranks: NCCL communicators whose unique id comes over this group, or from NCCL's own
-  // rendezvous (NCCL_COMM_ID, parallel/nccl_communicator.h) without any.
-  bool across_processes = false;
   std::shared_ptr<ProcessGroup> process_group;
-  int process_rank = 0, process_count = 1;  // this process of the job (GPU ranks without a group)
+  // A bad value of a setting the user gives: one line naming it (runtime/common.h setting()).
+  void check() const;
 };
 
 // Moves the model's floating-point buffers (BN running statistics) into one flat tensor on

@@ -13,67 +13,6 @@
 
 namespace unetcu {
 
-std::vector<PipelineAction> stage_schedule(Schedule schedule, int stage, int stages, int micro_batches) {
-  UNETCU_CHECK(stages >= 1 && stage >= 0 && stage < stages && micro_batches >= 1,
-               "pipeline schedule: stage ", stage, " of ", stages, " with ", micro_batches,
-               " micro-batches");
-  const int M = micro_batches;
-  std::vector<PipelineAction> out;
-  auto F = [&](int m) { out.push_back({PipelineAction::Forward, m}); };
-  auto B = [&](int m) { out.push_back({PipelineAction::Backward, m}); };
-  if (schedule == Schedule::GPipe) {
-    for (int m = 0; m < M; ++m) F(m);
-    for (int m = 0; m < M; ++m) B(m);
-    return out;
-  }
-  // 1F1B: enough forwards in flight to keep the later stages busy, then alternate, so a stage
-  // holds at most S - s micro-batches of activations.
-  const int warm = std::min(stages - stage - 1, M);
-  for (int m = 0; m < warm; ++m) F(m);
-  for (int i = 0; i < M - warm; ++i) {
-    F(warm + i);
-    B(i);
-  }
-  for (int m = M - warm; m < M; ++m) B(m);
-  return out;
-}
-
-void backward_stage(Tape& tape, std::map<int, Tensor>& outputs, const std::function<Tensor(int)>& gradient_of) {
-  std::vector<Tensor> outs, grads;
-  for (const auto& [b, out] : outputs) {
-    Tensor g = gradient_of(b);
-    if (!g.defined()) continue;
-    outs.push_back(out);
-    grads.push_back(std::move(g));
-  }
-  outputs.clear();  // the tape keeps what its backward reads
-  if (outs.empty())
-    tape.clear();
-  else
-    tape.backward(std::move(outs), std::move(grads));
-}
-
-Tensor forward_stage(const UNet& model, const std::vector<int>& stage_of_block, int stage,
-                     const Tensor& images, const Tensor* masks, LossKind loss, double weight,
-                     std::map<int, Tensor>& outputs, const std::function<Tensor(int)>& remote) {
-  const auto& blocks = model.blocks();
-  for (size_t b = 0; b < blocks.size(); ++b) {
-    if (stage_of_block[b] != stage) continue;
-    std::vector<Tensor> in;
-    for (int i : blocks[b].inputs) {
-      if (i < 0)
-        in.push_back(images);
-      else if (stage_of_block[i] == stage)
-        in.push_back(outputs.at(i));
-      else  // straight from the stage that made it
-        in.push_back(remote(i));
-    }
-    outputs[int(b)] = model.run_block(b, in);
-  }
-  if (!masks) return Tensor();
-  return scale(segmentation_loss(loss, outputs.at(int(blocks.size()) - 1), *masks), weight);
-}
-
 Pipeline::Pipeline(const UNetConfig& model_cfg, const PipelineOptions& options,
                    const OptimizerFactory& make_optimizer)
     : options_(options), graph_(options.cuda_graphs) {
@@ -99,15 +38,7 @@ Pipeline::Pipeline(const UNetConfig& model_cfg, const PipelineOptions& options,
   cfg.device = options.devices[0];
   model_ = std::make_unique<UNet>(cfg);
   const auto& blocks = model_->blocks();
-  for (size_t i = 0; i < options.cuts.size(); ++i)
-    UNETCU_CHECK(options.cuts[i] > 0 && options.cuts[i] < int(blocks.size()) &&
-                     (i == 0 || options.cuts[i] > options.cuts[i - 1]),
-                 "model parallelism: cuts must be increasing block indices in 1..",
-                 blocks.size() - 1);
-  stage_of_block_.assign(blocks.size(), 0);
-  for (size_t b = 0; b < blocks.size(); ++b)
-    for (int c : options.cuts)
-      if (int(b) >= c) ++stage_of_block_[b];
+  stage_of_block_ = stages_of_blocks(*model_, options.cuts, "model parallelism");
   // Place each block's modules on its stage's device, then give each stage its optimizer.
   std::vector<std::vector<Tensor>> stage_params(S);
   for (size_t b = 0; b < blocks.size(); ++b)
@@ -119,9 +50,9 @@ Pipeline::Pipeline(const UNetConfig& model_cfg, const PipelineOptions& options,
     UNETCU_CHECK(!stage_params[s].empty(), "model parallelism: stage ", s, " has no blocks");
     optimizers_.push_back(make_optimizer(stage_params[s]));
   }
-  if (options_.threads_per_stage <= 0)
-    options_.threads_per_stage = std::max(1, omp_get_num_procs() / S);
-  pool_ = std::make_unique<WorkerPool>(options.devices, options_.threads_per_stage, "compute stage");
+  if (options_.threads <= 0)
+    options_.threads = std::max(1, omp_get_num_procs() / S);
+  pool_ = std::make_unique<WorkerPool>(options.devices, options_.threads, "compute stage");
   for (int s = 0; s < S; ++s)
     streams_.push_back(options.devices[s].is_cuda()
                            ? std::make_unique<cuda::Stream>(options.devices[s].index)
@@ -223,35 +154,28 @@ std::vector<Transfer> Pipeline::transfers() const {
   return transfers_;
 }
 
-// One step's execution: every stage thread walks its schedule; forward(s, m) and
-// backward(s, m) wait for what they need from the other stages.
-class Pipeline::Run {
+// One step's execution: every stage thread walks its schedule (StageRun); a tensor crosses a
+// cut as a copy to the consumer's device, taken when the producer's forward is done, and its
+// gradient comes back once the consumer's backward is.
+class Pipeline::Run : public CutTransport {
  public:
   // Queued eagerly or into a CUDA graph over the stages' streams (Pipeline::graph_step): the
   // same calls, and nothing here waits for a stream.
   Run(Pipeline& p, const std::vector<Batch>& micro_batches, LossKind loss)
-      : p_(p), loss_kind_(loss), S_(p.stages()), M_(int(micro_batches.size())),
-        inputs_(micro_batches), mb_(S_), fwd_done_(S_, std::vector<char>(M_, 0)),
-        bwd_done_(fwd_done_), fwd_event_(S_, std::vector<cuda::Event>(M_)),
-        bwd_event_(fwd_event_) {
-    int64_t total = 0;
-    for (const Batch& b : micro_batches) total += b.size();
-    for (const Batch& b : micro_batches) weight_.push_back(double(b.size()) / double(total));
-    for (auto& v : mb_) v = std::vector<MicroBatch>(M_);
+      : p_(p), S_(p.stages()), M_(int(micro_batches.size())), fwd_done_(S_, std::vector<char>(M_, 0)),
+        bwd_done_(fwd_done_), fwd_event_(S_, std::vector<cuda::Event>(M_)), bwd_event_(fwd_event_) {
+    for (int s = 0; s < S_; ++s)
+      stages_.push_back(std::make_unique<StageRun>(*p.model_, p.stage_of_block_, s, S_, p.options_.schedule,
+                                                   micro_batches, loss, *this));
   }
 
   // Stage s's whole step, on its own thread.
   void stage(int s) {
-    StageState st{s, p_.options_.devices[s], 0};
     std::unique_ptr<cuda::StreamScope> on_stream;
-    if (st.dev.is_cuda()) on_stream = std::make_unique<cuda::StreamScope>(*p_.streams_[s]);
+    if (p_.options_.devices[s].is_cuda()) on_stream = std::make_unique<cuda::StreamScope>(*p_.streams_[s]);
     p_.optimizers_[s]->zero_grad();
-    for (const PipelineAction& a : stage_schedule(p_.options_.schedule, s, S_, M_)) {
-      if (a.kind == PipelineAction::Forward)
-        forward(st, a.micro_batch);
-      else
-        backward(st, a.micro_batch);
-    }
+    stages_[s]->run();
+    p_.peak_live_[s] = std::max(p_.peak_live_[s], stages_[s]->peak_live());
     // Nothing waits for the stream here: what this step's tensors held is handed out again
     // in stream order when the Run is destroyed (each block waits for every stream that used
     // it), and the next step's work on this stream follows this one's.
@@ -269,22 +193,82 @@ class Pipeline::Run {
   // Each micro-batch's weighted loss, on the last stage's device.
   std::vector<Tensor> losses() const {
     std::vector<Tensor> out;
-    for (int m = 0; m < M_; ++m) out.push_back(mb_[S_ - 1][m].loss);
+    for (int m = 0; m < M_; ++m) out.push_back(stages_[S_ - 1]->micro_batch(m).loss);
     return out;
   }
 
+  void before_forward(int s, int m) override {
+    wait_for([&] {
+      for (int p = 0; p < s; ++p)
+        if (!fwd_done_[p][m]) return false;
+      return true;
+    });
+  }
+
+  // This stage's copy of `block`'s output for micro-batch m, taken once from its producer.
+  Tensor receive(int s, int m, int block) override {
+    MicroBatch& me = stages_[s]->micro_batch(m);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = me.received.find(block);
+      if (it != me.received.end()) return it->second;
+    }
+    const int p = p_.stage_of_block_[block];
+    const Device dev = p_.options_.devices[s];
+    after(dev, fwd_event_, p, m);
+    // Ordered after the producer's event, recorded on the producer's stream (not on whatever
+    // stream this thread has on the producer's device).
+    Tensor copy = stages_[p]->micro_batch(m).outputs.at(block).detach().to_after(dev, fwd_event_[p][m]);
+    copy.set_requires_grad(true);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      me.received.emplace(block, copy);
+    }
+    std::lock_guard<std::mutex> lock(p_.transfers_mu_);
+    p_.transfers_.push_back({p, s, block, m});
+    return copy;
+  }
+
+  void after_forward(int s, int m) override { finish(s, fwd_done_, fwd_event_, m); }
+
+  void before_backward(int s, int m) override {
+    wait_for([&] {
+      for (int c = s + 1; c < S_; ++c)
+        if (!bwd_done_[c][m]) return false;
+      return true;
+    });
+    // The later stages' backward of m is done on their streams: their gradients (and
+    // their reads of this stage's outputs) are complete before this stream goes on.
+    for (int c = s + 1; c < S_; ++c) after(p_.options_.devices[s], bwd_event_, c, m);
+  }
+
+  // The sum of the later stages' gradients of `block`'s output, in stage order.
+  Tensor gradient(int s, int m, int block) override {
+    Tensor sum;
+    for (int c = s + 1; c < S_; ++c) {
+      Tensor copy;
+      {  // another producer stage may be taking its own copies from the same map
+        std::lock_guard<std::mutex> lock(mu_);
+        auto& received = stages_[c]->micro_batch(m).received;
+        auto it = received.find(block);
+        if (it == received.end()) continue;
+        copy = it->second;
+        received.erase(it);  // its gradient comes home now
+      }
+      if (!copy.grad().defined()) continue;
+      // The consumer's gradient is read on this stage's stream; the copy records that
+      // stream as a user of its memory, so the consumer's stream does not hand it out again
+      // before this stream has read it (cuda::copy_after).
+      Tensor g = copy.grad().to_after(p_.options_.devices[s], bwd_event_[c][m]);
+      sum = sum.defined() ? add(sum, g) : g;
+    }
+    return sum;
+  }
+
+  // The producers take the gradients of this stage's copies themselves (gradient()).
+  void after_backward(int s, int m) override { finish(s, bwd_done_, bwd_event_, m); }
+
  private:
-  struct MicroBatch {
-    Tape tape;
-    std::map<int, Tensor> outputs;   // block -> output, made on this stage
-    std::map<int, Tensor> received;  // block -> this stage's copy of another stage's output
-    Tensor loss;
-  };
-  struct StageState {
-    int s;
-    Device dev;
-    int live = 0;
-  };
   using Flags = std::vector<std::vector<char>>;
   using Events = std::vector<std::vector<cuda::Event>>;
 
@@ -295,108 +279,23 @@ class Pipeline::Run {
     if (failed_) throw Error("pipeline step aborted: another stage failed");
   }
   // Marks (s, m) done: records where the stage's stream is, then tells the host threads.
-  void finish(const StageState& st, Flags& flags, Events& events, int m) {
-    if (st.dev.is_cuda()) events[st.s][m] = cuda::Event::record(st.dev.index);
+  void finish(int s, Flags& flags, Events& events, int m) {
+    const Device dev = p_.options_.devices[s];
+    if (dev.is_cuda()) events[s][m] = cuda::Event::record(dev.index);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      flags[st.s][m] = 1;
+      flags[s][m] = 1;
     }
     cv_.notify_all();
   }
-  // Makes this stage's stream wait for another stage's (p, m) work.
-  static void after(const StageState& st, const Events& events, int p, int m) {
-    if (st.dev.is_cuda()) events[p][m].wait(st.dev.index);
-  }
-
-  // This stage's copy of `block`'s output for micro-batch m, taken once from its producer.
-  Tensor receive(const StageState& st, int m, int block) {
-    MicroBatch& me = mb_[st.s][m];
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = me.received.find(block);
-      if (it != me.received.end()) return it->second;
-    }
-    const int p = p_.stage_of_block_[block];
-    after(st, fwd_event_, p, m);
-    // Ordered after the producer's event, recorded on the producer's stream (not on whatever
-    // stream this thread has on the producer's device).
-    Tensor copy = mb_[p][m].outputs.at(block).detach().to_after(st.dev, fwd_event_[p][m]);
-    copy.set_requires_grad(true);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      me.received.emplace(block, copy);
-    }
-    std::lock_guard<std::mutex> lock(p_.transfers_mu_);
-    p_.transfers_.push_back({p, st.s, block, m});
-    return copy;
-  }
-
-  void forward(StageState& st, int m) {
-    const int s = st.s;
-    wait_for([&] {
-      for (int p = 0; p < s; ++p)
-        if (!fwd_done_[p][m]) return false;
-      return true;
-    });
-    MicroBatch& me = mb_[s][m];
-    {
-      TapeScope scope(me.tape);
-      // The images are placed on the first stage's device, the masks on the last's.
-      me.loss = forward_stage(*p_.model_, p_.stage_of_block_, s, inputs_[m].images,
-                              s == S_ - 1 ? &inputs_[m].masks : nullptr, loss_kind_, weight_[m],
-                              me.outputs, [&](int i) { return receive(st, m, i); });
-    }
-    p_.peak_live_[s] = std::max(p_.peak_live_[s], ++st.live);
-    finish(st, fwd_done_, fwd_event_, m);
-  }
-
-  void backward(StageState& st, int m) {
-    const int s = st.s;
-    MicroBatch& me = mb_[s][m];
-    if (s == S_ - 1) {
-      me.tape.backward(me.loss);
-    } else {
-      wait_for([&] {
-        for (int c = s + 1; c < S_; ++c)
-          if (!bwd_done_[c][m]) return false;
-        return true;
-      });
-      // The later stages' backward of m is done on their streams: their gradients (and
-      // their reads of this stage's outputs) are complete before this stream goes on.
-      for (int c = s + 1; c < S_; ++c) after(st, bwd_event_, c, m);
-      // Seeds: each output some later stage used, with the sum of their gradients.
-      backward_stage(me.tape, me.outputs, [&](int b) {
-        Tensor sum;
-        for (int c = s + 1; c < S_; ++c) {
-          Tensor copy;
-          {  // another producer stage may be taking its own copies from the same map
-            std::lock_guard<std::mutex> lock(mu_);
-            auto it = mb_[c][m].received.find(b);
-            if (it == mb_[c][m].received.end()) continue;
-            copy = it->second;
-            mb_[c][m].received.erase(it);  // its gradient comes home now
-          }
-          if (!copy.grad().defined()) continue;
-          // The consumer's gradient is read on this stage's stream; the copy records that
-          // stream as a user of its memory, so the consumer's stream does not hand it out again
-          // before this stream has read it (cuda::copy_after).
-          Tensor g = copy.grad().to_after(st.dev, bwd_event_[c][m]);
-          sum = sum.defined() ? add(sum, g) : g;
-        }
-        return sum;
-      });
-    }
-    me.outputs.clear();
-    --st.live;
-    finish(st, bwd_done_, bwd_event_, m);
+  // Makes this stage's stream (on `dev`) wait for another stage's (p, m) work.
+  static void after(const Device& dev, const Events& events, int p, int m) {
+    if (dev.is_cuda()) events[p][m].wait(dev.index);
   }
 
   Pipeline& p_;
-  LossKind loss_kind_;
   const int S_, M_;
-  const std::vector<Batch>& inputs_;
-  std::vector<double> weight_;
-  std::vector<std::vector<MicroBatch>> mb_;  // [stage][micro-batch]
+  std::vector<std::unique_ptr<StageRun>> stages_;
   Flags fwd_done_, bwd_done_;
   // GPU stages: the point of the producer's stream where (stage, micro-batch) was done.
   Events fwd_event_, bwd_event_;

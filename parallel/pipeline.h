@@ -9,10 +9,9 @@
 //  - Each (stage, micro-batch) has its own tape. Micro-batch m's loss is weighted by its share
 //    of the batch; gradients accumulate over micro-batches; then each stage steps its own
 //    optimizer on its own parameters. Batch norm uses each micro-batch's statistics.
-//  - The order in which a stage runs its forwards and backwards is a schedule (below), apart
-//    from the execution: GPipe (all forwards, then all backwards) and 1F1B (warm-up of
-//    S - s - 1 forwards on stage s, then one forward / one backward, then the remaining
-//    backwards).
+//  - The order in which a stage runs its forwards and backwards is the schedule both pipelines
+//    share (parallel/stage_run.h: GPipe, 1F1B); this one crosses a cut by copying between the
+//    stages' devices.
 //  - A stage waits for its inputs (and for its outputs' gradients) from the stages that make
 //    them: the host thread until the producer has queued the work (a condition variable), and
 //    on a GPU the consumer's stream until the producer's stream has done it (an event the
@@ -34,55 +33,28 @@
 #include "engine/optim.h"
 #include "engine/tape.h"
 #include "models/unet.h"
+#include "parallel/placement.h"
+#include "parallel/stage_run.h"
 #include "parallel/data_parallel.h"
 #include "parallel/worker_pool.h"
 
 namespace unetcu {
 
-enum class Schedule { GPipe, OneFOneB };
-inline constexpr NamedValue<Schedule> kScheduleNames[] = {{"gpipe", Schedule::GPipe},
-                                                          {"1f1b", Schedule::OneFOneB}};
-
-// One stage's work on one micro-batch.
-struct PipelineAction {
-  enum Kind { Forward, Backward } kind;
-  int micro_batch;
-  bool operator==(const PipelineAction& o) const { return kind == o.kind && micro_batch == o.micro_batch; }
-};
-// The order in which stage `stage` of `stages` runs the forwards and backwards of
-// `micro_batches` micro-batches: every micro-batch once forward, later once backward.
-std::vector<PipelineAction> stage_schedule(Schedule schedule, int stage, int stages, int micro_batches);
-
-struct PipelineOptions {
-  std::vector<Device> devices;   // one per stage; stages may share a device
-  std::vector<int> cuts;         // first block of stages 1..S-1, increasing
+// The placement's devices hold one stage each in one process (stages may share a device),
+// with `threads` each on CPU devices; across processes its one device holds this process's
+// stage. cuda_graphs (GPU stages, in one process): after two eager steps at the first step's
+// micro-batch shapes, the forwards and backwards of every stage and micro-batch at those shapes
+// are captured into one CUDA graph over the stages' streams and replayed each step (the
+// micro-batches copied into the graph's input tensors first); the optimizers step eagerly.
+// Other shapes (a short last batch), eval mode and profiled steps run eagerly; a capture that
+// fails says why once and the pipeline goes on eagerly.
+struct PipelineOptions : Placement {
+  std::vector<int> cuts;         // the first block of stages 1..S-1, increasing
+  bool search_split = false;     // two stages: the cut and the split size searched (make_strategy)
   int split_size = 1;            // samples per micro-batch (the last may be smaller)
   Schedule schedule = Schedule::GPipe;
-  int threads_per_stage = 0;     // CPU devices; 0: the cores shared out, at least 1
-  // GPU stages: after two eager steps at the first step's micro-batch shapes, the forwards
-  // and backwards of every stage and micro-batch at those shapes are captured into one CUDA
-  // graph over the stages' streams and replayed each step (the micro-batches copied into the
-  // graph's input tensors first); the optimizers step eagerly. Other shapes (a short last
-  // batch), eval mode and profiled steps run eagerly; a capture that fails says why once and
-  // the pipeline goes on eagerly.
-  bool cuda_graphs = false;
+  int pipeline_stages = 0;       // across processes: stages per pipeline (0: one per process)
 };
-
-// Stage `stage`'s blocks of one micro-batch, in block order, on the tape in scope: each block's
-// inputs are the micro-batch's images, this stage's own outputs, or `remote(block)` (another
-// stage's output, as this stage's copy); the outputs go into `outputs`. On the last stage
-// (`masks` given) returns the micro-batch's loss weighted by `weight`, else an undefined
-// tensor. The one forward both pipelines (in one process, across processes) run.
-Tensor forward_stage(const UNet& model, const std::vector<int>& stage_of_block, int stage,
-                     const Tensor& images, const Tensor* masks, LossKind loss, double weight,
-                     std::map<int, Tensor>& outputs, const std::function<Tensor(int)>& remote);
-
-// A stage's backward of one micro-batch from its seeds, on `tape`: each output of `outputs`
-// (block -> tensor) whose `gradient_of(block)` is defined (the sum of the gradients of the
-// later stages that read it, in stage order), or, where no later stage used any, the tape
-// cleared. `outputs` is emptied first, and the seeds go as the backward consumes them, so
-// neither outlives its use. The one backward seeding both pipelines run.
-void backward_stage(Tape& tape, std::map<int, Tensor>& outputs, const std::function<Tensor(int)>& gradient_of);
 
 struct Transfer {
   int from_stage, to_stage, block, micro_batch;

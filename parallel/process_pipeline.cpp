@@ -31,11 +31,13 @@ void broadcast_tensor(ProcessGroup& g, const Tensor& t, int root) {
 
 }  // namespace
 
-ProcessPipeline::ProcessPipeline(const UNetConfig& model_cfg, const ProcessPipelineOptions& options,
-                                 const OptimizerFactory& make_optimizer)
-    : options_(options) {
-  UNETCU_CHECK(options.world, "pipeline across processes: no process group");
-  const int W = options.world->size(), S = options.stages;
+ProcessPipeline::ProcessPipeline(const UNetConfig& model_cfg, const PipelineOptions& options,
+                                 const DataParallelOptions& replicas, const OptimizerFactory& make_optimizer)
+    : options_(options), replicas_options_(replicas),
+      world_(replicas.process_group ? replicas.process_group : world_process_group(replicas.collective_timeout)) {
+  UNETCU_CHECK(options.devices.size() == 1, "a pipeline across processes takes one device per process");
+  const int W = world_->size(), S = options.pipeline_stages > 0 ? options.pipeline_stages : W;
+  stages_ = S;
   UNETCU_CHECK(S >= 2, "pipeline across processes: at least two stages, got ", S);
   UNETCU_CHECK(W % S == 0, "pipeline across processes: ", W, " processes do not make replicas of ", S,
                " stages (the process count must be a multiple of the stage count)");
@@ -44,22 +46,15 @@ ProcessPipeline::ProcessPipeline(const UNetConfig& model_cfg, const ProcessPipel
   UNETCU_CHECK(options.split_size >= 1, "pipeline across processes: the split size must be at least 1, got ",
                options.split_size);
   replicas_ = W / S;
-  stage_ = options.world->rank() % S;
-  replica_ = options.world->rank() / S;
+  stage_ = world_->rank() % S;
+  replica_ = world_->rank() / S;
   if (options_.threads > 0) set_cpu_threads(options_.threads);
 
   UNetConfig cfg = model_cfg;
-  cfg.device = options.device;
+  cfg.device = options.devices[0];
   model_ = std::make_unique<UNet>(cfg);
   const auto& blocks = model_->blocks();
-  for (size_t i = 0; i < options.cuts.size(); ++i)
-    UNETCU_CHECK(options.cuts[i] > 0 && options.cuts[i] < int(blocks.size()) &&
-                     (i == 0 || options.cuts[i] > options.cuts[i - 1]),
-                 "pipeline across processes: cuts must be increasing block indices in 1..", blocks.size() - 1);
-  stage_of_block_.assign(blocks.size(), 0);
-  for (size_t b = 0; b < blocks.size(); ++b)
-    for (int c : options.cuts)
-      if (int(b) >= c) ++stage_of_block_[b];
+  stage_of_block_ = stages_of_blocks(*model_, options.cuts, "pipeline across processes");
   consumers_.assign(blocks.size(), {});
   for (size_t j = 0; j < blocks.size(); ++j)
     for (int i : blocks[j].inputs)
@@ -80,13 +75,13 @@ ProcessPipeline::ProcessPipeline(const UNetConfig& model_cfg, const ProcessPipel
   stage_params_ = stage_params[stage_];
 
   // Groups of their own, created in the same order on every process.
-  ctrl_ = options.world->duplicate();
-  pipe_ = options.world->split(replica_);  // ordered by world rank: rank s is stage s
-  std::shared_ptr<ProcessGroup> same_stage = options.world->split(stage_);  // rank r is replica r
-  UNETCU_CHECK(!options.bf16_allreduce || options.algo != AllReduceAlgo::Mpi,
+  ctrl_ = world_->duplicate();
+  pipe_ = world_->split(replica_);  // ordered by world rank: rank s is stage s
+  std::shared_ptr<ProcessGroup> same_stage = world_->split(stage_);  // rank r is replica r
+  UNETCU_CHECK(!replicas.bf16_allreduce || replicas.allreduce != AllReduceAlgo::Mpi,
                "pipeline across processes: the MPI library's own all-reduce has no bfloat16 sum; "
                "bfloat16 gradients take the ring or ps all-reduce");
-  if (replicas_ > 1) grads_ = make_process_communicator(same_stage, options.algo);
+  if (replicas_ > 1) grads_ = make_process_communicator(same_stage, replicas.allreduce);
 }
 
 ProcessPipeline::~ProcessPipeline() = default;
@@ -103,7 +98,7 @@ std::vector<Batch> ProcessPipeline::place_ahead(const Batch& batch, std::vector<
   UNETCU_CHECK(B >= 1, "pipeline across processes: an empty batch");
   const int64_t split = std::min<int64_t>(options_.split_size, B);
   // The first stage reads the images, the last the masks: each on this process's device.
-  const Device dev = options_.device;
+  const Device dev = options_.devices[0];
   auto on_device = [&](const Tensor& t, bool needed) {
     if (!needed || t.device() == dev) return t;
     arrivals->push_back(t.upload_ahead(dev));
@@ -118,15 +113,14 @@ std::vector<Batch> ProcessPipeline::place_ahead(const Batch& batch, std::vector<
   return out;
 }
 
-// One step's execution on this process's stage.
-class ProcessPipeline::Run {
+// One step's execution on this process's stage (StageRun); a tensor crosses a cut as a message
+// from the producer's process, sent when its forward is done, and its gradient comes back the
+// same way.
+class ProcessPipeline::Run : public CutTransport {
  public:
   Run(ProcessPipeline& p, const std::vector<Batch>& micro_batches, LossKind loss)
-      : p_(p), loss_kind_(loss), S_(p.stages()), M_(int(micro_batches.size())), inputs_(micro_batches),
-        mb_(size_t(M_)), forward_sends_(size_t(M_)) {
-    int64_t total = 0;
-    for (const Batch& b : micro_batches) total += b.size();
-    for (const Batch& b : micro_batches) weight_.push_back(double(b.size()) / double(total));
+      : p_(p), M_(int(micro_batches.size())), forward_sends_(size_t(M_)),
+        stage_(*p.model_, p.stage_of_block_, p.stage_, p.stages(), p.options_.schedule, micro_batches, loss, *this) {
     const int64_t blocks = int64_t(p.model_->blocks().size());
     UNETCU_CHECK(2 * int64_t(M_) * blocks <= kMaxTag, "pipeline across processes: ", M_,
                  " micro-batches are more than the message tags can tell apart (at most ",
@@ -134,13 +128,7 @@ class ProcessPipeline::Run {
   }
 
   void run() {
-    const int s = p_.stage_;
-    for (const PipelineAction& a : stage_schedule(p_.options_.schedule, s, S_, M_)) {
-      if (a.kind == PipelineAction::Forward)
-        forward(a.micro_batch);
-      else
-        backward(a.micro_batch);
-    }
+    stage_.run();
     for (auto& x : sends_) x->wait();  // the buffers are ours until the receivers have them
     sends_.clear();
     for (auto& v : forward_sends_) {  // the last stage's (it sends none) and any left
@@ -159,20 +147,59 @@ class ProcessPipeline::Run {
     }
   }
 
-  double loss() const {
+  double loss() {
     double l = 0;
-    for (int m = 0; m < M_; ++m) l += mb_[size_t(m)].loss.item();
+    for (int m = 0; m < M_; ++m) l += stage_.micro_batch(m).loss.item();
     return l;
   }
-  int peak_live() const { return peak_live_; }
+  int peak_live() const { return stage_.peak_live(); }
+
+  // The schedules' data dependencies order the stages: a receive waits for its message.
+  void before_forward(int, int) override {}
+  void before_backward(int, int) override {}
+
+  // This stage's copy of `block`'s output for micro-batch m, received once from its producer.
+  Tensor receive(int, int m, int block) override {
+    MicroBatch& me = stage_.micro_batch(m);
+    auto it = me.received.find(block);
+    if (it != me.received.end()) return it->second;
+    Tensor copy = receive_from(p_.stage_of_block_[block], tag(0, m, block));
+    UNETCU_CHECK(copy.defined(), "pipeline across processes: block ", block, " came without data");
+    copy.set_requires_grad(true);
+    me.received.emplace(block, copy);
+    return copy;
+  }
+
+  // Each output a later stage reads goes to that stage now.
+  void after_forward(int, int m) override {
+    for (const auto& [b, out] : stage_.micro_batch(m).outputs)
+      for (int c : p_.consumers_[size_t(b)]) send(out.detach(), c, tag(0, m, b), forward_sends_[size_t(m)]);
+  }
+
+  // The gradients each consumer sent back, added in stage order.
+  Tensor gradient(int, int m, int block) override {
+    Tensor sum;
+    for (int c : p_.consumers_[size_t(block)]) {
+      const Tensor g = receive_from(c, tag(1, m, block));
+      if (!g.defined()) continue;
+      sum = sum.defined() ? add(sum, g) : g;
+    }
+    return sum;
+  }
+
+  void after_backward(int, int m) override {
+    // Every consumer sent its gradients of m, so it has this stage's outputs of m: their
+    // sends are done and their buffers go.
+    for (auto& x : forward_sends_[size_t(m)]) x->wait();
+    forward_sends_[size_t(m)].clear();
+    // The gradients of what this stage received go home.
+    MicroBatch& me = stage_.micro_batch(m);
+    for (const auto& [b, copy] : me.received)
+      send(copy.grad(), p_.stage_of_block_[size_t(b)], tag(1, m, b), sends_);
+    me.received.clear();
+  }
 
  private:
-  struct MicroBatch {
-    Tape tape;
-    std::map<int, Tensor> outputs;   // block -> output, made on this stage
-    std::map<int, Tensor> received;  // block -> this stage's copy of another stage's output
-    Tensor loss;
-  };
   // A tensor on its way: the header (defined | (dtype + 1) << 8 | format << 16, ndim, dims) and
   // the data, kept alive until sent. Activations may be bfloat16 and NHWC (mixed precision,
   // channels-last), gradients have their tensor's dtype and format.
@@ -225,74 +252,14 @@ class ProcessPipeline::Run {
     Shape shape(header + 2, header + 2 + header[1]);
     Tensor t = Tensor::empty(shape, DType(dtype_code), Device::cpu(), MemoryFormat(format_code));
     p_.pipe_->recv(t.raw(), t.nbytes(), from, tag);
-    return p_.options_.device.is_cpu() ? t : t.to(p_.options_.device);
-  }
-
-  // This stage's copy of `block`'s output for micro-batch m, received once from its producer.
-  Tensor receive(int m, int block) {
-    MicroBatch& me = mb_[size_t(m)];
-    auto it = me.received.find(block);
-    if (it != me.received.end()) return it->second;
-    Tensor copy = receive_from(p_.stage_of_block_[block], tag(0, m, block));
-    UNETCU_CHECK(copy.defined(), "pipeline across processes: block ", block, " came without data");
-    copy.set_requires_grad(true);
-    me.received.emplace(block, copy);
-    return copy;
-  }
-
-  void forward(int m) {
-    const int s = p_.stage_;
-    MicroBatch& me = mb_[size_t(m)];
-    {
-      TapeScope scope(me.tape);
-      me.loss = forward_stage(*p_.model_, p_.stage_of_block_, s, inputs_[size_t(m)].images,
-                              s == S_ - 1 ? &inputs_[size_t(m)].masks : nullptr, loss_kind_,
-                              weight_[size_t(m)], me.outputs, [&](int i) { return receive(m, i); });
-    }
-    peak_live_ = std::max(peak_live_, ++live_);
-    // Each output a later stage reads goes to that stage now.
-    for (const auto& [b, out] : me.outputs)
-      for (int c : p_.consumers_[size_t(b)]) send(out.detach(), c, tag(0, m, b), forward_sends_[size_t(m)]);
-  }
-
-  void backward(int m) {
-    const int s = p_.stage_;
-    MicroBatch& me = mb_[size_t(m)];
-    if (s == S_ - 1) {
-      me.tape.backward(me.loss);
-    } else {
-      // Seeds: each output later stages read, with the sum of their gradients in stage order.
-      backward_stage(me.tape, me.outputs, [&](int b) {
-        Tensor sum;
-        for (int c : p_.consumers_[size_t(b)]) {
-          const Tensor g = receive_from(c, tag(1, m, b));
-          if (!g.defined()) continue;
-          sum = sum.defined() ? add(sum, g) : g;
-        }
-        return sum;
-      });
-      // Every consumer sent its gradients of m, so it has this stage's outputs of m: their
-      // sends are done and their buffers go.
-      for (auto& x : forward_sends_[size_t(m)]) x->wait();
-      forward_sends_[size_t(m)].clear();
-    }
-    // The gradients of what this stage received go home.
-    for (const auto& [b, copy] : me.received)
-      send(copy.grad(), p_.stage_of_block_[size_t(b)], tag(1, m, b), sends_);
-    me.received.clear();
-    me.outputs.clear();
-    --live_;
+    return p_.options_.devices[0].is_cpu() ? t : t.to(p_.options_.devices[0]);
   }
 
   ProcessPipeline& p_;
-  LossKind loss_kind_;
-  const int S_, M_;
-  const std::vector<Batch>& inputs_;
-  std::vector<double> weight_;
-  std::vector<MicroBatch> mb_;
+  const int M_;
   std::vector<std::unique_ptr<Sending>> sends_;                       // gradients, to the step's end
   std::vector<std::vector<std::unique_ptr<Sending>>> forward_sends_;  // per micro-batch, to its backward
-  int live_ = 0, peak_live_ = 0;
+  StageRun stage_;
 };
 
 double ProcessPipeline::step(const std::vector<Batch>& micro_batches, LossKind loss_kind) {
@@ -309,7 +276,7 @@ double ProcessPipeline::step(const std::vector<Batch>& micro_batches, LossKind l
     const DType dt = model_->config().dtype;
     // One flat host buffer (the process group carries host memory).
     Tensor flat = Tensor::zeros({n}, dt, Device::cpu());
-    const Device dev = options_.device;
+    const Device dev = options_.devices[0];
     const size_t esize = dtype_size(dt);
     int64_t at = 0;
     for (const Tensor& p : stage_params_) {
@@ -318,7 +285,7 @@ double ProcessPipeline::step(const std::vector<Batch>& micro_batches, LossKind l
                    p.grad().nbytes());
       at += p.numel();
     }
-    if (options_.bf16_allreduce) {
+    if (replicas_options_.bf16_allreduce) {
       Tensor low = Tensor::empty({n}, DType::BF16, Device::cpu());
       low.copy_(flat);
       grads_->all_reduce(low, ReduceOp::Sum);  // summed in bfloat16, divided in float32
@@ -344,7 +311,7 @@ double ProcessPipeline::step(const std::vector<Batch>& micro_batches, LossKind l
     pipe_->all_reduce_sum(part.data(), int64_t(part.size()), DType::F64);
     double total = 0;
     for (double v : part) total += v;
-    opt.step_clipped_by(Tensor::full({1}, total, DType::F64, options_.device));
+    opt.step_clipped_by(Tensor::full({1}, total, DType::F64, options_.devices[0]));
   } else {
     opt.step();
   }

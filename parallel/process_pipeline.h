@@ -36,28 +36,21 @@
 
 namespace unetcu {
 
-struct ProcessPipelineOptions {
-  Device device = Device::cpu(0);  // this process's stage device (a GPU's tensors cross
-                                   // between the processes through host memory)
-  std::vector<int> cuts;            // first block of stages 1..S-1, increasing
-  int split_size = 1;
-  Schedule schedule = Schedule::GPipe;
-  int threads = 0;                  // CPU threads of this stage (0: every core)
-  // Every process of the job; size S·R. Process r·S + s holds stage s of replica r.
-  std::shared_ptr<ProcessGroup> world;
-  int stages = 2;                   // S; R = world->size() / S
-  AllReduceAlgo algo = AllReduceAlgo::Ring;  // the stage gradients' average over the replicas
-  bool bf16_allreduce = false;      // ... in bfloat16 (as DataParallelOptions::bf16_allreduce)
-};
 
 class ProcessPipeline {
  public:
-  ProcessPipeline(const UNetConfig& model, const ProcessPipelineOptions& options,
+  // `options`: its placement's one device holds this process's stage (a GPU's tensors cross
+  // between the processes through host memory), with `threads` CPU threads (0: every core);
+  // pipeline_stages: S (0: every process one stage), R = processes / S. `replicas`: how the R
+  // replicas of each stage average its gradients (allreduce, bf16_allreduce) and over which
+  // processes: every process of `process_group` (null: every process of the job), size S·R,
+  // process r·S + s holding stage s of replica r.
+  ProcessPipeline(const UNetConfig& model, const PipelineOptions& options, const DataParallelOptions& replicas,
                   const OptimizerFactory& make_optimizer);
   ~ProcessPipeline();
 
   int stage() const { return stage_; }
-  int stages() const { return options_.stages; }
+  int stages() const { return stages_; }
   int replica() const { return replica_; }
   int replicas() const { return replicas_; }
 
@@ -80,14 +73,18 @@ class ProcessPipeline {
   UNet& model() { return *model_; }
   const UNet& model() const { return *model_; }
   const std::vector<std::unique_ptr<Optimizer>>& optimizers() const { return optimizers_; }
-  const ProcessPipelineOptions& options() const { return options_; }
+  const PipelineOptions& options() const { return options_; }
+  const DataParallelOptions& replica_options() const { return replicas_options_; }
+  ProcessGroup& world() const { return *world_; }
   // Of the last step: the most micro-batches whose activations this stage held at once.
   int peak_live_micro_batches() const { return peak_live_; }
 
  private:
   class Run;
-  ProcessPipelineOptions options_;
-  int stage_ = 0, replica_ = 0, replicas_ = 1;
+  PipelineOptions options_;
+  DataParallelOptions replicas_options_;
+  std::shared_ptr<ProcessGroup> world_;  // every process of the job
+  int stages_ = 2, stage_ = 0, replica_ = 0, replicas_ = 1;
   std::unique_ptr<UNet> model_;
   std::vector<std::unique_ptr<Optimizer>> optimizers_;  // one per stage, as in one process
   std::vector<int> stage_of_block_;

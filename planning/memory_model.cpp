@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "engine/tape.h"
+#include "planning/block_walk.h"
 #include "runtime/allocator.h"
 #include "runtime/cuda_api.h"
 
@@ -58,26 +59,23 @@ StepMemory measure_step(UNet& model, Optimizer& optimizer, LossKind loss_kind, c
   s.images = double(b.images.nbytes());
   s.masks = double(b.masks.nbytes());
   Tape tape;
-  std::vector<Tensor> outs(blocks.size());
-  std::vector<size_t> first_node(blocks.size() + 1);
+  BlockWalk walk;
   Tensor loss;
   {
     TapeScope scope(tape);
-    for (size_t k = 0; k < blocks.size(); ++k) {
-      first_node[k] = tape.size();
-      std::vector<Tensor> in;
-      for (int i : blocks[k].inputs) in.push_back(i < 0 ? images : outs[i]);
+    walk = walk_blocks(model, tape, images, [&](size_t k, const std::vector<Tensor>& in) {
       const double tape_before = m.held() - start;
       m.reset();
-      outs[k] = model.run_block(k, in);
+      Tensor out = model.run_block(k, in);
       s.forward.push_back(m.peak() - start - tape_before);
       s.cumulative.push_back(m.held() - start);
-      s.output.push_back(double(outs[k].nbytes()));
-    }
-    first_node[blocks.size()] = tape.size();
-    loss = segmentation_loss(loss_kind, outs.back(), masks);
+      s.output.push_back(double(out.nbytes()));
+      return out;
+    });
+    loss = segmentation_loss(loss_kind, walk.outputs.back(), masks);
     s.loss = m.held() - start - s.cumulative.back();
   }
+  const std::vector<size_t>& first_node = walk.first_node;
   // Each backward node's peak goes to its block (the loss's nodes to the last block).
   const size_t nodes = tape.size();
   std::vector<double> node_peak(nodes, 0);
@@ -86,7 +84,7 @@ StepMemory measure_step(UNet& model, Optimizer& optimizer, LossKind loss_kind, c
     node_peak[nodes - 1 - done++] = m.peak() - start;
     m.reset();
   });
-  outs.clear();  // the tape holds what the backward needs; the last block's output too
+  walk.outputs.clear();  // the tape holds what the backward needs; the last block's output too
   m.reset();
   tape.backward(loss);
   loss = Tensor();

@@ -10,6 +10,7 @@
 
 #include "runtime/cuda_api.h"
 #include "engine/tape.h"
+#include "planning/block_walk.h"
 #include "parallel/worker_pool.h"
 
 namespace unetcu {
@@ -184,24 +185,21 @@ std::vector<BlockProfile> profile_blocks(UNet& model, const Batch& batch, LossKi
   const Tensor images = batch.images.to(dev), masks = batch.masks.to(dev);
   for (int r = 0; r < repeats + 1; ++r) {  // the first run warms up
     Tape tape;
-    std::vector<Tensor> outs(blocks.size());
-    std::vector<size_t> first_node(blocks.size() + 1);
+    BlockWalk walk;
     Tensor loss;
     {
       TapeScope scope(tape);
-      for (size_t k = 0; k < blocks.size(); ++k) {
-        first_node[k] = tape.size();
-        std::vector<Tensor> in;
-        for (int i : blocks[k].inputs) in.push_back(i < 0 ? images : outs[i]);
+      walk = walk_blocks(model, tape, images, [&](size_t k, const std::vector<Tensor>& in) {
         const auto t0 = Clock::now();
-        outs[k] = blocks[k].forward(in);
-        (void)outs[k].at(0);  // on a GPU, waits for the block to finish
+        Tensor o = blocks[k].forward(in);
+        (void)o.at(0);  // on a GPU, waits for the block to finish
         if (r) f[k].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-        out[k].output_bytes = double(outs[k].nbytes()) / n;
-      }
-      first_node[blocks.size()] = tape.size();
-      loss = segmentation_loss(loss_kind, outs.back(), masks);
+        out[k].output_bytes = double(o.nbytes()) / n;
+        return o;
+      });
+      loss = segmentation_loss(loss_kind, walk.outputs.back(), masks);
     }
+    const std::vector<size_t>& first_node = walk.first_node;
     // Backward: nodes run in reverse order; each one's time is the gap since the previous.
     const size_t nodes = tape.size();
     auto last = Clock::now();

@@ -4,6 +4,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace unetcu {
 
@@ -27,6 +28,33 @@ std::string str_cat(const A&... a) {
   detail::append(os, a...);
   return os.str();
 }
+
+// Positive whole numbers, comma separated ("1,2,4"; empty items skipped).
+inline std::vector<int> parse_int_list(const std::string& s) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (item.empty()) continue;
+    bool digits = item.size() < 10;
+    for (char ch : item) digits = digits && ch >= '0' && ch <= '9';
+    if (!digits) throw Error(str_cat("'", item, "' is not a positive whole number"));
+    out.push_back(std::stoi(item));
+  }
+  if (out.empty()) throw Error("the list is empty");
+  return out;
+}
+
+// A setting named in a message: setting("batch_size"). Libraries name a setting by its field
+// in the configuration; the program that reads settings from its users says how they spell
+// them (unet_train: setting("batch_size") is --batch-size), so an error names what the user
+// typed while no library knows a flag.
+using SettingNamer = std::string (*)(const std::string&);
+inline SettingNamer& setting_namer() {
+  static SettingNamer namer = nullptr;
+  return namer;
+}
+inline void set_setting_names(SettingNamer namer) { setting_namer() = namer; }
+inline std::string setting(const std::string& name) { return setting_namer() ? setting_namer()(name) : name; }
 
 }  // namespace unetcu
 

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <cctype>
+#include <sstream>
 
 #include "runtime/common.h"
 #include "runtime/cuda_api.h"
@@ -15,6 +16,16 @@ static bool parse_index(const std::string& s, int* out) {
     if (!std::isdigit(static_cast<unsigned char>(c))) return false;
   *out = std::stoi(s);
   return true;
+}
+
+std::vector<Device> Device::parse_list(const std::string& s) {
+  std::vector<Device> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(Device::parse(item));
+  UNETCU_CHECK(!out.empty(), "the device list is empty");
+  return out;
 }
 
 Device Device::parse(const std::string& s) {

@@ -16,6 +16,8 @@ struct Device {
   static Device cuda(int i = 0) { return {DeviceKind::CUDA, i}; }
   // Parses "cpu", "cpu:N", "cuda", "cuda:N". Throws unetcu::Error on anything else.
   static Device parse(const std::string& s);
+  // "cpu:0,cpu:1,...": a comma-separated list (empty items skipped).
+  static std::vector<Device> parse_list(const std::string& s);
 
   bool is_cpu() const { return kind == DeviceKind::CPU; }
   bool is_cuda() const { return kind == DeviceKind::CUDA; }

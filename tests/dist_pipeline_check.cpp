@@ -17,18 +17,13 @@
 #include "models/unet.h"
 #include "parallel/dist.h"
 #include "parallel/process_pipeline.h"
+#include "small_models.h"
 
 using namespace unetcu;
 
 namespace {
 
-UNetConfig model_config() {
-  UNetConfig c;
-  c.width_divisor = 16;
-  c.dtype = DType::F64;
-  c.seed = 21;
-  return c;
-}
+UNetConfig model_config() { return testing::small_unet(21, Device::cpu(), DType::F64); }
 
 double max_grad_norm = 0;
 
@@ -66,14 +61,16 @@ int main(int argc, char** argv) {
     UNETCU_CHECK(env.multi(), "start under a launcher (mpirun -np S*R)");
     init_process_group(env);
     set_cpu_threads(1);
-    ProcessPipelineOptions o;
+    PipelineOptions o;
+    o.devices = {Device::cpu(0)};
     o.cuts = cuts;
     o.split_size = split;
     o.schedule = one_f_one_b ? Schedule::OneFOneB : Schedule::GPipe;
     o.threads = 1;
-    o.world = world_process_group(120);
-    o.stages = S;
-    ProcessPipeline pipe(model_config(), o, adam);
+    o.pipeline_stages = S;
+    DataParallelOptions replicas;
+    replicas.process_group = world_process_group(120);
+    ProcessPipeline pipe(model_config(), o, replicas, adam);
     const int R = pipe.replicas();
     const int B = per_replica * R;  // the global batch
 

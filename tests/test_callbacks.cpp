@@ -80,23 +80,17 @@ FitContext context(Rig& rig, TrainingStrategy& s, bool lead = true) {
 // pipeline reports after each step, and a process rank of several.
 class FakeStrategy : public TrainingStrategy {
  public:
-  FakeStrategy(int rank = 0, int count = 1) : TrainingStrategy(LossKind::BCEDice), rank_(rank), count_(count) {}
-  std::vector<int> live;
+  FakeStrategy(int rank = 0, int count = 1)
+      : TrainingStrategy(LossKind::BCEDice, {Device::cpu()}, Device::cpu(), {1, rank, count, rank, count}) {}
+  // What a pipeline reports after a step.
+  void set_live(std::vector<int> live) { live_micro_batches_ = std::move(live); }
   std::string describe() const override { return "fake"; }
-  std::vector<Device> devices() const override { return {Device::cpu()}; }
-  int process_rank() const override { return rank_; }
-  int process_count() const override { return count_; }
   PlacedBatch place(Batch) override { throw Error("fake strategy: no place"); }
-  double step(const PlacedBatch&) override { throw Error("fake strategy: no step"); }
+  StepLoss step_async(const PlacedBatch&) override { throw Error("fake strategy: no step"); }
   Tensor infer(const Tensor&) override { throw Error("fake strategy: no infer"); }
-  Device output_device() const override { return Device::cpu(); }
   void set_training(bool) override {}
   Module& model() override { throw Error("fake strategy: no model"); }
   std::vector<Optimizer*> optimizers() override { return {}; }
-  std::vector<int> live_micro_batches() const override { return live; }
-
- private:
-  int rank_, count_;
 };
 
 std::vector<std::string> read_lines(const std::string& path) {
@@ -182,7 +176,7 @@ TEST_CASE("callback Progress: the epoch line printed at the epoch's end, with ea
   progress.on_epoch_start(ctx);
   // Per stage, the most over the epoch's steps (not the last step's, nor the sum).
   for (const std::vector<int>& live : {std::vector<int>{1, 2}, {3, 1}, {2, 2}}) {
-    fake.live = live;
+    fake.set_live(live);
     progress.on_step_end(ctx, 1);
   }
   progress.on_train_epoch_end(ctx);
@@ -193,7 +187,7 @@ TEST_CASE("callback Progress: the epoch line printed at the epoch's end, with ea
   rig.out.str("");
   ctx.scheduled = true;
   progress.on_epoch_start(ctx);
-  fake.live = {1, 1};
+  fake.set_live({1, 1});
   progress.on_step_end(ctx, 1);
   progress.on_epoch_end(ctx, st);
   CHECK(rig.out.str() == Progress::epoch_line(st, 5, true, {1, 1}));
@@ -315,7 +309,8 @@ TEST_CASE("callback Checkpoints: the files are refused before training") {
   CHECK_FALSE(exists("cb_same.safetensors"));
 }
 
-TEST_CASE("callback Checkpoints: the epoch's checkpoint with the run's record, the best only when best, a NaN refused") {
+TEST_CASE(
+    "callback Checkpoints: the epoch's checkpoint with the run's record, the best only when best, a NaN refused") {
   Rig rig;
   rig.options.checkpoint = "cb_epoch.safetensors";
   rig.options.save_best = "cb_best.safetensors";
@@ -468,7 +463,8 @@ TEST_CASE("callback EarlyStopping: best, patience and the stop line, and its rec
     watch.on_epoch_end(ctx, st);
     CHECK(ctx.stop == (e == 4));
   }
-  CHECK(rig.out.str() == "early stop after epoch 4 of 10: val_loss has not improved for 2 epochs (best 0.8000 at epoch 2)\n");
+  CHECK(rig.out.str() ==
+        "early stop after epoch 4 of 10: val_loss has not improved for 2 epochs (best 0.8000 at epoch 2)\n");
   TrainResult result;
   rig.out.str("");
   watch.on_fit_end(ctx, result);
@@ -523,7 +519,8 @@ TEST_CASE("callback EarlyStopping: best, patience and the stop line, and its rec
   CHECK_FALSE(iou.monitor().has_best());
 }
 
-TEST_CASE("callback EarlyStopping: min_delta names the value to beat, and neither the last epoch nor no patience stops") {
+TEST_CASE(
+    "callback EarlyStopping: min_delta names the value to beat, and neither the last epoch nor no patience stops") {
   Rig rig;
   rig.options.epochs = 10;
   rig.options.monitor = {MonitorKind::ValLoss, 2, 0.05};
@@ -669,8 +666,8 @@ TEST_CASE("callback Interrupts: a request stops after the step (not the epoch's 
   CHECK_FALSE(ctx.interrupted);
   interrupts.on_step_end(ctx, 2);
   CHECK(ctx.interrupted);
-  CHECK_THROWS_WITH_AS(interrupts.on_interrupt(ctx, 2), "interrupted at epoch 2 after step 2 of 5; no checkpoint was configured",
-                       Interrupted);
+  CHECK_THROWS_WITH_AS(interrupts.on_interrupt(ctx, 2),
+                       "interrupted at epoch 2 after step 2 of 5; no checkpoint was configured", Interrupted);
   ctx.interrupt_note = "checkpoint written to x.safetensors (resuming continues from there)";
   CHECK_THROWS_WITH_AS(interrupts.on_interrupt(ctx, 2),
                        "interrupted at epoch 2 after step 2 of 5; checkpoint written to x.safetensors (resuming "
@@ -678,8 +675,8 @@ TEST_CASE("callback Interrupts: a request stops after the step (not the epoch's 
                        Interrupted);
   // Between epochs: after the epoch's validation and checkpoint.
   ctx.epoch = 1;
-  CHECK_THROWS_WITH_AS(interrupts.on_epoch_end(ctx, EpochStats{}), "interrupted after epoch 1; no checkpoint was configured",
-                       Interrupted);
+  CHECK_THROWS_WITH_AS(interrupts.on_epoch_end(ctx, EpochStats{}),
+                       "interrupted after epoch 1; no checkpoint was configured", Interrupted);
   rig.options.checkpoint = "cb_c.safetensors";
   CHECK_THROWS_WITH_AS(interrupts.on_epoch_end(ctx, EpochStats{}),
                        "interrupted after epoch 1; checkpoint written to cb_c.safetensors", Interrupted);

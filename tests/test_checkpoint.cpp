@@ -14,6 +14,7 @@
 #include "engine/random.h"
 #include "models/unet.h"
 #include "testing.h"
+#include "train_runs.h"
 
 using namespace unetcu;
 
@@ -21,10 +22,7 @@ namespace {
 
 std::string temp_path(const std::string& name) { return "ckpt_test_" + name + ".safetensors"; }
 
-std::vector<char> slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::vector<char>((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-}
+using testing::slurp;
 
 void spit(const std::string& path, const std::vector<char>& bytes) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
@@ -68,34 +66,7 @@ TEST_CASE("checkpoint: save and load give bit-identical state and outputs, SMP n
 }
 
 TEST_CASE("checkpoint: resuming after epoch 1 equals an uninterrupted run, bit for bit") {
-  TrainConfig cfg;
-  cfg.fit.epochs = 2;
-  cfg.data.train_size = 16;
-  cfg.data.val_size = 8;
-  cfg.strategy.model.width_divisor = 16;
-  cfg.device = Device::cpu();
-  cfg.fit.progress = false;
-  std::ostringstream log;
-  cfg.fit.checkpoint = temp_path("whole");
-  const TrainResult whole = train_unet(cfg, log);
-  TrainConfig first = cfg;
-  first.fit.epochs = 1;
-  first.fit.checkpoint = temp_path("first");
-  train_unet(first, log);
-  TrainConfig rest = cfg;
-  rest.fit.resume = first.fit.checkpoint;
-  rest.fit.checkpoint = temp_path("rest");
-  const TrainResult resumed = train_unet(rest, log);
-  REQUIRE(resumed.epochs.size() == 1);
-  CHECK(resumed.epochs[0].epoch == 2);
-  CHECK(resumed.epochs[0].train_loss == whole.epochs[1].train_loss);
-  CHECK(resumed.epochs[0].val_loss == whole.epochs[1].val_loss);
-  CHECK(slurp(cfg.fit.checkpoint) == slurp(rest.fit.checkpoint));
-  CHECK(slurp(cfg.fit.checkpoint + ".train") == slurp(rest.fit.checkpoint + ".train"));
-  for (const auto& p : {cfg.fit.checkpoint, first.fit.checkpoint, rest.fit.checkpoint}) {
-    std::remove(p.c_str());
-    std::remove((p + ".train").c_str());
-  }
+  testing::check_resume_equals_whole(testing::cpu_run(2, 64, 16, 8, 16), "ckpt_test");
 }
 
 TEST_CASE("checkpoint: --init-encoder loads the encoder and nothing else") {

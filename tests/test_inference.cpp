@@ -11,6 +11,7 @@
 #include "runtime/allocator.h"
 #include "testing.h"
 #include "train/inference.h"
+#include "small_models.h"
 
 using namespace unetcu;
 using namespace unetcu::testing;
@@ -19,13 +20,7 @@ namespace {
 
 // A small UNet whose batch-norm running statistics have moved off their initial values (two
 // training-mode forwards), then in evaluation mode.
-UNetConfig small(DType dt) {
-  UNetConfig cfg;
-  cfg.width_divisor = 16;
-  cfg.dtype = dt;
-  cfg.seed = 5;
-  return cfg;
-}
+UNetConfig small(DType dt) { return testing::small_unet(5, Device::cpu(), dt); }
 void settle(UNet& model, uint64_t seed) {
   Rng rng(seed);
   NoGradScope no_grad;

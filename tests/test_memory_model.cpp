@@ -22,10 +22,10 @@ Batch batch_of(const SyntheticSegmentation& data, int n) {
   return data.batch(idx);
 }
 
-// The most cpu:0's tensors held during the third step of a fresh SingleDevice.
+// The most cpu:0's tensors held during the third step of a fresh SingleDeviceStrategy.
 double measured_peak(UNetConfig cfg, const std::vector<bool>& recompute, const Batch& b) {
   cfg.recompute = recompute;
-  SingleDevice s(cfg, optimizer_factory({OptimizerKind::Adam, 1e-3, 0.9, 0}), LossKind::BCEDice);
+  SingleDeviceStrategy s(cfg, {}, optimizer_factory({OptimizerKind::Adam, 1e-3, 0.9, 0}), LossKind::BCEDice);
   s.step(s.place(b));
   s.step(s.place(b));
   const PlacedBatch placed = s.place(b);
@@ -211,9 +211,10 @@ TEST_CASE("the memory model predicts a step accumulated in chunks within 10 % (o
       plan.recompute = c.recompute;
       plan.devices = {Device::cpu(0)};
       {
-        SingleDevice one(c, kAdam, LossKind::BCEDice, false, chunk);
-        worst = std::max(worst, check_peaks(profile, plan, measured_peaks(one, batch_of(data, chunk * chunks)),
-                                            str_cat("one device, ", chunks, " chunks of ", chunk, ", recompute ", set)));
+        SingleDeviceStrategy one(c, Placement{{}, 0, false, chunk}, kAdam, LossKind::BCEDice);
+        worst =
+            std::max(worst, check_peaks(profile, plan, measured_peaks(one, batch_of(data, chunk * chunks)),
+                                        str_cat("one device, ", chunks, " chunks of ", chunk, ", recompute ", set)));
       }
       DataParallelOptions o;
       o.devices = {Device::cpu(0), Device::cpu(1)};
@@ -221,8 +222,9 @@ TEST_CASE("the memory model predicts a step accumulated in chunks within 10 % (o
       DataParallelStrategy dp(c, o, kAdam, LossKind::BCEDice);
       plan.kind = MemoryPlan::DataParallel;
       plan.devices = o.devices;
-      worst = std::max(worst, check_peaks(profile, plan, measured_peaks(dp, batch_of(data, 2 * chunk * chunks)),
-                                          str_cat("dp, ", chunks, " chunks of ", chunk, " per replica, recompute ", set)));
+      worst =
+          std::max(worst, check_peaks(profile, plan, measured_peaks(dp, batch_of(data, 2 * chunk * chunks)),
+                                      str_cat("dp, ", chunks, " chunks of ", chunk, " per replica, recompute ", set)));
     }
   }
   MESSAGE("worst error over the accumulation grid: ", worst * 100, " %");

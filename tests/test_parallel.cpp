@@ -15,6 +15,7 @@
 #include "parallel/data_parallel.h"
 #include "testing.h"
 #include "train/strategy.h"
+#include "small_models.h"
 
 using namespace unetcu;
 using namespace unetcu::testing;
@@ -102,7 +103,9 @@ TEST_CASE("CPU communicator: broadcast, reduce, barrier, mismatched sizes refuse
 // partial sum bounded by S = sum_r |x_r|, then divides: the mean is off by at most
 // (N - 1)·u'·S/N + u'·S/N = u'·S with u' = 2^-8 + 2^-24, times (1 + u')^N for the errors
 // carried along. A sum that missed or doubled a rank would be off by |x_r|, far more.
-TEST_CASE("CPU all-reduce in bfloat16 (ring and PS): the mean within one rounding of the sum of magnitudes, the same on every rank") {
+TEST_CASE(
+    "CPU all-reduce in bfloat16 (ring and PS): the mean within one rounding of the sum of magnitudes, the same on "
+    "every rank") {
   const double u = std::ldexp(1.0, -8) + std::ldexp(1.0, -24);
   Rng rng(5);
   for (AllReduceAlgo algo : {AllReduceAlgo::Ring, AllReduceAlgo::ParameterServer}) {
@@ -189,22 +192,7 @@ std::unique_ptr<Optimizer> make_sgd(std::vector<Tensor> p) {
   return std::make_unique<SGD>(std::move(p), o);
 }
 
-std::unique_ptr<Optimizer> make_adam(std::vector<Tensor> p) {
-  AdamOptions o;
-  o.lr = 1e-2;
-  return std::make_unique<Adam>(std::move(p), o);
-}
-
-double max_rel_param_diff(UNet& a, UNet& b) {
-  const auto pa = a.parameters(), pb = b.parameters();
-  double worst = 0;
-  for (size_t i = 0; i < pa.size(); ++i)
-    for (int64_t k = 0; k < pa[i].numel(); ++k) {
-      const double x = pa[i].at(k), y = pb[i].at(k);
-      worst = std::max(worst, std::fabs(x - y) / std::max(1e-3, std::fabs(y)));
-    }
-  return worst;
-}
+const auto make_adam = adam_lr_0_01;
 
 bool replicas_identical(DataParallel& dp) {
   const auto p0 = dp.replica(0).parameters();
@@ -299,7 +287,8 @@ TEST_CASE("gradient clipping in DP: each replica clips the averaged gradients, a
   }
 }
 
-TEST_CASE("gradient accumulation: N replicas of b rows equal fewer replicas of N·b/R rows in chunks of b, and one device") {
+TEST_CASE(
+    "gradient accumulation: N replicas of b rows equal fewer replicas of N·b/R rows in chunks of b, and one device") {
   // 4 chunks of 2 rows each step, run as 4 replicas, as 2 replicas accumulating 2 chunks (the
   // all-reduce after the second chunk's backward), as 1 replica accumulating 4, and as one
   // device accumulating 4: the same mean gradient, summed in another order (kParamTol).
@@ -315,7 +304,7 @@ TEST_CASE("gradient accumulation: N replicas of b rows equal fewer replicas of N
   auto four = dp_of(4, 0), two = dp_of(2, 2), one = dp_of(1, 2);
   UNetConfig m = small_model();
   m.device = Device::cpu();
-  SingleDevice single(m, make_sgd, LossKind::BCEDice, false, 2);
+  SingleDeviceStrategy single(m, Placement{{}, 0, false, 2}, make_sgd, LossKind::BCEDice);
   for (int step = 0; step < 2; ++step) {
     CAPTURE(step);
     const double l4 = [&] {
@@ -460,7 +449,7 @@ TEST_CASE("ps and ring all-reduce give the same parameters") {
   for (AllReduceAlgo algo : {AllReduceAlgo::Ring, AllReduceAlgo::ParameterServer}) {
     DataParallelOptions o;
     o.devices = {Device::cpu(0), Device::cpu(1)};
-    o.algo = algo;
+    o.allreduce = algo;
     runs.push_back(std::make_unique<DataParallel>(small_model(), o, make_adam));
     for (int step = 0; step < 2; ++step) runs.back()->step(shards_for(data, step, 2, 2), LossKind::BCEDice);
   }
@@ -473,7 +462,8 @@ TEST_CASE("ps and ring all-reduce give the same parameters") {
 // bfloat16 (error u·|g_r|), the two are added in float32 and rounded (u·|g0 + g1|), and halved
 // exactly: the mean is within 2u(1 + u)·(|g0| + |g1|)/2 of (g0 + g1)/2, u = 2^-8 (+ 2^-24 for
 // the float32 addition). g_r comes from a one-replica run on shard r from the same start.
-TEST_CASE("data parallel with bfloat16 all-reduce: gradients within two roundings of the exact mean, replicas identical") {
+TEST_CASE(
+    "data parallel with bfloat16 all-reduce: gradients within two roundings of the exact mean, replicas identical") {
   SyntheticSegmentation data(kImage, 13);
   const auto shards = shards_for(data, 0, 2, 2);
   auto grads_of = [](DataParallel& dp) {
@@ -502,7 +492,8 @@ TEST_CASE("data parallel with bfloat16 all-reduce: gradients within two rounding
   int64_t checked = 0;
   for (size_t i = 0; i < got.size(); ++i)
     for (size_t k = 0; k < got[i].size(); ++k) {
-      const double g0 = own[0][i][k], g1 = own[1][i][k], mean = (g0 + g1) / 2, mag = (std::fabs(g0) + std::fabs(g1)) / 2;
+      const double g0 = own[0][i][k], g1 = own[1][i][k], mean = (g0 + g1) / 2,
+                   mag = (std::fabs(g0) + std::fabs(g1)) / 2;
       // The float64 gradients of one replica in the two runs agree to ~1e-12 (another thread
       // count may order a reduction differently): far below the bfloat16 bound.
       REQUIRE(std::fabs(got[i][k] - mean) <= 2 * u * (1 + u) * mag + 1e-12 * mag + 1e-300);
@@ -521,7 +512,7 @@ TEST_CASE("data parallel with bfloat16 all-reduce: gradients within two rounding
 TEST_CASE("data parallel: the MPI library's all-reduce is refused for bfloat16 gradients, by name") {
   DataParallelOptions o;
   o.devices = {Device::cpu(0)};
-  o.algo = AllReduceAlgo::Mpi;
+  o.allreduce = AllReduceAlgo::Mpi;
   o.bf16_allreduce = true;
   CHECK_THROWS_WITH(DataParallel(small_model(), o, make_sgd), doctest::Contains("no bfloat16 sum"));
 }

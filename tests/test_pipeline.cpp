@@ -8,34 +8,16 @@
 #include "planning/perf_model.h"
 #include "planning/split_search.h"
 #include "testing.h"
+#include "small_models.h"
 
 using namespace unetcu;
 using namespace unetcu::testing;
 
 namespace {
 
-UNetConfig pipe_model() {
-  UNetConfig c;
-  c.width_divisor = 16;
-  c.dtype = DType::F64;
-  c.seed = 21;
-  return c;
-}
-
-std::unique_ptr<Optimizer> adam(std::vector<Tensor> p) {
-  AdamOptions o;
-  o.lr = 1e-2;
-  return std::make_unique<Adam>(std::move(p), o);
-}
-
-double max_rel_diff(UNet& a, UNet& b) {
-  const auto pa = a.parameters(), pb = b.parameters();
-  double worst = 0;
-  for (size_t i = 0; i < pa.size(); ++i)
-    for (int64_t k = 0; k < pa[i].numel(); ++k)
-      worst = std::max(worst, std::fabs(pa[i].at(k) - pb[i].at(k)) / std::max(1e-3, std::fabs(pb[i].at(k))));
-  return worst;
-}
+UNetConfig pipe_model() { return small_unet(21, Device::cpu(), DType::F64); }
+const auto adam = adam_lr_0_01;
+const auto max_rel_diff = max_rel_param_diff;
 
 Batch rows(const Batch& b, int64_t lo, int64_t hi) {
   std::vector<int64_t> keep;

@@ -31,7 +31,7 @@ std::unique_ptr<TrainingStrategy> make(Run mode, bool recompute, DType dtype) {
   const UNetConfig model = model_config(recompute, dtype);
   const OptimizerFactory adam = optimizer_factory({OptimizerKind::Adam, 1e-2, 0.9, 0});
   switch (mode) {
-    case Run::Single: return std::make_unique<SingleDevice>(model, adam, LossKind::BCEDice);
+    case Run::Single: return std::make_unique<SingleDeviceStrategy>(model, Placement{}, adam, LossKind::BCEDice);
     case Run::DataParallel: {
       DataParallelOptions o;
       o.devices = {Device::cpu(0), Device::cpu(1)};

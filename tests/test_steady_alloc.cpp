@@ -9,18 +9,14 @@
 #include "steady_alloc.h"
 #include "testing.h"
 #include "train/inference.h"
+#include "small_models.h"
 
 using namespace unetcu;
 using namespace unetcu::testing;
 
 namespace {
 
-UNetConfig small_model() {
-  UNetConfig c;
-  c.width_divisor = 16;
-  c.seed = 4;
-  return c;
-}
+UNetConfig small_model() { return small_unet(4); }
 
 size_t host_system_allocations() { return HostAllocator::stats().system_allocations; }
 
@@ -43,7 +39,7 @@ TEST_CASE("after warm-up a training step on one CPU device takes no host memory 
     cfg.format = mixed ? MemoryFormat::NHWC : MemoryFormat::NCHW;
     HostAllocator::release_cache();  // so building the strategy below must take system memory
     const size_t start = host_system_allocations();
-    SingleDevice s(cfg, optimizer_factory({}), LossKind::BCEDice);
+    SingleDeviceStrategy s(cfg, {}, optimizer_factory({}), LossKind::BCEDice);
     CHECK(host_system_allocations() > start);  // the counter counts
     CHECK(system_allocations_after_warmup(s, b, 2, 3, host_system_allocations) == 0);
   }

@@ -18,80 +18,44 @@
 #include "data/dataset.h"
 #include "engine/checkpoint.h"
 #include "testing.h"
+#include "train_runs.h"
 #include "train/interrupt.h"
 #include "train/metrics_log.h"
 #include "train/strategy.h"
 #include "train/trainer.h"
 
 using namespace unetcu;
+using testing::remove_checkpoint;
+using testing::slurp;
 
 namespace {
 
-std::vector<char> slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  REQUIRE_MESSAGE(f.good(), "cannot read ", path);
-  return std::vector<char>((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-}
-
-void remove_checkpoint(const std::string& p) {
-  std::remove(p.c_str());
-  std::remove((p + ".train").c_str());
-}
-
 // A small run: width/16 at 64x64, 16 training images (two steps of 4 per replica with DP).
 TrainConfig small_run(Mode mode) {
-  TrainConfig cfg;
-  cfg.fit.epochs = 2;
+  TrainConfig cfg = testing::cpu_run(2, 64, 16, 4, 16);
   cfg.fit.batch_size = 4;
-  cfg.data.image_size = 64;
-  cfg.data.train_size = 16;
-  cfg.data.val_size = 4;
-  cfg.strategy.model.width_divisor = 16;
   cfg.strategy.optimizer.lr = 1e-2;
-  cfg.fit.progress = false;
   cfg.strategy.mode = mode;
-  if (mode == Mode::Single) cfg.device = Device::cpu();
-  if (mode != Mode::Single) cfg.strategy.devices = {Device::cpu(0), Device::cpu(1)};
-  if (mode == Mode::Pipeline) cfg.strategy.split_size = 2;
+  if (mode != Mode::Single) cfg.device.reset(), cfg.strategy.devices = {Device::cpu(0), Device::cpu(1)};
+  if (mode == Mode::MP) cfg.strategy.mp.split_size = 2;
   return cfg;
 }
 
 std::string name_of_case(const TrainConfig& c) {
-  return std::string(name_of(kModeNames, c.strategy.mode)) + "_" + name_of(kScheduleNames, c.strategy.schedule);
+  return std::string(name_of(kModeNames, c.strategy.mode)) + "_" + name_of(kScheduleNames, c.strategy.mp.schedule);
 }
 
 }  // namespace
 
 TEST_CASE("resume after epoch 1 equals an uninterrupted run, byte for byte, in DP and MP") {
-  std::vector<TrainConfig> cases = {small_run(Mode::DataParallel), small_run(Mode::Pipeline),
-                                    small_run(Mode::Pipeline)};
-  cases[2].strategy.schedule = Schedule::OneFOneB;
+  std::vector<TrainConfig> cases = {small_run(Mode::DP), small_run(Mode::MP),
+                                    small_run(Mode::MP)};
+  cases[2].strategy.mp.schedule = Schedule::OneFOneB;
   cases[0].strategy.optimizer.kind = OptimizerKind::SGD;  // momentum state goes through the checkpoint too
   for (TrainConfig cfg : cases) {
     const std::string tag = name_of_case(cfg);
     CAPTURE(tag);
-    std::ostringstream log;
-    cfg.fit.checkpoint = "strategy_whole_" + tag + ".safetensors";
-    const TrainResult whole = train_unet(cfg, log);
-    TrainConfig first = cfg;
-    first.fit.epochs = 1;
-    first.fit.checkpoint = "strategy_first_" + tag + ".safetensors";
-    train_unet(first, log);
-    TrainConfig rest = cfg;
-    rest.fit.resume = first.fit.checkpoint;
-    rest.fit.checkpoint = "strategy_rest_" + tag + ".safetensors";
-    const TrainResult resumed = train_unet(rest, log);
-    INFO(log.str());
-    REQUIRE(resumed.epochs.size() == 1);
-    CHECK(resumed.epochs[0].epoch == 2);
-    CHECK(resumed.epochs[0].train_loss == whole.epochs[1].train_loss);
-    CHECK(resumed.epochs[0].val_loss == whole.epochs[1].val_loss);
-    CHECK(slurp(cfg.fit.checkpoint) == slurp(rest.fit.checkpoint));
-    CHECK(slurp(cfg.fit.checkpoint + ".train") == slurp(rest.fit.checkpoint + ".train"));
-    // The run changed the model between the epochs: the comparison above is not of two copies
-    // of the initial state.
-    CHECK(slurp(first.fit.checkpoint) != slurp(cfg.fit.checkpoint));
-    for (const auto& p : {cfg.fit.checkpoint, first.fit.checkpoint, rest.fit.checkpoint}) remove_checkpoint(p);
+    testing::check_resume_equals_whole(cfg, "strategy_" + tag);
   }
 }
 
@@ -99,7 +63,7 @@ TEST_CASE("a checkpoint moves between strategies with its optimizer state") {
   std::ostringstream log;
   // DP writes one; single mode, a pipeline and DP again each load it and write it back
   // unchanged: the state is keyed by parameter name, whoever holds the parameter.
-  TrainConfig dp_cfg = small_run(Mode::DataParallel);
+  TrainConfig dp_cfg = small_run(Mode::DP);
   dp_cfg.fit.epochs = 1;
   dp_cfg.fit.checkpoint = "strategy_dp.safetensors";
   train_unet(dp_cfg, log);
@@ -108,7 +72,7 @@ TEST_CASE("a checkpoint moves between strategies with its optimizer state") {
   const OptimizerFactory adam = optimizer_factory({OptimizerKind::Adam, 1e-2, 0.9, 0});
   std::vector<std::unique_ptr<TrainingStrategy>> strategies;
   model.device = Device::cpu(1);
-  strategies.push_back(std::make_unique<SingleDevice>(model, adam, LossKind::BCEDice));
+  strategies.push_back(std::make_unique<SingleDeviceStrategy>(model, Placement{}, adam, LossKind::BCEDice));
   PipelineOptions po;
   po.devices = {Device::cpu(0), Device::cpu(1)};
   po.cuts = {6};  // after decoder.blocks.0: skips cross the cut
@@ -153,14 +117,14 @@ TEST_CASE("a checkpoint moves between strategies with its optimizer state") {
   const TrainResult r1 = train_unet(single, log);
   REQUIRE(r1.epochs.size() == 1);
   CHECK(r1.epochs[0].epoch == 2);
-  TrainConfig back = small_run(Mode::DataParallel);
+  TrainConfig back = small_run(Mode::DP);
   back.fit.epochs = 3;
   back.fit.resume = single.fit.checkpoint;
   const TrainResult r2 = train_unet(back, log);
   REQUIRE(r2.epochs.size() == 1);
   CHECK(r2.epochs[0].epoch == 3);
   // Another optimizer's state is named as such.
-  TrainConfig sgd = small_run(Mode::Pipeline);
+  TrainConfig sgd = small_run(Mode::MP);
   sgd.strategy.optimizer.kind = OptimizerKind::SGD;
   sgd.fit.resume = dp_cfg.fit.checkpoint;
   CHECK_THROWS_WITH(train_unet(sgd, log), doctest::Contains("holds adam state; this run uses sgd"));
@@ -172,12 +136,12 @@ TEST_CASE("the loader's workers feed DP and MP: the same parameters with and wit
   const std::string dir = "strategy_folder_data";
   std::filesystem::remove_all(dir);
   write_synthetic_folder(dir, 20, 64, 3);
-  for (Mode mode : {Mode::DataParallel, Mode::Pipeline}) {
+  for (Mode mode : {Mode::DP, Mode::MP}) {
     CAPTURE(name_of(kModeNames, mode));
     std::vector<std::vector<char>> files;
     for (int workers : {0, 2}) {
       TrainConfig cfg = small_run(mode);
-      cfg.data.folder = dir;
+      cfg.data.data = dir;
       cfg.data.val_fraction = 0.2;
       cfg.fit.augment = Augment::Heavy;
       cfg.fit.workers = workers;
@@ -199,10 +163,10 @@ TEST_CASE("the loader's workers feed DP and MP: the same parameters with and wit
 TEST_CASE("MP: an epoch's smaller last batch trains, also when smaller than the split size") {
   for (int split : {0, 3}) {  // 0: micro-batches of the whole batch (4), then a last batch of 2
     CAPTURE(split);
-    TrainConfig cfg = small_run(Mode::Pipeline);
+    TrainConfig cfg = small_run(Mode::MP);
     cfg.fit.epochs = 1;
     cfg.data.train_size = 10;  // steps of 4, 4, 2
-    cfg.strategy.split_size = split;
+    cfg.strategy.mp.split_size = split;
     std::ostringstream log;
     const TrainResult r = train_unet(cfg, log);
     INFO(log.str());
@@ -219,7 +183,7 @@ TEST_CASE("place() puts each part where its step reads it") {
   const OptimizerFactory sgd = optimizer_factory({OptimizerKind::SGD, 1e-2, 0.9, 0});
   SUBCASE("one device, cpu:2") {
     model.device = Device::cpu(2);
-    SingleDevice s(model, sgd, LossKind::BCE);
+    SingleDeviceStrategy s(model, {}, sgd, LossKind::BCE);
     const PlacedBatch p = s.place(host);
     REQUIRE(p.parts.size() == 1);
     CHECK(p.parts[0].images.device() == Device::cpu(2));
@@ -367,8 +331,8 @@ struct FitRun {
                                      : std::vector<Device>{Device::cpu(0), Device::cpu(1)};
     c.model.width_divisor = 16;
     c.optimizer = {OptimizerKind::Adam, 1e-2, 0.9, 0};
-    c.cuts = {4};
-    c.split_size = 2;
+    c.mp.cuts = {4};
+    c.mp.split_size = 2;
     std::ostringstream ignored;
     return make_strategy(c, nullptr, ignored);
   }
@@ -439,7 +403,8 @@ TEST_CASE("the metrics file: a row per epoch with what the epoch line says, step
   // appended to: its rows would fall into the wrong columns.
   {
     std::ofstream("metrics_test.csv") << "kind,epoch,step,time_s,train_loss\nepoch,1,,0.5,1.2\n";
-    CHECK_THROWS_WITH(MetricsLog("metrics_test.csv", true), doctest::Contains("has other columns than this run writes"));
+    CHECK_THROWS_WITH(MetricsLog("metrics_test.csv", true),
+                      doctest::Contains("has other columns than this run writes"));
     std::ifstream f("metrics_test.csv");
     const std::string kept((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     CHECK(kept == "kind,epoch,step,time_s,train_loss\nepoch,1,,0.5,1.2\n");  // untouched
@@ -450,7 +415,7 @@ TEST_CASE("the metrics file: a row per epoch with what the epoch line says, step
 }
 
 TEST_CASE("an interrupted run saves mid-epoch and its resume ends where an uninterrupted run ends") {
-  for (Mode mode : {Mode::Single, Mode::DataParallel, Mode::Pipeline}) {
+  for (Mode mode : {Mode::Single, Mode::DP, Mode::MP}) {
     CAPTURE(name_of(kModeNames, mode));
     FitRun run;
     std::ostringstream log;
@@ -484,10 +449,10 @@ TEST_CASE("an interrupted run saves mid-epoch and its resume ends where an unint
     b.resume = "strategy_int_mid.safetensors";
     std::ostringstream smaller_log;
     fit(*smaller, run.train, run.val, b, smaller_log);
-    CHECK(smaller_log.str().find(str_cat("note: epoch 2 had ", steps_per_epoch(run.train.size(), rest->replicas(), 4),
-                                         " steps in the resumed run and has ",
-                                         steps_per_epoch(run.train.size(), rest->replicas(), 2),
-                                         " in this one: it continues at step 2\n")) != std::string::npos);
+    CHECK(smaller_log.str().find(str_cat(
+              "note: epoch 2 had ", steps_per_epoch(run.train.size(), rest->layout().replicas, 4),
+              " steps in the resumed run and has ", steps_per_epoch(run.train.size(), rest->layout().replicas, 2),
+              " in this one: it continues at step 2\n")) != std::string::npos);
     remove_checkpoint("strategy_int_mid.safetensors");
     CHECK(log.str().find("resumed from strategy_int.safetensors after epoch 1 and 1 steps of epoch 2") !=
           std::string::npos);
@@ -521,12 +486,12 @@ TEST_CASE("a learning-rate schedule reaches every optimizer at every step, in ev
   schedule.lr = 1e-2;  // FitRun's optimizers'
   schedule.warmup_steps = 3;
   schedule.min_lr = 1e-4;
-  for (Mode mode : {Mode::Single, Mode::DataParallel, Mode::Pipeline}) {
+  for (Mode mode : {Mode::Single, Mode::DP, Mode::MP}) {
     CAPTURE(name_of(kModeNames, mode));
     FitRun run;
     std::ostringstream log;
     auto whole = run.make(mode);
-    const int64_t steps = steps_per_epoch(run.train.size(), whole->replicas(), 4), total = 2 * steps;
+    const int64_t steps = steps_per_epoch(run.train.size(), whole->layout().replicas, 4), total = 2 * steps;
     FitOptions o = run.options("strategy_lr_whole.safetensors");
     o.lr_schedule = schedule;
     // Each step's hook comes after its optimizers stepped at the rate set before it.
@@ -599,7 +564,8 @@ TEST_CASE("a non-finite loss or parameter stops training and keeps the last good
     if (epoch == 2 && step == 5) s->model().parameters().back().set(0, std::nan(""));
   };
   CHECK_THROWS_WITH(fit(*s, run.train, run.val, o, log),
-                    doctest::Contains("validation loss is not finite (nan) after epoch 2; lower the learning rate; the checkpoint of epoch 1 is kept"));
+                    doctest::Contains("validation loss is not finite (nan) after epoch 2; lower the learning rate; the "
+                                      "checkpoint of epoch 1 is kept"));
   std::map<std::string, std::string> meta;
   read_safetensors("strategy_nan.safetensors", &meta);
   CHECK(meta.at("epoch") == "1");
@@ -612,7 +578,7 @@ TEST_CASE("the best checkpoint is the best epoch's, in every mode") {
     MonitorKind metric;
   };
   for (const Case c : {Case{Mode::Single, MonitorKind::ValIou}, Case{Mode::Single, MonitorKind::ValLoss},
-                       Case{Mode::DataParallel, MonitorKind::ValDice}, Case{Mode::Pipeline, MonitorKind::ValIou}}) {
+                       Case{Mode::DP, MonitorKind::ValDice}, Case{Mode::MP, MonitorKind::ValIou}}) {
     CAPTURE(name_of(kModeNames, c.mode));
     CAPTURE(name_of(kMonitorNames, c.metric));
     FitRun run;
@@ -658,7 +624,7 @@ TEST_CASE("early stopping ends every mode at the same epoch, and a resumed run c
   MonitorOptions patience;
   patience.patience = 2;
   patience.min_delta = 1;  // no IoU beats another by more than 1: epochs 2 and 3 do not improve
-  for (Mode mode : {Mode::Single, Mode::DataParallel, Mode::Pipeline}) {
+  for (Mode mode : {Mode::Single, Mode::DP, Mode::MP}) {
     CAPTURE(name_of(kModeNames, mode));
     FitRun run;
     std::ostringstream log;
@@ -694,7 +660,7 @@ TEST_CASE("early stopping ends every mode at the same epoch, and a resumed run c
     // checkpoint's record counts epoch 2, and the resume stops after epoch 3 again.
     FitOptions cut = o;
     cut.checkpoint = "strategy_es.safetensors";
-    const int64_t steps = steps_per_epoch(run.train.size(), run.make(mode)->replicas(), o.batch_size);
+    const int64_t steps = steps_per_epoch(run.train.size(), run.make(mode)->layout().replicas, o.batch_size);
     cut.on_step = [steps](int epoch, int64_t step) {
       if (epoch == 2 && step == steps) request_interrupt();
     };
@@ -743,18 +709,18 @@ TEST_CASE("gradient accumulation through train_unet: an optimizer step takes N b
     return n;
   };
   // 16 images, 2 epochs: optimizer steps of 2 x 2 images (DP: per replica, 2 replicas).
-  for (Mode mode : {Mode::Single, Mode::DataParallel, Mode::Pipeline}) {
+  for (Mode mode : {Mode::Single, Mode::DP, Mode::MP}) {
     CAPTURE(name_of(kModeNames, mode));
     TrainConfig acc = small_run(mode);
     acc.fit.batch_size = 2;
-    acc.fit.accumulate = 2;
+    acc.fit.accumulate_grad_batches = 2;
     acc.fit.checkpoint = "strategy_acc.safetensors";
     acc.fit.log = "strategy_acc.csv";
     acc.fit.log_every = 1;
     std::ostringstream log;
     const TrainResult r = train_unet(acc, log);
     INFO(log.str());
-    const int replicas = mode == Mode::DataParallel ? 2 : 1;
+    const int replicas = mode == Mode::DP ? 2 : 1;
     CHECK(step_rows(acc.fit.log) == 2 * 16 / (4 * replicas));
     CHECK(log.str().find("2 batches accumulated per optimizer step (" + std::to_string(4 * replicas) + " images)") !=
           std::string::npos);
@@ -764,7 +730,7 @@ TEST_CASE("gradient accumulation through train_unet: an optimizer step takes N b
     four.fit.batch_size = 4;
     four.fit.checkpoint = "strategy_four.safetensors";
     train_unet(four, log);
-    if (mode == Mode::Pipeline) {
+    if (mode == Mode::MP) {
       CHECK(slurp(acc.fit.checkpoint) == slurp(four.fit.checkpoint));
       CHECK(slurp(acc.fit.checkpoint + ".train") == slurp(four.fit.checkpoint + ".train"));
     } else {
@@ -791,10 +757,10 @@ TEST_CASE("gradient accumulation through train_unet: an optimizer step takes N b
     std::remove(acc.fit.log.c_str());
   }
   // The pipeline's micro-batches default to --batch-size, not the step's rows.
-  TrainConfig mp = small_run(Mode::Pipeline);
-  mp.strategy.split_size = 0;
+  TrainConfig mp = small_run(Mode::MP);
+  mp.strategy.mp.split_size = 0;
   mp.fit.batch_size = 2;
-  mp.fit.accumulate = 2;
+  mp.fit.accumulate_grad_batches = 2;
   mp.fit.epochs = 1;
   std::ostringstream log;
   train_unet(mp, log);
@@ -802,22 +768,22 @@ TEST_CASE("gradient accumulation through train_unet: an optimizer step takes N b
 }
 
 TEST_CASE("gradient clipping through train_unet: the epoch line and the metrics file give the norms, in every mode") {
-  for (Mode mode : {Mode::Single, Mode::DataParallel, Mode::Pipeline}) {
+  for (Mode mode : {Mode::Single, Mode::DP, Mode::MP}) {
     CAPTURE(name_of(kModeNames, mode));
     TrainConfig cfg = small_run(mode);
-    cfg.strategy.optimizer.max_grad_norm = 0.01;  // far below the norms (0.4 to 0.9): every step clipped
+    cfg.strategy.optimizer.clip_grad_norm = 0.01;  // far below the norms (0.4 to 0.9): every step clipped
     cfg.fit.log = "strategy_clip.csv";
     std::ostringstream log;
     const TrainResult r = train_unet(cfg, log);
     INFO(log.str());
     REQUIRE(r.epochs.size() == 2);
     for (const EpochStats& st : r.epochs) {
-      CHECK(st.grad_norm > 10 * cfg.strategy.optimizer.max_grad_norm);
+      CHECK(st.grad_norm > 10 * cfg.strategy.optimizer.clip_grad_norm);
       CHECK(st.grad_norm_max >= st.grad_norm);
       CHECK(st.clipped_fraction == 1.0);
     }
     // 16 images in steps of 4 (DP: 2 replicas of 4): every step of the epoch clipped.
-    const std::string all = mode == Mode::DataParallel ? "2/2 clipped)" : "4/4 clipped)";
+    const std::string all = mode == Mode::DP ? "2/2 clipped)" : "4/4 clipped)";
     CHECK(log.str().find(all) != std::string::npos);
     // The metrics file's last three columns.
     std::ifstream f(cfg.fit.log);

@@ -2,22 +2,17 @@
 #include <sstream>
 
 #include "apps/train_config.h"
+#include "cli/parse.h"
 #include "data/synthetic.h"
 #include "testing.h"
+#include "train_runs.h"
 
 using namespace unetcu;
 
 TEST_CASE("a short training run lowers the loss") {
-  TrainConfig cfg;
-  cfg.fit.epochs = 5;
+  TrainConfig cfg = testing::cpu_run(5, 32, 64, 16, 8);
   cfg.fit.batch_size = 8;
   cfg.strategy.optimizer.lr = 1e-2;
-  cfg.data.image_size = 32;
-  cfg.data.train_size = 64;
-  cfg.data.val_size = 16;
-  cfg.strategy.model.width_divisor = 8;
-  cfg.device = Device::cpu();
-  cfg.fit.progress = false;
   std::ostringstream log;
   TrainResult r = train_unet(cfg, log);
   REQUIRE(r.epochs.size() == 5);
@@ -28,15 +23,8 @@ TEST_CASE("a short training run lowers the loss") {
 
 TEST_CASE("the epoch line gives the CPU's peak memory in tensors, which grows with the batch") {
   auto peak = [](int batch, std::string* log_text) {
-    TrainConfig cfg;
-    cfg.fit.epochs = 1;
+    TrainConfig cfg = testing::cpu_run(1, 64, batch, 2, 8);
     cfg.fit.batch_size = batch;
-    cfg.data.image_size = 64;
-    cfg.data.train_size = batch;
-    cfg.data.val_size = 2;
-    cfg.strategy.model.width_divisor = 8;
-    cfg.device = Device::cpu();
-    cfg.fit.progress = false;
     std::ostringstream log;
     TrainResult r = train_unet(cfg, log);
     REQUIRE(r.epochs.size() == 1);
@@ -59,6 +47,10 @@ TEST_CASE("bad training configurations are refused with a clear message") {
   std::ostringstream log;
   TrainConfig cfg;
   cfg.fit.batch_size = 0;
+  // The library names the setting; a program says how its users spell it (unet_train: flags).
+  set_setting_names(nullptr);
+  CHECK_THROWS_WITH(train_unet(cfg, log), doctest::Contains("batch_size must be in 1..4096, got 0"));
+  cli::name_settings_as_flags();
   CHECK_THROWS_WITH(train_unet(cfg, log), doctest::Contains("--batch-size must be in 1..4096, got 0"));
   cfg = TrainConfig{};
   cfg.data.image_size = 100;

@@ -33,16 +33,16 @@ StrategyConfig config_of(const StrategyConfig& base, const AutoPlan& a) {
   const MemoryPlan& p = a.plan;
   c.devices = p.devices;
   c.model.recompute = p.recompute;
-  c.search_split = false;
+  c.mp.search_split = false;
   c.accumulate_rows = 0;
   if (p.kind == MemoryPlan::Pipeline) {
-    c.mode = Mode::Pipeline;
-    c.cuts = p.cuts;
-    c.split_size = p.split_size;
-    c.schedule = p.schedule;
+    c.mode = Mode::MP;
+    c.mp.cuts = p.cuts;
+    c.mp.split_size = p.split_size;
+    c.mp.schedule = p.schedule;
   } else {
-    c.mode = p.kind == MemoryPlan::DataParallel ? Mode::DataParallel : Mode::Single;
-    c.cuts.clear();
+    c.mode = p.kind == MemoryPlan::DataParallel ? Mode::DP : Mode::Single;
+    c.mp.cuts.clear();
     if (a.plan.chunks > 1) c.accumulate_rows = p.batch;
   }
   return c;
@@ -60,7 +60,7 @@ AutoResult choose_auto_plan(const StrategyConfig& base, const std::function<Batc
   search.images = images;
   search.limit = limit * (1 - kMemoryHeadroom);
   search.min_samples = min_samples;
-  search.allreduce = base.allreduce;
+  search.allreduce = base.dp.allreduce;
   const size_t saved_limit = memory_limit();
   const std::string saved_source = memory_limit_source();
   const auto restore = [&] { set_memory_limit(saved_limit, saved_source); };

@@ -33,7 +33,7 @@ inline std::vector<double> time_steps(TrainingStrategy& strategy, const Batch& h
 // A fresh model on one device (Adam, BCE+Dice), with the calling thread's thread budget.
 inline std::vector<double> time_single_device_steps(const UNetConfig& cfg, const Batch& b,
                                                     int warmup, int steps) {
-  SingleDevice strategy(cfg, optimizer_factory({}), LossKind::BCEDice);
+  SingleDeviceStrategy strategy(cfg, {}, optimizer_factory({}), LossKind::BCEDice);
   return time_steps(strategy, b, warmup, steps);
 }
 

@@ -33,19 +33,36 @@ double TrainingStrategy::learning_rate() {
 
 // ---- one device -----------------------------------------------------------------------------
 
-SingleDevice::SingleDevice(const UNetConfig& model, const OptimizerFactory& make_optimizer, LossKind loss,
-                           bool cuda_graphs, int64_t accumulate_rows)
-    : TrainingStrategy(loss), device_(model.device), model_(std::make_unique<UNet>(model)),
-      optimizer_(make_optimizer(model_->parameters())), accumulate_rows_(accumulate_rows), graph_(cuda_graphs) {
-  UNETCU_CHECK(!cuda_graphs || device_.is_cuda(), "CUDA graphs need a GPU; ", device_.str(), " runs eagerly");
-  UNETCU_CHECK(accumulate_rows >= 0, "gradient accumulation: chunks of ", accumulate_rows, " rows");
+namespace {
+
+// The model on the placement's one device (none given: the model's own).
+UNetConfig on_device(UNetConfig model, const Placement& placement) {
+  UNETCU_CHECK(placement.devices.size() <= 1, "one-device training takes one device, got ", placement.devices.size());
+  if (!placement.devices.empty()) model.device = placement.devices[0];
+  if (model.device.is_cpu() && placement.threads > 0) set_cpu_threads(placement.threads);
+  return model;
 }
 
-std::string SingleDevice::describe() const {
+}  // namespace
+
+SingleDeviceStrategy::SingleDeviceStrategy(const UNetConfig& model, const Placement& placement,
+                                           const OptimizerFactory& make_optimizer, LossKind loss)
+    : TrainingStrategy(loss, {}, Device::cpu()), model_(std::make_unique<UNet>(on_device(model, placement))),
+      optimizer_(make_optimizer(model_->parameters())), accumulate_rows_(placement.accumulate_rows),
+      graph_(placement.cuda_graphs) {
+  device_ = model_->config().device;
+  devices_ = {device_};
+  output_device_ = device_;
+  UNETCU_CHECK(!placement.cuda_graphs || device_.is_cuda(), "CUDA graphs need a GPU; ", device_.str(),
+               " runs eagerly");
+  UNETCU_CHECK(accumulate_rows_ >= 0, "gradient accumulation: chunks of ", accumulate_rows_, " rows");
+}
+
+std::string SingleDeviceStrategy::describe() const {
   return "one device, " + device_.str() + (graph_.on() ? ", CUDA graphs" : "");
 }
 
-const std::vector<Tensor>* SingleDevice::graph_step(const Batch& b) {
+const std::vector<Tensor>* SingleDeviceStrategy::graph_step(const Batch& b) {
   if (!graph_.due(model_->is_training(), {b.images.shape(), b.masks.shape()})) return nullptr;
   if (!graph_.captured()) {
     // The captured backward writes every gradient; the eager steps' go back with the cache.
@@ -71,7 +88,7 @@ const std::vector<Tensor>* SingleDevice::graph_step(const Batch& b) {
   return &c->outputs;
 }
 
-PlacedBatch SingleDevice::place(Batch host) {
+PlacedBatch SingleDeviceStrategy::place(Batch host) {
   PlacedBatch p{host, {{on(host.images, device_), on(host.masks, device_)}}, {}};
   return p;
 }
@@ -122,7 +139,7 @@ double StepLoss::get() const {
   return mean;
 }
 
-std::vector<Tensor> SingleDevice::forward_backward(const Tensor& images, const Tensor& masks) {
+std::vector<Tensor> SingleDeviceStrategy::forward_backward(const Tensor& images, const Tensor& masks) {
   optimizer_->zero_grad();
   const int64_t rows = images.dim(0);
   const int64_t chunk = accumulate_rows_ > 0 && accumulate_rows_ < rows ? accumulate_rows_ : rows;
@@ -143,7 +160,7 @@ std::vector<Tensor> SingleDevice::forward_backward(const Tensor& images, const T
   return losses;
 }
 
-StepLoss SingleDevice::step_async(const PlacedBatch& batch) {
+StepLoss SingleDeviceStrategy::step_async(const PlacedBatch& batch) {
   const Batch& b = batch.parts.at(0);
   const std::vector<Tensor>* captured = graph_step(b);
   const std::vector<Tensor> losses = captured ? *captured : forward_backward(b.images, b.masks);
@@ -151,24 +168,29 @@ StepLoss SingleDevice::step_async(const PlacedBatch& batch) {
   return StepLoss::sum_of(losses);
 }
 
-Tensor SingleDevice::infer(const Tensor& images) { return model_->forward(on(images, device_)); }
+Tensor SingleDeviceStrategy::infer(const Tensor& images) { return model_->forward(on(images, device_)); }
 
 // ---- data parallel --------------------------------------------------------------------------
 
 DataParallelStrategy::DataParallelStrategy(const UNetConfig& model, const DataParallelOptions& options,
                                            const OptimizerFactory& make_optimizer, LossKind loss)
-    : TrainingStrategy(loss), dp_(model, options, make_optimizer) {}
+    : TrainingStrategy(loss, options.devices, options.devices.at(0)), dp_(model, options, make_optimizer) {
+  if (options.across_processes)
+    layout_ = {dp_.global_size(), dp_.global_rank(), dp_.global_size(), dp_.global_rank(), dp_.global_size()};
+  else
+    layout_.replicas = dp_.global_size();
+}
 
 std::string DataParallelStrategy::describe() const {
   const auto& o = dp_.options();
   if (o.across_processes)
     return "data parallel across processes, " + std::to_string(dp_.global_size()) +
            " ranks (this one: rank " + std::to_string(dp_.global_rank()) + " on " + o.devices[0].str() +
-           "), " + name_of(kAllReduceNames, o.algo) + (o.bf16_allreduce ? " bf16" : "") + " all-reduce over " +
+           "), " + name_of(kAllReduceNames, o.allreduce) + (o.bf16_allreduce ? " bf16" : "") + " all-reduce over " +
            (o.devices[0].is_cuda() ? std::string("NCCL") : process_group_transport()) +
            (o.sync_bn ? ", synchronized BN" : "") + (o.cuda_graphs ? ", CUDA graphs" : "");
   return "data parallel, " + std::to_string(dp_.size()) + " replicas on " + device_list_str(o.devices) +
-         ", " + name_of(kAllReduceNames, o.algo) + (o.bf16_allreduce ? " bf16" : "") + " all-reduce" +
+         ", " + name_of(kAllReduceNames, o.allreduce) + (o.bf16_allreduce ? " bf16" : "") + " all-reduce" +
          (o.sync_bn ? ", synchronized BN" : "") + (o.cuda_graphs ? ", CUDA graphs" : "");
 }
 
@@ -212,7 +234,9 @@ void DataParallelStrategy::set_learning_rate(double lr) {
 
 PipelineStrategy::PipelineStrategy(const UNetConfig& model, const PipelineOptions& options,
                                    const OptimizerFactory& make_optimizer, LossKind loss)
-    : TrainingStrategy(loss), pipe_(model, options, make_optimizer) {}
+    : TrainingStrategy(loss, options.devices, options.devices.at(0)), pipe_(model, options, make_optimizer) {
+  output_device_ = options.devices.back();
+}
 
 std::string PipelineStrategy::describe() const {
   const auto& o = pipe_.options();
@@ -234,6 +258,7 @@ PlacedBatch PipelineStrategy::place(Batch host) {
 StepLoss PipelineStrategy::step_async(const PlacedBatch& batch) {
   if (batch.arrive) batch.arrive();
   const std::vector<Tensor> losses = pipe_.step_async(batch.parts, loss_);
+  live_micro_batches_ = pipe_.peak_live_micro_batches();
   // Copied behind the last stage's work on its stream, before the next step can rewrite them.
   std::unique_ptr<cuda::StreamScope> on_last;
   if (const cuda::Stream* last = pipe_.stream(pipe_.stages() - 1)) on_last = std::make_unique<cuda::StreamScope>(*last);
@@ -260,9 +285,13 @@ void PipelineStrategy::set_learning_rate(double lr) {
 
 // ---- pipeline across processes -------------------------------------------------------------
 
-ProcessPipelineStrategy::ProcessPipelineStrategy(const UNetConfig& model, const ProcessPipelineOptions& options,
+ProcessPipelineStrategy::ProcessPipelineStrategy(const UNetConfig& model, const PipelineOptions& options,
+                                                 const DataParallelOptions& replicas,
                                                  const OptimizerFactory& make_optimizer, LossKind loss)
-    : TrainingStrategy(loss), pipe_(model, options, make_optimizer) {}
+    : TrainingStrategy(loss, options.devices, options.devices.at(0), {}, true),
+      pipe_(model, options, replicas, make_optimizer) {
+  layout_ = {pipe_.replicas(), pipe_.world().rank(), pipe_.world().size(), pipe_.replica(), pipe_.replicas()};
+}
 
 std::string ProcessPipelineStrategy::describe() const {
   const auto& o = pipe_.options();
@@ -270,13 +299,14 @@ std::string ProcessPipelineStrategy::describe() const {
   for (int c : o.cuts) cuts += (cuts.empty() ? "" : ", ") + pipe_.model().blocks()[c - 1].name;
   std::string s = "model parallel across processes, " + std::to_string(pipe_.stages()) + " stages";
   if (pipe_.replicas() > 1) s += " x " + std::to_string(pipe_.replicas()) + " data-parallel replicas";
-  s += " over " + o.world->transport() + " (this one: stage " + std::to_string(pipe_.stage()) +
+  s += " over " + pipe_.world().transport() + " (this one: stage " + std::to_string(pipe_.stage()) +
        (pipe_.replicas() > 1 ? " of replica " + std::to_string(pipe_.replica()) : "") + " on " +
-       o.device.str() + "), cut after " + cuts + ", micro-batches of " + std::to_string(o.split_size) +
+       o.devices[0].str() + "), cut after " + cuts + ", micro-batches of " + std::to_string(o.split_size) +
        ", " + name_of(kScheduleNames, o.schedule) + " schedule; BN statistics per micro-batch";
   if (pipe_.replicas() > 1)
-    s += std::string("; each stage's gradients averaged over its replicas by ") + name_of(kAllReduceNames, o.algo) +
-         (o.bf16_allreduce ? " bf16" : "") + " all-reduce";
+    s += std::string("; each stage's gradients averaged over its replicas by ") +
+         name_of(kAllReduceNames, pipe_.replica_options().allreduce) +
+         (pipe_.replica_options().bf16_allreduce ? " bf16" : "") + " all-reduce";
   return s;
 }
 
@@ -289,9 +319,11 @@ PlacedBatch ProcessPipelineStrategy::place(Batch host) {
   return p;
 }
 
-double ProcessPipelineStrategy::step(const PlacedBatch& batch) {
+StepLoss ProcessPipelineStrategy::step_async(const PlacedBatch& batch) {
   if (batch.arrive) batch.arrive();
-  return pipe_.step(batch.parts, loss_);
+  const double loss = pipe_.step(batch.parts, loss_);
+  live_micro_batches_ = {pipe_.peak_live_micro_batches()};
+  return StepLoss::ready(loss);
 }
 
 Tensor ProcessPipelineStrategy::infer(const Tensor& images) {
@@ -312,6 +344,7 @@ namespace {
 // run the best few for real, print the article's Table 1, return the fastest.
 PipelineOptions search_split(const StrategyConfig& c, PipelineOptions o, const Batch& batch,
                              std::ostream& out) {
+  o.search_split = false;
   UNETCU_CHECK(o.devices.size() == 2, "the split search cuts the model in two: give two stage devices");
   using Clock = std::chrono::steady_clock;
   const int B = int(batch.size());
@@ -321,12 +354,11 @@ PipelineOptions search_split(const StrategyConfig& c, PipelineOptions o, const B
   probe.train();
   // Profiled with one stage's thread budget, the budget each stage will run with.
   const int saved_threads = cpu_threads();
-  const int stage_threads = o.threads_per_stage > 0 ? o.threads_per_stage
-                                                    : std::max(1, saved_threads / int(o.devices.size()));
+  const int stage_threads = o.threads > 0 ? o.threads : std::max(1, saved_threads / int(o.devices.size()));
   std::vector<int> candidates, splits;
   for (int s = 1; s < B; s *= 2) candidates.push_back(s);
   candidates.push_back(B);
-  if (c.split_size) candidates = {c.split_size};
+  if (c.mp.split_size) candidates = {c.mp.split_size};
   // Batch norm needs more than one value per channel at layer4 ((H/32)·(W/32) per sample): a
   // split size that makes a micro-batch too small for that is left out of the search.
   const int64_t deepest = (batch.images.dim(2) / 32) * (batch.images.dim(3) / 32);
@@ -375,61 +407,110 @@ PipelineOptions search_split(const StrategyConfig& c, PipelineOptions o, const B
 
 }  // namespace
 
+void StrategyConfig::check(int batch_size, const DistEnv& dist) const {
+  optimizer.check();
+  placed(dp, *this).check();
+  UNETCU_CHECK(model.width_divisor >= 1 && model.width_divisor <= 64, setting("width_divisor"),
+               " must be in 1..64, got ", model.width_divisor);
+  UNETCU_CHECK(threads >= 0 && threads <= kMaxThreads, setting("threads"), " must be in 0..", kMaxThreads, ", got ",
+               threads);
+  UNETCU_CHECK(devices.size() <= 64, setting("devices"), " lists ", devices.size(), " devices; at most 64");
+  for (const Device& d : devices)
+    UNETCU_CHECK(d.kind == devices[0].kind, setting("devices"), " must be all CPU devices or all GPUs, got ",
+                 device_list_str(devices));
+  UNETCU_CHECK(mode != Mode::Single || devices.empty(), setting("devices"), " belongs to ", setting("mode"),
+               " dp or mp");
+  UNETCU_CHECK(mode == Mode::DP || !dp.sync_bn, setting("sync_bn"), " belongs to ", setting("mode"), " dp");
+  UNETCU_CHECK(!dp.bf16_allreduce || mode == Mode::DP || mode == Mode::DPMP, setting("allreduce_precision"),
+               " belongs to ", setting("mode"), " dp and dp+mp");
+  UNETCU_CHECK(mode != Mode::DPMP || !cuda_graphs, setting("cuda_graphs"), " belongs to ", setting("mode"),
+               " single, dp or mp (GPUs)");
+  UNETCU_CHECK(!cuda_graphs || !across_processes || mode == Mode::DP, setting("cuda_graphs"),
+               " under a launcher belongs to ", setting("mode"), " dp (one GPU replica per process); ",
+               setting("mode"), " ", name_of(kModeNames, mode), " with graphs runs in one process: drop it, or give ",
+               setting("dist"), " none");
+  UNETCU_CHECK(mode == Mode::DPMP || mp.pipeline_stages == 0, setting("pipeline_stages"), " belongs to ",
+               setting("mode"), " dp+mp");
+  const auto each_once = [&] {
+    for (size_t i = 0; i < devices.size(); ++i)
+      for (size_t j = 0; j < i; ++j)
+        UNETCU_CHECK(devices[i] != devices[j], setting("devices"), " lists ", devices[i].str(), " twice");
+  };
+  switch (mode) {
+    case Mode::Single:
+      break;
+    case Mode::Auto:
+      UNETCU_CHECK(!across_processes, setting("mode"), " auto chooses its plan in one process; under a launcher give ",
+                   setting("mode"), " dp, mp or dp+mp (or ", setting("dist"), " none to ignore the launcher)");
+      each_once();
+      break;
+    case Mode::DP:
+      UNETCU_CHECK(!devices.empty() || across_processes, setting("mode"), " dp needs ", setting("devices"),
+                   " (e.g. cpu:0,cpu:1), or a launcher (mpirun -np N, torchrun)");
+      each_once();
+      break;
+    case Mode::DPMP:
+      UNETCU_CHECK(across_processes, setting("mode"),
+                   " dp+mp runs one stage per process: start stages x replicas processes with a launcher (mpirun, "
+                   "srun, torchrun)");
+      UNETCU_CHECK(mp.pipeline_stages >= 2, setting("mode"), " dp+mp needs ", setting("pipeline_stages"),
+                   " (at least 2), got ", mp.pipeline_stages);
+      UNETCU_CHECK(dist.world % mp.pipeline_stages == 0, setting("pipeline_stages"), " ", mp.pipeline_stages,
+                   " does not divide the ", dist.world, " processes into replicas");
+      [[fallthrough]];
+    case Mode::MP:
+      if (across_processes) {
+        const int stages = mode == Mode::MP ? dist.world : mp.pipeline_stages;
+        UNETCU_CHECK(!mp.search_split, setting("split"), " auto searches in one process; across processes give the "
+                     "cuts (e.g. ", setting("split"), " layer3)");
+        UNETCU_CHECK(int(mp.cuts.size()) + 1 == stages, setting("split"), " makes ", mp.cuts.size() + 1,
+                     " stages but there are ", stages,
+                     mode == Mode::MP ? " processes (one stage each)" : str_cat(" ", setting("pipeline_stages")));
+        UNETCU_CHECK(devices.empty(), setting("devices"),
+                     ": across processes each stage is this process's device (GPU local_rank, or the CPU)");
+        UNETCU_CHECK(mp.split_size >= 0 && mp.split_size <= batch_size, setting("split_size"), " must be in 0..",
+                     setting("batch_size"), " ", batch_size, ", got ", mp.split_size);
+        break;
+      }
+      UNETCU_CHECK(!devices.empty(), setting("mode"), " mp needs ", setting("devices"),
+                   " (one per stage, e.g. cpu:0,cpu:1)");
+      UNETCU_CHECK(devices.size() >= 2, setting("mode"), " mp needs at least two stage devices, got ",
+                   device_list_str(devices));
+      UNETCU_CHECK(mp.split_size >= 0, setting("split_size"), " must be at least 1, got ", mp.split_size);
+      UNETCU_CHECK(mp.split_size <= batch_size, setting("split_size"), " ", mp.split_size, " is larger than ",
+                   setting("batch_size"), " ", batch_size);
+      if (mp.search_split)
+        UNETCU_CHECK(devices.size() == 2, setting("split"), " auto searches two-stage cuts: give two ",
+                     setting("devices"));
+      else
+        UNETCU_CHECK(mp.cuts.size() + 1 == devices.size(), setting("split"), " makes ", mp.cuts.size() + 1,
+                     " stages but ", setting("devices"), " lists ", devices.size());
+      break;
+  }
+}
+
 std::unique_ptr<TrainingStrategy> make_strategy(const StrategyConfig& c, const Batch* probe,
                                                 std::ostream& out) {
   UNETCU_CHECK(!c.devices.empty(), "a training strategy needs at least one device");
   const OptimizerFactory make_optimizer = optimizer_factory(c.optimizer);
   switch (c.mode) {
-    case Mode::Single: {
+    case Mode::Single:
       UNETCU_CHECK(c.devices.size() == 1, "one-device training takes one device, got ", c.devices.size());
-      UNetConfig m = c.model;
-      m.device = c.devices[0];
-      if (m.device.is_cpu() && c.threads > 0) set_cpu_threads(c.threads);
-      return std::make_unique<SingleDevice>(m, make_optimizer, c.loss, c.cuda_graphs, c.accumulate_rows);
-    }
-    case Mode::DataParallel: {
-      DataParallelOptions o;
-      o.devices = c.devices;
-      o.algo = c.allreduce;
-      o.bf16_allreduce = c.bf16_allreduce;
-      o.sync_bn = c.sync_bn;
-      o.collective_timeout = c.collective_timeout;
-      o.across_processes = c.across_processes;
-      o.process_rank = c.process_rank;
-      o.process_count = c.process_count;
-      o.threads_per_replica = c.threads;
-      o.cuda_graphs = c.cuda_graphs;
-      o.accumulate_rows = c.accumulate_rows;
-      return std::make_unique<DataParallelStrategy>(c.model, o, make_optimizer, c.loss);
-    }
-    case Mode::DataPipeline:
-    case Mode::Pipeline: {
+      return std::make_unique<SingleDeviceStrategy>(c.model, c, make_optimizer, c.loss);
+    case Mode::DP:
+      return std::make_unique<DataParallelStrategy>(c.model, placed(c.dp, c), make_optimizer, c.loss);
+    case Mode::DPMP:
+    case Mode::MP: {
       if (c.across_processes) {
-        UNETCU_CHECK(!c.search_split, "the split search runs in one process (two stage devices); across "
+        UNETCU_CHECK(!c.mp.search_split, "the split search runs in one process (two stage devices); across "
                      "processes give the cuts");
-        UNETCU_CHECK(c.devices.size() == 1, "a pipeline across processes takes one device per process");
-        ProcessPipelineOptions o;
-        o.device = c.devices[0];
-        o.cuts = c.cuts;
-        o.split_size = c.split_size;
-        o.schedule = c.schedule;
-        o.threads = c.threads;
-        o.world = world_process_group(c.collective_timeout);
-        o.stages = c.pipeline_stages > 0 ? c.pipeline_stages : o.world->size();
-        o.algo = c.allreduce;
-        o.bf16_allreduce = c.bf16_allreduce;
-        return std::make_unique<ProcessPipelineStrategy>(c.model, o, make_optimizer, c.loss);
+        return std::make_unique<ProcessPipelineStrategy>(c.model, placed(c.mp, c), placed(c.dp, c), make_optimizer,
+                                                         c.loss);
       }
-      UNETCU_CHECK(c.mode == Mode::Pipeline, "data x pipeline parallelism runs one stage per process: "
+      UNETCU_CHECK(c.mode == Mode::MP, "data x pipeline parallelism runs one stage per process: "
                    "start S x R processes (mpirun, srun, torchrun)");
-      PipelineOptions o;
-      o.devices = c.devices;
-      o.schedule = c.schedule;
-      o.threads_per_stage = c.threads;
-      o.cuts = c.cuts;
-      o.split_size = c.split_size;
-      o.cuda_graphs = c.cuda_graphs;
-      if (c.search_split) {
+      PipelineOptions o = placed(c.mp, c);
+      if (o.search_split) {
         UNETCU_CHECK(probe, "the split search needs a probe batch");
         o = search_split(c, o, *probe, out);
       }

@@ -24,6 +24,8 @@
 #include "engine/optim.h"
 #include "models/unet.h"
 #include "parallel/communicator.h"
+#include "parallel/dist.h"
+#include "parallel/placement.h"
 #include "parallel/pipeline.h"
 #include "parallel/process_pipeline.h"
 
@@ -69,24 +71,25 @@ class StepLoss {
   std::function<void()> check_;
 };
 
+// How a strategy's work is shared among the processes of a job, and what each reads.
+struct ProcessLayout {
+  int replicas = 1;       // into how many equal shards the sampler cuts each global batch
+  int process_rank = 0;   // this process of process_count (several: only process 0 prints,
+  int process_count = 1;  // writes checkpoints and metrics)
+  int shard_rank = 0;     // which shard of each global batch this process reads, of shard_count
+  int shard_count = 1;    // (DP across processes: its rank of all; dp+mp: its replica of all)
+};
+
 class TrainingStrategy {
  public:
   virtual ~TrainingStrategy() = default;
   // One line for the log: the devices and how the work is shared.
   virtual std::string describe() const = 0;
-  // Every device the strategy computes on (peak memory, GPU checks).
-  virtual std::vector<Device> devices() const = 0;
-  // Into how many equal shards the sampler cuts each global batch (DP: one per replica).
-  virtual int replicas() const { return 1; }
-  // One process of several (data parallel across processes): this process's shard of each
-  // global batch is shard process_rank() of replicas(); only process 0 prints, writes
-  // checkpoints and metrics.
-  virtual int process_rank() const { return 0; }
-  virtual int process_count() const { return 1; }
-  // Which shard of each global batch this process reads, of how many (data parallel across
-  // processes: its rank of all; data × pipeline: its replica of all replicas).
-  virtual int shard_rank() const { return process_rank(); }
-  virtual int shard_count() const { return process_count(); }
+  // Every device the strategy computes on (peak memory, GPU checks); the logits come out on
+  // output_device().
+  const std::vector<Device>& devices() const { return devices_; }
+  Device output_device() const { return output_device_; }
+  const ProcessLayout& layout() const { return layout_; }
   // Several processes each holding part of the model (a pipeline across processes): afterwards
   // model() and optimizers() hold every part's current state in this process. Collective:
   // every process calls it at the same point (before validation and checkpoints).
@@ -102,16 +105,16 @@ class TrainingStrategy {
   // the streams' waits for the uploads to the step that reads them (PlacedBatch::arrive), and
   // the copies run beside step s. The others return from a GPU step once it is queued and place
   // batch s+1 after it.
-  virtual bool places_ahead() const { return false; }
-  // One optimizer step; returns the batch's mean loss (DP: the mean over the replicas').
-  virtual double step(const PlacedBatch& batch) = 0;
-  // The same step, its loss read later (see StepLoss); by default it is read at once.
-  virtual StepLoss step_async(const PlacedBatch& batch) { return StepLoss::ready(step(batch)); }
+  bool places_ahead() const { return places_ahead_; }
+  // One optimizer step, its loss read later (see StepLoss): the batch's mean loss (DP: the
+  // mean over the replicas').
+  virtual StepLoss step_async(const PlacedBatch& batch) = 0;
+  // The same step, its loss read at once.
+  double step(const PlacedBatch& batch) { return step_async(batch).get(); }
   LossKind loss_kind() const { return loss_; }
 
   // Forward without a tape, in the mode set by set_training: logits on output_device().
   virtual Tensor infer(const Tensor& images) = 0;
-  virtual Device output_device() const = 0;
   virtual void set_training(bool on) = 0;
 
   // For checkpoints: the model with segmentation_models_pytorch's names (MP: the one model
@@ -129,39 +132,41 @@ class TrainingStrategy {
   // After model() / optimizers() were loaded: make every replica agree with them.
   virtual void state_loaded() {}
 
-  // MP: the most micro-batches a stage held during the last step; empty otherwise.
-  virtual std::vector<int> live_micro_batches() const { return {}; }
+  // MP: the most micro-batches each stage held during the last step; empty otherwise.
+  const std::vector<int>& live_micro_batches() const { return live_micro_batches_; }
 
  protected:
-  explicit TrainingStrategy(LossKind loss) : loss_(loss) {}
+  TrainingStrategy(LossKind loss, std::vector<Device> devices, Device output_device, ProcessLayout layout = {},
+                   bool places_ahead = false)
+      : loss_(loss), devices_(std::move(devices)), output_device_(output_device), layout_(layout),
+        places_ahead_(places_ahead) {}
   LossKind loss_;
+  std::vector<Device> devices_;
+  Device output_device_;
+  ProcessLayout layout_;
+  bool places_ahead_ = false;
+  std::vector<int> live_micro_batches_;  // a pipeline's, after each step
 };
 
-// One model on one device.
-class SingleDevice : public TrainingStrategy {
+// One model on one device: the placement's one device, its threads (CPU) and accumulate_rows;
+// cuda_graphs (GPUs): after two eager steps at the first batch's shape, forward, loss and
+// backward at that shape are captured into one CUDA graph and replayed each step (the batch
+// copied into the graph's input tensors first); the optimizer step stays eager (its step count
+// is a host value). Other batch shapes (a short last batch), steps in eval mode and profiled
+// steps run eagerly; a capture that fails says why once and training goes on eagerly.
+// Gradient accumulation (accumulate_rows > 0): a batch of more rows runs forward and backward
+// in chunks of that many rows (the last may be smaller), each chunk's loss weighted by its
+// share of the batch, the gradients accumulated before the one optimizer step; batch norm uses
+// each chunk's statistics. With cuda_graphs every chunk's forward and backward is in the one
+// graph (their activations share the graph's memory, a chunk's freed before the next).
+class SingleDeviceStrategy : public TrainingStrategy {
  public:
-  // cuda_graphs (GPUs): after two eager steps at the first batch's shape, forward, loss and
-  // backward at that shape are captured into one CUDA graph and replayed each step (the
-  // batch copied into the graph's input tensors first); the optimizer step stays eager (its
-  // step count is a host value). Other batch shapes (a short last batch), steps in eval mode
-  // and profiled steps run eagerly; a capture that fails says why once and training goes on
-  // eagerly.
-  //
-  // accumulate_rows > 0 (gradient accumulation): a batch of more rows runs forward and
-  // backward in chunks of that many rows (the last may be smaller), each chunk's loss weighted
-  // by its share of the batch, the gradients accumulated before the one optimizer step; batch
-  // norm uses each chunk's statistics. With cuda_graphs every chunk's forward and backward is
-  // in the one graph (their activations share the graph's memory, a chunk's freed before the
-  // next).
-  SingleDevice(const UNetConfig& model, const OptimizerFactory& make_optimizer, LossKind loss,
-               bool cuda_graphs = false, int64_t accumulate_rows = 0);
+  SingleDeviceStrategy(const UNetConfig& model, const Placement& placement, const OptimizerFactory& make_optimizer,
+                       LossKind loss);
   std::string describe() const override;
-  std::vector<Device> devices() const override { return {device_}; }
   PlacedBatch place(Batch host) override;
-  double step(const PlacedBatch& batch) override { return step_async(batch).get(); }
   StepLoss step_async(const PlacedBatch& batch) override;
   Tensor infer(const Tensor& images) override;
-  Device output_device() const override { return device_; }
   void set_training(bool on) override { model_->train(on); }
   Module& model() override { return *model_; }
   std::vector<Optimizer*> optimizers() override { return {optimizer_.get()}; }
@@ -187,17 +192,11 @@ class DataParallelStrategy : public TrainingStrategy {
   DataParallelStrategy(const UNetConfig& model, const DataParallelOptions& options,
                        const OptimizerFactory& make_optimizer, LossKind loss);
   std::string describe() const override;
-  std::vector<Device> devices() const override { return dp_.options().devices; }
-  int replicas() const override { return dp_.global_size(); }
-  int process_rank() const override { return dp_.options().across_processes ? dp_.global_rank() : 0; }
-  int process_count() const override { return dp_.options().across_processes ? dp_.global_size() : 1; }
   PlacedBatch place(Batch host) override;
-  double step(const PlacedBatch& batch) override { return step_async(batch).get(); }
   // On GPUs the host does not wait for the step: the epoch loop places the next batch, whose
   // upload runs beside it, and reads this loss one step later.
   StepLoss step_async(const PlacedBatch& batch) override;
   Tensor infer(const Tensor& images) override;
-  Device output_device() const override { return dp_.options().devices[0]; }
   void set_training(bool on) override;
   Module& model() override { return dp_.replica(0); }
   std::vector<Optimizer*> optimizers() override { return {&dp_.optimizer(0)}; }
@@ -216,20 +215,16 @@ class PipelineStrategy : public TrainingStrategy {
   PipelineStrategy(const UNetConfig& model, const PipelineOptions& options,
                    const OptimizerFactory& make_optimizer, LossKind loss);
   std::string describe() const override;
-  std::vector<Device> devices() const override { return pipe_.options().devices; }
   PlacedBatch place(Batch host) override;
   // Its steps are queued (Pipeline::step_async), so the next batch is placed after each.
-  double step(const PlacedBatch& batch) override { return step_async(batch).get(); }
   StepLoss step_async(const PlacedBatch& batch) override;
   Tensor infer(const Tensor& images) override { return pipe_.infer(images); }
-  Device output_device() const override { return pipe_.options().devices.back(); }
   // The model's and optimizers' state, once the steps queued have run.
   void set_training(bool on) override { model().train(on); }
   Module& model() override;
   std::vector<Optimizer*> optimizers() override;
   void set_learning_rate(double lr) override;
   double learning_rate() override { return pipe_.optimizers().at(0)->lr(); }
-  std::vector<int> live_micro_batches() const override { return pipe_.peak_live_micro_batches(); }
   void state_loaded() override { pipe_.parameters_placed(); }
   Pipeline& pipeline() { return pipe_; }
 
@@ -238,30 +233,24 @@ class PipelineStrategy : public TrainingStrategy {
 };
 
 // One stage of a pipeline per process; R replicas of an S-stage pipeline on S·R processes
-// (parallel/process_pipeline.h).
+// (parallel/process_pipeline.h), the replicas averaging each stage's gradients as `replicas`
+// says.
 class ProcessPipelineStrategy : public TrainingStrategy {
  public:
-  ProcessPipelineStrategy(const UNetConfig& model, const ProcessPipelineOptions& options,
-                          const OptimizerFactory& make_optimizer, LossKind loss);
+  ProcessPipelineStrategy(const UNetConfig& model, const PipelineOptions& options,
+                          const DataParallelOptions& replicas, const OptimizerFactory& make_optimizer,
+                          LossKind loss);
   std::string describe() const override;
-  std::vector<Device> devices() const override { return {pipe_.options().device}; }
-  int replicas() const override { return pipe_.replicas(); }
-  int process_rank() const override { return pipe_.options().world->rank(); }
-  int process_count() const override { return pipe_.options().world->size(); }
-  int shard_rank() const override { return pipe_.replica(); }
-  int shard_count() const override { return pipe_.replicas(); }
   PlacedBatch place(Batch host) override;
-  bool places_ahead() const override { return true; }
-  double step(const PlacedBatch& batch) override;
+  // Returns once this stage has exchanged its work: the loss is read at once.
+  StepLoss step_async(const PlacedBatch& batch) override;
   // The whole model in this process, after collect_state().
   Tensor infer(const Tensor& images) override;
-  Device output_device() const override { return pipe_.options().device; }
   void set_training(bool on) override { pipe_.model().train(on); }
   Module& model() override { return pipe_.model(); }
   std::vector<Optimizer*> optimizers() override;
   void collect_state() override { pipe_.collect(); }
   bool any_process(bool mine) override { return pipe_.any(mine); }
-  std::vector<int> live_micro_batches() const override { return {pipe_.peak_live_micro_batches()}; }
   ProcessPipeline& pipeline() { return pipe_; }
 
  private:
@@ -270,48 +259,40 @@ class ProcessPipelineStrategy : public TrainingStrategy {
 
 // --- choosing a strategy ---------------------------------------------------------------------
 
-// DataPipeline: R data-parallel replicas of an S-stage pipeline, one stage per process.
-// Auto: the fastest plan that fits (train/auto_mode.h), chosen before the strategy is made.
-enum class Mode { Single, DataParallel, Pipeline, DataPipeline, Auto };
-inline constexpr NamedValue<Mode> kModeNames[] = {{"single", Mode::Single},
-                                                  {"dp", Mode::DataParallel},
-                                                  {"mp", Mode::Pipeline},
-                                                  {"dp+mp", Mode::DataPipeline},
-                                                  {"auto", Mode::Auto}};
+// As --mode names them. DPMP: R data-parallel replicas of an S-stage pipeline, one stage per
+// process. Auto: the fastest plan that fits (train/auto_mode.h), chosen before the strategy is
+// made.
+enum class Mode { Single, DP, MP, DPMP, Auto };
+inline constexpr NamedValue<Mode> kModeNames[] = {
+    {"single", Mode::Single}, {"dp", Mode::DP}, {"mp", Mode::MP}, {"dp+mp", Mode::DPMP}, {"auto", Mode::Auto}};
 
-struct StrategyConfig {
+// A run's strategy: its placement (devices, threads, CUDA graphs, accumulation, processes)
+// and each kind's own options, filled directly by the flags. make_strategy hands the placement
+// to the options of the strategy it builds (placed()); the placement parts of `dp` and `mp`
+// are not read.
+struct StrategyConfig : Placement {
   Mode mode = Mode::Single;
-  std::vector<Device> devices;  // single: one; DP: one per replica; MP: one per stage
   UNetConfig model;             // its device is set per replica / stage
   OptimizerConfig optimizer;
   LossKind loss = LossKind::BCEDice;
-  int threads = 0;              // DP/MP on CPU devices: threads per device (0: cores / N)
-  // DP
-  AllReduceAlgo allreduce = AllReduceAlgo::Ring;
-  bool bf16_allreduce = false;  // DP, DP+MP: gradients averaged in bfloat16
-  bool sync_bn = false;
-  double collective_timeout = kDefaultCollectiveTimeout;  // seconds, data parallel
-  // One replica (DP) or one stage (MP, DP+MP) per process of a job of several processes.
-  bool across_processes = false;
-  int pipeline_stages = 0;        // across processes, MP and DP+MP: stages per pipeline
-  int process_rank = 0, process_count = 1;  // across processes: this process of the job
-  // MP
-  std::vector<int> cuts;        // empty with search_split
-  bool search_split = false;    // two stages: profile, predict every cut x split, run the best
-  int split_size = 0;           // 0: the whole batch (with search_split: every power of two)
-  Schedule schedule = Schedule::GPipe;
-  // GPUs: capture the training step into a CUDA graph (SingleDevice; DP: each replica's, in
-  // one process or one per process; MP in one process: the pipeline's step over its stages'
-  // streams), with every accumulated chunk or micro-batch of the step.
-  bool cuda_graphs = false;
-  // Single, DP: gradient accumulation, a batch (DP: a replica's shard) run in chunks of this
-  // many rows (SingleDevice, DataParallelOptions::accumulate_rows); 0: at once. Pipelines
-  // accumulate over their micro-batches (split_size) already.
-  int64_t accumulate_rows = 0;
+  DataParallelOptions dp;       // --mode dp; dp+mp: how the replicas of each stage average
+  PipelineOptions mp;           // --mode mp and dp+mp
+  // One line naming the setting (runtime/common.h setting()) for a configuration no strategy
+  // can train: the options' own checks and those across them, before any work. `batch_size`:
+  // the images per replica and forward; `dist`: the job this process is one of (with
+  // across_processes).
+  void check(int batch_size, const DistEnv& dist) const;
 };
 
-// Builds the strategy. With search_split, `probe` (a host batch of the training batch size) is
-// timed on the first stage's device, the split search's table goes to `out` and the fastest
+// The options `o` with the run's placement.
+template <class Options>
+Options placed(Options o, const Placement& placement) {
+  static_cast<Placement&>(o) = placement;
+  return o;
+}
+
+// Builds the strategy. With mp.search_split, `probe` (a host batch of the training batch size)
+// is timed on the first stage's device, the split search's table goes to `out` and the fastest
 // plan is taken.
 std::unique_ptr<TrainingStrategy> make_strategy(const StrategyConfig& config, const Batch* probe,
                                                 std::ostream& out);

@@ -13,6 +13,7 @@
 
 #include <sys/stat.h>
 
+#include "data/data_config.h"
 #include "data/loader.h"
 #include "train/callback.h"
 #include "train/callbacks/checkpoints.h"
@@ -83,6 +84,29 @@ bool same_file(const std::string& a, const std::string& b) {
   };
   fs::path ca, cb;
   return resolved(a, &ca) && resolved(b, &cb) ? ca == cb : a == b;
+}
+
+void FitOptions::check() const {
+  // Upper bounds keep every size computed from them far from overflow (and from libgomp's
+  // limits); they are documented in docs/cli.md.
+  UNETCU_CHECK(epochs >= 1 && epochs <= kMaxEpochs, setting("epochs"), " must be in 1..", kMaxEpochs, ", got ",
+               epochs);
+  UNETCU_CHECK(batch_size >= 1 && batch_size <= kMaxBatch, setting("batch_size"), " must be in 1..", kMaxBatch,
+               ", got ", batch_size);
+  UNETCU_CHECK(accumulate_grad_batches >= 1 && accumulate_grad_batches <= kMaxAccumulate,
+               setting("accumulate_grad_batches"), " must be in 1..", kMaxAccumulate, ", got ",
+               accumulate_grad_batches);
+  UNETCU_CHECK(crop_size == 0 || (crop_size >= 32 && crop_size % 32 == 0 && crop_size <= kMaxImageSize),
+               setting("crop_size"), " must be a multiple of 32 in 32..", kMaxImageSize, ", got ", crop_size);
+  UNETCU_CHECK(monitor.patience >= 0 && monitor.patience <= kMaxPatience, setting("early_stop"), " must be in 0..",
+               kMaxPatience, " epochs, got ", monitor.patience);
+  UNETCU_CHECK(save_best.empty() || checkpoint.empty() || !same_file(save_best, checkpoint), setting("save_best"),
+               " and ", setting("checkpoint"), " name the same file: the best epoch's would be overwritten");
+  UNETCU_CHECK(workers >= 0 && workers <= kMaxWorkers, setting("workers"), " must be in 0..", kMaxWorkers, ", got ",
+               workers);
+  UNETCU_CHECK(log_every >= 0 && log_every <= kMaxSamples, setting("log_every"), " must be between 0 and ",
+               kMaxSamples, ", got ", log_every);
+  UNETCU_CHECK(log_every == 0 || !log.empty(), setting("log_every"), " needs ", setting("log"), " FILE");
 }
 
 int64_t steps_per_epoch(int64_t train_size, int replicas, int batch_size) {
@@ -158,7 +182,7 @@ void validate(FitContext& ctx, const Dataset& val_ds, bool on_gpu, EpochStats& s
   double val_loss = 0;
   const Device out_dev = strategy.output_device();
   const int64_t val_n = val_ds.size(), b = ctx.options.batch_size;
-  if (ctx.options.crop > 0) {
+  if (ctx.options.crop_size > 0) {
     for (int64_t i = 0; i < val_n; ++i) {
       Sample s;
       val_ds.load(i, &s);
@@ -166,7 +190,7 @@ void validate(FitContext& ctx, const Dataset& val_ds, bool on_gpu, EpochStats& s
       Tensor mask = Tensor::empty({1, 1, s.height, s.width});
       Batch one{image, mask};
       store_normalized(s.image.data(), s.mask.data(), one, 0);
-      const Tensor probs = predict_tiled(image, ctx.options.crop, 0.5, int(b), [&](const Tensor& tiles) {
+      const Tensor probs = predict_tiled(image, ctx.options.crop_size, 0.5, int(b), [&](const Tensor& tiles) {
         return strategy.infer(ctx.options.dtype == DType::F32 ? tiles : tiles.to(ctx.options.dtype));
       });
       const Tensor logits = logits_of_probabilities(probs);
@@ -227,8 +251,8 @@ void summarize_epoch_times(TrainResult& result, std::ostream& out) {
 std::unique_ptr<BatchLoader> epoch_loader(const TrainingStrategy& strategy, const Dataset& train_ds,
                                           const FitOptions& o, int epoch, int64_t start, int64_t steps,
                                           bool on_gpu, int workers) {
-  const int N = strategy.replicas(), step_batch = o.batch_size * o.accumulate;
-  const int shards = strategy.shard_count(), shard = strategy.shard_rank();
+  const int N = strategy.layout().replicas, step_batch = o.batch_size * o.accumulate_grad_batches;
+  const int shards = strategy.layout().shard_count, shard = strategy.layout().shard_rank;
   return std::make_unique<BatchLoader>(
       steps - start,
       [&train_ds, &o, perm = epoch_permutation(train_ds.size(), o.seed, epoch), N, step_batch, shards, shard,
@@ -238,7 +262,7 @@ std::unique_ptr<BatchLoader> epoch_loader(const TrainingStrategy& strategy, cons
           const int64_t b = int64_t(idx.size()) / N;
           idx = std::vector<int64_t>(idx.begin() + shard * b, idx.begin() + (shard + 1) * b);
         }
-        return make_batch(train_ds, idx, o.dtype, on_gpu, o.augment, o.seed, epoch, o.crop);
+        return make_batch(train_ds, idx, o.dtype, on_gpu, o.augment, o.seed, epoch, o.crop_size);
       },
       workers, workers + 1);
 }
@@ -250,10 +274,10 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
                 const std::function<void(const EpochStats&)>& on_epoch) {
   // Several processes: process 0 prints, writes checkpoints and the metrics file; the others
   // train and validate alike, silently.
-  const bool lead = strategy.process_rank() == 0;
+  const bool lead = strategy.layout().process_rank == 0;
   std::ostream null_out(nullptr);
   FitContext ctx(strategy, o, lead ? lead_out : null_out, lead);
-  UNETCU_CHECK(o.epochs >= 1 && o.batch_size >= 1 && o.accumulate >= 1,
+  UNETCU_CHECK(o.epochs >= 1 && o.batch_size >= 1 && o.accumulate_grad_batches >= 1,
                "training needs at least one epoch and one sample a step");
   // What happens around the loop (train/callback.h), in the order it is called.
   EarlyStopping watch(o);
@@ -276,8 +300,8 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
   for (const Device& d : strategy.devices())
     if (d.is_cuda()) gpus.push_back(d);
   const bool on_gpu = !gpus.empty();
-  const int N = strategy.replicas();
-  const int step_batch = o.batch_size * o.accumulate;  // per replica and optimizer step
+  const int N = strategy.layout().replicas;
+  const int step_batch = o.batch_size * o.accumulate_grad_batches;  // per replica and optimizer step
   const int64_t train_n = train_ds.size();
   UNETCU_CHECK(train_n / N >= 1, "the ", train_n, " training samples give each of the ", N, " replicas none");
   UNETCU_CHECK(val_ds.size() >= 1, "training needs at least one validation sample");
@@ -331,7 +355,8 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
       // queued, or before it where the step waits for the devices (TrainingStrategy::places_ahead).
       const bool ahead = strategy.places_ahead();
       if (ahead && s + 1 < steps) next = strategy.place(loader->next());
-      if (ctx.scheduled) strategy.set_learning_rate(o.lr_schedule.at(int64_t(epoch - 1) * steps + s, steps, ctx.total_steps));
+      if (ctx.scheduled)
+        strategy.set_learning_rate(o.lr_schedule.at(int64_t(epoch - 1) * steps + s, steps, ctx.total_steps));
       const double lr = strategy.learning_rate();
       StepLoss loss = strategy.step_async(batch);
       if (!ahead && s + 1 < steps) next = strategy.place(loader->next());
@@ -353,7 +378,7 @@ TrainResult fit(TrainingStrategy& strategy, const Dataset& train_ds, const Datas
     st.load_seconds = loader->busy_seconds() / workers;  // its workers run side by side
     st.wait_seconds = loader->wait_seconds();
     st.train_loss = st.images ? loss_sum / double(st.images) : 0.0;
-    st.images_per_second = double(st.images) * strategy.shard_count() / st.seconds;  // every replica's
+    st.images_per_second = double(st.images) * strategy.layout().shard_count / st.seconds;  // every replica's
     each([&](Callback& c) { c.on_train_epoch_end(ctx); });
     validate(ctx, val_ds, on_gpu, st);
     st.peak_device_bytes = peak_memory(gpus);

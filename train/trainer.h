@@ -24,6 +24,12 @@
 
 namespace unetcu {
 
+// Upper bounds of the sizes a user gives: far from any overflow of what is computed from them.
+constexpr int kMaxEpochs = 100000;
+constexpr int kMaxBatch = 4096;
+constexpr int kMaxAccumulate = 1024;
+constexpr int kMaxWorkers = 256;
+
 struct FitOptions {
   int epochs = 10;
   int batch_size = 8;          // per replica, per forward and backward (and validation batch)
@@ -31,7 +37,7 @@ struct FitOptions {
   // replica, which the strategy runs batch_size at a time (StrategyConfig::accumulate_rows;
   // a pipeline as that many more micro-batches). Steps, schedules and checkpoints count
   // optimizer steps.
-  int accumulate = 1;
+  int accumulate_grad_batches = 1;
   uint64_t seed = 0;           // shuffling and augmentation
   DType dtype = DType::F32;
   Augment augment = Augment::None;
@@ -59,13 +65,16 @@ struct FitOptions {
   // Training on random crop x crop windows of samples at their own size (0: the samples'
   // size); validation then runs on whole images, in overlapping crop x crop tiles
   // (train/inference.h predict_tiled).
-  int crop = 0;
+  int crop_size = 0;
   // The classes' names (C >= 2: the epoch line gives mIoU, --log a column per class).
   std::vector<std::string> class_names;
   // The run's settings, written into every checkpoint's metadata (engine/checkpoint.h).
   std::map<std::string, std::string> settings;
   // Called after every training step (epoch, steps done in it): tests and progress hooks.
   std::function<void(int, int64_t)> on_step;
+  // A bad value, or settings that do not go together: one line naming the setting
+  // (runtime/common.h setting()).
+  void check() const;
 };
 
 struct EpochStats {

@@ -24,15 +24,7 @@
 namespace unetcu::kernels::cpu {
 namespace {
 
-// [N, C, H*W] in either memory order; P = N*H*W pixels, M = P values per channel.
-struct Geo {
-  int64_t N, C, HW;
-  bool nhwc;
-  int64_t pixels() const { return N * HW; }
-  int64_t numel() const { return N * C * HW; }
-  // Memory index of (n = 0, c, q = 0): the channel's first element.
-  int64_t first_of(int64_t c) const { return nhwc ? c : c * HW; }
-};
+using Geo = BnGeometry;  // bodies/batchnorm.h
 Geo geo_of(const TensorRef& x) { return {x.dim(0), x.dim(1), x.dim(2) * x.dim(3), x.nhwc()}; }
 
 // parallel_for's grain for a loop of `iterations` over the whole tensor: a thread team only

@@ -36,12 +36,7 @@
 namespace unetcu::kernels::cuda {
 namespace {
 
-// [N, C, H*W] in either memory order; P = N*H*W pixels, the values of a channel.
-struct Geo {
-  int64_t N, C, HW;
-  bool nhwc;
-  int64_t pixels() const { return N * HW; }
-};
+using Geo = BnGeometry;  // bodies/batchnorm.h
 Geo geo_of(const TensorRef& x) { return {x.dim(0), x.dim(1), x.dim(2) * x.dim(3), x.nhwc()}; }
 
 // Runs f(S{}) with S the storage type of the activations: float32 or bf16 (the CUDA backend

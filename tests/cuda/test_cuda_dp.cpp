@@ -26,19 +26,14 @@
 #include "../steady_alloc.h"
 #include "same_state.h"
 #include "stream_gate.h"
+#include "../small_models.h"
 
 using namespace unetcu;
 using unetcu::testing::same_bits;
 
 namespace {
 
-UNetConfig gpu_model() {
-  UNetConfig c;
-  c.width_divisor = 16;
-  c.seed = 12;
-  c.device = Device::cuda(0);
-  return c;
-}
+UNetConfig gpu_model() { return testing::small_unet(12, Device::cuda(0)); }
 
 DataParallelOptions two_gpus() {
   DataParallelOptions o;
@@ -159,7 +154,7 @@ TEST_CASE("contract 4 on two GPUs: data parallelism equals one GPU accumulating 
   for (AllReduceAlgo algo : {AllReduceAlgo::Ring, AllReduceAlgo::ParameterServer}) {
     CAPTURE(int(algo));
     DataParallelOptions o = two_gpus();
-    o.algo = algo;
+    o.allreduce = algo;
     DataParallel dp(gpu_model(), o, make_sgd);
     CHECK(dp.bucket_count() > 2);
     UNet single(gpu_model());
@@ -410,7 +405,7 @@ void dp_graph_equals_eager(const GraphVariant& v) {
   SyntheticSegmentation data(64, 25);
   const std::vector<int> order = {0, 1, 0, 1, -1, 0, 1};  // -1: one sample per replica
   DataParallelOptions o = two_gpus();
-  o.algo = v.algo;
+  o.allreduce = v.algo;
   o.sync_bn = v.sync_bn;
   o.bf16_allreduce = v.bf16_grads;
   o.accumulate_rows = v.accumulate_rows;

@@ -1,4 +1,4 @@
-// On a GPU: a training step replayed as a CUDA graph (SingleDevice with cuda_graphs) gives the
+// On a GPU: a training step replayed as a CUDA graph (SingleDeviceStrategy with cuda_graphs) gives the
 // eager step's bits — losses, parameters, batch-norm running statistics and counts — over steps
 // before the capture, replays, an eager step of another batch shape in between, and replays
 // after it; in float32 NCHW and bf16 NHWC. The suite runs with deterministic convolutions, so
@@ -21,21 +21,14 @@
 #include "../steady_alloc.h"
 #include "same_state.h"
 #include "stream_gate.h"
+#include "../small_models.h"
 
 using namespace unetcu;
 using namespace unetcu::testing;
 
 namespace {
 
-UNetConfig gpu_model(bool mixed) {
-  UNetConfig c;
-  c.width_divisor = 16;
-  c.seed = 9;
-  c.device = Device::cuda(0);
-  c.bf16_activations = mixed;
-  c.format = mixed ? MemoryFormat::NHWC : MemoryFormat::NCHW;
-  return c;
-}
+UNetConfig gpu_model(bool mixed) { return small_unet(9, Device::cuda(0), DType::F32, mixed); }
 
 }  // namespace
 
@@ -53,8 +46,8 @@ void single_graph_equals_eager(bool mixed, int o) {
   const std::vector<std::vector<const Batch*>> orders = {
       {&full, &other, &full, &other, &full, &short_batch, &other, &full},
       {&full, &other, &short_batch, &full, &other, &full}};
-  SingleDevice eager(gpu_model(mixed), optimizer_factory({}), LossKind::BCEDice, false);
-  SingleDevice graph(gpu_model(mixed), optimizer_factory({}), LossKind::BCEDice, true);
+  SingleDeviceStrategy eager(gpu_model(mixed), Placement{{}, 0, false, 0}, optimizer_factory({}), LossKind::BCEDice);
+  SingleDeviceStrategy graph(gpu_model(mixed), Placement{{}, 0, true, 0}, optimizer_factory({}), LossKind::BCEDice);
   CHECK(graph.describe().find("CUDA graphs") != std::string::npos);
   for (size_t k = 0; k < orders[size_t(o)].size(); ++k) {
     CAPTURE(k);
@@ -84,7 +77,7 @@ TEST_CASE("a training step replayed as a CUDA graph equals the eager step, bit f
 TEST_CASE("a step replayed as a CUDA graph takes no GPU memory from the system") {
   SyntheticSegmentation data(64, 2);
   const Batch b = data.batch({0, 1, 2, 3});
-  SingleDevice s(gpu_model(true), optimizer_factory({}), LossKind::BCEDice, true);
+  SingleDeviceStrategy s(gpu_model(true), Placement{{}, 0, true, 0}, optimizer_factory({}), LossKind::BCEDice);
   CHECK(system_allocations_after_warmup(s, b, 4, 5, [] {
           return cuda::device_memory_stats(0).system_allocations;
         }) == 0);
@@ -101,9 +94,9 @@ void accumulated_chunks_graph(bool mixed) {
   SyntheticSegmentation data(64, 4);
   const Batch full = data.batch({0, 1, 2, 3}), other = data.batch({4, 5, 6, 7}), short_batch = data.batch({8, 9, 10});
   const std::vector<const Batch*> order = {&full, &other, &full, &other, &short_batch, &full, &other};
-  SingleDevice eager(gpu_model(mixed), optimizer_factory({}), LossKind::BCEDice, false, 2);
-  SingleDevice graph(gpu_model(mixed), optimizer_factory({}), LossKind::BCEDice, true, 2);
-  SingleDevice whole(gpu_model(mixed), optimizer_factory({}), LossKind::BCEDice, false);
+  SingleDeviceStrategy eager(gpu_model(mixed), Placement{{}, 0, false, 2}, optimizer_factory({}), LossKind::BCEDice);
+  SingleDeviceStrategy graph(gpu_model(mixed), Placement{{}, 0, true, 2}, optimizer_factory({}), LossKind::BCEDice);
+  SingleDeviceStrategy whole(gpu_model(mixed), Placement{{}, 0, false, 0}, optimizer_factory({}), LossKind::BCEDice);
   for (size_t k = 0; k < order.size(); ++k) {
     CAPTURE(k);
     const double le = eager.step(eager.place(*order[k]));
@@ -121,10 +114,13 @@ void accumulated_chunks_graph(bool mixed) {
 
 }  // namespace
 
-TEST_CASE("a step of accumulated chunks replayed as a CUDA graph equals the eager accumulated step, bit for bit: float32 NCHW") {
+TEST_CASE(
+    "a step of accumulated chunks replayed as a CUDA graph equals the eager accumulated step, bit for bit: float32 "
+    "NCHW") {
   accumulated_chunks_graph(false);
 }
-TEST_CASE("a step of accumulated chunks replayed as a CUDA graph equals the eager accumulated step, bit for bit: bf16 NHWC") {
+TEST_CASE(
+    "a step of accumulated chunks replayed as a CUDA graph equals the eager accumulated step, bit for bit: bf16 NHWC") {
   accumulated_chunks_graph(true);
 }
 
@@ -145,7 +141,8 @@ TEST_CASE("a captured step of accumulated chunks holds one chunk's activations, 
     CAPTURE(run.rows.size());
     CAPTURE(run.accumulate_rows);
     const Batch b = data.batch(run.rows);
-    SingleDevice s(gpu_model(true), optimizer_factory({}), LossKind::BCEDice, true, run.accumulate_rows);
+    SingleDeviceStrategy s(gpu_model(true), Placement{{}, 0, true, run.accumulate_rows}, optimizer_factory({}),
+                           LossKind::BCEDice);
     const PlacedBatch placed = s.place(b);
     for (int i = 0; i < 2; ++i) s.step(placed);  // the eager steps before the capture
     // Parameters, their gradients, the optimizer's state and the placed batch.
@@ -512,9 +509,9 @@ void recompute_equals_plain(bool mixed) {
   const Batch a = data.batch({0, 1, 2, 3}), b = data.batch({4, 5, 6, 7});
   UNetConfig again_cfg = gpu_model(mixed);
   again_cfg.recompute.assign(UNet::kBlocks, true);
-  SingleDevice plain(gpu_model(mixed), optimizer_factory({}), LossKind::BCEDice, false);
-  SingleDevice again(again_cfg, optimizer_factory({}), LossKind::BCEDice, false);
-  SingleDevice graph(again_cfg, optimizer_factory({}), LossKind::BCEDice, true);
+  SingleDeviceStrategy plain(gpu_model(mixed), Placement{{}, 0, false, 0}, optimizer_factory({}), LossKind::BCEDice);
+  SingleDeviceStrategy again(again_cfg, Placement{{}, 0, false, 0}, optimizer_factory({}), LossKind::BCEDice);
+  SingleDeviceStrategy graph(again_cfg, Placement{{}, 0, true, 0}, optimizer_factory({}), LossKind::BCEDice);
   const Batch* order[] = {&a, &b, &a, &b};
   for (size_t k = 0; k < 4; ++k) {
     CAPTURE(k);

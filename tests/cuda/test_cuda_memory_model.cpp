@@ -14,20 +14,13 @@
 #include "planning/memory_model.h"
 #include "runtime/cuda_api.h"
 #include "train/strategy.h"
+#include "../small_models.h"
 
 using namespace unetcu;
 
 namespace {
 
-UNetConfig gpu_model(bool mixed) {
-  UNetConfig c;
-  c.width_divisor = 16;
-  c.seed = 4;
-  c.device = Device::cuda(0);
-  c.bf16_activations = mixed;
-  c.format = mixed ? MemoryFormat::NHWC : MemoryFormat::NCHW;
-  return c;
-}
+UNetConfig gpu_model(bool mixed) { return testing::small_unet(4, Device::cuda(0), DType::F32, mixed); }
 
 Batch batch_of(const SyntheticSegmentation& data, int n) {
   std::vector<int64_t> idx;
@@ -73,7 +66,7 @@ void one_device(bool mixed) {
   for (const char* set : {"none", "blocks"}) {
     UNetConfig c = cfg;
     c.recompute = cli::parse_recompute(set);
-    SingleDevice s(c, kAdam, LossKind::BCEDice);
+    SingleDeviceStrategy s(c, {}, kAdam, LossKind::BCEDice);
     MemoryPlan plan;
     plan.batch = 6;
     plan.recompute = c.recompute;

@@ -1046,8 +1046,8 @@ TEST_CASE("the step loss read a step late equals the loss read at once, and a co
   c.width_divisor = 8;
   c.seed = 6;
   c.device = kGpu;
-  SingleDevice now(c, optimizer_factory({}), LossKind::BCEDice);
-  SingleDevice late(c, optimizer_factory({}), LossKind::BCEDice);
+  SingleDeviceStrategy now(c, {}, optimizer_factory({}), LossKind::BCEDice);
+  SingleDeviceStrategy late(c, {}, optimizer_factory({}), LossKind::BCEDice);
   Batch b{random64({2, 3, 64, 64}, rng, -2, 2).to(DType::F32), Tensor::empty({2, 1, 64, 64})};
   for (int64_t i = 0; i < b.masks.numel(); ++i) b.masks.set(i, rng.uniform() < 0.4);
   const PlacedBatch pn = now.place(b), pl = late.place(b);

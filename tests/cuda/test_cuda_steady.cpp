@@ -14,19 +14,14 @@
 #include "engine/tape.h"
 #include "runtime/cuda_api.h"
 #include "../steady_alloc.h"
+#include "../small_models.h"
 
 using namespace unetcu;
 using namespace unetcu::testing;
 
 namespace {
 
-UNetConfig gpu_model() {
-  UNetConfig c;
-  c.width_divisor = 16;
-  c.seed = 4;
-  c.device = Device::cuda(0);
-  return c;
-}
+UNetConfig gpu_model() { return small_unet(4, Device::cuda(0)); }
 
 size_t device_system_allocations() { return cuda::device_memory_stats(0).system_allocations; }
 
@@ -41,7 +36,7 @@ TEST_CASE("after warm-up a training step takes no GPU memory from the system") {
     UNetConfig cfg = gpu_model();
     cfg.bf16_activations = mixed;
     cfg.format = mixed ? MemoryFormat::NHWC : MemoryFormat::NCHW;
-    SingleDevice s(cfg, adam, LossKind::BCEDice);
+    SingleDeviceStrategy s(cfg, {}, adam, LossKind::BCEDice);
     CHECK(system_allocations_after_warmup(s, b, 2, 3, device_system_allocations) == 0);
   }
 }

@@ -7,7 +7,7 @@ namespace unetcu {
 void Interrupts::on_step_end(FitContext& ctx, int64_t done) {
   // An interrupt at the epoch's last step waits for its validation: the epoch's checkpoint then
   // holds the epoch's metrics (best, early stopping) as an uninterrupted run's.
-  const bool decide = done < ctx.steps && (ctx.strategy.process_count() == 1 || done % 8 == 0);
+  const bool decide = done < ctx.steps && (ctx.strategy.layout().process_count == 1 || done % 8 == 0);
   if (decide && ctx.strategy.any_process(interrupt_requested())) ctx.interrupted = true;
 }
 

@@ -18,8 +18,8 @@ void Profiling::on_fit_end(FitContext& ctx, TrainResult&) {
   Profiler::enable(false);
   ctx.out << "\nprofile (" << Profiler::records().size() << " ranges; trace in " << file << "):\n"
           << Profiler::summary() << "\n";
-  const int rank = ctx.strategy.process_rank();
-  Profiler::write_trace(ctx.strategy.process_count() > 1 && !ctx.lead ? file + ".rank" + std::to_string(rank) : file);
+  const int rank = ctx.strategy.layout().process_rank;
+  Profiler::write_trace(ctx.strategy.layout().process_count > 1 && !ctx.lead ? file + ".rank" + std::to_string(rank) : file);
 }
 
 }  // namespace unetcu

@@ -1,0 +1,90 @@
+// A training run, assembled in one place from one typed configuration. Each part of
+// TrainConfig is the option struct of the layer that uses it (fit()'s FitOptions, the
+// strategy's StrategyConfig, the data's DataConfig), filled directly by a program's flags
+// (apps/train_config.h) or by a test; train_unet() checks it, sets up the process group and
+// the devices, builds the data and the strategy, prints what was chosen and trains.
+// Errors name settings with setting() (runtime/common.h), which the program maps to its flags.
+#pragma once
+#include <functional>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "data/data_config.h"
+#include "data/dataset.h"
+#include "data/image_io.h"
+#include "parallel/dist.h"
+#include "train/precision.h"
+#include "train/strategy.h"
+#include "train/trainer.h"
+
+namespace unetcu {
+
+
+
+// unet_train's configuration, as the flags fill it: each part is handed down whole to what
+// takes it. What depends on several flags at once (the devices found, the model's dtype,
+// format and seed, gradient accumulation's chunks, the processes of a launched job, the
+// learning-rate schedule, the watched metric) is set from the last group by train_unet.
+struct TrainConfig {
+  // fit()'s options (train/trainer.h): epochs, batch_size (per replica with dp), accumulate
+  // (--accumulate-grad-batches), seed, dtype, augment, workers, progress, profile, checkpoint,
+  // resume, init_encoder, save_best, log, log_every, monitor.patience (--early-stop).
+  FitOptions fit;
+  // make_strategy's configuration (train/strategy.h): mode, devices (dp: one per replica; mp:
+  // one per stage), model.width_divisor, optimizer (--optimizer, --lr, --momentum,
+  // --weight-decay, --clip-grad-norm: 0 none, inf measured and never clipped), loss, threads
+  // (0: every core; dp/mp: cores / devices each), allreduce, bf16_allreduce, sync_bn,
+  // collective_timeout (seconds), pipeline_stages (dp+mp: stages per pipeline), cuts (mp: first
+  // block of each later stage), search_split (--split auto), split_size (mp: 0 = the whole
+  // batch), schedule, cuda_graphs.
+  StrategyConfig strategy{default_strategy()};
+  DataConfig data;
+
+  // The learning rate over the run (train/lr_schedule.h); the values given only with the
+  // schedule they belong to.
+  LrScheduleKind lr_schedule = LrScheduleKind::Constant;
+  int64_t warmup_steps = 0;
+  std::optional<double> min_lr, lr_power, lr_gamma;
+  std::optional<int> lr_step_epochs;
+  std::optional<Device> device;    // single mode; nullopt: a GPU when one is usable, else the CPU
+  bool tf32 = true;                // CUDA: cuDNN convolutions may use TF32 tensor cores
+  Precision precision = Precision::Auto;
+  FormatChoice memory_format = FormatChoice::Auto;
+  bool deterministic = false;      // CUDA: only deterministic cuDNN convolution algorithms
+  uint64_t max_memory = 0;         // per device, bytes (runtime/allocator.h); 0: no limit
+  bool recompute_auto = false;     // --recompute auto: the fewest blocks that fit max_memory
+  bool split_given = false;        // --split named the cuts (or auto)
+  bool recompute_given = false;    // --recompute named blocks (not none or auto)
+  bool schedule_given = false;     // --schedule was given
+  DistMode dist = DistMode::Auto;  // process group from the launcher's environment
+  // The watched validation metric (train/monitor.h) for the best checkpoint and early stopping;
+  // given only with what they belong to.
+  std::optional<double> early_stop_delta;
+  std::optional<MonitorKind> monitor;
+  // Given on the command line (else from --class-colors, or a resumed checkpoint, or 1 / 1).
+  std::optional<int> classes, width_divisor;
+  bool image_size_given = false;
+
+  // unet_train's defaults where they are not make_strategy's: cut after layer3.
+  static StrategyConfig default_strategy() {
+    StrategyConfig s;
+    s.mp.cuts = {4};
+    s.mp.split_size = 0;  // the whole batch
+    return s;
+  }
+};
+
+// The schedule the flags make (lr_schedule.h).
+LrSchedule lr_schedule_of(const TrainConfig& cfg);
+
+// Throws unetcu::Error naming the flag for a configuration that cannot train. With --data the
+// dataset's sizes are checked once the folder has been read.
+void validate(const TrainConfig& cfg);
+
+// Validates, builds the data and the strategy, prints what was chosen and trains.
+TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,
+                       const std::function<void(const EpochStats&)>& on_epoch = {});
+
+}  // namespace unetcu
