@@ -6,14 +6,8 @@
 # Skipped (77) without torchvision for /usr/bin/python3, with the reason.
 set -u
 root="$1" check="$2" train="$3"
-py=/usr/bin/python3
-if ! "$py" -c "import torchvision" 2>/dev/null; then
-  echo "SKIPPED: no torchvision for $py (Debian python3-torchvision)"
-  exit 77
-fi
-d=$(mktemp -d)
-trap 'rm -rf "$d"' EXIT
-fail=0
+. "$(dirname "$0")/python_test_lib.sh"
+need_python torchvision torchvision "Debian python3-torchvision"
 "$py" "$root/tools/pytorch_reference.py" export-encoder "$d/enc64.safetensors" --random --dtype float64 \
   --golden "$d/golden.safetensors" --image-size 64 || { echo "FAIL: export (float64)"; exit 1; }
 "$check" "$d/enc64.safetensors" "$d/golden.safetensors" || { echo "FAIL: the engine's encoder differs from torchvision's"; fail=1; }

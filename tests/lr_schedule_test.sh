@@ -8,14 +8,8 @@
 # python3-torch, with the reason.
 set -u
 train="$1"
-py=/usr/bin/python3
-if ! "$py" -c "import torch" 2>/dev/null; then
-  echo "SKIPPED: no torch for $py (Debian python3-torch)"
-  exit 77
-fi
-d=$(mktemp -d)
-trap 'rm -rf "$d"' EXIT
-fail=0
+. "$(dirname "$0")/python_test_lib.sh"
+need_python torch torch "Debian python3-torch"
 small=(--image-size 32 --width-divisor 16 --train-size 24 --val-size 4 --epochs 3 --no-progress --log-every 1)
 
 # case NAME "SCHEDULE ARGS FOR PYTHON" unet_train flags...

@@ -4,14 +4,8 @@
 # decode with the size its figure asks for. Skipped (77) without matplotlib, with the reason.
 set -u
 root="$1"
-py=/usr/bin/python3
-if ! "$py" -c "import matplotlib, PIL" 2>/dev/null; then
-  echo "SKIPPED: no matplotlib for $py (tools/setup.sh --plots installs python3-matplotlib)"
-  exit 77
-fi
-d=$(mktemp -d)
-trap 'rm -rf "$d"' EXIT
-fail=0
+. "$(dirname "$0")/python_test_lib.sh"
+need_python "matplotlib, PIL" matplotlib "tools/setup.sh --plots installs python3-matplotlib"
 "$py" "$root/tools/plot.py" metrics "$root/tests/fixtures/metrics.csv" "$root/tests/fixtures/metrics.jsonl" \
   --labels adam,sgd --out "$d/curves.png" || { echo "FAIL: metrics plot"; fail=1; }
 "$py" "$root/tools/plot.py" bench "$root/tests/fixtures/bench.json" --out-dir "$d" || { echo "FAIL: bench plots"; fail=1; }

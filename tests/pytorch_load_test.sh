@@ -5,14 +5,8 @@
 # /usr/bin/python3, with the reason.
 set -u
 train="$1" root="$2"
-py=/usr/bin/python3
-if ! "$py" -c "import torch" 2>/dev/null; then
-  echo "SKIPPED: no PyTorch for $py (Debian python3-torch; tools/setup.sh --pytorch)"
-  exit 77
-fi
-d=$(mktemp -d)
-trap 'rm -rf "$d"' EXIT
-fail=0
+. "$(dirname "$0")/python_test_lib.sh"
+need_python torch PyTorch "Debian python3-torch; tools/setup.sh --pytorch"
 for classes in 3 1; do
   "$train" --classes "$classes" --image-size 64 --train-size 4 --val-size 2 --batch-size 2 --epochs 1 \
     --width-divisor 16 --no-progress --device cpu --checkpoint "$d/c$classes.safetensors" > /dev/null \
