@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Writes the synthetic set as an image folder: tools/write_synthetic_dataset.sh DIR [--count N]
 # [--size S or WxH] [--classes N] [--seed K]. Then: build/unet_train --data DIR [--classes N].
+# DIR is taken where the caller stands; the program is built in the repository's build/.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-tools/setup.sh >/dev/null
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j"$(nproc)" --target unet_synthetic_dataset >/dev/null
-exec build/unet_synthetic_dataset "$@"
+repo=$(cd "$(dirname "$0")/.." && pwd)
+(
+  cd "$repo"
+  tools/setup.sh >/dev/null
+  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build build -j"$(nproc)" --target unet_synthetic_dataset >/dev/null
+)
+exec "$repo/build/unet_synthetic_dataset" "$@"
