@@ -8,7 +8,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "apps/train_config.h"
+#include "train/run.h"
 #include "engine/checkpoint.h"
 #include "data/synthetic.h"
 #include "engine/random.h"

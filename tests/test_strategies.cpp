@@ -14,7 +14,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "apps/train_config.h"
+#include "train/run.h"
 #include "data/dataset.h"
 #include "engine/checkpoint.h"
 #include "testing.h"

@@ -1,7 +1,7 @@
 // A short training run on the synthetic set: the loss must fall.
 #include <sstream>
 
-#include "apps/train_config.h"
+#include "train/run.h"
 #include "cli/parse.h"
 #include "data/synthetic.h"
 #include "testing.h"

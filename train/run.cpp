@@ -30,14 +30,14 @@ constexpr double kDataCacheBytes = 4.0 * (1 << 30);
 }  // namespace
 namespace {
 
-// Processes started by a launcher train as a group: several of them, or one when --dist names
+// Processes started by a launcher train as a group: several of them, or one when dist names
 // its launcher (a group of one runs the across-processes path, e.g. one NCCL rank).
 bool as_group(DistMode mode) {
   const DistEnv d = detect_dist(mode);
   return d.multi() || ((mode == DistMode::Mpi || mode == DistMode::Env) && d.launcher != "none");
 }
 
-// The sizes the training set decides: the synthetic set's --train-size, or the count a folder
+// The sizes the training set decides: the synthetic set's train_size, or the count a folder
 // gave (`folder` non-empty), named as the user knows them.
 void check_train_count(const TrainConfig& c, int64_t train_n, const std::string& folder) {
   const std::string what = folder.empty() ? str_cat(setting("train_size"), " ", train_n)
@@ -66,7 +66,7 @@ void check_train_count(const TrainConfig& c, int64_t train_n, const std::string&
   const int64_t last = int64_t(tw / 32) * (th / 32);
   const int64_t replicas =
       c.strategy.mode == Mode::DP || c.strategy.mode == Mode::DPMP ? dp_replicas : 1;
-  // With accumulation one device and DP run a step in batches of --batch-size (the last batch's
+  // With accumulation one device and DP run a step in batches of batch_size (the last batch's
   // rows are then n % step % batch = n % batch); a pipeline cuts the step into micro-batches
   // (checked below).
   const bool pipeline = c.strategy.mode == Mode::MP || c.strategy.mode == Mode::DPMP;
@@ -101,9 +101,9 @@ static int fewest_images(const TrainConfig& cfg) {
   return (tw / 32) * (th / 32) > 1 ? 1 : 2;
 }
 
-// --recompute auto: the memory model (planning/memory_model.h) measured on the run's first
+// recompute auto: the memory model (planning/memory_model.h) measured on the run's first
 // device at batches of 1 and 2 of the training set, then the fewest blocks whose recomputation
-// it predicts puts the step under --max-memory on every device of the run (ties: the lowest peak).
+// it predicts puts the step under max_memory on every device of the run (ties: the lowest peak).
 static std::vector<bool> choose_recompute(const TrainConfig& cfg, const StrategyConfig& sc,
                                           const Dataset& train, std::ostream& out) {
   UNETCU_CHECK(
@@ -185,7 +185,7 @@ static std::vector<bool> choose_recompute(const TrainConfig& cfg, const Strategy
   return best;
 }
 
-// The memory each device of a --mode auto run may take: --max-memory, else a GPU's free memory
+// The memory each device of a mode auto run may take: max_memory, else a GPU's free memory
 // less a tenth (the CUDA context's and cuDNN's own, fragmentation), else the host's available
 // memory shared out over the CPU devices.
 static double auto_memory_limit(const std::vector<Device>& devices) {
@@ -202,8 +202,8 @@ static double auto_memory_limit(const std::vector<Device>& devices) {
   return available / double(devices.size());
 }
 
-// --mode auto (train/auto_mode.h): the plan chosen, its strategy in `sc`, its batch and
-// accumulation in `cfg` (the images per optimizer step stay --batch-size).
+// mode auto (train/auto_mode.h): the plan chosen, its strategy in `sc`, its batch and
+// accumulation in `cfg` (the images per optimizer step stay batch_size).
 static void choose_plan(TrainConfig& cfg, const Dataset& train, std::ostream& out) {
   const int min_samples = fewest_images(cfg);
   UNETCU_CHECK(train.size() >= 2 * min_samples, setting("mode"), " auto measures batches of ", min_samples, " and ",
@@ -312,7 +312,7 @@ void validate(const TrainConfig& c) {
   const int64_t last = int64_t(tw / 32) * (th / 32);
   UNETCU_CHECK(int64_t(c.fit.batch_size) * last > 1, setting("batch_size"), " 1 with ", tw, "x", th,
                " images leaves one value per channel for batch norm; use a larger batch or image");
-  // With --data the folder decides the sizes; they are checked once it has been read.
+  // With data the folder decides the sizes; they are checked once it has been read.
   if (c.data.data.empty()) check_train_count(c, c.data.train_size, "");
 }
 
@@ -374,8 +374,8 @@ TrainConfig with_settings(const TrainConfig& in) {
   }
   // What the flags leave unsaid, a resumed run takes from its checkpoint: how the data was seen
   // (crops or the training size), the ignore index and the class colours.
-  // (A folder's crops keep images at their own size: an --image-size given then asks for
-  // resizing instead. The synthetic set's crops are cut from images of --image-size.)
+  // (A folder's crops keep images at their own size: an image_size given then asks for
+  // resizing instead. The synthetic set's crops are cut from images of image_size.)
   if (resumed.count("crop_size") && c.fit.crop_size == 0 && (!c.image_size_given || c.data.data.empty()))
     c.fit.crop_size = setting_int(resumed, "crop_size", file, 32, kMaxImageSize);
   if (resumed.count("image_size") && !c.image_size_given) {
@@ -450,7 +450,7 @@ std::optional<Device> join_process_group(const TrainConfig& cfg, const DistEnv& 
   const std::string spec = cfg.device ? cfg.device->str() : cfg.fit.dtype != DType::F32 ? "cpu" : "auto";
   const Device kind = resolve_device(spec, nullptr);
   // local_rank modulo the GPUs it sees: a launcher that gives each task its own GPU
-  // (srun --gpus-per-task, CUDA_VISIBLE_DEVICES per rank) leaves one visible.
+  // (srun gpus_per_task, CUDA_VISIBLE_DEVICES per rank) leaves one visible.
   const Device device =
       kind.is_cuda() ? Device::cuda(dist.local_rank % std::max(1, cuda_device_count())) : Device::cpu(0);
   // GPU data parallelism with NCCL_COMM_ID: NCCL bootstraps itself, no CPU group is needed.
@@ -578,7 +578,7 @@ void print_run(const TrainConfig& cfg, TrainingStrategy& strategy, const RunData
 
 TrainResult train_unet(const TrainConfig& given, std::ostream& rank0_out,
                        const std::function<void(const EpochStats&)>& on_epoch) {
-  TrainConfig cfg = with_settings(given);  // --mode auto sets the plan it chose
+  TrainConfig cfg = with_settings(given);  // mode auto sets the plan it chose
   validate(cfg);
   const DistEnv dist = detect_dist(cfg.dist);
   std::ostream null_out(nullptr);

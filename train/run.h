@@ -21,24 +21,15 @@
 
 namespace unetcu {
 
-
-
-// unet_train's configuration, as the flags fill it: each part is handed down whole to what
-// takes it. What depends on several flags at once (the devices found, the model's dtype,
-// format and seed, gradient accumulation's chunks, the processes of a launched job, the
-// learning-rate schedule, the watched metric) is set from the last group by train_unet.
+// A run's configuration, as a program's flags (or a test) fill it: each part is the options of
+// the layer that takes it, handed down whole. What depends on several settings at once (the
+// model's dtype, format and seed, gradient accumulation's chunks, the processes of a launched
+// job, the learning rate over the run, the watched metric) is derived once, in train_unet;
+// the devices found, the data and an automatic plan follow.
 struct TrainConfig {
-  // fit()'s options (train/trainer.h): epochs, batch_size (per replica with dp), accumulate
-  // (--accumulate-grad-batches), seed, dtype, augment, workers, progress, profile, checkpoint,
-  // resume, init_encoder, save_best, log, log_every, monitor.patience (--early-stop).
-  FitOptions fit;
-  // make_strategy's configuration (train/strategy.h): mode, devices (dp: one per replica; mp:
-  // one per stage), model.width_divisor, optimizer (--optimizer, --lr, --momentum,
-  // --weight-decay, --clip-grad-norm: 0 none, inf measured and never clipped), loss, threads
-  // (0: every core; dp/mp: cores / devices each), allreduce, bf16_allreduce, sync_bn,
-  // collective_timeout (seconds), pipeline_stages (dp+mp: stages per pipeline), cuts (mp: first
-  // block of each later stage), search_split (--split auto), split_size (mp: 0 = the whole
-  // batch), schedule, cuda_graphs.
+  FitOptions fit;  // the epoch loop's (train/trainer.h)
+  // The strategy's (train/strategy.h): mode, the placement (devices, threads, CUDA graphs), the
+  // model, optimizer and loss, and the options of data parallelism (dp) and the pipeline (mp).
   StrategyConfig strategy{default_strategy()};
   DataConfig data;
 
@@ -54,16 +45,16 @@ struct TrainConfig {
   FormatChoice memory_format = FormatChoice::Auto;
   bool deterministic = false;      // CUDA: only deterministic cuDNN convolution algorithms
   uint64_t max_memory = 0;         // per device, bytes (runtime/allocator.h); 0: no limit
-  bool recompute_auto = false;     // --recompute auto: the fewest blocks that fit max_memory
-  bool split_given = false;        // --split named the cuts (or auto)
-  bool recompute_given = false;    // --recompute named blocks (not none or auto)
-  bool schedule_given = false;     // --schedule was given
+  bool recompute_auto = false;     // recompute "auto": the fewest blocks that fit max_memory
+  bool split_given = false;        // the split was given (cuts or auto)
+  bool recompute_given = false;    // recompute named blocks (not none or auto)
+  bool schedule_given = false;     // the schedule was given
   DistMode dist = DistMode::Auto;  // process group from the launcher's environment
   // The watched validation metric (train/monitor.h) for the best checkpoint and early stopping;
   // given only with what they belong to.
   std::optional<double> early_stop_delta;
   std::optional<MonitorKind> monitor;
-  // Given on the command line (else from --class-colors, or a resumed checkpoint, or 1 / 1).
+  // Given by the user (else from the class colours, or a resumed checkpoint, or 1 / 1).
   std::optional<int> classes, width_divisor;
   bool image_size_given = false;
 
@@ -76,11 +67,11 @@ struct TrainConfig {
   }
 };
 
-// The schedule the flags make (lr_schedule.h).
+// The learning-rate schedule the settings make (lr_schedule.h).
 LrSchedule lr_schedule_of(const TrainConfig& cfg);
 
-// Throws unetcu::Error naming the flag for a configuration that cannot train. With --data the
-// dataset's sizes are checked once the folder has been read.
+// Throws unetcu::Error naming the setting (setting()) for a configuration that cannot train; with
+// a folder (data.data) its sizes are checked once it has been read.
 void validate(const TrainConfig& cfg);
 
 // Validates, builds the data and the strategy, prints what was chosen and trains.
