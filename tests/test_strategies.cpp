@@ -807,3 +807,23 @@ TEST_CASE("gradient clipping through train_unet: the epoch line and the metrics 
     std::remove(cfg.fit.log.c_str());
   }
 }
+
+TEST_CASE("strategies built without devices, or a pipeline without a split size, say so") {
+  UNetConfig model;
+  model.width_divisor = 16;
+  const OptimizerFactory adam = optimizer_factory({});
+  CHECK_THROWS_WITH(DataParallelStrategy(model, DataParallelOptions{}, adam, LossKind::BCEDice),
+                    doctest::Contains("data parallelism needs at least one device"));
+  CHECK_THROWS_WITH(PipelineStrategy(model, PipelineOptions{}, adam, LossKind::BCEDice),
+                    doctest::Contains("model parallelism needs at least two stages"));
+  // A StrategyConfig's pipeline takes the whole batch unless told (split size 0), which
+  // make_strategy refuses: the run sets it to its batch size first.
+  StrategyConfig c;
+  c.mode = Mode::MP;
+  c.devices = {Device::cpu(0), Device::cpu(1)};
+  c.model = model;
+  c.mp.cuts = {4};
+  CHECK(c.mp.split_size == 0);
+  std::ostringstream out;
+  CHECK_THROWS_WITH(make_strategy(c, nullptr, out), doctest::Contains("the split size must be at least 1"));
+}

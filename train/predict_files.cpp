@@ -369,12 +369,7 @@ void predict_files(const PredictConfig& c, std::ostream& out, PredictProgress* p
   const size_t plane = size_t(t.height) * size_t(t.width);
   double network_seconds = 0;
   const auto t0 = Clock::now();
-  const auto forward = [&](const Tensor& x) {
-    const auto n0 = Clock::now();
-    Tensor y = predict_logits(model, x, c.tta);
-    network_seconds += std::chrono::duration<double>(Clock::now() - n0).count();
-    return y;
-  };
+  const auto forward = [&](const Tensor& x) { return predict_logits(model, x, c.tta); };
   // Tiled: one image at a time, batch_size tiles per forward pass.
   const size_t per_batch = t.tile ? 1 : size_t(c.batch_size);
   for (size_t first = 0; first < files.size(); first += per_batch) {
@@ -385,14 +380,18 @@ void predict_files(const PredictConfig& c, std::ostream& out, PredictProgress* p
     Tensor batch_logits, probs;
     if (t.tile) {
       images.push_back(load_image(files[first].string(), 3));
+      const auto n0 = Clock::now();
       probs = predict_tiled(normalised(images.back()), t.tile, c.overlap, c.batch_size, forward);
+      network_seconds += std::chrono::duration<double>(Clock::now() - n0).count();
     } else {
       Tensor x = Tensor::empty({int64_t(count), 3, t.height, t.width});
       for (size_t k = 0; k < count; ++k) {
         images.push_back(load_image(files[first + k].string(), 3));
         prepare_input(images.back(), t.width, t.height, x.data<float>() + k * 3 * plane);
       }
+      const auto n0 = Clock::now();
       batch_logits = forward(x);
+      network_seconds += std::chrono::duration<double>(Clock::now() - n0).count();
     }
     for (size_t k = 0; k < count; ++k) {
       const ImageMask r = mask_of(c, t, images[k], t.tile ? probs.data<float>() : nullptr,

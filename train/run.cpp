@@ -245,7 +245,10 @@ LrSchedule lr_schedule_of(const TrainConfig& c) {
   return s;
 }
 
-void validate(const TrainConfig& c) {
+// Throws unetcu::Error naming the setting (setting()) for a configuration that cannot train,
+// after with_settings (it reads what that derives); with a folder (data.data) its sizes are
+// checked once it has been read.
+static void validate(const TrainConfig& c) {
   c.fit.check();
   c.data.check();
   const Mode mode = c.strategy.mode;

@@ -62,17 +62,12 @@ struct TrainConfig {
   static StrategyConfig default_strategy() {
     StrategyConfig s;
     s.mp.cuts = {4};
-    s.mp.split_size = 0;  // the whole batch
     return s;
   }
 };
 
 // The learning-rate schedule the settings make (lr_schedule.h).
 LrSchedule lr_schedule_of(const TrainConfig& cfg);
-
-// Throws unetcu::Error naming the setting (setting()) for a configuration that cannot train; with
-// a folder (data.data) its sizes are checked once it has been read.
-void validate(const TrainConfig& cfg);
 
 // Validates, builds the data and the strategy, prints what was chosen and trains.
 TrainResult train_unet(const TrainConfig& cfg, std::ostream& out,

@@ -15,6 +15,12 @@ namespace unetcu {
 
 namespace {
 
+// The first of a strategy's devices; none is the error `what`.
+Device first_of(const std::vector<Device>& devices, const char* what) {
+  UNETCU_CHECK(!devices.empty(), what);
+  return devices[0];
+}
+
 // The tensor on `device`: itself when it is there already, else a copy (to a GPU: on its upload
 // stream, asynchronous from pinned memory, overlapping with the work queued before; the device's
 // current stream waits for it).
@@ -174,7 +180,8 @@ Tensor SingleDeviceStrategy::infer(const Tensor& images) { return model_->forwar
 
 DataParallelStrategy::DataParallelStrategy(const UNetConfig& model, const DataParallelOptions& options,
                                            const OptimizerFactory& make_optimizer, LossKind loss)
-    : TrainingStrategy(loss, options.devices, options.devices.at(0)), dp_(model, options, make_optimizer) {
+    : TrainingStrategy(loss, options.devices, first_of(options.devices, "data parallelism needs at least one device")),
+      dp_(model, options, make_optimizer) {
   if (options.across_processes)
     layout_ = {dp_.global_size(), dp_.global_rank(), dp_.global_size(), dp_.global_rank(), dp_.global_size()};
   else
@@ -234,7 +241,9 @@ void DataParallelStrategy::set_learning_rate(double lr) {
 
 PipelineStrategy::PipelineStrategy(const UNetConfig& model, const PipelineOptions& options,
                                    const OptimizerFactory& make_optimizer, LossKind loss)
-    : TrainingStrategy(loss, options.devices, options.devices.at(0)), pipe_(model, options, make_optimizer) {
+    : TrainingStrategy(loss, options.devices,
+                       first_of(options.devices, "model parallelism needs at least two stages (devices)")),
+      pipe_(model, options, make_optimizer) {
   output_device_ = options.devices.back();
 }
 
@@ -288,7 +297,8 @@ void PipelineStrategy::set_learning_rate(double lr) {
 ProcessPipelineStrategy::ProcessPipelineStrategy(const UNetConfig& model, const PipelineOptions& options,
                                                  const DataParallelOptions& replicas,
                                                  const OptimizerFactory& make_optimizer, LossKind loss)
-    : TrainingStrategy(loss, options.devices, options.devices.at(0), {}, true),
+    : TrainingStrategy(loss, options.devices,
+                       first_of(options.devices, "a pipeline across processes takes one device per process"), {}, true),
       pipe_(model, options, replicas, make_optimizer) {
   layout_ = {pipe_.replicas(), pipe_.world().rank(), pipe_.world().size(), pipe_.replica(), pipe_.replicas()};
 }

@@ -276,7 +276,12 @@ struct StrategyConfig : Placement {
   OptimizerConfig optimizer;
   LossKind loss = LossKind::BCEDice;
   DataParallelOptions dp;       // --mode dp; dp+mp: how the replicas of each stage average
-  PipelineOptions mp;           // --mode mp and dp+mp
+  // --mode mp and dp+mp; split_size 0: the whole batch (a run sets it to its batch size).
+  PipelineOptions mp = [] {
+    PipelineOptions o;
+    o.split_size = 0;
+    return o;
+  }();
   // One line naming the setting (runtime/common.h setting()) for a configuration no strategy
   // can train: the options' own checks and those across them, before any work. `batch_size`:
   // the images per replica and forward; `dist`: the job this process is one of (with
