@@ -80,12 +80,16 @@ const StreamRef kA{0, &g_stream_tags[0]}, kB{0, &g_stream_tags[1]}, kPeer{1, &g_
 const StreamRef kC{0, &g_stream_tags[3]};
 const StreamRef kHost{};
 
+// A pool over a fresh fake backend, and the capacity each allocation reports.
+struct Pool {
+  FakeBackend be;
+  BlockPool pool{be};
+  size_t cap = 0;
+};
+
 }  // namespace
 
-TEST_CASE("a block freed on its own stream is reused at once by that stream (stream order)") {
-  FakeBackend be;
-  BlockPool pool(be);
-  size_t cap = 0;
+TEST_CASE_FIXTURE(Pool, "a block freed on its own stream is reused at once by that stream (stream order)") {
   void* p = pool.allocate(1000, kA, &cap);
   REQUIRE(p);
   CHECK(cap == BlockPool::round_size(1000));
@@ -96,10 +100,7 @@ TEST_CASE("a block freed on its own stream is reused at once by that stream (str
   CHECK(be.allocations == 1);
 }
 
-TEST_CASE("a block is not handed to another stream or the host while its event is pending") {
-  FakeBackend be;
-  BlockPool pool(be);
-  size_t cap = 0;
+TEST_CASE_FIXTURE(Pool, "a block is not handed to another stream or the host while its event is pending") {
   void* p = pool.allocate(4096, kA, &cap);
   pool.free(p);
   size_t c2 = 0, c3 = 0;
@@ -116,10 +117,7 @@ TEST_CASE("a block is not handed to another stream or the host while its event i
   CHECK(pool.pending_events() == 0);
 }
 
-TEST_CASE("record_use: a block used on a second stream waits for that stream too") {
-  FakeBackend be;
-  BlockPool pool(be);
-  size_t cap = 0;
+TEST_CASE_FIXTURE(Pool, "record_use: a block used on a second stream waits for that stream too") {
   char* p = static_cast<char*>(pool.allocate(size_t(3) << 20, kA, &cap));
   pool.record_use(p + 12345, kB);  // a view inside the block, read by a copy on B
   pool.record_use(p + 12345, kB);  // recorded once
@@ -143,9 +141,7 @@ TEST_CASE("record_use: a block used on a second stream waits for that stream too
   pool.free(&elsewhere);
 }
 
-TEST_CASE("a destroyed stream is forgotten: no event is recorded on it later") {
-  FakeBackend be;
-  BlockPool pool(be);
+TEST_CASE_FIXTURE(Pool, "a destroyed stream is forgotten: no event is recorded on it later") {
   size_t c = 0;
   void* on_b = pool.allocate(2048, kB, &c);
   void* on_a = pool.allocate(2048, kA, &c);
@@ -159,9 +155,7 @@ TEST_CASE("a destroyed stream is forgotten: no event is recorded on it later") {
   CHECK(host == on_b);  // nothing of B's is pending
 }
 
-TEST_CASE("a stream destroyed while a capture holds frees back is forgotten there too") {
-  FakeBackend be;
-  BlockPool pool(be);
+TEST_CASE_FIXTURE(Pool, "a stream destroyed while a capture holds frees back is forgotten there too") {
   size_t c = 0;
   void* on_a = pool.allocate(2048, kA, &c);
   pool.record_use(on_a, kB);
@@ -174,9 +168,7 @@ TEST_CASE("a stream destroyed while a capture holds frees back is forgotten ther
   for (FakeEvent* e : be.events) CHECK(e->stream != kB);
 }
 
-TEST_CASE("the peak counts the blocks a captured graph keeps for its replays") {
-  FakeBackend be;
-  BlockPool pool(be);
+TEST_CASE_FIXTURE(Pool, "the peak counts the blocks a captured graph keeps for its replays") {
   size_t act = 0, out = 0;
   const int id = pool.open_private(kA);
   void* activation = pool.allocate(1 << 20, kA, &act);  // made and freed inside the capture
@@ -196,10 +188,7 @@ TEST_CASE("the peak counts the blocks a captured graph keeps for its replays") {
   CHECK(pool.stats().peak_bytes == 0);
 }
 
-TEST_CASE("pinned-style host blocks: reused only after the asynchronous copy's event") {
-  FakeBackend be;
-  BlockPool pool(be);
-  size_t cap = 0;
+TEST_CASE_FIXTURE(Pool, "pinned-style host blocks: reused only after the asynchronous copy's event") {
   void* batch = pool.allocate(1 << 16, kHost, &cap);
   pool.free(batch);  // no stream used it: reusable at once
   CHECK(pool.pending_events() == 0);
@@ -215,9 +204,7 @@ TEST_CASE("pinned-style host blocks: reused only after the asynchronous copy's e
   CHECK(pool.allocate(1 << 16, kHost, &c) == batch);
 }
 
-TEST_CASE("pinned-style host blocks freed during a capture: held until its graph is gone") {
-  FakeBackend be;
-  BlockPool pool(be);
+TEST_CASE_FIXTURE(Pool, "pinned-style host blocks freed during a capture: held until its graph is gone") {
   size_t c = 0;
   void* batch = pool.allocate(1 << 16, kHost, &c);
   void* other = pool.allocate(1 << 16, kHost, &c);
@@ -247,9 +234,7 @@ TEST_CASE("pinned-style host blocks freed during a capture: held until its graph
   CHECK(pool.allocate(1 << 16, kHost, &c) == batch);
 }
 
-TEST_CASE("captures on two devices at once: a block both used waits for both graphs") {
-  FakeBackend be;
-  BlockPool pool(be);
+TEST_CASE_FIXTURE(Pool, "captures on two devices at once: a block both used waits for both graphs") {
   size_t c = 0;
   void* batch = pool.allocate(1 << 16, kHost, &c);
   pool.record_use(batch, kA);
@@ -307,9 +292,7 @@ TEST_CASE("out of memory: completed blocks are given back first, pending ones on
   pool.free(more);
 }
 
-TEST_CASE("a block whose event cannot be recorded is given back, not cached") {
-  FakeBackend be;
-  BlockPool pool(be);
+TEST_CASE_FIXTURE(Pool, "a block whose event cannot be recorded is given back, not cached") {
   size_t c = 0;
   void* p = pool.allocate(1000, kA, &c);
   be.fail_records = true;
@@ -320,9 +303,7 @@ TEST_CASE("a block whose event cannot be recorded is given back, not cached") {
   CHECK(pool.stats().cached_bytes == 0);
 }
 
-TEST_CASE("allocator statistics (bytes in use, peak, cached), sizes rounded and matched within 1/8") {
-  FakeBackend be;
-  BlockPool pool(be);
+TEST_CASE_FIXTURE(Pool, "allocator statistics (bytes in use, peak, cached), sizes rounded and matched within 1/8") {
   CHECK(BlockPool::round_size(0) == 512);
   CHECK(BlockPool::round_size(513) == 1024);
   CHECK(BlockPool::round_size((size_t(1) << 20) + 1) == (size_t(1) << 20) + (size_t(1) << 16));
@@ -361,10 +342,7 @@ TEST_CASE("allocator statistics (bytes in use, peak, cached), sizes rounded and 
   CHECK(be.in_use == 0);
 }
 
-TEST_CASE("a private pool (graph capture) keeps its blocks and touches no event while open") {
-  FakeBackend be;
-  BlockPool pool(be);
-  size_t cap = 0;
+TEST_CASE_FIXTURE(Pool, "a private pool (graph capture) keeps its blocks and touches no event while open") {
   // A main-cache block, freed on A before the capture: not for the capture.
   void* before = pool.allocate(4096, kA, &cap);
   pool.free(before);
@@ -426,10 +404,8 @@ TEST_CASE("a private pool short of memory fails without giving anything back") {
   pool.close_private();
 }
 
-TEST_CASE("a private pool over two streams (a pipeline's capture) reuses a block only on the stream that used it") {
-  FakeBackend be;
-  BlockPool pool(be);
-  size_t cap = 0;
+TEST_CASE_FIXTURE(
+    Pool, "a private pool over two streams (a pipeline's capture) reuses a block only on the stream that used it") {
   pool.open_private({kA, kB});
   const size_t events_before = be.events.size();
   void* a = pool.allocate(4096, kA, &cap);  // used on A only

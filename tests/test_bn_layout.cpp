@@ -18,6 +18,7 @@
 
 #include "bn_mask_check.h"
 #include "bn_ops.h"
+#include "bn_stats.h"
 #include "engine/ops.h"
 #include "testing.h"
 
@@ -225,32 +226,6 @@ TEST_CASE("batch norm ops in bfloat16 equal float32 on the same bf16-rounded inp
           }
 }
 
-namespace {
-
-// Batch mean and biased variance per channel in double of the values of x (any dtype or
-// format): the mean corrected by a second pass, then the variance about it.
-void two_pass_stats(const Tensor& x, std::vector<double>* mean, std::vector<double>* var) {
-  const int64_t N = x.dim(0), C = x.dim(1), HW = x.dim(2) * x.dim(3);
-  const std::vector<double> v = x.to_vector();  // logical NCHW order
-  mean->assign(C, 0.0);
-  var->assign(C, 0.0);
-  const double M = double(N * HW);
-  for (int64_t c = 0; c < C; ++c) {
-    auto sum_of = [&](auto f) {
-      double s = 0;
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t q = 0; q < HW; ++q) s += f(v[(n * C + c) * HW + q]);
-      return s;
-    };
-    double m = sum_of([](double a) { return a; }) / M;
-    m += sum_of([m](double a) { return a - m; }) / M;
-    (*mean)[c] = m;
-    (*var)[c] = sum_of([m](double a) { return (a - m) * (a - m); }) / M;
-  }
-}
-
-}  // namespace
-
 TEST_CASE("bfloat16 training statistics stay exact with a large mean over a million values") {
   // bf16 near 1e4 is spaced by 64 (8 significant bits), so a channel of 1e4 ± 1 would hold
   // one value; the channels hold 9984 + 64 k, k uniform in [-3, 3] (exact in bf16): mean ~1e4,
@@ -268,22 +243,7 @@ TEST_CASE("bfloat16 training statistics stay exact with a large mean over a mill
   std::vector<double> m_ref, v_ref;
   two_pass_stats(x64, &m_ref, &v_ref);
   // The naive float32 formula on the same values (what a float32 one-pass kernel computes).
-  double naive_err = 0;
-  {
-    const std::vector<double> xv = x64.to_vector();
-    const int64_t N = s[0], C = s[1], HW = s[2] * s[3];
-    for (int64_t c = 0; c < C; ++c) {
-      float sum = 0, sumsq = 0;
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t q = 0; q < HW; ++q) {
-          const float xi = float(xv[(n * C + c) * HW + q]);
-          sum += xi;
-          sumsq += xi * xi;
-        }
-      const float mu = sum / float(N * HW), naive_var = sumsq / float(N * HW) - mu * mu;
-      naive_err = std::max(naive_err, std::fabs(naive_var - v_ref[c]) / v_ref[c]);
-    }
-  }
+  const double naive_err = naive_variance_error<float>(x64, v_ref);
   INFO("naive float32 variance relative error ", naive_err);
   CHECK(naive_err > 1e-2);  // the naive formula fails: this input is a real test
   const double M = double(s[0] * s[2] * s[3]);

@@ -53,6 +53,7 @@ struct Rig {
     options.batch_size = 4;
     options.progress = false;
   }
+  explicit Rig(const FitOptions& o) : options(o) {}
   static std::unique_ptr<TrainingStrategy> make(double max_grad_norm = 0) {
     StrategyConfig c;
     c.mode = Mode::Single;
@@ -75,6 +76,28 @@ FitContext context(Rig& rig, TrainingStrategy& s, bool lead = true) {
   ctx.total_steps = 5 * int64_t(rig.options.epochs);
   return ctx;
 }
+
+// The Checkpoints callback over a rig's context and strategy, with the EarlyStopping watch it
+// asks whether an epoch is the best, both in the context's callbacks as fit() would have them.
+struct Watched {
+  Rig rig;
+  std::unique_ptr<TrainingStrategy> s = Rig::make();
+  FitContext ctx;
+  EarlyStopping watch;
+  Checkpoints checkpoints;
+  explicit Watched(const FitOptions& options)
+      : rig(options), ctx(context(rig, *s)), watch(rig.options), checkpoints(ctx, watch) {
+    ctx.callbacks = {&checkpoints, &watch};
+  }
+  // The rig's run, saving each epoch to `checkpoint` and the best to `best`.
+  Watched(const std::string& checkpoint, const std::string& best) : Watched(saving(checkpoint, best)) {}
+  static FitOptions saving(const std::string& checkpoint, const std::string& best) {
+    FitOptions o = Rig().options;
+    o.checkpoint = checkpoint;
+    o.save_best = best;
+    return o;
+  }
+};
 
 // A strategy that only answers what the callbacks under test ask: the live micro-batches a
 // pipeline reports after each step, and a process rank of several.
@@ -311,14 +334,8 @@ TEST_CASE("callback Checkpoints: the files are refused before training") {
 
 TEST_CASE(
     "callback Checkpoints: the epoch's checkpoint with the run's record, the best only when best, a NaN refused") {
-  Rig rig;
-  rig.options.checkpoint = "cb_epoch.safetensors";
-  rig.options.save_best = "cb_best.safetensors";
-  auto s = Rig::make();
-  FitContext ctx = context(rig, *s);
-  EarlyStopping watch(rig.options);
-  Checkpoints checkpoints(ctx, watch);
-  ctx.callbacks = {&checkpoints, &watch};
+  Watched w("cb_epoch.safetensors", "cb_best.safetensors");
+  auto& [rig, s, ctx, watch, checkpoints] = w;
   EpochStats st;
   // Epoch 1, the best so far: both files.
   ctx.epoch = 1;
@@ -375,14 +392,8 @@ TEST_CASE(
 }
 
 TEST_CASE("callback Checkpoints: an interrupt's checkpoint holds the steps done, and start() resumes from it") {
-  Rig rig;
-  rig.options.checkpoint = "cb_int.safetensors";
-  rig.options.save_best = "cb_int_best.safetensors";
-  auto s = Rig::make();
-  FitContext ctx = context(rig, *s);
-  EarlyStopping watch(rig.options);
-  Checkpoints checkpoints(ctx, watch);
-  ctx.callbacks = {&checkpoints, &watch};
+  Watched w("cb_int.safetensors", "cb_int_best.safetensors");
+  auto& [rig, s, ctx, watch, checkpoints] = w;
   // Epoch 1 validated (the watch's record), then 3 steps of epoch 2 and the interrupt.
   ctx.epoch = 1;
   EpochStats st;
@@ -398,14 +409,10 @@ TEST_CASE("callback Checkpoints: an interrupt's checkpoint holds the steps done,
   CHECK(l.record == ctx.record());
   CHECK_FALSE(exists("cb_int_best.safetensors"));  // an interrupt writes no best checkpoint
   // The resume: the model as saved, first_epoch and first_step, the line with the watch's part.
-  Rig again;
-  again.options = rig.options;
-  again.options.resume = "cb_int.safetensors";
-  auto resumed = Rig::make();
-  FitContext rctx = context(again, *resumed);
-  EarlyStopping rwatch(again.options);
-  Checkpoints rcheckpoints(rctx, rwatch);
-  rctx.callbacks = {&rcheckpoints, &rwatch};
+  FitOptions resuming = rig.options;
+  resuming.resume = "cb_int.safetensors";
+  Watched r(resuming);
+  auto& [again, resumed, rctx, rwatch, rcheckpoints] = r;
   const RunRecord record = rcheckpoints.start(rctx);
   CHECK(rctx.first_epoch == 2);
   CHECK(rctx.first_step == 3);

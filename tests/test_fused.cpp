@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "bn_stats.h"
 #include "engine/ops.h"
 #include "testing.h"
 
@@ -200,36 +201,6 @@ TEST_CASE("fused batch norm ops in float32 agree with float64") {
 
 namespace {
 
-// Batch mean and biased variance per channel in double (the reference): the mean corrected
-// by a second pass (m += mean(x - m), exact to a few ulps however large the mean), then the
-// variance about it.
-template <class T>
-void two_pass_stats_of(const T* v, int64_t N, int64_t C, int64_t HW, std::vector<double>* mean,
-                       std::vector<double>* var) {
-  mean->assign(C, 0.0);
-  var->assign(C, 0.0);
-  const double M = double(N * HW);
-  for (int64_t c = 0; c < C; ++c) {
-    auto sum_of = [&](auto f) {
-      double s = 0;
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t q = 0; q < HW; ++q) s += f(double(v[(n * C + c) * HW + q]));
-      return s;
-    };
-    double m = sum_of([](double a) { return a; }) / M;
-    m += sum_of([m](double a) { return a - m; }) / M;
-    (*mean)[c] = m;
-    (*var)[c] = sum_of([m](double a) { return (a - m) * (a - m); }) / M;
-  }
-}
-void two_pass_stats(const Tensor& x, std::vector<double>* mean, std::vector<double>* var) {
-  const int64_t N = x.dim(0), C = x.dim(1), HW = x.dim(2) * x.dim(3);
-  if (x.dtype() == DType::F32)
-    two_pass_stats_of(x.data<float>(), N, C, HW, mean, var);
-  else
-    two_pass_stats_of(x.data<double>(), N, C, HW, mean, var);
-}
-
 // The fused op's batch statistics: with momentum 1 the running statistics become the batch
 // mean and the unbiased batch variance, here turned back into the biased one.
 void fused_stats(const Tensor& x, std::vector<double>* mean, std::vector<double>* var) {
@@ -246,6 +217,27 @@ void fused_stats(const Tensor& x, std::vector<double>* mean, std::vector<double>
   }
 }
 
+// The largest relative error of each variance over x's channels against the two-pass
+// reference: the naive one-pass E[x²] - E[x]² with sums in T (what a one-pass kernel in T
+// would compute), and the fused op's shifted sums. The fused op's means are checked on the
+// way, to `mean_tol` relative.
+struct VarianceErrors {
+  double naive = 0, shifted = 0;
+};
+template <class T>
+VarianceErrors variance_errors(const Tensor& x, double mean_tol) {
+  std::vector<double> m_ref, v_ref, m, v;
+  two_pass_stats(x, &m_ref, &v_ref);
+  fused_stats(x, &m, &v);
+  VarianceErrors e;
+  e.naive = naive_variance_error<T>(x, v_ref);
+  for (size_t c = 0; c < v.size(); ++c) {
+    e.shifted = std::max(e.shifted, std::fabs(v[c] - v_ref[c]) / v_ref[c]);
+    CHECK(std::fabs(m[c] - m_ref[c]) <= mean_tol * std::fabs(m_ref[c]));
+  }
+  return e;
+}
+
 }  // namespace
 
 TEST_CASE("training statistics stay exact with a large mean: shifted sums, not E[x²] - E[x]²") {
@@ -254,60 +246,22 @@ TEST_CASE("training statistics stay exact with a large mean: shifted sums, not E
     // Single-pass E[x²] - E[x]² with float32 sums (what a float32 one-pass kernel would
     // compute) gets the variance wrong by 165 relative here (E[x²] = 1e8 has an ulp of 8),
     // while the shifted sums are off by 4.9e-8 (float32's rounding of the running variance).
-    const Shape s = {2, 3, 48, 40};
-    Tensor x = Tensor::empty(s, DType::F32);
+    Tensor x = Tensor::empty({2, 3, 48, 40}, DType::F32);
     for (int64_t i = 0; i < x.numel(); ++i) x.set(i, 1e4 + rng.normal());
-    std::vector<double> m_ref, v_ref, m, v;
-    two_pass_stats(x, &m_ref, &v_ref);
-    fused_stats(x, &m, &v);
-    const int64_t N = s[0], C = s[1], HW = s[2] * s[3];
-    const std::vector<double> xv = x.to_vector();
-    double naive_err = 0, shifted_err = 0;
-    for (int64_t c = 0; c < C; ++c) {
-      float sum = 0, sumsq = 0;
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t q = 0; q < HW; ++q) {
-          const float xi = float(xv[(n * C + c) * HW + q]);
-          sum += xi;
-          sumsq += xi * xi;
-        }
-      const float mu = sum / float(N * HW), naive_var = sumsq / float(N * HW) - mu * mu;
-      naive_err = std::max(naive_err, std::fabs(naive_var - v_ref[c]) / v_ref[c]);
-      shifted_err = std::max(shifted_err, std::fabs(v[c] - v_ref[c]) / v_ref[c]);
-      CHECK(std::fabs(m[c] - m_ref[c]) <= 1e-7 * std::fabs(m_ref[c]));
-    }
-    INFO("variance relative error: naive float32 ", naive_err, ", shifted sums ", shifted_err);
-    CHECK(naive_err > 1);  // the naive formula fails: this input is a real test
-    CHECK(shifted_err < 1e-6);
+    const VarianceErrors e = variance_errors<float>(x, 1e-7);
+    INFO("variance relative error: naive float32 ", e.naive, ", shifted sums ", e.shifted);
+    CHECK(e.naive > 1);  // the naive formula fails: this input is a real test
+    CHECK(e.shifted < 1e-6);
   }
   SUBCASE("float64 values 1e8 + N(0, 1)") {
     // In double, E[x²] = 1e16 has an ulp of 2: E[x²] - E[x]² (double sums) is wrong by 13
     // relative here, while the shifted sums are off by 2e-15.
-    const Shape s = {3, 2, 17, 19};
-    Tensor x = Tensor::empty(s, DType::F64);
+    Tensor x = Tensor::empty({3, 2, 17, 19}, DType::F64);
     for (int64_t i = 0; i < x.numel(); ++i) x.set(i, 1e8 + rng.normal());
-    std::vector<double> m_ref, v_ref, m, v;
-    two_pass_stats(x, &m_ref, &v_ref);
-    fused_stats(x, &m, &v);
-    const std::vector<double> xv = x.to_vector();
-    const int64_t N = s[0], C = s[1], HW = s[2] * s[3];
-    double naive_err = 0, shifted_err = 0;
-    for (int64_t c = 0; c < C; ++c) {
-      double sum = 0, sumsq = 0;
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t q = 0; q < HW; ++q) {
-          const double xi = xv[(n * C + c) * HW + q];
-          sum += xi;
-          sumsq += xi * xi;
-        }
-      const double mu = sum / double(N * HW), naive_var = sumsq / double(N * HW) - mu * mu;
-      naive_err = std::max(naive_err, std::fabs(naive_var - v_ref[c]) / v_ref[c]);
-      shifted_err = std::max(shifted_err, std::fabs(v[c] - v_ref[c]) / v_ref[c]);
-      CHECK(std::fabs(m[c] - m_ref[c]) <= 1e-14 * std::fabs(m_ref[c]));
-    }
-    INFO("variance relative error: naive float64 ", naive_err, ", shifted sums ", shifted_err);
-    CHECK(naive_err > 1e-3);
-    CHECK(shifted_err < 1e-12);
+    const VarianceErrors e = variance_errors<double>(x, 1e-14);
+    INFO("variance relative error: naive float64 ", e.naive, ", shifted sums ", e.shifted);
+    CHECK(e.naive > 1e-3);
+    CHECK(e.shifted < 1e-12);
   }
 }
 

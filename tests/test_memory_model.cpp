@@ -83,6 +83,13 @@ struct Grid {
   }();
   SyntheticSegmentation data{96, 7};
   MemoryProfile profile = profile_of(cfg, data);
+
+  // The grid's model recomputing `set` (the --recompute syntax).
+  UNetConfig recomputing(const char* set) const {
+    UNetConfig c = cfg;
+    c.recompute = cli::parse_recompute(set);
+    return c;
+  }
 };
 
 }  // namespace
@@ -123,16 +130,11 @@ TEST_CASE("the memory model predicts a step's peak within 10 % over batches and 
   MESSAGE("worst error over the grid: ", worst * 100, " %");
 }
 
-TEST_CASE("the memory model predicts each data-parallel replica's peak within 10 % (CPU devices)") {
-  const Grid g;
-  const UNetConfig& cfg = g.cfg;
-  const SyntheticSegmentation& data = g.data;
-  const MemoryProfile& profile = g.profile;
+TEST_CASE_FIXTURE(Grid, "the memory model predicts each data-parallel replica's peak within 10 % (CPU devices)") {
   double worst = 0;
   for (int b : {2, 3}) {
     for (const char* set : {"none", "blocks", "layer1,decoder.blocks.3"}) {
-      UNetConfig c = cfg;
-      c.recompute = cli::parse_recompute(set);
+      const UNetConfig c = recomputing(set);
       DataParallelOptions o;
       o.devices = {Device::cpu(0), Device::cpu(1)};
       DataParallelStrategy dp(c, o, kAdam, LossKind::BCEDice);
@@ -148,11 +150,7 @@ TEST_CASE("the memory model predicts each data-parallel replica's peak within 10
   MESSAGE("worst error over the data-parallel grid: ", worst * 100, " %");
 }
 
-TEST_CASE("the memory model predicts each pipeline stage's peak within 10 % (CPU devices)") {
-  const Grid g;
-  const UNetConfig& cfg = g.cfg;
-  const SyntheticSegmentation& data = g.data;
-  const MemoryProfile& profile = g.profile;
+TEST_CASE_FIXTURE(Grid, "the memory model predicts each pipeline stage's peak within 10 % (CPU devices)") {
   struct Case {
     const char* cuts;
     int batch, split;
@@ -171,8 +169,7 @@ TEST_CASE("the memory model predicts each pipeline stage's peak within 10 % (CPU
   };
   double worst = 0;
   for (const Case& k : cases) {
-    UNetConfig c = cfg;
-    c.recompute = cli::parse_recompute(k.recompute);
+    const UNetConfig c = recomputing(k.recompute);
     PipelineOptions o;
     o.cuts = cli::parse_cuts(k.cuts);
     for (size_t s = 0; s <= o.cuts.size(); ++s) o.devices.push_back(Device::cpu(int(s)));
@@ -195,15 +192,11 @@ TEST_CASE("the memory model predicts each pipeline stage's peak within 10 % (CPU
   MESSAGE("worst error over the pipeline grid: ", worst * 100, " %");
 }
 
-TEST_CASE("the memory model predicts a step accumulated in chunks within 10 % (one device and DP, CPU devices)") {
-  const Grid g;
-  const UNetConfig& cfg = g.cfg;
-  const SyntheticSegmentation& data = g.data;
-  const MemoryProfile& profile = g.profile;
+TEST_CASE_FIXTURE(
+    Grid, "the memory model predicts a step accumulated in chunks within 10 % (one device and DP, CPU devices)") {
   double worst = 0;
   for (const char* set : {"none", "blocks"}) {
-    UNetConfig c = cfg;
-    c.recompute = cli::parse_recompute(set);
+    const UNetConfig c = recomputing(set);
     for (const auto& [chunk, chunks] : {std::pair{2, 3}, std::pair{1, 4}, std::pair{3, 2}}) {
       MemoryPlan plan;
       plan.batch = chunk;
