@@ -79,6 +79,13 @@ void add_model_flags(CLI::App& app, TrainConfig& cfg) {
   cli::add_optional(app, "--width-divisor", cfg.width_divisor,
                     "Divide every channel count by this (1 = the real model; with --resume, the checkpoint's)")
       ->default_str("1");
+  app.add_option_function<std::string>(
+         "--encoder", cli::checked("--encoder", [&cfg](const std::string& s) {
+           cfg.encoder = parse_named(kEncoderNames, "encoder", s);
+         }),
+         "The encoder, as SMP's Unet(name): " + names_list(kEncoderNames) +
+             " (resnet50 and deeper: Bottleneck blocks; with --resume, the checkpoint's)")
+      ->default_str("resnet34");
   add_enum(app, "--loss", cfg.strategy.loss, kLossNames, "Loss");
   add_enum(app, "--dtype", cfg.fit.dtype, kDTypeNames, "Element type (float64 on the CPU only)");
   add_enum(app, "--precision", cfg.precision, kPrecisionNames,

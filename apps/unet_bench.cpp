@@ -19,6 +19,7 @@ void add_bench_flags(CLI::App& app, BenchConfig& c) {
                  "Devices, e.g. cpu:0,cpu:1 or cuda:0,cuda:1 (MP uses the first two; one device: two stages on it)")
       ->capture_default_str();
   app.add_option("--image-size", c.image_size, "Image size")->capture_default_str();
+  cli::add_enum(app, "--encoder", c.encoder, kEncoderNames, "The UNet's encoder (SMP's name)");
   app.add_option("--batch-size", c.batch_size, "Batch of the single device and of each DP replica (the article: 14)")
       ->capture_default_str();
   app.add_option("--mp-batch", c.mp_batch, "MP batch (0: batch x devices; the article: 30)")->capture_default_str();

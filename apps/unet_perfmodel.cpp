@@ -4,6 +4,7 @@
 
 #include <iostream>
 
+#include "cli/cli.h"
 #include "cli/parse.h"
 #include "planning/perf_model.h"
 #include "planning/perf_report.h"
@@ -33,6 +34,7 @@ void add_perfmodel_flags(CLI::App& app, PerfModelConfig& c) {
                  "on large planes)")
       ->capture_default_str();
   app.add_option("--image-size", c.image_size, "Image size")->capture_default_str();
+  cli::add_enum(app, "--encoder", c.encoder, kEncoderNames, "The UNet's encoder (SMP's name)");
   app.add_option("--dp-batch", c.dp_batch, "Batch per replica (the article: 14)")->capture_default_str();
   app.add_option("--mp-batch", c.mp_batch, "MP batch (the article: 30)")->capture_default_str();
   app.add_option("--mp-split", c.mp_split, "The article's MP split_size (6)")->capture_default_str();

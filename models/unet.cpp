@@ -1,11 +1,37 @@
 #include "models/unet.h"
 
 #include <algorithm>
+#include <array>
 
 #include "engine/profiler.h"
 #include "engine/recompute.h"
 
 namespace unetcu {
+
+const EncoderSpec& encoder_spec(EncoderKind kind) {
+  static const EncoderSpec kSpecs[] = {{{2, 2, 2, 2}, false},   // resnet18
+                                       {{3, 4, 6, 3}, false},   // resnet34
+                                       {{3, 4, 6, 3}, true},    // resnet50
+                                       {{3, 4, 23, 3}, true},   // resnet101
+                                       {{3, 8, 36, 3}, true}};  // resnet152
+  return kSpecs[int(kind)];
+}
+
+EncoderKind recorded_encoder(const std::map<std::string, std::string>& settings, const std::string& file) {
+  const auto it = settings.find("encoder");
+  if (it == settings.end()) return EncoderKind::ResNet34;
+  for (const auto& e : kEncoderNames)
+    if (it->second == e.name) return e.value;
+  throw Error(str_cat("checkpoint '", file, "' records encoder '", it->second, "', not one of ",
+                      names_list(kEncoderNames)));
+}
+
+std::vector<int> encoder_channels(EncoderKind kind, int d) {
+  const int x = encoder_spec(kind).bottleneck ? 4 : 1;
+  const auto w = [d](int c) { return std::max(1, c / d); };
+  return {w(64), x * w(64), x * w(128), x * w(256), x * w(512)};
+}
+
 namespace {
 
 int width(int channels, int divisor) { return std::max(1, channels / divisor); }
@@ -78,20 +104,68 @@ class BasicBlock : public Module {
   BatchNorm2d* down_bn = nullptr;
 };
 
+// torchvision Bottleneck (ResNet v1.5, the stride on the 3×3): conv1×1+BN+ReLU,
+// conv3×3(stride)+BN+ReLU, conv1×1 to 4× the channels+BN, + identity or 1×1/stride conv+BN
+// downsample, ReLU.
+class Bottleneck : public Module {
+ public:
+  Bottleneck(int in, int planes, int stride, Rng& rng, DType dt, Device dev) {
+    const int out = 4 * planes;
+    conv1 = add_child("conv1", std::make_unique<Conv2d>(in, planes, 1, 1, 0, false, Init::KaimingNormalFanOut, rng,
+                                                         dt, dev));
+    bn1 = add_child("bn1", make_bn(planes, dt, dev));
+    conv2 = add_child("conv2", std::make_unique<Conv2d>(planes, planes, 3, stride, 1, false,
+                                                         Init::KaimingNormalFanOut, rng, dt, dev));
+    bn2 = add_child("bn2", make_bn(planes, dt, dev));
+    conv3 = add_child("conv3", std::make_unique<Conv2d>(planes, out, 1, 1, 0, false, Init::KaimingNormalFanOut, rng,
+                                                         dt, dev));
+    bn3 = add_child("bn3", make_bn(out, dt, dev));
+    if (stride != 1 || in != out) {
+      auto ds = std::make_unique<Sequential>();
+      down_conv = ds->add(std::make_unique<Conv2d>(in, out, 1, stride, 0, false, Init::KaimingNormalFanOut, rng, dt,
+                                                   dev));
+      down_bn = ds->add(make_bn(out, dt, dev));
+      add_child("downsample", std::move(ds));
+    }
+  }
+  Tensor forward(const Tensor& x) {
+    Tensor h = conv3->forward(bn_relu(bn2, conv2->forward(bn_relu(bn1, conv1->forward(x)))));
+    Tensor identity = down_conv ? down_bn->forward(down_conv->forward(x)) : x;
+    return bn_add_relu(bn3, h, identity);
+  }
+
+ private:
+  Conv2d *conv1, *conv2, *conv3;
+  BatchNorm2d *bn1, *bn2, *bn3;
+  Conv2d* down_conv = nullptr;
+  BatchNorm2d* down_bn = nullptr;
+};
+
+// A torchvision layer: `count` blocks of one kind, the first with the stride (and the
+// downsample where the shape changes). `planes` is a Bottleneck's inner width; its output has
+// 4× that.
 class ResLayer : public Sequential {
  public:
-  ResLayer(int in, int out, int count, int stride, Rng& rng, DType dt, Device dev) {
-    for (int i = 0; i < count; ++i)
-      blocks.push_back(add(std::make_unique<BasicBlock>(i == 0 ? in : out, out,
-                                                        i == 0 ? stride : 1, rng, dt, dev)));
+  ResLayer(bool bottleneck, int in, int planes, int count, int stride, Rng& rng, DType dt, Device dev) {
+    const int out = bottleneck ? 4 * planes : planes;
+    for (int i = 0; i < count; ++i) {
+      const int cin = i == 0 ? in : out, s = i == 0 ? stride : 1;
+      if (bottleneck) {
+        Bottleneck* b = add(std::make_unique<Bottleneck>(cin, planes, s, rng, dt, dev));
+        blocks.push_back([b](const Tensor& x) { return b->forward(x); });
+      } else {
+        BasicBlock* b = add(std::make_unique<BasicBlock>(cin, planes, s, rng, dt, dev));
+        blocks.push_back([b](const Tensor& x) { return b->forward(x); });
+      }
+    }
   }
   Tensor forward(Tensor x) {
-    for (BasicBlock* b : blocks) x = b->forward(x);
+    for (const auto& b : blocks) x = b(x);
     return x;
   }
 
  private:
-  std::vector<BasicBlock*> blocks;
+  std::vector<std::function<Tensor(const Tensor&)>> blocks;
 };
 
 // SMP Conv2dReLU: Sequential(conv3×3 no bias, BN, ReLU) -> names "<name>.0.weight", "<name>.1.*".
@@ -128,15 +202,21 @@ class DecoderBlock : public Module {
 
 class Encoder : public Module {
  public:
-  Encoder(int in_channels, int d, Rng& rng, DType dt, Device dev) {
-    const int c64 = width(64, d), c128 = width(128, d), c256 = width(256, d), c512 = width(512, d);
+  Encoder(EncoderKind kind, int in_channels, int d, Rng& rng, DType dt, Device dev) {
+    const EncoderSpec& e = encoder_spec(kind);
+    const int c64 = width(64, d);
+    const std::vector<int> out = encoder_channels(kind, d);
     conv1 = add_child("conv1", std::make_unique<Conv2d>(in_channels, c64, 7, 2, 3, false,
                                                          Init::KaimingNormalFanOut, rng, dt, dev));
     bn1 = add_child("bn1", make_bn(c64, dt, dev));
-    layer1 = add_child("layer1", std::make_unique<ResLayer>(c64, c64, 3, 1, rng, dt, dev));
-    layer2 = add_child("layer2", std::make_unique<ResLayer>(c64, c128, 4, 2, rng, dt, dev));
-    layer3 = add_child("layer3", std::make_unique<ResLayer>(c128, c256, 6, 2, rng, dt, dev));
-    layer4 = add_child("layer4", std::make_unique<ResLayer>(c256, c512, 3, 2, rng, dt, dev));
+    ResLayer* layers[4];
+    for (int l = 0; l < 4; ++l) {
+      const int planes = width(64 << l, d);
+      layers[l] = add_child("layer" + std::to_string(l + 1),
+                            std::make_unique<ResLayer>(e.bottleneck, out[l], planes, e.blocks[l], l == 0 ? 1 : 2,
+                                                       rng, dt, dev));
+    }
+    layer1 = layers[0], layer2 = layers[1], layer3 = layers[2], layer4 = layers[3];
   }
   Conv2d* conv1;
   BatchNorm2d* bn1;
@@ -145,10 +225,12 @@ class Encoder : public Module {
 
 class Decoder : public Module {
  public:
-  Decoder(int d, Rng& rng, DType dt, Device dev) {
+  Decoder(EncoderKind encoder, int d, Rng& rng, DType dt, Device dev) {
     auto seq = std::make_unique<Sequential>();
-    // in: previous decoder output (the first: encoder layer4); skip: encoder features.
-    const int enc[5] = {width(512, d), width(256, d), width(128, d), width(64, d), width(64, d)};
+    // in: previous decoder output (the first: encoder layer4); skip: encoder features, deepest
+    // first.
+    const std::vector<int> c = encoder_channels(encoder, d);
+    const int enc[5] = {c[4], c[3], c[2], c[1], c[0]};
     const int dec[5] = {width(256, d), width(128, d), width(64, d), width(32, d), width(16, d)};
     for (int i = 0; i < 5; ++i) {
       const int in = i == 0 ? enc[0] : dec[i - 1];
@@ -176,8 +258,10 @@ UNet::UNet(const UNetConfig& cfg) : cfg_(cfg) {
                "bfloat16 activations go with float32 parameters, not ", dtype_name(cfg.dtype));
   Rng rng(cfg.seed);
   const int d = cfg.width_divisor;
-  Encoder* enc = add_child("encoder", std::make_unique<Encoder>(cfg.in_channels, d, rng, cfg.dtype, cfg.device));
-  Decoder* dec = add_child("decoder", std::make_unique<Decoder>(d, rng, cfg.dtype, cfg.device));
+  UNETCU_CHECK(cfg.in_channels >= 1, "in_channels must be >= 1, got ", cfg.in_channels);
+  Encoder* enc =
+      add_child("encoder", std::make_unique<Encoder>(cfg.encoder, cfg.in_channels, d, rng, cfg.dtype, cfg.device));
+  Decoder* dec = add_child("decoder", std::make_unique<Decoder>(cfg.encoder, d, rng, cfg.dtype, cfg.device));
   Head* head = add_child("segmentation_head",
                          std::make_unique<Head>(width(16, d), cfg.classes, rng, cfg.dtype, cfg.device));
 

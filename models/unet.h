@@ -1,10 +1,10 @@
-// UNet with a ResNet34 encoder, exactly segmentation_models_pytorch's
-// Unet('resnet34', classes=1): same layers, same parameter/buffer names, and the
-// initialisation of Unet('resnet34', encoder_weights=None, classes=1) (pretrained encoder
-// weights are loaded separately).
+// UNet with a ResNet encoder, exactly segmentation_models_pytorch's
+// Unet(encoder, classes=N, in_channels=C) for encoder resnet18, 34, 50, 101 or 152: same
+// layers, same parameter/buffer names, and the initialisation of Unet(..., encoder_weights=None)
+// (pretrained encoder weights are loaded separately).
 //
 // The model is a list of named blocks with explicit skip edges, so it can be cut between any
-// two blocks (model parallelism):
+// two blocks (model parallelism). With resnet34 (BasicBlocks 3, 4, 6, 3):
 //    0 encoder.stem       conv1 7×7/2 + bn1 + relu          in: image        -> 64,  H/2
 //    1 encoder.layer1     maxpool 3×3/2 + 3 BasicBlocks      in: 0            -> 64,  H/4
 //    2 encoder.layer2     4 BasicBlocks (first /2)           in: 1            -> 128, H/8
@@ -16,17 +16,43 @@
 //    8 decoder.blocks.3                                      in: 7, skip 0    -> 32,  H/2
 //    9 decoder.blocks.4   (no skip)                          in: 8            -> 16,  H
 //   10 segmentation_head  conv3×3 16→1 with bias             in: 9            -> 1,   H
+// resnet18 has 2, 2, 2, 2 BasicBlocks; resnet50, 101 and 152 have Bottlenecks (3, 4, 6, 3;
+// 3, 4, 23, 3; 3, 8, 36, 3) whose layers end in 256, 512, 1024 and 2048 channels, and the
+// decoder takes those as its inputs and skips, as SMP's does. The blocks are the same 11.
 // Channel counts are divided by `width_divisor` (at least 1) for small test models.
 #pragma once
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "engine/module.h"
+#include "engine/named.h"
 
 namespace unetcu {
 
+// The encoders: torchvision's ResNets under SMP's encoder names.
+enum class EncoderKind { ResNet18, ResNet34, ResNet50, ResNet101, ResNet152 };
+inline constexpr NamedValue<EncoderKind> kEncoderNames[] = {{"resnet18", EncoderKind::ResNet18},
+                                                            {"resnet34", EncoderKind::ResNet34},
+                                                            {"resnet50", EncoderKind::ResNet50},
+                                                            {"resnet101", EncoderKind::ResNet101},
+                                                            {"resnet152", EncoderKind::ResNet152}};
+inline const char* encoder_name(EncoderKind k) { return name_of(kEncoderNames, k); }
+struct EncoderSpec {
+  int blocks[4];    // residual blocks in layer1..layer4
+  bool bottleneck;  // Bottleneck (1×1, 3×3, 1×1, ×4 channels) rather than BasicBlock
+};
+const EncoderSpec& encoder_spec(EncoderKind kind);
+// The encoder a checkpoint's settings (engine/checkpoint.h) record under "encoder": resnet34
+// where the entry is absent (it is what every checkpoint without it holds); an unknown name
+// is an error naming the file.
+EncoderKind recorded_encoder(const std::map<std::string, std::string>& settings, const std::string& file);
+// The channels of the encoder's five features (stem, layer1..layer4) at width divisor d.
+std::vector<int> encoder_channels(EncoderKind kind, int d);
+
 struct UNetConfig {
+  EncoderKind encoder = EncoderKind::ResNet34;
   int width_divisor = 1;
   DType dtype = DType::F32;  // parameters (and the logits)
   // Mixed precision: activations (and their gradients) stored in bfloat16, computed in float32;

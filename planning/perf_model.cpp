@@ -176,9 +176,11 @@ MpPrediction predict_mp(const std::vector<BlockProfile>& blocks, int stages, int
   return best;
 }
 
-std::vector<BlockProfile> flop_derived_profile(int S, double rate) { return flop_derived_profile(S, rate, GpuFill{}); }
+std::vector<BlockProfile> flop_derived_profile(int S, double rate, EncoderKind encoder) {
+  return flop_derived_profile(S, rate, GpuFill{}, encoder);
+}
 
-std::vector<BlockProfile> flop_derived_profile(int S, double rate, const GpuFill& fill) {
+std::vector<BlockProfile> flop_derived_profile(int S, double rate, const GpuFill& fill, EncoderKind encoder) {
   auto conv = [](double cin, double cout, double k, double out) { return 2 * cin * cout * k * k * out * out; };
   std::vector<BlockProfile> p(11);
   const char* names[11] = {"encoder.stem", "encoder.layer1", "encoder.layer2", "encoder.layer3",
@@ -189,18 +191,24 @@ std::vector<BlockProfile> flop_derived_profile(int S, double rate, const GpuFill
   double flops[11] = {};
   double h = S / 2.0;
   flops[0] = conv(3, 64, 7, h);
-  const int cin[4] = {64, 64, 128, 256}, cout[4] = {64, 128, 256, 512}, count[4] = {3, 4, 6, 3};
-  h = S / 4.0;
+  // The encoder's layers: BasicBlocks (two 3x3) or Bottlenecks (1x1, 3x3 with the stride,
+  // 1x1 to 4x), the first block of a layer with a 1x1 downsample where the shape changes.
+  const EncoderSpec& spec = encoder_spec(encoder);
+  const std::vector<int> ch = encoder_channels(encoder, 1);  // stem, layer1..layer4
   for (int l = 0; l < 4; ++l) {
-    if (l > 0) h /= 2;
-    for (int i = 0; i < count[l]; ++i) {
-      const double ci = i == 0 ? cin[l] : cout[l];
-      flops[1 + l] += conv(ci, cout[l], 3, h) + conv(cout[l], cout[l], 3, h);
-      if (i == 0 && l > 0) flops[1 + l] += conv(ci, cout[l], 1, h);
+    const double planes = 64 << l, out = ch[l + 1], hout = S / double(4 << l);
+    const double hin = l == 0 ? hout : 2 * hout;  // layer2..4 halve the size in their first block
+    for (int i = 0; i < spec.blocks[l]; ++i) {
+      const double ci = i == 0 ? ch[l] : out, hi = i == 0 ? hin : hout;
+      if (spec.bottleneck)
+        flops[1 + l] += conv(ci, planes, 1, hi) + conv(planes, planes, 3, hout) + conv(planes, out, 1, hout);
+      else
+        flops[1 + l] += conv(ci, out, 3, hout) + conv(out, out, 3, hout);
+      if (i == 0 && (l > 0 || ci != out)) flops[1 + l] += conv(ci, out, 1, hout);
     }
   }
-  const int dec[5] = {256, 128, 64, 32, 16}, skip[5] = {256, 128, 64, 64, 0};
-  int c = 512;
+  const int dec[5] = {256, 128, 64, 32, 16}, skip[5] = {ch[3], ch[2], ch[1], ch[0], 0};
+  int c = ch[4];
   h = S / 32.0;
   for (int i = 0; i < 5; ++i) {
     h *= 2;
@@ -208,7 +216,8 @@ std::vector<BlockProfile> flop_derived_profile(int S, double rate, const GpuFill
     c = dec[i];
   }
   flops[10] = conv(16, 1, 3, S);
-  const double out_ch[11] = {64, 64, 128, 256, 512, 256, 128, 64, 32, 16, 1};
+  const double out_ch[11] = {double(ch[0]), double(ch[1]), double(ch[2]), double(ch[3]), double(ch[4]), 256, 128, 64,
+                             32, 16, 1};
   const double out_hw[11] = {S / 2.0, S / 4.0, S / 8.0, S / 16.0, S / 32.0, S / 16.0, S / 8.0, S / 4.0, S / 2.0, double(S), double(S)};
   for (int k = 0; k < 11; ++k)
     p[k] = {names[k], inputs[k], flops[k] / rate, 2 * flops[k] / rate, 4.0 * out_ch[k] * out_hw[k] * out_hw[k]};

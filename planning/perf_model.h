@@ -92,9 +92,11 @@ double predict_pipeline_step(const std::vector<BlockProfile>& blocks, const std:
 // together at 1 / (1 + (slowdown - 1)(k - 1)/(N - 1)) of their speed alone.
 double concurrent_seconds(std::vector<double> work, double slowdown);
 
-// Per-block profile of the full UNet-ResNet34 derived from FLOP counts: each block's forward
-// at `flops_per_s` effective rate, backward at twice its forward; image size `size`.
-std::vector<BlockProfile> flop_derived_profile(int size, double flops_per_s);
+// Per-block profile of the full UNet with `encoder` (the article's resnet34 by default)
+// derived from FLOP counts: each block's forward at `flops_per_s` effective rate, backward at
+// twice its forward; image size `size`.
+std::vector<BlockProfile> flop_derived_profile(int size, double flops_per_s,
+                                               EncoderKind encoder = EncoderKind::ResNet34);
 
 // A GPU's under-fill: a convolution's implicit GEMM gives each thread block (CTA) a 128x64
 // tile of the output, 8192 output elements, and an SM holds 2 such CTAs at once (256 threads
@@ -111,7 +113,8 @@ struct GpuFill {
 };
 // The profile with by_batch at 1, 2, 4, ... samples until every block is saturated: per-sample
 // time at m is the full-rate time / efficiency(m x the block's output elements per sample).
-std::vector<BlockProfile> flop_derived_profile(int size, double flops_per_s, const GpuFill& fill);
+std::vector<BlockProfile> flop_derived_profile(int size, double flops_per_s, const GpuFill& fill,
+                                               EncoderKind encoder = EncoderKind::ResNet34);
 
 // Measures the StepCosts of data/model parallelism over `devices` (CPU devices, `threads`
 // each): the optimizer alone and with every device stepping at once; zeroing one replica's

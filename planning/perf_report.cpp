@@ -24,12 +24,14 @@ void print_perf_model(PerfModelConfig c) {
   const LinkModel dp_link = link_by_name(c.dp_link);
   GpuFill fill;
   fill.sms = c.gpu_sms;
-  const auto blocks = flop_derived_profile(c.image_size, c.gpu_tflops * 1e12 * c.efficiency, fill);
-  const double param_bytes = 24436369.0 * 4;
+  const auto blocks = flop_derived_profile(c.image_size, c.gpu_tflops * 1e12 * c.efficiency, fill, c.encoder);
+  UNetConfig full;
+  full.encoder = c.encoder;
+  const double param_bytes = 4.0 * double(UNet(full).parameter_count());  // float32 gradients
   std::printf(
-      "UNet-ResNet34 at %dx%d, per-block times from FLOPs at %.2f TFLOP/s x %.2f, link %s "
+      "UNet-%s at %dx%d, per-block times from FLOPs at %.2f TFLOP/s x %.2f, link %s "
       "(%.1f GB/s, %.0f us), loader %s\n",
-      c.image_size, c.image_size, c.gpu_tflops, c.efficiency, c.link.c_str(), link.bandwidth / 1e9, link.latency * 1e6,
+      c.encoder == EncoderKind::ResNet34 ? "ResNet34" : encoder_name(c.encoder), c.image_size, c.image_size, c.gpu_tflops, c.efficiency, c.link.c_str(), link.bandwidth / 1e9, link.latency * 1e6,
       c.loader_rate > 0 ? (std::to_string(int(c.loader_rate)) + " img/s").c_str() : "unlimited");
   if (c.gpu_sms > 0)
     std::printf("under-fill: %d SMs x %.0f output elements in flight each: a launch with fewer than %.2f M "
@@ -63,6 +65,7 @@ void print_perf_model(PerfModelConfig c) {
     UNETCU_CHECK(c.image_size >= 64 && c.image_size % 32 == 0, setting("image_size"),
                  ": a multiple of 32, at least 64, for the memory profile (or ", setting("no_memory"), ")");
     UNetConfig cfg;
+    cfg.encoder = c.encoder;
     cfg.device = Device::cpu(0);
     MemoryProfile profile;
     {

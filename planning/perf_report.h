@@ -1,5 +1,6 @@
 // unet_perfmodel's report (apps/unet_perfmodel parses its flags): the performance model of
-// data and model parallelism for UNet-ResNet34 (planning/perf_model.h) on N = 2, 4, 8 devices,
+// data and model parallelism for the UNet (the article's UNet-ResNet34, or another encoder;
+// planning/perf_model.h) on N = 2, 4, 8 devices,
 // the article's setting held against the article's measured speedups, and DP over many
 // machines next to PyTorch DDP's published scaling; then the memory model
 // (planning/memory_model.h): each device's predicted peak for the same settings, from a memory
@@ -7,6 +8,8 @@
 #pragma once
 #include <string>
 #include <vector>
+
+#include "models/unet.h"
 
 namespace unetcu {
 
@@ -18,6 +21,7 @@ struct PerfModelConfig {
   int gpu_sms = -1;                // SMs for the under-fill curve (-1: the gpu's; 0: no under-fill)
   double efficiency = 0.5;         // the fraction of that peak the layers reach
   int image_size = 512, dp_batch = 14, mp_batch = 30, mp_split = 6;
+  EncoderKind encoder = EncoderKind::ResNet34;  // the article's
   double loader_rate = 0;          // images/s the host can deliver (0: unlimited)
   std::vector<int> dp_ranks = {8, 64};
   bool no_memory = false;          // skip the memory table (it measures steps on the CPU)

@@ -39,14 +39,16 @@ struct GoldenRun {
   std::unique_ptr<UNet> model;
   Tensor logits, loss;
 };
-GoldenRun run_golden(const std::string& file, int classes) {
+GoldenRun run_golden(const std::string& file, int classes, EncoderKind encoder = EncoderKind::ResNet34,
+                     size_t entries = 278) {
   const std::string path = std::string(UNETCU_SOURCE_DIR) + "/tests/golden/" + file;
   SafeTensors all = read_safetensors(path);
   SafeTensors state;
   GoldenRun r;
   for (auto& [name, t] : all) (name.rfind("golden.", 0) == 0 ? r.golden : state).emplace(name, t);
-  REQUIRE(state.size() == 278);
+  REQUIRE(state.size() == entries);
   UNetConfig cfg;
+  cfg.encoder = encoder;
   cfg.width_divisor = 16;
   cfg.dtype = DType::F64;
   cfg.classes = classes;
@@ -62,6 +64,31 @@ GoldenRun run_golden(const std::string& file, int classes) {
   }
   tape.backward(r.loss);
   return r;
+}
+
+// Every gradient against the file's, then one Adam step from the file's gradients: each
+// parameter after it against the file's. The step starts from PyTorch's own gradients because
+// the first step is lr * g / (|g| + eps): where |g| is near eps (1e-8; resnet50's gradients at
+// width/16 reach 2e-8) an error dg moves it by lr * eps * dg / (|g| + eps)^2, about 1e4 dg, so
+// the gradients' float64 rounding (checked above) would show through; from the same
+// gradients the two steps differ by their own rounding, far below 1e-12.
+void check_gradients_and_adam(UNet& model, const SafeTensors& golden, size_t parameters) {
+  const auto params = model.named_parameters();
+  CHECK(params.size() == parameters);
+  std::vector<Tensor> list;
+  for (const auto& [name, p] : params) {
+    CAPTURE(name);
+    const Tensor g = to_tensor(golden.at("golden.grad." + name));
+    CHECK(rel_err(p.grad(), g) < 1e-10);
+    p.grad().copy_(g);
+    list.push_back(p);
+  }
+  Adam adam(list, AdamOptions{});
+  adam.step();
+  for (const auto& [name, p] : params) {
+    CAPTURE(name);
+    CHECK(max_abs_diff(p, to_tensor(golden.at("golden.adam." + name))) < 1e-12);
+  }
 }
 }  // namespace
 
@@ -92,8 +119,8 @@ TEST_CASE("golden: the engine matches PyTorch on SMP's UNet-ResNet34 (width/16, 
 // DiceLoss('multiclass', ignore_index=255) on targets drawn from classes 0 and 1 only (class 2
 // absent: its Dice term is zeroed) with 640 pixels ignored (-1 in golden.target). Every
 // parameter's gradient, then one torch.optim.Adam step (lr 1e-3): every parameter after it.
-// The Adam step divides by sqrt(v) + eps with v ~ g^2: a relative 1e-10 in g moves the step
-// by about as much relative, and the step is 1e-3 against weights of ~1e-1: 1e-12 absolute.
+// The Adam step (from PyTorch's gradients, check_gradients_and_adam) is 1e-3 against weights
+// of ~1e-1: the two frameworks' rounding of it stays below 1e-12 absolute.
 TEST_CASE("golden: three classes with ignored pixels match PyTorch, gradients and one Adam step (float64)") {
   GoldenRun r = run_golden("unet_w16_c3.safetensors", 3);
   UNet& model = *r.model;
@@ -105,18 +132,28 @@ TEST_CASE("golden: three classes with ignored pixels match PyTorch, gradients an
   CHECK(ignored == 640);
   CHECK(rel_err(logits, to_tensor(golden.at("golden.logits"))) < 1e-10);
   CHECK(loss.item() == doctest::Approx(to_tensor(golden.at("golden.loss")).item()).epsilon(1e-12));
-  const auto params = model.named_parameters();
-  std::vector<Tensor> list;
-  for (const auto& [name, p] : params) {
-    CAPTURE(name);
-    CHECK(rel_err(p.grad(), to_tensor(golden.at("golden.grad." + name))) < 1e-10);
-    list.push_back(p);
-  }
-  CHECK(params.size() == 140);
-  Adam adam(list, AdamOptions{});
-  adam.step();
-  for (const auto& [name, p] : params) {
-    CAPTURE(name);
-    CHECK(max_abs_diff(p, to_tensor(golden.at("golden.adam." + name))) < 1e-12);
+  check_gradients_and_adam(model, golden, 140);
+}
+
+// tests/golden/unet_r18_w16.safetensors and unet_r50_w16.safetensors (pytorch_reference.py
+// golden --encoder resnet18 / resnet50 --width-divisor 16): the BasicBlock encoder at its other
+// depth, and the Bottleneck one with its 4x-wide layers feeding the decoder. Binary, the
+// engine's bce+dice; the logits, the loss, every gradient and one Adam step.
+TEST_CASE("golden: resnet18 and resnet50 encoders match PyTorch, gradients and one Adam step (float64)") {
+  struct Case {
+    const char* file;
+    EncoderKind encoder;
+    size_t entries, parameters;
+  };
+  for (const Case& k : {Case{"unet_r18_w16.safetensors", EncoderKind::ResNet18, 182, 92},
+                        Case{"unet_r50_w16.safetensors", EncoderKind::ResNet50, 380, 191}}) {
+    CAPTURE(std::string(k.file));
+    GoldenRun r = run_golden(k.file, 1, k.encoder, k.entries);
+    CHECK(rel_err(r.logits, to_tensor(r.golden.at("golden.logits"))) < 1e-10);
+    CHECK(r.loss.item() == doctest::Approx(to_tensor(r.golden.at("golden.loss")).item()).epsilon(1e-12));
+    for (const StateEntry& e : r.model->state())
+      if (e.name == "encoder.layer1.1.bn1.running_mean")
+        CHECK(rel_err(e.tensor, to_tensor(r.golden.at("golden.after.encoder.layer1.1.bn1.running_mean"))) < 1e-12);
+    check_gradients_and_adam(*r.model, r.golden, k.parameters);
   }
 }

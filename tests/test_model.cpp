@@ -58,6 +58,60 @@ TEST_CASE("full UNet-ResNet34: parameter count and state_dict names of segmentat
   CHECK(blocks[9].inputs == std::vector<int>{8});
 }
 
+TEST_CASE("every encoder depth: parameter count, state_dict size and shapes of SMP's Unet(name)") {
+  // Counts from segmentation_models_pytorch's Unet(name, classes=1) (tools/pytorch_reference.py
+  // builds the same modules; torchvision's resnetN state_dict is its encoder's, fc dropped).
+  struct Case {
+    EncoderKind kind;
+    const char* name;
+    int64_t params;
+    size_t entries, batch_norms;
+    Shape decoder0, last_conv;  // decoder.blocks.0.conv1.0.weight, layer4's last conv
+    const char* last_conv_name;
+  };
+  const Case cases[] = {
+      {EncoderKind::ResNet18, "resnet18", 14328209, 182, 30, {256, 768, 3, 3}, {512, 512, 3, 3},
+       "encoder.layer4.1.conv2.weight"},
+      {EncoderKind::ResNet34, "resnet34", 24436369, 278, 46, {256, 768, 3, 3}, {512, 512, 3, 3},
+       "encoder.layer4.2.conv2.weight"},
+      {EncoderKind::ResNet50, "resnet50", 32521105, 380, 63, {256, 3072, 3, 3}, {2048, 512, 1, 1},
+       "encoder.layer4.2.conv3.weight"},
+      {EncoderKind::ResNet101, "resnet101", 51513233, 686, 114, {256, 3072, 3, 3}, {2048, 512, 1, 1},
+       "encoder.layer4.2.conv3.weight"},
+      {EncoderKind::ResNet152, "resnet152", 67156881, 992, 165, {256, 3072, 3, 3}, {2048, 512, 1, 1},
+       "encoder.layer4.2.conv3.weight"},
+  };
+  for (const Case& k : cases) {
+    CAPTURE(k.name);
+    CHECK(parse_named(kEncoderNames, "encoder", k.name) == k.kind);
+    CHECK(std::string(encoder_name(k.kind)) == k.name);
+    UNetConfig cfg;
+    cfg.encoder = k.kind;
+    UNet model(cfg);
+    CHECK(model.parameter_count() == k.params);
+    const auto state = model.state();
+    CHECK(state.size() == k.entries);
+    std::map<std::string, Shape> shapes;
+    size_t counters = 0;
+    for (const auto& e : state) {
+      if (e.tensor.defined()) shapes[e.name] = e.tensor.shape();
+      counters += e.counter != nullptr;
+    }
+    CHECK(counters == k.batch_norms);
+    CHECK(shapes.at("decoder.blocks.0.conv1.0.weight") == k.decoder0);
+    CHECK(shapes.at(k.last_conv_name) == k.last_conv);
+    CHECK(model.blocks().size() == 11);  // the same blocks: cuts and recompute sets are named alike
+  }
+  // A Bottleneck layer1 changes the channels, so its first block has a downsample.
+  UNetConfig r50;
+  r50.encoder = EncoderKind::ResNet50;
+  r50.width_divisor = 16;
+  std::set<std::string> names;
+  for (const auto& e : UNet(r50).state()) names.insert(e.name);
+  CHECK(names.count("encoder.layer1.0.downsample.0.weight") == 1);
+  CHECK(names.count("encoder.layer1.1.downsample.0.weight") == 0);
+}
+
 TEST_CASE("initialisation follows torchvision / SMP") {
   UNet model(UNetConfig{});
   std::map<std::string, Tensor> p;

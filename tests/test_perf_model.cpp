@@ -219,3 +219,27 @@ TEST_CASE("link presets across machines") {
     CHECK(predict_dp(blocks, 97.7e6, n, 14, AllReduceAlgo::Ring, link_by_name("eth-25g")).speedup <
           predict_dp(blocks, 97.7e6, n, 14, AllReduceAlgo::Ring, link_by_name("ib-ndr")).speedup);
 }
+
+TEST_CASE("the FLOP-derived profile of each encoder: its convolutions' multiply-adds, torchvision's figures") {
+  // The encoder's blocks (stem, layer1..layer4) at 224x224, forward at a rate of one FLOP per
+  // second: 2 x the multiply-adds of their convolutions. torchvision's model tables give each
+  // ResNet's GFLOPS (multiply-adds, with the 1000-way fc layer: 0.5 M or 2 M, below their
+  // rounding) to 3 significant figures: 1.81, 3.66, 4.09, 7.80 and 11.51.
+  const std::pair<EncoderKind, double> published[] = {{EncoderKind::ResNet18, 1.81e9},
+                                                      {EncoderKind::ResNet34, 3.66e9},
+                                                      {EncoderKind::ResNet50, 4.09e9},
+                                                      {EncoderKind::ResNet101, 7.80e9},
+                                                      {EncoderKind::ResNet152, 11.51e9}};
+  for (const auto& [encoder, macs] : published) {
+    CAPTURE(encoder_name(encoder));
+    const auto blocks = flop_derived_profile(224, 1.0, encoder);
+    REQUIRE(blocks.size() == 11);
+    double flops = 0;
+    for (int b = 0; b < 5; ++b) flops += blocks[b].forward_s;
+    CHECK(flops / 2 == doctest::Approx(macs).epsilon(0.006));
+    // The decoder's first block takes layer4's channels and layer3's as its skip.
+    const int c = encoder_channels(encoder, 1)[4], skip = encoder_channels(encoder, 1)[3];
+    const double h = 224 / 16.0;
+    CHECK(blocks[5].forward_s == doctest::Approx(2 * 9 * h * h * (double(c + skip) * 256 + 256.0 * 256)));
+  }
+}

@@ -1,28 +1,30 @@
 #!/usr/bin/env python3
-"""The UNet-ResNet34 of segmentation_models_pytorch, written out in plain PyTorch with SMP's
+"""The UNet-ResNet (resnet18 to resnet152) of segmentation_models_pytorch, written out in plain PyTorch with SMP's
 module names, to check unetcu against PyTorch.
 
   pytorch_reference.py golden OUT.safetensors [--width-divisor 16] [--seed 0]
-                       [--classes 1] [--ignore-index K]
+                       [--classes 1] [--ignore-index K] [--encoder resnet34]
       Builds the model (float64, random weights), runs one training forward and backward on a
       fixed random batch with the engine's loss (BCE-with-logits mean + soft Dice over the
       batch, smooth 1) and writes a golden file: the weights under their state_dict names, and
-      golden.* entries (input, target, logits, loss, gradients of a few parameters, a running
-      mean after the forward). tests/test_golden.cpp checks the engine against it.
+      golden.* entries (input, target, logits, loss, a running mean after the forward, every
+      parameter's gradient and every parameter after one torch.optim.Adam step, lr 1e-3).
+      tests/test_golden.cpp checks the engine against it. --encoder: resnet18, 34, 50, 101
+      or 152 (tests/golden/unet_r18_w16.safetensors and unet_r50_w16.safetensors; the older
+      unet_w16.safetensors, resnet34, holds the gradients of six parameters).
       --classes N (N >= 2): a head of N classes, the loss CrossEntropyLoss + SMP's multiclass
       DiceLoss (from logits, smooth 0, eps 1e-7), both with ignore_index K when --ignore-index
       is given. The target's classes are drawn from 0..N-2, so class N-1 is absent from the
       batch (its Dice term is zeroed, SMP's rule); with K, rows 0..3 of image 0 and a random
       ~5% of the pixels are ignored. golden.target is float64 [2,1,H,W]: the class index, -1
-      where ignored (the engine's form, whatever K is). The gradient of every parameter is
-      written (golden.grad.<name>), and every parameter after one torch.optim.Adam step
-      (lr 1e-3, betas 0.9/0.999, eps 1e-8) on those gradients (golden.adam.<name>).
+      where ignored (the engine's form, whatever K is).
       tests/golden/unet_w16_c3.safetensors: --classes 3 --ignore-index 255.
   pytorch_reference.py check CHECKPOINT.safetensors [--width-divisor 1] [--image-size 64]
-                       [--classes N]
+                       [--classes N] [--encoder NAME]
       Loads an engine checkpoint into the PyTorch model (strict: every name and shape must
       match) and prints the logits' statistics on a fixed input. The model has N classes: from
-      --classes, else from the "classes" entry of the checkpoint's __metadata__, else 1.
+      --classes, else from the "classes" entry of the checkpoint's __metadata__, else 1; and
+      its encoder from --encoder, else the checkpoint's "encoder", else resnet34.
   pytorch_reference.py export-encoder OUT.safetensors [--random] [--seed 0] [--dtype float32]
                        [--golden GOLDEN.safetensors --image-size 64]
       Writes torchvision's ResNet-34 weights (ImageNet, when torchvision has them cached or can
@@ -89,16 +91,55 @@ class BasicBlock(nn.Module):
         return F.relu(h + (self.downsample(x) if self.downsample is not None else x))
 
 
-class Encoder(nn.Module):
-    def __init__(self, d):
+class Bottleneck(nn.Module):
+    """torchvision's Bottleneck (ResNet v1.5: the stride on the 3x3); `planes` is its inner width."""
+
+    def __init__(self, cin, planes, stride):
         super().__init__()
-        c = [width(v, d) for v in (64, 128, 256, 512)]
-        self.conv1 = nn.Conv2d(3, c[0], 7, 2, 3, bias=False)
-        self.bn1 = nn.BatchNorm2d(c[0])
-        self.layer1 = nn.Sequential(*[BasicBlock(c[0], c[0], 1) for _ in range(3)])
-        self.layer2 = nn.Sequential(*[BasicBlock(c[0] if i == 0 else c[1], c[1], 2 if i == 0 else 1) for i in range(4)])
-        self.layer3 = nn.Sequential(*[BasicBlock(c[1] if i == 0 else c[2], c[2], 2 if i == 0 else 1) for i in range(6)])
-        self.layer4 = nn.Sequential(*[BasicBlock(c[2] if i == 0 else c[3], c[3], 2 if i == 0 else 1) for i in range(3)])
+        cout = 4 * planes
+        self.conv1 = nn.Conv2d(cin, planes, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv3 = nn.Conv2d(planes, cout, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        h = F.relu(self.bn1(self.conv1(x)))
+        h = F.relu(self.bn2(self.conv2(h)))
+        h = self.bn3(self.conv3(h))
+        return F.relu(h + (self.downsample(x) if self.downsample is not None else x))
+
+
+# SMP's ResNet encoders: residual blocks per layer, and whether they are Bottlenecks.
+ENCODERS = {"resnet18": ((2, 2, 2, 2), False), "resnet34": ((3, 4, 6, 3), False),
+            "resnet50": ((3, 4, 6, 3), True), "resnet101": ((3, 4, 23, 3), True),
+            "resnet152": ((3, 8, 36, 3), True)}
+
+
+def encoder_channels(encoder, d):
+    """The five features' channels (stem, layer1..layer4) at width divisor d."""
+    x = 4 if ENCODERS[encoder][1] else 1
+    return [width(64, d)] + [x * width(c, d) for c in (64, 128, 256, 512)]
+
+
+class Encoder(nn.Module):
+    def __init__(self, d, encoder="resnet34", in_channels=3):
+        super().__init__()
+        counts, bottleneck = ENCODERS[encoder]
+        out = encoder_channels(encoder, d)
+        self.conv1 = nn.Conv2d(in_channels, out[0], 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(out[0])
+        for l in range(4):
+            planes = width(64 << l, d)
+            stride = 1 if l == 0 else 2
+            blocks = [Bottleneck(out[l] if i == 0 else out[l + 1], planes, stride if i == 0 else 1) if bottleneck
+                      else BasicBlock(out[l] if i == 0 else planes, planes, stride if i == 0 else 1)
+                      for i in range(counts[l])]
+            setattr(self, f"layer{l + 1}", nn.Sequential(*blocks))
 
     def forward(self, x):
         f1 = F.relu(self.bn1(self.conv1(x)))
@@ -126,9 +167,9 @@ class DecoderBlock(nn.Module):
 
 
 class Decoder(nn.Module):
-    def __init__(self, d):
+    def __init__(self, d, encoder="resnet34"):
         super().__init__()
-        enc = [width(v, d) for v in (512, 256, 128, 64, 64)]
+        enc = encoder_channels(encoder, d)[::-1]
         dec = [width(v, d) for v in (256, 128, 64, 32, 16)]
         self.blocks = nn.ModuleList(
             [DecoderBlock(enc[0] if i == 0 else dec[i - 1], enc[i + 1] if i < 4 else 0, dec[i]) for i in range(5)])
@@ -141,12 +182,13 @@ class Decoder(nn.Module):
 
 
 class Unet(nn.Module):
-    """segmentation_models_pytorch.Unet('resnet34', classes=classes) without its pretrained weights."""
+    """segmentation_models_pytorch.Unet(encoder, classes=classes, in_channels=in_channels) without
+    its pretrained weights."""
 
-    def __init__(self, d=1, classes=1):
+    def __init__(self, d=1, classes=1, encoder="resnet34", in_channels=3):
         super().__init__()
-        self.encoder = Encoder(d)
-        self.decoder = Decoder(d)
+        self.encoder = Encoder(d, encoder, in_channels)
+        self.decoder = Decoder(d, encoder)
         self.segmentation_head = nn.Sequential(nn.Conv2d(width(16, d), classes, 3, 1, 1))
 
     def forward(self, x):
@@ -226,7 +268,7 @@ def golden_model(args, classes):
     """The golden runs' model: float64, training mode, seeded, with non-trivial batch-norm affine
     parameters and running statistics; and a copy of its initial state."""
     torch.manual_seed(args.seed)
-    model = Unet(args.width_divisor, classes).double().train()
+    model = Unet(args.width_divisor, classes, args.encoder).double().train()
     for m in model.modules():
         if isinstance(m, nn.BatchNorm2d):
             nn.init.uniform_(m.weight, 0.5, 1.5)
@@ -250,12 +292,23 @@ def golden(args):
     out = dict(state)
     out["golden.input"], out["golden.target"] = x, target
     out["golden.logits"], out["golden.loss"] = logits, loss.reshape(())
-    for name in ["encoder.conv1.weight", "encoder.layer2.0.downsample.0.weight", "encoder.layer4.2.bn2.weight",
-                 "decoder.blocks.0.conv1.0.weight", "decoder.blocks.3.conv2.1.bias", "segmentation_head.0.bias"]:
-        out["golden.grad." + name] = dict(model.named_parameters())[name].grad
     out["golden.after.encoder.layer1.1.bn1.running_mean"] = model.encoder.layer1[1].bn1.running_mean
+    params = add_gradients_and_adam(model, out)
     write_safetensors(args.path, out)
-    print(f"wrote {args.path}: {len(state)} state entries, loss {loss.item():.12f}")
+    print(f"wrote {args.path}: {len(state)} state entries, {len(params)} parameters ({args.encoder}), "
+          f"loss {loss.item():.12f}")
+
+
+def add_gradients_and_adam(model, out):
+    """Every parameter's gradient (golden.grad.<name>), then every parameter after one
+    torch.optim.Adam step on them (golden.adam.<name>: lr 1e-3, betas 0.9/0.999, eps 1e-8)."""
+    params = dict(model.named_parameters())
+    for name, p in params.items():
+        out["golden.grad." + name] = p.grad.clone()
+    torch.optim.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0).step()
+    for name, p in params.items():
+        out["golden.adam." + name] = p.detach().clone()
+    return params
 
 
 def golden_multiclass(args):
@@ -275,17 +328,12 @@ def golden_multiclass(args):
     dice = multiclass_dice(logits, target[:, 0], k)
     loss = ce + dice
     loss.backward()
-    params = dict(model.named_parameters())
     out = dict(state)
     out["golden.input"] = x
     out["golden.target"] = torch.where(ignored, -1.0, target.double())
     out["golden.logits"], out["golden.loss"] = logits, loss.reshape(())
-    for name, p in params.items():
-        out["golden.grad." + name] = p.grad.clone()
     out["golden.after.encoder.layer1.1.bn1.running_mean"] = model.encoder.layer1[1].bn1.running_mean
-    torch.optim.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0).step()
-    for name, p in params.items():
-        out["golden.adam." + name] = p.detach().clone()
+    params = add_gradients_and_adam(model, out)
     write_safetensors(args.path, out)
     print(f"wrote {args.path}: {len(out)} entries ({len(state)} state, {len(params)} parameters), {n} classes, "
           f"{int(ignored.sum())} ignored pixels, loss {loss.item():.12f} (ce {ce.item():.12f}, "
@@ -293,13 +341,16 @@ def golden_multiclass(args):
 
 
 def check(args):
-    classes = args.classes or int(read_metadata(args.path).get("classes", 1))
-    model = Unet(args.width_divisor, classes).float().eval()
+    meta = read_metadata(args.path)
+    classes = args.classes or int(meta.get("classes", 1))
+    encoder = args.encoder or meta.get("encoder", "resnet34")
+    model = Unet(args.width_divisor, classes, encoder).float().eval()
     model.load_state_dict(read_safetensors(args.path), strict=True)
     torch.manual_seed(0)
     with torch.no_grad():
         y = model(torch.randn(1, 3, args.image_size, args.image_size))
-    print(f"loaded {args.path} strictly (classes {classes}); logits mean {y.mean().item():.6f} std {y.std().item():.6f}")
+    print(f"loaded {args.path} strictly (classes {classes}, {encoder}); logits mean {y.mean().item():.6f} "
+          f"std {y.std().item():.6f}")
 
 
 def export_encoder(args):
@@ -558,11 +609,13 @@ if __name__ == "__main__":
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--classes", type=int, default=1)
     g.add_argument("--ignore-index", type=int, help="--classes 2 or more: the ignored target value (e.g. 255)")
+    g.add_argument("--encoder", choices=list(ENCODERS), default="resnet34")
     c = sub.add_parser("check")
     c.add_argument("path")
     c.add_argument("--width-divisor", type=int, default=1)
     c.add_argument("--image-size", type=int, default=64)
     c.add_argument("--classes", type=int, help="default: the checkpoint's __metadata__ \"classes\", else 1")
+    c.add_argument("--encoder", choices=list(ENCODERS), help="default: the checkpoint's \"encoder\", else resnet34")
     e = sub.add_parser("export-encoder")
     e.add_argument("path")
     e.add_argument("--random", action="store_true")

@@ -147,6 +147,7 @@ struct ProcessBenchOptions {
   std::string out_dir;
   bool bf16 = false;
   MemoryFormat format = MemoryFormat::NCHW;
+  EncoderKind encoder = EncoderKind::ResNet34;
 };
 
 int bench_across_processes(const DistEnv& env, ProcessBenchOptions o) {
@@ -163,6 +164,7 @@ int bench_across_processes(const DistEnv& env, ProcessBenchOptions o) {
   if (o.mp_batch == 0) o.mp_batch = o.batch * W;
   if (o.epoch_images == 0) o.epoch_images = 4 * o.batch * W;
   UNetConfig mc;
+  mc.encoder = o.encoder;
   mc.width_divisor = o.width_divisor;
   mc.device = Device::cpu(0);
   mc.bf16_activations = o.bf16;
@@ -180,10 +182,11 @@ int bench_across_processes(const DistEnv& env, ProcessBenchOptions o) {
   std::vector<Device> local;  // W CPU devices in process 0: the proxies for W processes
   for (int d = 0; d < W; ++d) local.push_back(Device::cpu(d));
   std::printf("%s\nprocesses: %d (%s, transport %s), %d threads each, on %s\n"
-              "image %dx%d, width/%d, %s %s; single and DP batch %d per process, MP batch %d; epoch = %d images; "
+              "image %dx%d, %s width/%d, %s %s; single and DP batch %d per process, MP batch %d; epoch = %d images; "
               "%d timed epochs after %d warm-up steps\n\n",
               kernels::cpu::cpu_gemm_line().c_str(), W, env.launcher.c_str(), world->transport().c_str(),
-              o.threads, machine_description({Device::cpu(0)}).c_str(), o.image, o.image, o.width_divisor,
+              o.threads, machine_description({Device::cpu(0)}).c_str(), o.image, o.image, encoder_name(o.encoder),
+              o.width_divisor,
               o.bf16 ? "bf16" : "float32", format_name(o.format), o.batch, o.mp_batch, o.epoch_images,
               o.epochs, o.warmup);
   std::fflush(stdout);
@@ -360,7 +363,8 @@ int run_article_bench(BenchConfig c) {
   const DistEnv env = detect_dist(DistMode::Auto);
   if (env.multi()) {
     ProcessBenchOptions po{c.image_size,    c.batch_size, c.mp_batch, c.epoch_images, c.epochs, c.warmup,
-                           c.width_divisor, c.threads,    {},         c.out,          bf16,     format};
+                           c.width_divisor, c.threads,    {},         c.out,          bf16,     format,
+                           c.encoder};
     UNETCU_CHECK(c.batch_size >= 1 && c.epochs >= 1 && c.warmup >= 0 && c.mp_batch >= 0, "bad sizes");
     UNETCU_CHECK(c.image_size >= 32 && c.image_size % 32 == 0, setting("image_size"), " must be a multiple of 32");
     const int mpb = c.mp_batch ? c.mp_batch : c.batch_size * env.world;
@@ -427,6 +431,7 @@ int run_article_bench(BenchConfig c) {
   std::remove((c.out + "/.write_test").c_str());
 
   UNetConfig mc;
+  mc.encoder = c.encoder;
   mc.width_divisor = c.width_divisor;
   mc.bf16_activations = bf16;
   mc.format = format;
@@ -442,9 +447,9 @@ int run_article_bench(BenchConfig c) {
   const std::string machine = machine_description(devices);
   std::printf("%s\n", kernels::cpu::cpu_gemm_line().c_str());
   std::printf(
-      "machine: %s\nimage %dx%d, width/%d, %s %s; single and DP batch %d per device, MP batch %d; "
+      "machine: %s\nimage %dx%d, %s width/%d, %s %s; single and DP batch %d per device, MP batch %d; "
       "epoch = %d images; %d timed epochs after %d warm-up steps; %d threads per CPU device\n\n",
-      machine.c_str(), c.image_size, c.image_size, c.width_divisor, bf16 ? "bf16" : "float32", format_name(format),
+      machine.c_str(), c.image_size, c.image_size, encoder_name(c.encoder), c.width_divisor, bf16 ? "bf16" : "float32", format_name(format),
       c.batch_size, c.mp_batch, c.epoch_images, c.epochs, c.warmup, c.threads);
   std::fflush(stdout);
 
@@ -598,7 +603,8 @@ int run_article_bench(BenchConfig c) {
          t2md, t2csv);
   const double base = rows[0].mean();
   json << "{\n  \"machine\": " << json_str(machine) << ",\n  \"devices\": " << json_str(c.devices)
-       << ",\n  \"image_size\": " << c.image_size << ",\n  \"width_divisor\": " << c.width_divisor
+       << ",\n  \"image_size\": " << c.image_size << ",\n  \"encoder\": " << json_str(encoder_name(c.encoder))
+       << ",\n  \"width_divisor\": " << c.width_divisor
        << ",\n  \"precision\": " << json_str(c.precision) << ",\n  \"memory_format\": " << json_str(c.memory_format)
        << ",\n  \"batch_size\": " << c.batch_size << ",\n  \"mp_batch\": " << c.mp_batch
        << ",\n  \"epoch_images\": " << c.epoch_images << ",\n  \"table1\": [";

@@ -8,6 +8,8 @@
 #pragma once
 #include <string>
 
+#include "models/unet.h"
+
 namespace unetcu {
 
 struct BenchConfig {
@@ -19,6 +21,7 @@ struct BenchConfig {
   int epoch_images = 0;                 // 0: 4 x the DP global batch
   int epochs = 2, warmup = 1, mp_steps = 2;
   int width_divisor = 1;
+  EncoderKind encoder = EncoderKind::ResNet34;
   std::string precision = "fp32", memory_format = "nchw";
   int threads = 0;                      // per CPU device (0: cores / devices)
   std::string out = "bench_out";        // table1/table2 .md/.csv and bench.json

@@ -72,6 +72,7 @@ int recorded(const CheckpointSettings& s, const char* key, int fallback, const s
 // The model and data as the checkpoint records them, with what the settings choose instead.
 struct Trained {
   int classes = 1, width_divisor = 1, height = 512, width = 512, tile = 0;
+  EncoderKind encoder = EncoderKind::ResNet34;
   LabelRule labels;
   std::vector<std::array<uint8_t, 3>> colors;  // the class colours, where recorded
   std::vector<std::string> names;              // one per class
@@ -83,6 +84,7 @@ Trained read_trained(const PredictConfig& c) {
   const CheckpointSettings settings = read_checkpoint_settings(file);
   Trained t;
   t.classes = recorded(settings, "classes", 1, file);
+  t.encoder = recorded_encoder(settings, file);
   UNETCU_CHECK(t.classes >= 1 && t.classes <= 256, "checkpoint '", file, "' records ", t.classes, " classes");
   const int trained_divisor = recorded(settings, "width_divisor", 1, file);
   t.width_divisor = c.width_divisor.value_or(trained_divisor);
@@ -356,6 +358,7 @@ void predict_files(const PredictConfig& c, std::ostream& out, PredictProgress* p
   UNetConfig cfg;
   cfg.width_divisor = t.width_divisor;
   cfg.classes = t.classes;
+  cfg.encoder = t.encoder;
   cfg.device = device;
   cfg.bf16_activations = c.precision == Precision::BF16;
   cfg.format = memory_format_of(c.memory_format);

@@ -369,6 +369,12 @@ TrainConfig with_settings(const TrainConfig& in) {
                  file, "' to resume, trained with ", k, " classes");
     c.classes = k;
   }
+  if (!resumed.empty()) {  // the encoder: recorded, or resnet34 where the entry is absent
+    const EncoderKind k = recorded_encoder(resumed, file);
+    UNETCU_CHECK(!c.encoder || *c.encoder == k, setting("encoder"), " ", encoder_name(*c.encoder),
+                 " contradicts the checkpoint '", file, "' to resume, trained with ", encoder_name(k));
+    c.encoder = k;
+  }
   if (resumed.count("width_divisor")) {
     const int d = setting_int(resumed, "width_divisor", file, 1, 64);
     UNETCU_CHECK(!c.width_divisor || *c.width_divisor == d, setting("width_divisor"), " ", *c.width_divisor,
@@ -400,6 +406,7 @@ TrainConfig with_settings(const TrainConfig& in) {
     }
   }
   if (c.width_divisor) c.strategy.model.width_divisor = *c.width_divisor;
+  if (c.encoder) c.strategy.model.encoder = *c.encoder;
   if (c.classes)
     c.strategy.model.classes = *c.classes;
   else if (!c.data.labels.colors.empty())
@@ -412,6 +419,9 @@ TrainConfig with_settings(const TrainConfig& in) {
   if (!c.data.labels.colors.empty()) st["class_colors"] = colors_to_text(c.data.labels.colors);
   if (!c.data.labels.ignored.empty()) st["ignore_colors"] = colors_to_text(c.data.labels.ignored);
   st["width_divisor"] = std::to_string(c.strategy.model.width_divisor);
+  // Recorded where it is not resnet34, what a file without the entry holds (so a resnet34 run
+  // writes the same bytes as before the setting existed).
+  if (c.strategy.model.encoder != EncoderKind::ResNet34) st["encoder"] = encoder_name(c.strategy.model.encoder);
   if (c.fit.crop_size) st["crop_size"] = std::to_string(c.fit.crop_size);
   // The training size, or with crops the synthetic set's rendered size (a folder's crops come
   // from images at their own size).
@@ -546,7 +556,7 @@ void print_run(const TrainConfig& cfg, TrainingStrategy& strategy, const RunData
   const DataConfig& d = cfg.data;
   const FitOptions& fit = cfg.fit;
   out << "strategy: " << strategy.describe() << "\n"
-      << "model: Unet(resnet34), " << strategy.model().parameter_count() << " parameters, width divisor "
+      << "model: Unet(" << encoder_name(cfg.strategy.model.encoder) << "), " << strategy.model().parameter_count() << " parameters, width divisor "
       << cfg.strategy.model.width_divisor << ", " << dtype_name(fit.dtype)
       << recompute_text(cfg.strategy.model.recompute) << "\n"
       << "data: " << (d.data.empty() ? "synthetic" : d.data);

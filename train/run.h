@@ -56,6 +56,7 @@ struct TrainConfig {
   std::optional<MonitorKind> monitor;
   // Given by the user (else from the class colours, or a resumed checkpoint, or 1 / 1).
   std::optional<int> classes, width_divisor;
+  std::optional<EncoderKind> encoder;
   bool image_size_given = false;
 
   // unet_train's defaults where they are not make_strategy's: cut after layer3.
