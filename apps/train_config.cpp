@@ -279,9 +279,11 @@ void add_checkpoints_flags(CLI::App& app, TrainConfig& cfg) {
                  "Save a checkpoint (FILE and FILE.train, as --checkpoint) after every epoch whose "
                  "--monitor value is the best of the run so far")
       ->check(not_empty);
-  app.add_option("--init-encoder", cfg.fit.init_encoder,
-                 "Load only the encoder.* entries of a safetensors file, e.g. ImageNet ResNet34 "
-                 "weights exported from torchvision")
+  app.add_option("--encoder-weights,--init-encoder", cfg.fit.encoder_weights,
+                 "Start the encoder from pretrained weights (ImageNet): a torch.save .pth/.pt file (torchvision's "
+                 "resnet34-b627a593.pth) or a safetensors file under torchvision's names (SMP's hosted "
+                 "model.safetensors) or SMP's encoder.* names; fc.* is left out, and the first convolution "
+                 "adapted to --in-channels as SMP does")
       ->check(not_empty);
   app.add_option("--early-stop", cfg.fit.monitor.patience,
                  "Patience: end the run after N epochs in a row without a --monitor improvement "

@@ -5,6 +5,7 @@
 # Usage: bad_input_test.sh UNET_TRAIN UNET_PREDICT UNET_SYNTHETIC_DATASET
 set -u
 train="$1" predict="$2" make_data="$3"
+tests=$(cd "$(dirname "$0")" && pwd)  # the torch.save archives: tests/corpus/torch, tests/golden
 d=$(mktemp -d)
 trap 'rm -rf "$d"' EXIT
 cd "$d" || exit 2
@@ -116,6 +117,16 @@ check "is a FIFO (named pipe), not a regular file" "$predict" data/images --chec
 check "is damaged" "$train" "${small[@]}" --init-encoder flipped.safetensors
 check "checkpoint 'short_header.safetensors'" "$train" "${small[@]}" --init-encoder short_header.safetensors
 check "truncated" "$train" "${small[@]}" --init-encoder truncated.safetensors
+# torch.save archives for --encoder-weights: a pickle that would run a command, a truncated
+# zip, the legacy format, the weights of another depth.
+torch="$tests/corpus/torch"
+check "names the global 'os.system', which no state_dict needs; refused without running anything" \
+  "$train" "${small[@]}" --encoder-weights "$torch/bad_global_os_system.pth"
+check "is not a readable zip archive" "$train" "${small[@]}" --encoder-weights "$torch/bad_truncated_half.pth"
+check "is in the legacy torch.save format (before PyTorch 1.6); re-save it" \
+  "$train" "${small[@]}" --encoder-weights "$torch/bad_legacy_format.pth"
+check "has no tensor 'layer1.2.conv1.weight', which --encoder resnet34 needs with shape [4, 4, 3, 3]; its layers are those of resnet18" \
+  "$train" "${small[@]}" --encoder resnet34 --encoder-weights "$tests/golden/resnet18_w16.pth"
 check "runs past the end of the file" "$predict" data/images --checkpoint huge_header.safetensors --width-divisor 16
 check "outside 0..10000000" "$train" "${small[@]}" --resume epoch_max.safetensors
 check "outside 0..10000000" "$train" "${small[@]}" --resume epoch_neg.safetensors

@@ -1,29 +1,36 @@
-// encoder_check WEIGHTS GOLDEN: loads a torchvision ResNet-34 exported by
-// `tools/pytorch_reference.py export-encoder --dtype float64` the way `unet_train --init-encoder`
-// does (every encoder.* tensor of the model must be in the file), runs the engine's encoder in
-// eval mode on the golden input and compares its five feature maps with torchvision's
-// (float64 on both sides: relative L2 error < 1e-10). Exit 0 when they match.
+// encoder_check WEIGHTS GOLDEN [ENCODER [IN_CHANNELS]]: loads torchvision ResNet weights
+// exported by `tools/pytorch_reference.py export-encoder --dtype float64` (any --format: a
+// torch.save .pth, or safetensors under torchvision's or SMP's names) the way
+// `unet_train --encoder-weights` does (every encoder tensor of the model must be in the file;
+// a first convolution of 3 channels is adapted to IN_CHANNELS), runs the engine's encoder
+// (ENCODER, default resnet34) in eval mode on the golden input and compares its five feature
+// maps with torchvision's (float64 on both sides: relative L2 error < 1e-10). Exit 0 when they
+// match.
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 
 #include "engine/checkpoint.h"
 #include "engine/tape.h"
+#include "models/encoder_weights.h"
 #include "models/unet.h"
 
 using namespace unetcu;
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: encoder_check WEIGHTS.safetensors GOLDEN.safetensors\n");
+  if (argc < 3 || argc > 5) {
+    std::fprintf(stderr, "usage: encoder_check WEIGHTS GOLDEN.safetensors [ENCODER [IN_CHANNELS]]\n");
     return 2;
   }
   try {
     UNetConfig cfg;
     cfg.dtype = DType::F64;
+    if (argc > 3) cfg.encoder = parse_named(kEncoderNames, "encoder", argv[3]);
+    if (argc > 4) cfg.in_channels = std::atoi(argv[4]);
     UNet model(cfg);
-    const SafeTensors weights = read_safetensors(argv[1]);
+    const SafeTensors weights = read_encoder_weights(argv[1], model);
     load_model_state(model, weights, argv[1], "encoder.");
     model.eval();
     const SafeTensors golden = read_safetensors(argv[2]);

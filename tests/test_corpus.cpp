@@ -64,8 +64,10 @@ void replay(const std::string& target) {
     }
     const std::vector<uint8_t> bytes = fuzz::read_bytes(file.string());
     const bool seed = file.filename().string().rfind("seed_", 0) == 0;
-    // Every hand-made breakage of a .train file is one the reader must refuse.
-    const bool must_refuse = target == "train" && file.filename().string().rfind("bad_", 0) == 0;
+    // Every hand-made breakage of a .train file or a torch.save archive is one the reader must
+    // refuse.
+    const bool must_refuse =
+        (target == "train" || target == "torch") && file.filename().string().rfind("bad_", 0) == 0;
     try {
       run(bytes.data(), bytes.size());
       ++loaded;
@@ -95,4 +97,8 @@ TEST_CASE("corpus: every image input decodes and resizes or is refused with unet
 
 TEST_CASE("corpus: every .train input resumes or is refused with unetcu::Error") {
   replay("train");
+}
+
+TEST_CASE("corpus: every torch.save input is read or refused with unetcu::Error") {
+  replay("torch");
 }

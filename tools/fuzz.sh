@@ -4,12 +4,15 @@
 #   image        load_image (RGB and gray) + resize_bilinear / resize_nearest_mask (data sets)
 #   train        load_checkpoint's <file>.train reader (optimizer state) with Adam, and the
 #                run's record of its monitored metric (MetricMonitor::restore)
+#   torch        read_torch_bytes: torch.save's zip archive (libzip) and its pickle (the
+#                restricted unpickler), every tensor copied out (--encoder-weights FILE.pth)
 # (tests/fuzz/targets.h says exactly what each does with an input.)
 #
 # Usage: tools/fuzz.sh [SECONDS] [TARGET...]   each target for SECONDS (default 60), all by default
 #        tools/fuzz.sh --update-seeds          rewrite tests/corpus/<target>/seed_* for the
 #                                              current model and writers, and the bad_* made
-#                                              from them (needs python3)
+#                                              from them (needs python3; the torch seeds,
+#                                              real torch.save outputs, need PyTorch)
 # Environment: FUZZ_FLAGS adds libFuzzer flags (e.g. "-fork=0" to stop at the first finding).
 #
 # Builds in build-fuzz/ (clang, -DUNETCU_FUZZ=ON, CUDA off) and starts each fuzzer from fresh
@@ -28,7 +31,7 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 build=build-fuzz
 bin=$build/tests/fuzz  # the fuzzer programs and the seed writer
-all_targets=(safetensors image train)
+all_targets=(safetensors image train torch)
 limits=(-timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=256)
 
 seconds=60
@@ -79,8 +82,14 @@ cmake --build "$build" -j"$(nproc)" --target unetcu_fuzz_seeds $(printf 'fuzz_%s
 
 if [ "$update_seeds" -eq 1 ]; then
   # The seeds, then the hand-made breakages of them (tests/corpus/make_malformed.py).
-  rm -f tests/corpus/*/seed_* tests/corpus/*/bad_*
+  rm -f tests/corpus/{safetensors,image,train}/seed_* tests/corpus/*/bad_*
   "$bin/unetcu_fuzz_seeds" tests/corpus
+  if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+    rm -f tests/corpus/torch/seed_*
+    /usr/bin/python3 tests/corpus/make_torch_seeds.py
+  else
+    echo "fuzz: no PyTorch for /usr/bin/python3: the torch seeds stay as they are"
+  fi
   python3 tests/corpus/make_malformed.py
   exit 0
 fi

@@ -25,13 +25,21 @@ module names, to check unetcu against PyTorch.
       match) and prints the logits' statistics on a fixed input. The model has N classes: from
       --classes, else from the "classes" entry of the checkpoint's __metadata__, else 1; and
       its encoder from --encoder, else the checkpoint's "encoder", else resnet34.
-  pytorch_reference.py export-encoder OUT.safetensors [--random] [--seed 0] [--dtype float32]
-                       [--golden GOLDEN.safetensors --image-size 64]
-      Writes torchvision's ResNet-34 weights (ImageNet, when torchvision has them cached or can
-      download them; --random: a randomly initialised ResNet-34, no download) under SMP's
-      encoder.* names (the fc layer dropped), ready for unet_train --init-encoder. --golden also
-      writes a fixed input and torchvision's five encoder feature maps for it (eval mode), the
-      reference tests/encoder_check compares the engine's encoder with.
+  pytorch_reference.py export-encoder OUT [--random] [--seed 0] [--dtype float32]
+                       [--encoder resnet34] [--format smp|torchvision|pth] [--width-divisor 1]
+                       [--golden GOLDEN.safetensors --image-size 64 --in-channels 3]
+      Writes torchvision's ResNet weights (--encoder: resnet18 to resnet152; ImageNet, when
+      torchvision has them cached or can download them; --random: randomly initialised, no
+      download) for unet_train --encoder-weights: --format smp, safetensors under SMP's
+      encoder.* names (the fc layer dropped); torchvision, safetensors under torchvision's names
+      (fc dropped: the model.safetensors SMP hosts); pth, torch.save of torchvision's
+      state_dict, fc included (as torchvision's .pth files). --golden also writes a fixed input
+      and torchvision's five encoder feature maps for it (eval mode), the reference
+      tests/encoder_check compares the engine's encoder with; with --in-channels N the first
+      convolution is adapted first as SMP's patch_first_conv does, and the input has N channels.
+      --width-divisor N (with --random): the encoder at width / N (this file's Encoder, under
+      torchvision's names): tests/golden/resnet18_w16.pth, for the engine's tests without
+      PyTorch.
   pytorch_reference.py bench --batch 4 --size 128 [--threads 2] [--warmup 2] [--steps 7]
                        [--precision fp32|bf16] [--memory-format nchw|nhwc]
       Times the training step the engine's bench_cpu_step times (forward, BCE+Dice, backward,
@@ -353,11 +361,31 @@ def check(args):
           f"std {y.std().item():.6f}")
 
 
+def patch_first_conv(conv, in_channels):
+    """SMP's encoders/_utils.patch_first_conv on a pretrained 3-channel convolution: 1 channel
+    sums the three; N channels repeat them cyclically, scaled by 3 / N."""
+    weight = conv.weight.detach()
+    conv.in_channels = in_channels
+    if in_channels == 1:
+        new = weight.sum(1, keepdim=True)
+    else:
+        new = torch.empty(weight.shape[0], in_channels, *weight.shape[2:], dtype=weight.dtype)
+        for i in range(in_channels):
+            new[:, i] = weight[:, i % 3]
+        new = new * (3 / in_channels)
+    conv.weight = nn.Parameter(new)
+
+
 def export_encoder(args):
     import torchvision
     torch.manual_seed(args.seed)
+    make = getattr(torchvision.models, args.encoder)
+    if args.width_divisor > 1:  # torchvision has no narrow ResNets: this file's Encoder, same names
+        if not args.random or args.golden:
+            raise SystemExit("export-encoder: --width-divisor goes with --random and without --golden")
+        net = Encoder(args.width_divisor, args.encoder)
     if args.random:
-        net = torchvision.models.resnet34(weights=None)
+        net = make(weights=None) if args.width_divisor == 1 else net
         for m in net.modules():  # non-trivial batch-norm statistics, as trained ones are
             if isinstance(m, nn.BatchNorm2d):
                 nn.init.uniform_(m.weight, 0.5, 1.5)
@@ -366,17 +394,26 @@ def export_encoder(args):
                 m.running_var.uniform_(0.8, 1.2)
     else:
         try:
-            net = torchvision.models.resnet34(weights=torchvision.models.ResNet34_Weights.IMAGENET1K_V1)
+            net = make(weights="IMAGENET1K_V1")
         except Exception as e:  # no cache and no network
             raise SystemExit(f"export-encoder: torchvision could not provide the ImageNet weights ({e}); "
-                             "--random exports a randomly initialised ResNet-34")
+                             f"--random exports a randomly initialised {args.encoder}")
     dtype = {"float32": torch.float32, "float64": torch.float64}[args.dtype]
     net = net.to(dtype).eval()
-    state = {"encoder." + k: v for k, v in net.state_dict().items() if not k.startswith("fc.")}
-    write_safetensors(args.path, state)
-    print(f"wrote {args.path}: {len(state)} encoder entries ({args.dtype})")
+    if args.format == "pth":  # torch.save of torchvision's state_dict, fc included, as torchvision hosts it
+        torch.save(net.state_dict(), args.path)
+        what = "torch.save archive, torchvision's names"
+    elif args.format == "torchvision":  # SMP's hosted model.safetensors: torchvision's names, no fc
+        write_safetensors(args.path, {k: v for k, v in net.state_dict().items() if not k.startswith("fc.")})
+        what = "safetensors, torchvision's names"
+    else:
+        write_safetensors(args.path, {"encoder." + k: v for k, v in net.state_dict().items() if not k.startswith("fc.")})
+        what = "safetensors, SMP's encoder.* names"
+    print(f"wrote {args.path}: {args.encoder} ({what}, {args.dtype})")
     if args.golden:
-        x = torch.randn(1, 3, args.image_size, args.image_size, dtype=dtype)
+        if args.in_channels != 3:
+            patch_first_conv(net.conv1, args.in_channels)
+        x = torch.randn(1, args.in_channels, args.image_size, args.image_size, dtype=dtype)
         with torch.no_grad():
             f1 = net.relu(net.bn1(net.conv1(x)))
             f2 = net.layer1(net.maxpool(f1))
@@ -387,7 +424,7 @@ def export_encoder(args):
         for i, f in enumerate([f1, f2, f3, f4, f5]):
             out[f"golden.feature.{i}"] = f
         write_safetensors(args.golden, out)
-        print(f"wrote {args.golden}: the input and torchvision's 5 feature maps")
+        print(f"wrote {args.golden}: the input ({args.in_channels} channels) and torchvision's 5 feature maps")
 
 
 def bench(args):
@@ -622,6 +659,12 @@ if __name__ == "__main__":
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     e.add_argument("--golden")
+    e.add_argument("--encoder", choices=list(ENCODERS), default="resnet34")
+    e.add_argument("--format", choices=["smp", "torchvision", "pth"], default="smp")
+    e.add_argument("--width-divisor", type=int, default=1,
+                   help="with --random: a narrow encoder (every channel count / N), torchvision's names")
+    e.add_argument("--in-channels", type=int, default=3,
+                   help="--golden: the features of SMP's patch_first_conv for this many input channels")
     e.add_argument("--image-size", type=int, default=64)
     b = sub.add_parser("bench")
     b.add_argument("--device", choices=["cpu", "cuda"], default="cpu")

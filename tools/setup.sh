@@ -5,7 +5,7 @@
 # PyTorch and torchvision for tools/pytorch_reference.py (export-encoder, bench, golden) and
 # bench/cpu_vs_pytorch.py.
 set -euo pipefail
-pkgs=(cmake g++ make ccache libopenblas-openmp-dev libdnnl-dev openmpi-bin libopenmpi-dev libgloo-dev doctest-dev libstb-dev nlohmann-json3-dev libcli11-dev)
+pkgs=(cmake g++ make ccache libopenblas-openmp-dev libdnnl-dev openmpi-bin libopenmpi-dev libgloo-dev doctest-dev libstb-dev nlohmann-json3-dev libcli11-dev libzip-dev)
 for arg in "$@"; do
   case "$arg" in
     --plots) pkgs+=(python3-matplotlib) ;;

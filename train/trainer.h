@@ -47,8 +47,8 @@ struct FitOptions {
   std::string profile;
   // Checkpoints: written after every epoch (the model with SMP's names and `<file>.train` with
   // the optimizer state and the epoch); resume continues a run from one (bit-exactly: the
-  // same losses and files as an uninterrupted run); init_encoder loads only encoder.*.
-  std::string checkpoint, resume, init_encoder;
+  // same losses and files as an uninterrupted run); encoder_weights loads only encoder.*.
+  std::string checkpoint, resume, encoder_weights;
   // Metrics file (train/metrics_log.h): a row per epoch, and a step row every log_every steps
   // (0: none). Appended to when resuming.
   std::string log;

@@ -2,15 +2,17 @@
 """Writes the hand-made malformed inputs of the regression corpus (tests/corpus/<target>/bad_*)
 from the valid seeds beside them (seed_*, written by `tools/fuzz.sh --update-seeds`).
 
-Each file is one way a checkpoint or an image can be broken; the corpus replay
+Each file is one way a checkpoint, an image or a torch.save archive can be broken; the corpus replay
 (tests/test_corpus.cpp) requires each to end in success or unetcu::Error. Standard library only;
 deterministic, so running it again rewrites the same bytes.
 
     python3 tests/corpus/make_malformed.py
 """
+import io
 import json
 import os
 import struct
+import zipfile
 import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -409,7 +411,64 @@ def make_images():
         write("image", "bad_" + name, data)
 
 
+# ---- torch.save archives: a zip of <name>/data.pkl (the pickled state_dict) and data/<key> --
+
+def zip_of(records, method=zipfile.ZIP_STORED):
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", method) as z:
+        for name, data in records:
+            z.writestr(zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0)), data, compress_type=method)
+    return buf.getvalue()
+
+
+def make_torch():
+    """Each must be refused (tests/test_corpus.cpp): seed_conv_bn.pth broken one way each."""
+    seed = read("torch", "seed_conv_bn.pth")
+    z = zipfile.ZipFile(io.BytesIO(seed))
+    records = [(n, z.read(n)) for n in z.namelist()]
+    prefix = next(n for n, _ in records if n.endswith("/data.pkl"))[:-len("data.pkl")]
+    pkl = dict(records)[prefix + "data.pkl"]
+
+    def with_pickle(p):
+        return zip_of([(n, p if n == prefix + "data.pkl" else d) for n, d in records])
+
+    out = {}
+    out["truncated_half.pth"] = seed[:len(seed) // 2]
+    out["truncated_directory.pth"] = seed[:-30]  # the central directory's end record cut
+    out["empty_zip.pth"] = zip_of([])
+    # A pickle that would run a command or evaluate code: the global is refused when read.
+    out["global_os_system.pth"] = with_pickle(b"\x80\x02cos\nsystem\nq\x00X\x02\x00\x00\x00idq\x01\x85q\x02Rq\x03.")
+    out["global_builtins_eval.pth"] = with_pickle(b"\x80\x02cbuiltins\neval\nX\x03\x00\x00\x001+1\x85R.")
+    out["global_torch_load.pth"] = with_pickle(b"\x80\x02ctorch\nload\nX\x01\x00\x00\x00x\x85R.")
+    # The legacy (before PyTorch 1.6) format: pickle protocol 2 and its magic number, no zip.
+    out["legacy_format.pth"] = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19.\x80\x02M\xe9\x03.\x80\x02}q\x00."
+    out["no_data_pkl.pth"] = zip_of([(n, d) for n, d in records if not n.endswith("data.pkl")])
+    out["two_data_pkl.pth"] = zip_of(records + [("other/data.pkl", pkl)])
+    out["compressed.pth"] = zip_of(records, zipfile.ZIP_DEFLATED)
+    out["torchscript.pth"] = zip_of(records + [(prefix + "constants.pkl", b"\x80\x02).")])
+    out["byteorder_middle.pth"] = zip_of(records + [(prefix + "byteorder", b"middle")])
+    storages = [n for n, _ in records if n.startswith(prefix + "data/")]
+    out["storage_missing.pth"] = zip_of([(n, d) for n, d in records if n != storages[0]])
+    out["storage_short.pth"] = zip_of([(n, d[:-4] if n == storages[0] else d) for n, d in records])
+    out["storage_long.pth"] = zip_of([(n, d + b"\0" * 4 if n == storages[0] else d) for n, d in records])
+    # The conv weight's size (4, 3, 3, 3) grown to (5, 3, 3, 3): more than its storage holds.
+    size = b"K\x04K\x03K\x03K\x03"
+    assert size in pkl
+    out["tensor_past_storage.pth"] = with_pickle(pkl.replace(size, b"K\x05K\x03K\x03K\x03", 1))
+    out["stride_past_storage.pth"] = with_pickle(pkl.replace(b"K\x1bK\tK\x03K\x01", b"K\x1bK\tK\x03K\x02", 1))
+    out["pickle_no_stop.pth"] = with_pickle(pkl[:-1])
+    out["pickle_cut.pth"] = with_pickle(pkl[:len(pkl) // 2])
+    out["pickle_unknown_opcode.pth"] = with_pickle(pkl[:2] + b"i" + pkl[2:])
+    out["pickle_protocol_9.pth"] = with_pickle(b"\x80\x09" + pkl[2:])
+    out["pickle_memo_unset.pth"] = with_pickle(pkl.replace(b"h\x03", b"h\xf3", 1))
+    out["pickle_not_a_dict.pth"] = with_pickle(b"\x80\x02K\x07.")
+    out["pickle_pops_empty.pth"] = with_pickle(b"\x80\x02s.")
+    for name, data in out.items():
+        write("torch", "bad_" + name, data)
+
+
 if __name__ == "__main__":
     make_safetensors()
     make_train()
     make_images()
+    make_torch()

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -25,6 +26,7 @@
 #include "data/image_io.h"
 #include "engine/checkpoint.h"
 #include "engine/optim.h"
+#include "engine/torch_file.h"
 #include "models/unet.h"
 #include "runtime/common.h"
 #include "train/monitor.h"
@@ -142,11 +144,26 @@ inline void run_train(const uint8_t* data, size_t size) {
   monitor.restore(record, epoch, f.path + ".train");
 }
 
+// (d) The torch.save reader (--encoder-weights FILE.pth): the zip archive through libzip and
+// data.pkl through the restricted unpickler, every tensor copied out of its storage; then
+// each float tensor's values summed, so that every byte read is used.
+inline void run_torch(const uint8_t* data, size_t size) {
+  const SafeTensors tensors = read_torch_bytes(data, size, "input.pth");
+  volatile double sum = 0;
+  for (const auto& [name, t] : tensors)
+    if (t.dtype == "F32")
+      for (size_t i = 0; i + 4 <= t.data.size(); i += 4) {
+        float v;
+        std::memcpy(&v, t.data.data() + i, 4);
+        sum = sum + double(v);
+      }
+}
+
 // The targets by name; the name is also the folder of the corpus: tests/corpus/<name>/.
 using Target = std::function<void(const uint8_t*, size_t)>;
 inline const std::map<std::string, Target>& targets() {
   static const std::map<std::string, Target> all{
-      {"safetensors", run_safetensors}, {"image", run_image}, {"train", run_train}};
+      {"safetensors", run_safetensors}, {"image", run_image}, {"train", run_train}, {"torch", run_torch}};
   return all;
 }
 

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "models/encoder_weights.h"
+
 namespace unetcu {
 
 bool parameters_finite(Module& model) {
@@ -34,10 +36,10 @@ RunRecord Checkpoints::start(FitContext& ctx) {
   const FitOptions& o = ctx.options;
   TrainingStrategy& strategy = ctx.strategy;
   RunRecord record;
-  if (!o.init_encoder.empty()) {
-    load_model_state(strategy.model(), read_safetensors(o.init_encoder), o.init_encoder, "encoder.");
+  if (!o.encoder_weights.empty()) {
+    load_encoder_weights(strategy.model(), o.encoder_weights);
     strategy.state_loaded();
-    ctx.out << "encoder weights from " << o.init_encoder << "\n";
+    ctx.out << "encoder weights from " << o.encoder_weights << "\n";
   }
   if (o.resume.empty()) return record;
   struct stat train_file {};  // stat, not open: a FIFO must not block here

@@ -14,7 +14,7 @@ class Checkpoints : public Callback {
   // Checks the files can be written before any training. `watch` tells the best epochs.
   Checkpoints(FitContext& ctx, const EarlyStopping& watch);
 
-  // Loads options.init_encoder and options.resume into the strategy: sets ctx.first_epoch and
+  // Loads options.encoder_weights and options.resume into the strategy: sets ctx.first_epoch and
   // ctx.first_step, prints the "resumed from" line (every callback's load_state adds to it)
   // and returns the resumed run's record (empty without a resume).
   RunRecord start(FitContext& ctx);
