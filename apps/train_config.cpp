@@ -79,6 +79,18 @@ void add_model_flags(CLI::App& app, TrainConfig& cfg) {
   cli::add_optional(app, "--width-divisor", cfg.width_divisor,
                     "Divide every channel count by this (1 = the real model; with --resume, the checkpoint's)")
       ->default_str("1");
+  cli::add_optional(app, "--in-channels", cfg.in_channels,
+                    "Channels of the input images: 1 (gray), 3 (RGB), 4 (RGBA, RGB+NIR) or any N from .npy arrays "
+                    "(H x W x N); a file of another count is refused, never converted; 16-bit PNGs scaled from "
+                    "65535; with --resume, the checkpoint's")
+      ->default_str("3");
+  app.add_option_function<std::string>(
+         "--normalize", cli::checked("--normalize", [&cfg](const std::string& s) {
+           cfg.normalize = parse_named(kNormalizationNames, "normalization", s);
+         }),
+         "Input normalisation: imagenet (ImageNet's mean and deviation, 3 channels), dataset (each channel's "
+         "over the training set, computed once and recorded in the checkpoint) or none; default imagenet "
+         "for 3 channels, dataset otherwise; with --resume, the checkpoint's");
   app.add_option_function<std::string>(
          "--encoder", cli::checked("--encoder", [&cfg](const std::string& s) {
            cfg.encoder = parse_named(kEncoderNames, "encoder", s);

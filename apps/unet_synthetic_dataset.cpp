@@ -9,7 +9,7 @@
 
 int main(int argc, char** argv) {
   std::string dir;
-  int count = 64, width = 0, height = 128, classes = 1;
+  int count = 64, width = 0, height = 128, classes = 1, channels = 3, bit_depth = 8;
   std::string size_text;
   uint64_t seed = 0;
   CLI::App app{"unet_synthetic_dataset: the synthetic set as PNG files, to show the folder format"};
@@ -19,12 +19,16 @@ int main(int argc, char** argv) {
   app.add_option("--classes", classes,
                  "1: binary masks (0/255); 2..4: the class index per pixel (background 0, a kind of shape each)")
       ->capture_default_str();
+  app.add_option("--channels", channels,
+                 "Image channels: 3 (RGB), 1 (gray: the mean of R, G, B) or 4 (RGB + that gray level, RGBA)")
+      ->capture_default_str();
+  app.add_option("--bit-depth", bit_depth, "8, or 16 (gray images, --channels 1: 16-bit PNGs)")->capture_default_str();
   app.add_option("--seed", seed, "Seed")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     UNETCU_CHECK(count >= 1, "--count must be at least 1");
     if (!size_text.empty()) unetcu::cli::parse_size(size_text, &width, &height);
-    unetcu::write_synthetic_folder(dir, count, width ? width : height, height, seed, classes);
+    unetcu::write_synthetic_folder(dir, count, width ? width : height, height, seed, classes, channels, bit_depth);
     std::cout << "wrote " << count << " pairs to " << dir << "/images and " << dir << "/masks\n";
   } catch (const std::exception& e) {
     std::cerr << "unet_synthetic_dataset: error: " << e.what() << "\n";

@@ -6,11 +6,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 
 #include "data/image_io.h"
 #include "kernels/cpu/parallel.h"
@@ -23,6 +26,77 @@ void SyntheticDataset::load(int64_t index, Sample* out) const {
   UNETCU_CHECK(index >= 0 && index < count_, "sample ", index, " out of range");
   out->resize(s_.width(), s_.height());
   s_.sample(offset_ + index, out->image.data(), out->mask.data());
+  const int C = channels();
+  if (C == 3) return;
+  // Another channel count: the RGB rendering's channels, then its gray level (their mean).
+  const size_t plane = size_t(out->width) * out->height;
+  std::vector<float> rgb = std::move(out->image);
+  out->resize(out->width, out->height, C);
+  for (int c = 0; c < C; ++c)
+    for (size_t q = 0; q < plane; ++q)
+      out->image[c * plane + q] = C > 3 && c < 3 ? rgb[c * plane + q]
+                                                 : (rgb[q] + rgb[plane + q] + rgb[2 * plane + q]) / 3.f;
+}
+
+std::string normalization_values(const Normalization& n) {
+  std::string out;
+  for (const std::vector<float>* v : {&n.mean, &n.std}) {
+    if (v == &n.std) out += ";";
+    for (size_t c = 0; c < v->size(); ++c) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.9g", double((*v)[c]));
+      out += (c ? "," : "") + std::string(buf);
+    }
+  }
+  return out;
+}
+
+Normalization normalization_from_values(Normalization::Kind kind, const std::string& text, const std::string& what) {
+  Normalization n;
+  n.kind = kind;
+  n.mean.clear(), n.std.clear();
+  const size_t semi = text.find(';');
+  UNETCU_CHECK(semi != std::string::npos, what, " records normalization values '", text, "', not 'means;deviations'");
+  for (int part = 0; part < 2; ++part) {
+    std::stringstream ss(part == 0 ? text.substr(0, semi) : text.substr(semi + 1));
+    for (std::string item; std::getline(ss, item, ',');) {
+      char* end = nullptr;
+      const float v = std::strtof(item.c_str(), &end);
+      UNETCU_CHECK(!item.empty() && end && *end == '\0' && std::isfinite(v) && (part == 0 || v > 0), what,
+                   " records normalization values '", text, "': '", item, "' is not a ",
+                   part == 0 ? "number" : "positive number");
+      (part == 0 ? n.mean : n.std).push_back(v);
+    }
+  }
+  UNETCU_CHECK(!n.mean.empty() && n.mean.size() == n.std.size() && n.mean.size() <= 64, what,
+               " records normalization values '", text, "' of unequal or impossible lengths");
+  return n;
+}
+
+Normalization dataset_normalization(const Dataset& ds) {
+  const int C = ds.channels();
+  std::vector<double> sum(size_t(C), 0.0), sumsq(size_t(C), 0.0);
+  double count = 0;
+  Sample s;
+  for (int64_t i = 0; i < ds.size(); ++i) {
+    ds.load(i, &s);
+    const size_t plane = size_t(s.width) * s.height;
+    for (int c = 0; c < C; ++c)
+      for (size_t q = 0; q < plane; ++q) {
+        const double v = s.image[c * plane + q];
+        sum[size_t(c)] += v;
+        sumsq[size_t(c)] += v * v;
+      }
+    count += double(plane);
+  }
+  Normalization n = Normalization::none(C);
+  n.kind = Normalization::Dataset;
+  for (int c = 0; c < C; ++c) {
+    const double mean = sum[size_t(c)] / count, var = std::max(0.0, sumsq[size_t(c)] / count - mean * mean);
+    n.mean[size_t(c)] = float(mean);
+    n.std[size_t(c)] = var > 1e-12 ? float(std::sqrt(var)) : 1.f;
+  }
+  return n;
 }
 
 // ---- folders ---------------------------------------------------------------------------
@@ -30,7 +104,7 @@ void SyntheticDataset::load(int64_t index, Sample* out) const {
 static bool is_image_file(const fs::path& p) {
   std::string e = p.extension().string();
   std::transform(e.begin(), e.end(), e.begin(), ::tolower);
-  return e == ".png" || e == ".jpg" || e == ".jpeg" || e == ".bmp";
+  return e == ".png" || e == ".jpg" || e == ".jpeg" || e == ".bmp" || e == ".npy";
 }
 
 std::vector<FolderDataset::Pair> FolderDataset::scan(const std::string& dir, const std::string& list) {
@@ -84,8 +158,8 @@ FolderDataset::FolderDataset(std::vector<Pair> pairs, int width, int height, Lab
                "image size must be a positive multiple of 32, got ", width, "x", height);
 }
 
-// Bilinear (channels of an interleaved 8-bit image -> planar floats in [0, 1]).
-void resize_bilinear(const Image& in, int W, int H, float* out) {
+// Bilinear (channels of interleaved samples -> planar floats in [0, 1]).
+void resize_bilinear(const ImageValues& in, int W, int H, float* out) {
   const size_t plane = size_t(W) * H;
   for (int y = 0; y < H; ++y) {
     const float fy = std::max(0.f, (y + 0.5f) * in.height / H - 0.5f);
@@ -96,12 +170,19 @@ void resize_bilinear(const Image& in, int W, int H, float* out) {
       const int x0 = std::min(int(fx), in.width - 1), x1 = std::min(x0 + 1, in.width - 1);
       const float wx = fx - x0;
       for (int c = 0; c < in.channels; ++c) {
-        auto px = [&](int yy, int xx) { return float(in.pixels[(size_t(yy) * in.width + xx) * in.channels + c]); };
+        auto px = [&](int yy, int xx) { return in.values[(size_t(yy) * in.width + xx) * in.channels + c]; };
         const float v = (1 - wy) * ((1 - wx) * px(y0, x0) + wx * px(y0, x1)) + wy * ((1 - wx) * px(y1, x0) + wx * px(y1, x1));
-        out[c * plane + size_t(y) * W + x] = v / 255.f;
+        out[c * plane + size_t(y) * W + x] = v / in.divisor;
       }
     }
   }
+}
+
+void resize_bilinear(const Image& in, int W, int H, float* out) {
+  ImageValues v;
+  v.width = in.width, v.height = in.height, v.channels = in.channels;
+  v.values.assign(in.pixels.begin(), in.pixels.end());
+  resize_bilinear(v, W, H, out);
 }
 
 void resize_nearest(const float* in, int iw, int ih, int W, int H, float* out) {
@@ -131,18 +212,19 @@ void FolderDataset::load(int64_t index, Sample* out) const {
   UNETCU_CHECK(img_info.width == msk_info.width && img_info.height == msk_info.height, "mask '", p.mask,
                "' is ", msk_info.width, "x", msk_info.height, " but its image '", p.image, "' is ",
                img_info.width, "x", img_info.height);
-  const Image img = load_image(p.image, 3);
+  const int C = channels();
+  const ImageValues img = load_image_values(p.image, C);
   int mw = 0, mh = 0;
   const std::vector<float> targets = load_mask_targets(p.mask, labels_, &mw, &mh);
   if (width_ == 0) {  // at its own size
-    out->resize(img.width, img.height);
+    out->resize(img.width, img.height, C);
     const size_t plane = size_t(img.width) * img.height;
     for (size_t q = 0; q < plane; ++q)
-      for (int c = 0; c < 3; ++c) out->image[c * plane + q] = img.pixels[q * 3 + size_t(c)] / 255.f;
+      for (int c = 0; c < C; ++c) out->image[c * plane + q] = img.values[q * C + size_t(c)] / img.divisor;
     out->mask = targets;
     return;
   }
-  out->resize(width_, height_);
+  out->resize(width_, height_, C);
   resize_bilinear(img, width_, height_, out->image.data());
   resize_nearest(targets.data(), mw, mh, width_, height_, out->mask.data());
 }
@@ -160,7 +242,7 @@ void split_pairs(const std::vector<FolderDataset::Pair>& all, double fraction, u
 
 // ---- augmentation -----------------------------------------------------------------------
 
-void augment_sample(float* image, float* mask, int W, int H, Augment level, Rng& rng) {
+void augment_sample(float* image, float* mask, int W, int H, Augment level, Rng& rng, int C) {
   if (level == Augment::None) return;
   const size_t plane = size_t(W) * H;
   // Geometry: one inverse map (output pixel -> source point) for image and mask alike.
@@ -175,7 +257,7 @@ void augment_sample(float* image, float* mask, int W, int H, Augment level, Rng&
     cy += rng.uniform(-slack_y, slack_y);
   }
   const double ca = std::cos(angle), sa = std::sin(angle);
-  std::vector<float> img(image, image + 3 * plane), msk(mask, mask + plane);
+  std::vector<float> img(image, image + C * plane), msk(mask, mask + plane);
   for (int y = 0; y < H; ++y)
     for (int x = 0; x < W; ++x) {
       double u = x + 0.5 - W / 2.0, v = y + 0.5 - H / 2.0;
@@ -192,7 +274,7 @@ void augment_sample(float* image, float* mask, int W, int H, Augment level, Rng&
       const double fx = std::clamp(sx, 0.0, W - 1.0), fy = std::clamp(sy, 0.0, H - 1.0);
       const int x0 = int(fx), y0 = int(fy), x1 = std::min(x0 + 1, W - 1), y1 = std::min(y0 + 1, H - 1);
       const float wx = float(fx - x0), wy = float(fy - y0);
-      for (int c = 0; c < 3; ++c) {
+      for (int c = 0; c < C; ++c) {
         const float* p = img.data() + c * plane;
         image[c * plane + o] = (1 - wy) * ((1 - wx) * p[y0 * W + x0] + wx * p[y0 * W + x1]) +
                                wy * ((1 - wx) * p[y1 * W + x0] + wx * p[y1 * W + x1]);
@@ -200,25 +282,27 @@ void augment_sample(float* image, float* mask, int W, int H, Augment level, Rng&
     }
   // Photometric, image only.
   const float contrast = float(rng.uniform(0.8, 1.2)), brightness = float(rng.uniform(-0.1, 0.1));
-  for (size_t i = 0; i < 3 * plane; ++i)
+  for (size_t i = 0; i < C * plane; ++i)
     image[i] = std::clamp((image[i] - 0.5f) * contrast + 0.5f + brightness, 0.f, 1.f);
 }
 
 namespace {
 // The crop x crop window of a sample at (x0, y0) (negative or past the edge: padding), the
 // image normalised into row b of the batch, padding 0; the mask's padding -1 (ignored).
-void store_crop(const Sample& s, int x0, int y0, int crop, Batch& out, int64_t b) {
+void store_crop(const Sample& s, int x0, int y0, int crop, Batch& out, int64_t b, const Normalization& norm) {
   const size_t plane = size_t(crop) * crop, src_plane = size_t(s.width) * s.height;
+  const int C = norm.channels();
   UNETCU_DISPATCH_FLOAT(out.images.dtype(), T, {
-    T* ip = out.images.data<T>() + b * 3 * plane;
+    T* ip = out.images.data<T>() + b * C * plane;
     T* mp = out.masks.data<T>() + b * plane;
     for (int y = 0; y < crop; ++y)
       for (int x = 0; x < crop; ++x) {
         const int sx = x0 + x, sy = y0 + y;
         const bool inside = sx >= 0 && sx < s.width && sy >= 0 && sy < s.height;
         const size_t o = size_t(y) * crop + x, q = inside ? size_t(sy) * s.width + sx : 0;
-        for (int c = 0; c < 3; ++c)
-          ip[c * plane + o] = T(inside ? (s.image[c * src_plane + q] - kImageMean[c]) / kImageStd[c] : 0.f);
+        for (int c = 0; c < C; ++c)
+          ip[c * plane + o] =
+              T(inside ? (s.image[c * src_plane + q] - norm.mean[size_t(c)]) / norm.std[size_t(c)] : 0.f);
         mp[o] = T(inside ? s.mask[q] : -1.f);
       }
   });
@@ -236,22 +320,24 @@ Batch make_batch(const Dataset& ds, const std::vector<int64_t>& indices, DType d
   UNETCU_CHECK(B > 0, "empty batch");
   UNETCU_CHECK(H > 0 && W > 0, "make_batch: samples of their own sizes need a crop size");
   const HostDataScope host_data;  // a loader's batch: host memory, no device's
-  Batch out = pinned ? Batch{Tensor::empty_pinned({B, 3, H, W}, dtype), Tensor::empty_pinned({B, 1, H, W}, dtype)}
-                     : Batch{Tensor::empty({B, 3, H, W}, dtype), Tensor::empty({B, 1, H, W}, dtype)};
+  const int64_t C = ds.channels();
+  Batch out = pinned ? Batch{Tensor::empty_pinned({B, C, H, W}, dtype), Tensor::empty_pinned({B, 1, H, W}, dtype)}
+                     : Batch{Tensor::empty({B, C, H, W}, dtype), Tensor::empty({B, 1, H, W}, dtype)};
   std::vector<std::exception_ptr> errors(static_cast<size_t>(B));
   kernels::cpu::parallel_for(B, [&](int64_t b) {
     try {
       Sample s;
       ds.load(indices[b], &s);
       Rng rng(Rng::mix(Rng::mix(seed, uint64_t(epoch)), uint64_t(indices[b])));
-      if (augment != Augment::None) augment_sample(s.image.data(), s.mask.data(), s.width, s.height, augment, rng);
+      if (augment != Augment::None)
+        augment_sample(s.image.data(), s.mask.data(), s.width, s.height, augment, rng, s.channels);
       if (crop) {
         const int x0 = crop_start(s.width, crop, rng), y0 = crop_start(s.height, crop, rng);
-        store_crop(s, x0, y0, crop, out, b);
+        store_crop(s, x0, y0, crop, out, b, ds.normalization());
       } else {
         UNETCU_CHECK(s.width == W && s.height == H, "sample ", indices[b], " is ", s.width, "x", s.height,
                      ", not the batch's ", W, "x", H);
-        store_normalized(s.image.data(), s.mask.data(), out, b);
+        store_normalized(s.image.data(), s.mask.data(), out, b, ds.normalization());
       }
     } catch (...) {
       errors[size_t(b)] = std::current_exception();  // no throwing out of an OpenMP region
@@ -263,7 +349,10 @@ Batch make_batch(const Dataset& ds, const std::vector<int64_t>& indices, DType d
 }
 
 void write_synthetic_folder(const std::string& dir, int count, int width, int height, uint64_t seed,
-                            int classes) {
+                            int classes, int channels, int bit_depth) {
+  UNETCU_CHECK(channels == 1 || channels == 3 || channels == 4, "the synthetic set's images have 1, 3 or 4 channels, not ",
+               channels);
+  UNETCU_CHECK(bit_depth == 8 || (bit_depth == 16 && channels == 1), "16-bit images are written gray (1 channel)");
   const fs::path root(dir);
   fs::create_directories(root / "images");
   fs::create_directories(root / "masks");
@@ -280,7 +369,21 @@ void write_synthetic_folder(const std::string& dir, int count, int width, int he
     }
     char name[32];
     std::snprintf(name, sizeof name, "%05d.png", i);
-    save_png((root / "images" / name).string(), im);
+    if (channels == 3) {
+      save_png((root / "images" / name).string(), im);
+    } else if (bit_depth == 16) {  // the gray level (the mean of R, G, B) at 16 bits
+      std::vector<uint16_t> gray(plane);
+      for (size_t q = 0; q < plane; ++q)
+        gray[q] = uint16_t(std::lround(std::clamp((img[q] + img[plane + q] + img[2 * plane + q]) / 3.f, 0.f, 1.f) * 65535));
+      save_png16((root / "images" / name).string(), width, height, gray);
+    } else {  // gray, or RGB and the gray level as a fourth channel
+      Image other{width, height, channels, std::vector<uint8_t>(size_t(channels) * plane)};
+      for (size_t q = 0; q < plane; ++q) {
+        const uint8_t g = uint8_t((int(im.pixels[q * 3]) + im.pixels[q * 3 + 1] + im.pixels[q * 3 + 2]) / 3);
+        for (int c = 0; c < channels; ++c) other.pixels[q * size_t(channels) + size_t(c)] = c < 3 && channels == 4 ? im.pixels[q * 3 + size_t(c)] : g;
+      }
+      save_png((root / "images" / name).string(), other);
+    }
     save_png((root / "masks" / name).string(), mk);
   }
 }

@@ -21,13 +21,13 @@
 
 namespace unetcu {
 
-// One sample: image [3, H, W] in [0, 1], mask [H, W] of targets (class index or 0/1; -1 ignored).
+// One sample: image [C, H, W] in [0, 1], mask [H, W] of targets (class index or 0/1; -1 ignored).
 struct Sample {
-  int width = 0, height = 0;
+  int width = 0, height = 0, channels = 3;
   std::vector<float> image, mask;
-  void resize(int w, int h) {
-    width = w, height = h;
-    image.resize(size_t(3) * w * h);
+  void resize(int w, int h, int c = 3) {
+    width = w, height = h, channels = c;
+    image.resize(size_t(c) * w * h);
     mask.resize(size_t(w) * h);
   }
 };
@@ -35,12 +35,32 @@ struct Sample {
 class Dataset {
  public:
   virtual ~Dataset() = default;
+  // The channels of every sample's image and how make_batch normalises them: ImageNet's
+  // statistics over 3 channels unless set otherwise (--in-channels, --normalize).
+  int channels() const { return normalization_.channels(); }
+  const Normalization& normalization() const { return normalization_; }
+  void set_normalization(Normalization n) { normalization_ = std::move(n); }
   virtual int64_t size() const = 0;
   // The size of every sample, or 0 x 0 when each keeps its own (then make_batch crops).
   virtual int width() const = 0;
   virtual int height() const = 0;
   virtual void load(int64_t index, Sample* out) const = 0;
+
+ private:
+  Normalization normalization_;
 };
+
+inline constexpr NamedValue<Normalization::Kind> kNormalizationNames[] = {
+    {"imagenet", Normalization::ImageNet}, {"dataset", Normalization::Dataset}, {"none", Normalization::None}};
+// A normalisation's values as a checkpoint records them, "m0,m1,...;s0,s1,..." (shortest
+// round-trip decimal floats), and back; a malformed text is an error naming `what`.
+std::string normalization_values(const Normalization& n);
+Normalization normalization_from_values(Normalization::Kind kind, const std::string& text, const std::string& what);
+
+// The mean and deviation of each channel over every image of the set (each at the size the set
+// gives it, no augmentation), in double: --normalize dataset. A channel without variation keeps
+// a deviation of 1.
+Normalization dataset_normalization(const Dataset& ds);
 
 enum class Augment { None, Light, Heavy };
 inline constexpr NamedValue<Augment> kAugmentNames[] = {
@@ -49,12 +69,12 @@ inline constexpr NamedValue<Augment> kAugmentNames[] = {
 // In place on one sample: light = horizontal flip and brightness/contrast; heavy adds a
 // vertical flip, a random scale-crop (up to 1.4x) and a small rotation (up to ±15°). Geometry
 // moves image (bilinear) and mask (nearest) together.
-void augment_sample(float* image, float* mask, int width, int height, Augment level, Rng& rng);
+void augment_sample(float* image, float* mask, int width, int height, Augment level, Rng& rng, int channels = 3);
 inline void augment_sample(float* image, float* mask, int size, Augment level, Rng& rng) {
   augment_sample(image, mask, size, size, level, rng);
 }
 
-// Normalised batch of the given samples; sample i of epoch e is augmented with a generator
+// Normalised batch of the given samples (ds.channels() channels, ds.normalization()); sample i of epoch e is augmented with a generator
 // seeded by (seed, e, index), so any run is reproducible. pinned: page-locked (GPU uploads).
 // crop > 0: each sample (augmented at its own size) gives one random crop x crop window, the
 // same generator choosing where; a side shorter than the crop is padded, the image with 0 (the
@@ -104,9 +124,12 @@ class FolderDataset : public Dataset {
 };
 
 struct Image;
+struct ImageValues;
 // An 8-bit image (any size) to planar floats in [0, 1] at W x H, bilinear; a target map (one
 // float per pixel) to W x H, nearest.
 void resize_bilinear(const Image& in, int width, int height, float* out);
+// The same for samples of any depth (ImageValues: 16-bit, float, any channel count).
+void resize_bilinear(const ImageValues& in, int width, int height, float* out);
 inline void resize_bilinear(const Image& in, int size, float* out) { resize_bilinear(in, size, size, out); }
 void resize_nearest(const float* in, int in_width, int in_height, int width, int height, float* out);
 // A mask image to {0, 1} at S x S, nearest (> 0 is foreground).
@@ -117,9 +140,11 @@ void split_pairs(const std::vector<FolderDataset::Pair>& all, double fraction, u
                  std::vector<FolderDataset::Pair>* train, std::vector<FolderDataset::Pair>* val);
 
 // Writes samples [0, count) of the synthetic set as DIR/images/NNNNN.png + DIR/masks/NNNNN.png
-// (one class: 0/255; more: the class index per pixel, 8-bit gray).
+// (one class: 0/255; more: the class index per pixel, 8-bit gray). The images: RGB (3
+// channels), gray (1: the mean of R, G and B; at 8 or 16 bits) or RGB and that gray level as a
+// fourth channel (4, an RGBA PNG).
 void write_synthetic_folder(const std::string& dir, int count, int width, int height, uint64_t seed,
-                            int classes = 1);
+                            int classes = 1, int channels = 3, int bit_depth = 8);
 inline void write_synthetic_folder(const std::string& dir, int count, int image_size, uint64_t seed) {
   write_synthetic_folder(dir, count, image_size, image_size, seed);
 }

@@ -10,7 +10,9 @@
 #include <cerrno>
 #include <climits>
 #include <cstdio>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <system_error>
 
@@ -328,6 +330,134 @@ void write_through_temporary(const std::string& path, Write write) {
 
 }  // namespace
 
+namespace {
+
+// ---- NumPy .npy ---------------------------------------------------------------------------
+// "\x93NUMPY", a version byte pair, the header's length (2 bytes in version 1, 4 after), and
+// the header: a Python dict literal {'descr': '<u2', 'fortran_order': False, 'shape': (H, W, N), }.
+struct NpyHeader {
+  int width = 0, height = 0, channels = 1, item = 1;
+  char kind = 'u';  // 'u' unsigned integer, 'f' float
+  size_t data_at = 0;
+};
+
+NpyHeader parse_npy(const std::string& path, const std::vector<uint8_t>& d, uint64_t file_size) {
+  const auto bad = [&](const std::string& why) -> NpyHeader {
+    throw Error("cannot read array '" + path + "': " + why);
+  };
+  if (d.size() < 10 || std::string(d.begin(), d.begin() + 6) != "\x93NUMPY") return bad("not a .npy file");
+  const int major = d[6];
+  if (major < 1 || major > 3) return bad("unknown .npy version " + std::to_string(major));
+  const size_t len_bytes = major == 1 ? 2 : 4, start = 8 + len_bytes;
+  if (d.size() < start) return bad("truncated header");
+  size_t len = 0;
+  for (size_t k = 0; k < len_bytes; ++k) len |= size_t(d[8 + k]) << (8 * k);
+  if (len > 65536 || start + len > d.size()) return bad("truncated or oversized header");
+  const std::string h(d.begin() + std::ptrdiff_t(start), d.begin() + std::ptrdiff_t(start + len));
+  NpyHeader out;
+  out.data_at = start + len;
+  const auto value_of = [&](const std::string& key) {
+    const size_t at = h.find("'" + key + "'");
+    if (at == std::string::npos) bad("its header has no '" + key + "'");
+    const size_t colon = h.find(':', at);
+    if (colon == std::string::npos) bad("its header is malformed");
+    return h.substr(colon + 1);
+  };
+  const std::string descr = value_of("descr");
+  const size_t q0 = descr.find_first_of("'\""), q1 = q0 == std::string::npos ? q0 : descr.find(descr[q0], q0 + 1);
+  if (q1 == std::string::npos) bad("its header's descr is malformed");
+  const std::string type = descr.substr(q0 + 1, q1 - q0 - 1);
+  if (type == "|u1" || type == "u1") out.kind = 'u', out.item = 1;
+  else if (type == "<u2") out.kind = 'u', out.item = 2;
+  else if (type == "<f4") out.kind = 'f', out.item = 4;
+  else bad("element type '" + type + "': uint8, uint16 or float32 (little-endian) are read");
+  if (value_of("fortran_order").find("True") < value_of("fortran_order").find_first_of(",}"))
+    bad("it is in Fortran order; save it in C order (numpy.ascontiguousarray)");
+  const std::string shape = value_of("shape");
+  const size_t open = shape.find('('), close = shape.find(')');
+  if (open == std::string::npos || close == std::string::npos || close < open) bad("its header's shape is malformed");
+  std::vector<int64_t> dims;
+  std::string num;
+  for (size_t k = open + 1; k <= close; ++k) {
+    const char c = shape[k];
+    if (std::isdigit(static_cast<unsigned char>(c))) {
+      num += c;
+      if (num.size() > 9) bad("a dimension is too large");
+    } else if (c == ',' || c == ')') {
+      if (!num.empty()) dims.push_back(std::stoll(num));
+      num.clear();
+    } else if (c != ' ' && c != 'L') {
+      bad("its header's shape is malformed");
+    }
+  }
+  if (dims.size() != 2 && dims.size() != 3) bad("its shape has " + std::to_string(dims.size()) + " dimensions, not H x W or H x W x N");
+  if (dims[0] < 1 || dims[1] < 1 || (dims.size() == 3 && (dims[2] < 1 || dims[2] > 64)))
+    bad("its shape is empty or has more than 64 channels");
+  out.height = int(dims[0]), out.width = int(dims[1]), out.channels = dims.size() == 3 ? int(dims[2]) : 1;
+  const int64_t pixels = int64_t(out.width) * out.height;
+  UNETCU_CHECK(pixels <= max_image_pixels(), "array '", path, "' is ", out.width, "x", out.height, " (", pixels,
+               " pixels), more than the limit of ", max_image_pixels(), " pixels set for images");
+  const uint64_t need = out.data_at + uint64_t(pixels) * uint64_t(out.channels) * uint64_t(out.item);
+  if (file_size != need)
+    bad(str_cat("its data is ", file_size - std::min<uint64_t>(file_size, out.data_at), " bytes, its header says ",
+                need - out.data_at));
+  return out;
+}
+
+// The largest .npy file read: the pixel limit at 64 channels of float32, and the header.
+uint64_t max_npy_file_bytes() { return uint64_t(max_image_pixels()) * 64 * 4 + 65536 + 16; }
+
+std::vector<uint8_t> read_npy_file(const std::string& path, size_t limit, uint64_t* file_size) {
+  check_regular_file(path, "array");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw Error("array '" + path + "' cannot be opened: " + errno_text(errno));
+  FdCloser closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) throw Error("array '" + path + "' is not a regular file");
+  *file_size = uint64_t(st.st_size);
+  UNETCU_CHECK(*file_size <= max_npy_file_bytes(), "array '", path, "' is ", *file_size, " bytes, more than an array "
+               "within the pixel limit needs");
+  std::vector<uint8_t> bytes(size_t(std::min<uint64_t>(limit, *file_size)));
+  size_t got = 0;
+  while (got < bytes.size()) {
+    const ssize_t r = ::read(fd, bytes.data() + got, bytes.size() - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    got += size_t(r);
+  }
+  bytes.resize(got);
+  return bytes;
+}
+
+ImageValues load_npy(const std::string& path, int channels) {
+  uint64_t file_size = 0;
+  const std::vector<uint8_t> d = read_npy_file(path, SIZE_MAX, &file_size);
+  const NpyHeader h = parse_npy(path, d, d.size());
+  UNETCU_CHECK(h.channels == channels, "array '", path, "' has ", h.channels, " channel", h.channels == 1 ? "" : "s",
+               ", not the ", channels, " of --in-channels (arrays are never converted)");
+  ImageValues out;
+  out.width = h.width, out.height = h.height, out.channels = h.channels;
+  out.divisor = h.kind == 'f' ? 1.f : h.item == 2 ? 65535.f : 255.f;
+  const size_t n = size_t(h.width) * h.height * h.channels;
+  out.values.resize(n);
+  const uint8_t* p = d.data() + h.data_at;
+  for (size_t i = 0; i < n; ++i) {
+    if (h.item == 1) {
+      out.values[i] = float(p[i]);
+    } else if (h.item == 2) {
+      out.values[i] = float(uint16_t(p[2 * i] | p[2 * i + 1] << 8));
+    } else {
+      float v;
+      std::memcpy(&v, p + 4 * i, 4);
+      UNETCU_CHECK(std::isfinite(v), "array '", path, "' holds a value that is not finite");
+      out.values[i] = v;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 void set_max_image_pixels(int64_t pixels) {
   UNETCU_CHECK(pixels >= 1, "the image pixel limit must be at least 1, got ", pixels);
   g_max_image_pixels.store(pixels);
@@ -344,12 +474,62 @@ void check_regular_file(const std::string& path, const std::string& what) {
 
 ImageInfo read_image_info(const std::string& path) {
   uint64_t file_size = 0;
+  if (is_npy_path(path)) {
+    const std::vector<uint8_t> head = read_npy_file(path, 65536 + 16, &file_size);
+    const NpyHeader h = parse_npy(path, head, file_size);
+    ImageInfo info;
+    info.width = h.width, info.height = h.height, info.channels = h.channels;
+    return info;
+  }
   bool need_more = false;
   const std::vector<uint8_t> head = read_image_file(path, kHeaderBytes, &file_size);
   const ImageInfo info = checked_header(path, head, file_size, false, &need_more);
   if (!need_more) return info;
   const std::vector<uint8_t> all = read_image_file(path, SIZE_MAX, &file_size);
   return checked_header(path, all, all.size(), false, &need_more);
+}
+
+bool is_npy_path(const std::string& path) {
+  return path.size() > 4 && path.compare(path.size() - 4, 4, ".npy") == 0;
+}
+
+ImageValues load_image_values(const std::string& path, int channels) {
+  UNETCU_CHECK(channels >= 1 && channels <= 64, "load_image_values: 1 to 64 channels");
+  if (is_npy_path(path)) return load_npy(path, channels);
+  uint64_t file_size = 0;
+  bool need_more = false;
+  const std::vector<uint8_t> bytes = read_image_file(path, SIZE_MAX, &file_size);
+  const ImageInfo info = checked_header(path, bytes, bytes.size(), true, &need_more);
+  // The file's own channels: 1 gray, 2 gray + alpha, 3 RGB, 4 RGBA (an indexed PNG: RGB).
+  UNETCU_CHECK(channels == 3 || info.channels == channels, "image '", path, "' has ", info.channels, " channel",
+               info.channels == 1 ? "" : "s", ", not the ", channels,
+               " of --in-channels (images are never converted to another count)");
+  UNETCU_CHECK(channels <= 4, "image '", path, "' cannot hold ", channels, " channels: a .npy array can");
+  ImageValues out;
+  if (!info.wide) {
+    const Image img = decode_image(path, bytes, info, channels);
+    out.width = img.width, out.height = img.height, out.channels = channels;
+    out.values.assign(img.pixels.begin(), img.pixels.end());
+    return out;
+  }
+  // 16 bits a sample: scaled from 65535, not cut to the high byte.
+  const uint64_t cap = 16 * (uint64_t(info.width) + 32) * (uint64_t(info.height) + 32) + 2 * uint64_t(bytes.size()) +
+                       (uint64_t(1) << 20);
+  t_stb_allocation_cap = size_t(std::min<uint64_t>(cap, SIZE_MAX));
+  t_stb_allocation_refused = false;
+  int w = 0, h = 0, stored = 0;
+  std::unique_ptr<stbi_us, void (*)(void*)> px(
+      stbi_load_16_from_memory(bytes.data(), int(bytes.size()), &w, &h, &stored, channels), stbi_image_free);
+  t_stb_allocation_cap = SIZE_MAX;
+  if (!px) {
+    const char* reason = stbi_failure_reason();
+    throw Error("cannot read image '" + path + "': " + (reason ? reason : "stb_image failed"));
+  }
+  UNETCU_CHECK(w == info.width && h == info.height, "cannot read image '", path, "': its header says ", info.width,
+               "x", info.height, " but it decodes to ", w, "x", h);
+  out.width = w, out.height = h, out.channels = channels, out.divisor = 65535.f;
+  out.values.assign(px.get(), px.get() + size_t(w) * h * channels);
+  return out;
 }
 
 Image load_image(const std::string& path, int channels) {

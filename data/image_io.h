@@ -44,6 +44,24 @@ ImageInfo read_image_info(const std::string& path);
 // the file and the reason (stb's, or one of the checks above) when it cannot be used.
 Image load_image(const std::string& path, int channels);
 
+// An image's samples as read, not yet scaled (interleaved, row-major, `channels` a pixel):
+// 0..255 for 8-bit files, 0..65535 for 16-bit PNGs and uint16 arrays, as stored for float32
+// arrays; `divisor` maps them to [0, 1] (255, 65535 or 1).
+struct ImageValues {
+  int width = 0, height = 0, channels = 0;
+  float divisor = 255.f;
+  std::vector<float> values;
+};
+// An image file (PNG of 8 or 16 bits, JPEG, BMP) or a NumPy .npy array (H x W x N or H x W;
+// uint8, uint16 or float32, C order, little-endian) with `channels` channels. With 3 channels
+// an 8- or 16-bit image is read as RGB (a gray one expanded, alpha dropped, as load_image
+// does); any other count, and every .npy array, must hold exactly that many channels: a file
+// with another count is refused naming it, never converted. The same checks as load_image
+// (regular file, pixel limit from the header, decompression bombs).
+ImageValues load_image_values(const std::string& path, int channels);
+// Whether `path` names a .npy array (by its extension).
+bool is_npy_path(const std::string& path);
+
 // Throws unetcu::Error unless `path` names a regular file (after following links), without
 // opening it: "<what> '<path>' cannot be opened: ..." when it does not exist or cannot be
 // examined, "... is a folder / a FIFO / ..., not a regular file" otherwise.

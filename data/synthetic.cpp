@@ -137,14 +137,16 @@ Batch SyntheticSegmentation::batch(const std::vector<int64_t>& indices, DType dt
   return out;
 }
 
-void store_normalized(const float* img, const float* msk, Batch& out, int64_t b) {
+void store_normalized(const float* img, const float* msk, Batch& out, int64_t b, const Normalization& norm) {
   const size_t plane = size_t(out.masks.dim(2)) * size_t(out.masks.dim(3));
+  const int C = int(out.images.dim(1));
+  UNETCU_CHECK(norm.channels() == C, "a normalisation of ", norm.channels(), " channels for images of ", C);
   UNETCU_DISPATCH_FLOAT(out.images.dtype(), T, {
-    T* ip = out.images.data<T>() + b * 3 * plane;
+    T* ip = out.images.data<T>() + b * C * plane;
     T* mp = out.masks.data<T>() + b * plane;
-    for (int c = 0; c < 3; ++c)
+    for (int c = 0; c < C; ++c)
       for (size_t q = 0; q < plane; ++q)
-        ip[c * plane + q] = T((img[c * plane + q] - kImageMean[c]) / kImageStd[c]);
+        ip[c * plane + q] = T((img[c * plane + q] - norm.mean[size_t(c)]) / norm.std[size_t(c)]);
     for (size_t q = 0; q < plane; ++q) mp[q] = T(msk[q]);
   });
 }

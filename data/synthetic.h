@@ -46,15 +46,29 @@ class SyntheticSegmentation {
   mutable std::vector<std::vector<float>> cache_;  // image (3 planes) then mask, per index
 };
 
-// Writes one sample (image [3, H, W] in [0, 1], mask [H, W]) as row b of a batch, the image
-// normalised with the ImageNet mean/std, in the batch's dtype.
-void store_normalized(const float* image, const float* mask, Batch& out, int64_t b);
-
-// A seeded permutation of [0, n) for one epoch (the same seed and epoch give the same order).
-std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int epoch);
-
 // ImageNet normalisation used by torchvision / SMP encoders.
 constexpr float kImageMean[3] = {0.485f, 0.456f, 0.406f};
 constexpr float kImageStd[3] = {0.229f, 0.224f, 0.225f};
+
+// How an image in [0, 1] becomes the network's input: (value - mean[c]) / std[c] for each of
+// its channels (as many as mean holds).
+struct Normalization {
+  enum Kind { ImageNet, Dataset, None };  // the names: kNormalizationNames (data/dataset.h)
+  Kind kind = ImageNet;
+  std::vector<float> mean{kImageMean[0], kImageMean[1], kImageMean[2]};
+  std::vector<float> std{kImageStd[0], kImageStd[1], kImageStd[2]};
+  int channels() const { return int(mean.size()); }
+  static Normalization none(int channels) {
+    return {None, std::vector<float>(size_t(channels), 0.f), std::vector<float>(size_t(channels), 1.f)};
+  }
+};
+
+// Writes one sample (image [C, H, W] in [0, 1], mask [H, W]) as row b of a batch, the image
+// normalised by `norm` (C of its channels: the batch's), in the batch's dtype.
+void store_normalized(const float* image, const float* mask, Batch& out, int64_t b,
+                      const Normalization& norm = Normalization{});
+
+// A seeded permutation of [0, n) for one epoch (the same seed and epoch give the same order).
+std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int epoch);
 
 }  // namespace unetcu

@@ -26,15 +26,15 @@ namespace {
 // uncompressed, and only such records are read: a record's size is then its size in the file.
 class Archive {
  public:
-  Archive(zip_t* zip, std::string what) : zip_(zip), what_(std::move(what)) {
-    const zip_int64_t n = zip_get_num_entries(zip_, 0);
+  // Takes the archive over: it is discarded however the constructor or a read ends.
+  Archive(zip_t* zip, std::string what) : zip_(zip, zip_discard), what_(std::move(what)) {
+    const zip_int64_t n = zip_get_num_entries(zip_.get(), 0);
     if (n <= 0) bad(what_, "is an empty zip archive, not a torch.save file");
     for (zip_int64_t i = 0; i < n; ++i) {
-      const char* name = zip_get_name(zip_, zip_uint64_t(i), 0);
+      const char* name = zip_get_name(zip_.get(), zip_uint64_t(i), 0);
       if (name) names_.emplace(name, zip_uint64_t(i));
     }
   }
-  ~Archive() { zip_discard(zip_); }
   Archive(const Archive&) = delete;
   Archive& operator=(const Archive&) = delete;
 
@@ -47,15 +47,15 @@ class Archive {
     if (it == names_.end()) bad(what_, "has no record '" + name + "'");
     zip_stat_t st;
     zip_stat_init(&st);
-    if (zip_stat_index(zip_, it->second, 0, &st) != 0 || !(st.valid & ZIP_STAT_SIZE) ||
+    if (zip_stat_index(zip_.get(), it->second, 0, &st) != 0 || !(st.valid & ZIP_STAT_SIZE) ||
         !(st.valid & ZIP_STAT_COMP_METHOD))
       bad(what_, "cannot read the size of record '" + name + "'");
     if (st.comp_method != ZIP_CM_STORE)
       bad(what_, "record '" + name + "' is compressed; torch.save stores its records uncompressed");
     if (st.size > limit)
       bad(what_, str_cat("record '", name, "' holds ", st.size, " bytes, more than the ", limit, " expected"));
-    std::unique_ptr<zip_file_t, int (*)(zip_file_t*)> f(zip_fopen_index(zip_, it->second, 0), zip_fclose);
-    if (!f) bad(what_, "cannot open record '" + name + "': " + zip_strerror(zip_));
+    std::unique_ptr<zip_file_t, int (*)(zip_file_t*)> f(zip_fopen_index(zip_.get(), it->second, 0), zip_fclose);
+    if (!f) bad(what_, "cannot open record '" + name + "': " + zip_strerror(zip_.get()));
     std::string out(size_t(st.size), '\0');
     size_t got = 0;
     while (got < out.size()) {
@@ -67,7 +67,7 @@ class Archive {
   }
 
  private:
-  zip_t* zip_;
+  std::unique_ptr<zip_t, void (*)(zip_t*)> zip_;
   std::string what_;
   std::map<std::string, zip_uint64_t> names_;
 };
@@ -89,8 +89,10 @@ constexpr StorageType kStorageTypes[] = {
     {"ByteStorage", "U8", 1, StorageType::None},     {"BoolStorage", "BOOL", 1, StorageType::None},
 };
 
+// The unpickler's values. Each lives in its unpickler's arena (a pickle can make a container
+// hold itself: owning pointers would leak such a cycle) and is referred to by plain pointers.
 struct Obj;
-using Py = std::shared_ptr<Obj>;
+using Py = Obj*;
 struct Obj {
   enum Kind { None, Bool, Int, Float, Str, Tuple, List, Dict, Global, Storage, Tensor } kind = None;
   int64_t i = 0;                        // Bool, Int; Storage: its element count
@@ -101,19 +103,20 @@ struct Obj {
   std::vector<std::pair<Py, Py>> dict;  // Dict, in insertion order
   SafeTensor tensor;                    // Tensor
 };
-Py make(Obj::Kind k) {
-  auto o = std::make_shared<Obj>();
-  o->kind = k;
-  return o;
-}
-
-constexpr size_t kMaxStack = size_t(1) << 20;  // values on the stack and the memo, each
+constexpr size_t kMaxStack = size_t(1) << 20;  // values on the stack, in the memo and made, each
 constexpr int kMaxDims = 8;
 
 class Unpickler {
  public:
   Unpickler(const std::string& pickle, const Archive& archive, std::string prefix, bool big_endian, std::string what)
       : p_(pickle), archive_(archive), prefix_(std::move(prefix)), big_(big_endian), what_(std::move(what)) {}
+
+  Py make(Obj::Kind k) {
+    if (arena_.size() >= kMaxStack) fail("more values than a state_dict holds");
+    arena_.push_back(std::make_unique<Obj>());
+    arena_.back()->kind = k;
+    return arena_.back().get();
+  }
 
   Py load() {
     for (;;) {
@@ -267,17 +270,17 @@ class Unpickler {
     pos_ = end + 1;
     return s;
   }
-  static Py str(std::string s) {
+  Py str(std::string s) {
     Py o = make(Obj::Str);
     o->s = std::move(s);
     return o;
   }
-  static Py integer(int64_t v) {
+  Py integer(int64_t v) {
     Py o = make(Obj::Int);
     o->i = v;
     return o;
   }
-  static Py tuple(std::vector<Py> v) {
+  Py tuple(std::vector<Py> v) {
     Py o = make(Obj::Tuple);
     o->items = std::move(v);
     return o;
@@ -485,6 +488,7 @@ class Unpickler {
   std::vector<size_t> marks_;
   std::map<uint64_t, Py> memo_;
   std::map<std::string, std::string> storages_;
+  std::vector<std::unique_ptr<Obj>> arena_;
 };
 
 constexpr uint64_t kMaxPickleBytes = uint64_t(64) << 20;
@@ -514,7 +518,8 @@ SafeTensors read_archive(zip_t* zip, const std::string& what) {
     big_endian = order == "big";
   }
   const std::string pickle = archive.read(prefix + "data.pkl", kMaxPickleBytes);
-  Py root = Unpickler(pickle, archive, prefix, big_endian, what).load();
+  Unpickler unpickler(pickle, archive, prefix, big_endian, what);  // owns every value until the end
+  Py root = unpickler.load();
   if (root->kind != Obj::Dict) bad(what, "does not hold a dict (a state_dict)");
   for (const auto& [k, v] : root->dict)  // a training checkpoint's state_dict
     if (k->kind == Obj::Str && (k->s == "state_dict" || k->s == "model") && v->kind == Obj::Dict) {

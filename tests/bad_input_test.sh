@@ -125,6 +125,17 @@ check "names the global 'os.system', which no state_dict needs; refused without 
 check "is not a readable zip archive" "$train" "${small[@]}" --encoder-weights "$torch/bad_truncated_half.pth"
 check "is in the legacy torch.save format (before PyTorch 1.6); re-save it" \
   "$train" "${small[@]}" --encoder-weights "$torch/bad_legacy_format.pth"
+# An .npy array of 2 channels for --in-channels 4: one line naming it.
+mkdir -p npy/images npy/masks
+/usr/bin/python3 -c "
+import struct
+h = \"{'descr': '|u1', 'fortran_order': False, 'shape': (64, 64, 2), }\"
+h += ' ' * ((64 - (10 + len(h) + 1) % 64) % 64) + '\n'
+open('npy/images/a.npy', 'wb').write(b'\x93NUMPY\x01\x00' + struct.pack('<H', len(h)) + h.encode() + bytes(64 * 64 * 2))"
+cp data/masks/00000.png npy/masks/a.png
+cp -r npy/images/a.npy npy/images/b.npy && cp npy/masks/a.png npy/masks/b.png
+check "has 2 channels, not the 4 of --in-channels (arrays are never converted)" "$train" "${small[@]}" --data npy \
+  --in-channels 4 --batch-size 1
 check "has no tensor 'layer1.2.conv1.weight', which --encoder resnet34 needs with shape [4, 4, 3, 3]; its layers are those of resnet18" \
   "$train" "${small[@]}" --encoder resnet34 --encoder-weights "$tests/golden/resnet18_w16.pth"
 check "runs past the end of the file" "$predict" data/images --checkpoint huge_header.safetensors --width-divisor 16

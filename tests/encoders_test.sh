@@ -8,7 +8,8 @@
 #     encoder from the checkpoint (a model of another depth would not load it strictly);
 #   tests/encoders_test.sh processes UNET_TRAIN
 #     resnet18 and resnet50 pipelined across two processes (mpirun) write the checkpoint bytes
-#     of the same pipeline in one process, and dp+mp over four processes runs.
+#     of the same pipeline in one process, and dp+mp over four processes runs; so does DP over
+#     two processes with --in-channels 1 (each computes the same dataset normalisation).
 set -u
 what="$1" train="$2" predict="${3:-}" make_data="${4:-}"
 d=$(mktemp -d)
@@ -76,6 +77,10 @@ for e in resnet18 resnet50; do
     echo "FAIL: $e: the checkpoints of the two pipelines differ"; fail=1
   fi
 done
+if run gray "${mpi[@]}" -np 2 "$train" --in-channels 1 "${common[@]}" --epochs 1 --mode dp; then
+  grep -q "1 channel normalised with the training set's mean and deviation" "$d/gray.log" \
+    && echo "ok: --in-channels 1, DP over 2 processes" || { echo "FAIL: --in-channels 1 over processes"; cat "$d/gray.log"; fail=1; }
+fi
 if run dpmp "${mpi[@]}" -np 4 "$train" --encoder resnet50 "${common[@]}" --epochs 1 --mode dp+mp \
   --pipeline-stages 2 --split layer3 --split-size 1; then
   grep -q "^model: Unet(resnet50), " "$d/dpmp.log" && [ "$(grep -c '^epoch 1/1 ' "$d/dpmp.log")" = 1 ] \

@@ -22,6 +22,16 @@ void prepare_input(const Image& img, int width, int height, float* out) {
     for (size_t q = 0; q < plane; ++q) out[c * plane + q] = (out[c * plane + q] - kImageMean[c]) / kImageStd[c];
 }
 
+void prepare_input(const ImageValues& img, int width, int height, const Normalization& norm, float* out) {
+  UNETCU_CHECK(img.channels == norm.channels() && img.width > 0 && img.height > 0, "prediction needs an image of ",
+               norm.channels(), " channels, got ", img.width, "x", img.height, "x", img.channels);
+  resize_bilinear(img, width, height, out);
+  const size_t plane = size_t(width) * height;
+  for (int c = 0; c < img.channels; ++c)
+    for (size_t q = 0; q < plane; ++q)
+      out[c * plane + q] = (out[c * plane + q] - norm.mean[size_t(c)]) / norm.std[size_t(c)];
+}
+
 namespace {
 
 // A float32 NCHW CPU tensor mirrored left-right (h) and/or top-bottom (v): a new tensor.
@@ -91,10 +101,11 @@ std::vector<int> tile_starts(int len, int tile, double overlap) {
 
 Tensor predict_tiled(const Tensor& image, int tile, double overlap, int batch,
                      const std::function<Tensor(const Tensor&)>& forward) {
-  UNETCU_CHECK(image.ndim() == 4 && image.dim(0) == 1 && image.dim(1) == 3 && image.dtype() == DType::F32 &&
+  UNETCU_CHECK(image.ndim() == 4 && image.dim(0) == 1 && image.dim(1) >= 1 && image.dtype() == DType::F32 &&
                    image.device().is_cpu() && image.format() == MemoryFormat::NCHW,
-               "tiled prediction takes one float32 NCHW image [1, 3, H, W] on the CPU, got ",
+               "tiled prediction takes one float32 NCHW image [1, C, H, W] on the CPU, got ",
                shape_str(image.shape()));
+  const int64_t in_channels = image.dim(1);
   UNETCU_CHECK(batch >= 1, "tiled prediction needs a batch of at least one tile");
   const int H = int(image.dim(2)), W = int(image.dim(3));
   const std::vector<int> ys = tile_starts(H, tile, overlap), xs = tile_starts(W, tile, overlap);
@@ -113,14 +124,14 @@ Tensor predict_tiled(const Tensor& image, int tile, double overlap, int batch,
   int64_t C = 0;
   for (size_t first = 0; first < windows.size(); first += size_t(batch)) {
     const size_t count = std::min(windows.size() - first, size_t(batch));
-    Tensor tiles = Tensor::zeros({int64_t(count), 3, tile, tile});
+    Tensor tiles = Tensor::zeros({int64_t(count), in_channels, tile, tile});
     float* t = tiles.data<float>();
     for (size_t k = 0; k < count; ++k) {
       const auto [y0, x0] = windows[first + k];
-      for (int c = 0; c < 3; ++c)
+      for (int64_t c = 0; c < in_channels; ++c)
         for (int y = 0; y < tile && y0 + y < H; ++y)
           std::copy(src + c * plane + size_t(y0 + y) * W + x0, src + c * plane + size_t(y0 + y) * W + std::min(W, x0 + tile),
-                    t + (k * 3 + size_t(c)) * tplane + size_t(y) * tile);
+                    t + size_t(int64_t(k) * in_channels + c) * tplane + size_t(y) * tile);
     }
     Tensor logits = forward(tiles);
     if (!logits.device().is_cpu()) logits = logits.to(Device::cpu());

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "data/image_io.h"
+#include "data/synthetic.h"
 #include "engine/named.h"
 #include "engine/tensor.h"
 #include "models/unet.h"
@@ -25,6 +26,9 @@ int tta_passes(Tta tta);
 void prepare_input(const Image& img, int size, float* out);
 // The same at width x height.
 void prepare_input(const Image& img, int width, int height, float* out);
+// Any image read by load_image_values (its channels: the normalisation's), normalised by `norm`:
+// planar float32 [C, height, width] at `out`.
+void prepare_input(const ImageValues& img, int width, int height, const Normalization& norm, float* out);
 
 // The logits [N, classes, H, W] (float32, NCHW, on the CPU) of `model` (in evaluation mode) for
 // the inputs [N, 3, H, W] (float32, NCHW, on the CPU), one forward pass per augmentation over
@@ -33,7 +37,7 @@ void prepare_input(const Image& img, int width, int height, float* out);
 // batch (up to the float32 rounding of the library's kernels for another batch size).
 Tensor predict_logits(UNet& model, const Tensor& inputs, Tta tta = Tta::None);
 
-// Sliding-window prediction, as nnU-Net's: `image` [1, 3, H, W] (normalised, float32, NCHW,
+// Sliding-window prediction, as nnU-Net's: `image` [1, C, H, W] (normalised, float32, NCHW,
 // CPU; any H, W) is covered by tile x tile windows overlapping by `overlap` (0 <= overlap < 1:
 // along each side n = min(ceil((L - tile) / (tile (1 - overlap))), L - tile) + 1 windows, evenly spaced from
 // edge to edge; one window, padded with 0, where L <= tile). `forward` gives the logits

@@ -46,15 +46,32 @@ std::array<uint8_t, 3> default_color(int c) {
   return {uint8_t(h >> 24), uint8_t(h >> 16), uint8_t(h >> 8)};
 }
 
-// A 8-bit RGB image as the network's normalised input at its own size, [1, 3, H, W].
-Tensor normalised(const Image& img) {
-  Tensor t = Tensor::empty({1, 3, img.height, img.width});
+// An input image as the network's normalised input at its own size, [1, C, H, W].
+Tensor normalised(const ImageValues& img, const Normalization& norm) {
+  const int C = img.channels;
+  Tensor t = Tensor::empty({1, C, img.height, img.width});
   float* o = t.data<float>();
   const size_t plane = size_t(img.width) * img.height;
-  for (int c = 0; c < 3; ++c)
+  for (int c = 0; c < C; ++c)
     for (size_t q = 0; q < plane; ++q)
-      o[c * plane + q] = (img.pixels[q * 3 + size_t(c)] / 255.f - kImageMean[c]) / kImageStd[c];
+      o[c * plane + q] = (img.values[q * C + size_t(c)] / img.divisor - norm.mean[size_t(c)]) / norm.std[size_t(c)];
   return t;
+}
+
+// The 8-bit RGB picture the masks are drawn over: the image itself when it is one; else its
+// first three channels, or its first repeated (gray), each scaled to 0..255.
+Image picture_of(const ImageValues& v) {
+  Image img;
+  img.width = v.width, img.height = v.height, img.channels = 3;
+  img.pixels.resize(size_t(v.width) * v.height * 3);
+  const size_t plane = size_t(v.width) * v.height;
+  for (size_t q = 0; q < plane; ++q)
+    for (int c = 0; c < 3; ++c) {
+      const float x = v.values[q * size_t(v.channels) + size_t(v.channels >= 3 ? c : 0)];
+      img.pixels[q * 3 + size_t(c)] =
+          v.divisor == 255.f ? uint8_t(x) : uint8_t(std::lround(std::clamp(x / v.divisor, 0.f, 1.f) * 255));
+    }
+  return img;
 }
 
 int recorded(const CheckpointSettings& s, const char* key, int fallback, const std::string& file) {
@@ -73,6 +90,7 @@ int recorded(const CheckpointSettings& s, const char* key, int fallback, const s
 struct Trained {
   int classes = 1, width_divisor = 1, height = 512, width = 512, tile = 0;
   EncoderKind encoder = EncoderKind::ResNet34;
+  Normalization normalization;  // its channels: the model's input channels
   LabelRule labels;
   std::vector<std::array<uint8_t, 3>> colors;  // the class colours, where recorded
   std::vector<std::string> names;              // one per class
@@ -85,6 +103,21 @@ Trained read_trained(const PredictConfig& c) {
   Trained t;
   t.classes = recorded(settings, "classes", 1, file);
   t.encoder = recorded_encoder(settings, file);
+  const int channels = recorded(settings, "in_channels", 3, file);
+  UNETCU_CHECK(channels >= 1 && channels <= 64, "checkpoint '", file, "' records in_channels ", channels);
+  const std::string what = "checkpoint '" + file + "'";
+  const Normalization::Kind kind =
+      settings.count("normalization")
+          ? parse_named(kNormalizationNames, "normalization", settings.at("normalization"))
+          : Normalization::ImageNet;
+  if (kind == Normalization::Dataset) {
+    UNETCU_CHECK(settings.count("normalization_values"), what, " records normalization dataset without its values");
+    t.normalization = normalization_from_values(kind, settings.at("normalization_values"), what);
+  } else {
+    t.normalization = kind == Normalization::None ? Normalization::none(channels) : Normalization{};
+  }
+  UNETCU_CHECK(t.normalization.channels() == channels, what, " records ", channels, " input channels and a ",
+               "normalization of ", t.normalization.channels());
   UNETCU_CHECK(t.classes >= 1 && t.classes <= 256, "checkpoint '", file, "' records ", t.classes, " classes");
   const int trained_divisor = recorded(settings, "width_divisor", 1, file);
   t.width_divisor = c.width_divisor.value_or(trained_divisor);
@@ -106,7 +139,6 @@ Trained read_trained(const PredictConfig& c) {
                  "' records ignore_index ", t.labels.ignore_index, ", outside 0..255");
   }
   // The class colours (one per class) and the ignored pixels' colours.
-  const std::string what = "checkpoint '" + file + "'";
   if (settings.count("class_colors")) t.labels.colors = colors_from_text(settings.at("class_colors"), what);
   if (settings.count("ignore_colors")) t.labels.ignored = colors_from_text(settings.at("ignore_colors"), what);
   UNETCU_CHECK(t.labels.colors.empty() || int(t.labels.colors.size()) == t.classes, "checkpoint '", file,
@@ -136,7 +168,7 @@ void check(const PredictConfig& c, const Trained& t) {
 bool is_image_name(const fs::path& p) {
   std::string ext = p.extension().string();
   std::transform(ext.begin(), ext.end(), ext.begin(), ::tolower);
-  return ext == ".png" || ext == ".jpg" || ext == ".jpeg" || ext == ".bmp";
+  return ext == ".png" || ext == ".jpg" || ext == ".jpeg" || ext == ".bmp" || ext == ".npy";
 }
 
 // The images of the inputs, by stem: one output per stem, and never over an input.
@@ -359,6 +391,7 @@ void predict_files(const PredictConfig& c, std::ostream& out, PredictProgress* p
   cfg.width_divisor = t.width_divisor;
   cfg.classes = t.classes;
   cfg.encoder = t.encoder;
+  cfg.in_channels = t.normalization.channels();
   cfg.device = device;
   cfg.bf16_activations = c.precision == Precision::BF16;
   cfg.format = memory_format_of(c.memory_format);
@@ -381,16 +414,19 @@ void predict_files(const PredictConfig& c, std::ostream& out, PredictProgress* p
     const size_t count = std::min(per_batch, files.size() - first);
     std::vector<Image> images;
     Tensor batch_logits, probs;
+    const int C = t.normalization.channels();
     if (t.tile) {
-      images.push_back(load_image(files[first].string(), 3));
+      const ImageValues v = load_image_values(files[first].string(), C);
+      images.push_back(picture_of(v));
       const auto n0 = Clock::now();
-      probs = predict_tiled(normalised(images.back()), t.tile, c.overlap, c.batch_size, forward);
+      probs = predict_tiled(normalised(v, t.normalization), t.tile, c.overlap, c.batch_size, forward);
       network_seconds += std::chrono::duration<double>(Clock::now() - n0).count();
     } else {
-      Tensor x = Tensor::empty({int64_t(count), 3, t.height, t.width});
+      Tensor x = Tensor::empty({int64_t(count), C, t.height, t.width});
       for (size_t k = 0; k < count; ++k) {
-        images.push_back(load_image(files[first + k].string(), 3));
-        prepare_input(images.back(), t.width, t.height, x.data<float>() + k * 3 * plane);
+        const ImageValues v = load_image_values(files[first + k].string(), C);
+        images.push_back(picture_of(v));
+        prepare_input(v, t.width, t.height, t.normalization, x.data<float>() + k * C * plane);
       }
       const auto n0 = Clock::now();
       batch_logits = forward(x);

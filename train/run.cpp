@@ -251,6 +251,11 @@ LrSchedule lr_schedule_of(const TrainConfig& c) {
 static void validate(const TrainConfig& c) {
   c.fit.check();
   c.data.check();
+  const int channels = c.strategy.model.in_channels;
+  UNETCU_CHECK(channels >= 1 && channels <= 64, setting("in_channels"), " must be in 1..64, got ", channels);
+  UNETCU_CHECK(c.normalize != Normalization::ImageNet || channels == 3, setting("normalize"),
+               " imagenet holds the mean and deviation of 3 channels, not ", channels, " (", setting("normalize"),
+               " dataset or none)");
   const Mode mode = c.strategy.mode;
   UNETCU_CHECK(mode == Mode::Single || mode == Mode::Auto || !c.device || c.strategy.across_processes,
                setting("device"), " belongs to ", setting("mode"),
@@ -375,6 +380,23 @@ TrainConfig with_settings(const TrainConfig& in) {
                  " contradicts the checkpoint '", file, "' to resume, trained with ", encoder_name(k));
     c.encoder = k;
   }
+  if (!resumed.empty()) {  // the input channels: recorded, or 3 where the entry is absent
+    const int n = resumed.count("in_channels") ? setting_int(resumed, "in_channels", file, 1, 64) : 3;
+    UNETCU_CHECK(!c.in_channels || *c.in_channels == n, setting("in_channels"), " ", *c.in_channels,
+                 " contradicts the checkpoint '", file, "' to resume, trained with ", n);
+    c.in_channels = n;
+    if (resumed.count("normalization")) {
+      const Normalization::Kind k = parse_named(kNormalizationNames, "normalization", resumed.at("normalization"));
+      UNETCU_CHECK(!c.normalize || *c.normalize == k, setting("normalize"), " ", name_of(kNormalizationNames, *c.normalize),
+                   " contradicts the checkpoint '", file, "' to resume, trained with ", resumed.at("normalization"));
+      c.normalize = k;
+      if (k == Normalization::Dataset) {
+        UNETCU_CHECK(resumed.count("normalization_values"), "checkpoint '", file,
+                     "' records normalization dataset without its values");
+        c.normalization_values = resumed.at("normalization_values");
+      }
+    }
+  }
   if (resumed.count("width_divisor")) {
     const int d = setting_int(resumed, "width_divisor", file, 1, 64);
     UNETCU_CHECK(!c.width_divisor || *c.width_divisor == d, setting("width_divisor"), " ", *c.width_divisor,
@@ -407,6 +429,8 @@ TrainConfig with_settings(const TrainConfig& in) {
   }
   if (c.width_divisor) c.strategy.model.width_divisor = *c.width_divisor;
   if (c.encoder) c.strategy.model.encoder = *c.encoder;
+  c.strategy.model.in_channels = c.in_channels.value_or(3);
+  if (!c.normalize) c.normalize = c.strategy.model.in_channels == 3 ? Normalization::ImageNet : Normalization::Dataset;
   if (c.classes)
     c.strategy.model.classes = *c.classes;
   else if (!c.data.labels.colors.empty())
@@ -426,7 +450,9 @@ TrainConfig with_settings(const TrainConfig& in) {
   // The training size, or with crops the synthetic set's rendered size (a folder's crops come
   // from images at their own size).
   if (!c.fit.crop_size || c.data.data.empty()) st["image_size"] = str_cat(c.data.width(), "x", c.data.height());
-  st["normalization"] = "imagenet";
+  // The input channels where they are not 3; the normalisation (its values: make_data).
+  if (c.strategy.model.in_channels != 3) st["in_channels"] = std::to_string(c.strategy.model.in_channels);
+  st["normalization"] = name_of(kNormalizationNames, *c.normalize);
   st["ignore_index"] = c.data.labels.ignore_index >= 0 ? std::to_string(c.data.labels.ignore_index) : "none";
   st["loss"] = loss_kind_name(c.strategy.loss, c.strategy.model.classes);
   // Derived from several settings: the model's element type, activations, layout and seed;
@@ -516,10 +542,30 @@ std::vector<Device> run_devices(const TrainConfig& cfg, const std::optional<Devi
 
 // The run's data: the embedded synthetic set, or an image folder (whose size is then checked).
 struct RunData {
+  Normalization normalization;  // of both sets
   std::unique_ptr<SyntheticSegmentation> synthetic;
   std::unique_ptr<Dataset> train, val;
   bool cached = false;  // synthetic samples kept in memory after the first epoch
 };
+
+// Both sets' channels and normalisation: ImageNet's, none, or each channel's mean and deviation
+// over the training set (computed once; a resumed run takes the checkpoint's).
+void set_normalization(const TrainConfig& cfg, RunData& d) {
+  const int C = cfg.strategy.model.in_channels;
+  const Normalization::Kind kind = cfg.normalize.value_or(Normalization::ImageNet);
+  if (kind == Normalization::ImageNet) d.normalization = Normalization{};
+  else if (kind == Normalization::None) d.normalization = Normalization::none(C);
+  else if (!cfg.normalization_values.empty())
+    d.normalization = normalization_from_values(kind, cfg.normalization_values, "checkpoint '" + cfg.fit.resume + "'");
+  else {
+    d.train->set_normalization(Normalization::none(C));  // the raw values, to measure them
+    d.normalization = dataset_normalization(*d.train);
+  }
+  UNETCU_CHECK(d.normalization.channels() == C, "the checkpoint's normalization has ", d.normalization.channels(),
+               " channels, the model ", C);
+  d.train->set_normalization(d.normalization);
+  d.val->set_normalization(d.normalization);
+}
 
 RunData make_data(const TrainConfig& cfg) {
   RunData d;
@@ -531,6 +577,7 @@ RunData make_data(const TrainConfig& cfg) {
     if (d.cached) d.synthetic->enable_cache(total);
     d.train = std::make_unique<SyntheticDataset>(*d.synthetic, 0, c.train_size);
     d.val = std::make_unique<SyntheticDataset>(*d.synthetic, c.train_size, c.val_size);
+    set_normalization(cfg, d);
     return d;
   }
   set_max_image_pixels(c.max_image_pixels);
@@ -547,6 +594,7 @@ RunData make_data(const TrainConfig& cfg) {
   d.train = std::make_unique<FolderDataset>(std::move(train_pairs), w, h, c.labels);
   d.val = std::make_unique<FolderDataset>(std::move(val_pairs), w, h, c.labels);
   check_train_count(cfg, d.train->size(), c.data);  // the folder decides the sizes
+  set_normalization(cfg, d);
   return d;
 }
 
@@ -565,6 +613,12 @@ void print_run(const TrainConfig& cfg, TrainingStrategy& strategy, const RunData
         << ", random " << fit.crop_size << "x" << fit.crop_size << " crops (validation: whole images in tiles)";
   else
     out << " at " << d.width() << "x" << d.height();
+  const Normalization& norm = data.normalization;
+  if (norm.channels() != 3 || norm.kind != Normalization::ImageNet)
+    out << ", " << norm.channels() << (norm.channels() == 1 ? " channel" : " channels") << " normalised "
+        << (norm.kind == Normalization::ImageNet ? "with ImageNet's statistics"
+            : norm.kind == Normalization::None   ? "not at all"
+                                                 : "with the training set's mean and deviation");
   if (classes > 1) out << ", " << classes << " classes (" << join(fit.class_names, ", ") << ")";
   if (d.labels.ignore_index >= 0) out << ", mask value " << d.labels.ignore_index << " ignored";
   out << ", " << data.train->size() << " train / " << data.val->size() << " validation"
@@ -601,6 +655,8 @@ TrainResult train_unet(const TrainConfig& given, std::ostream& rank0_out,
   StrategyConfig& sc = cfg.strategy;
   sc.devices = run_devices(cfg, process_device, out);
   const RunData data = make_data(cfg);
+  if (data.normalization.kind == Normalization::Dataset)
+    cfg.fit.settings["normalization_values"] = normalization_values(data.normalization);
   // Processes on one machine share its cores: by default each takes its share.
   if (sc.across_processes && sc.threads == 0)
     sc.threads = std::max(1, omp_get_num_procs() / std::max(1, dist.local_size));

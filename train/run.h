@@ -57,6 +57,9 @@ struct TrainConfig {
   // Given by the user (else from the class colours, or a resumed checkpoint, or 1 / 1).
   std::optional<int> classes, width_divisor;
   std::optional<EncoderKind> encoder;
+  std::optional<int> in_channels;                   // else the checkpoint's, or 3
+  std::optional<Normalization::Kind> normalize;     // else the checkpoint's, or by the channels
+  std::string normalization_values;                 // a resumed checkpoint's (kind dataset)
   bool image_size_given = false;
 
   // unet_train's defaults where they are not make_strategy's: cut after layer3.

@@ -186,10 +186,10 @@ void validate(FitContext& ctx, const Dataset& val_ds, bool on_gpu, EpochStats& s
     for (int64_t i = 0; i < val_n; ++i) {
       Sample s;
       val_ds.load(i, &s);
-      Tensor image = Tensor::empty({1, 3, s.height, s.width});
+      Tensor image = Tensor::empty({1, val_ds.channels(), s.height, s.width});
       Tensor mask = Tensor::empty({1, 1, s.height, s.width});
       Batch one{image, mask};
-      store_normalized(s.image.data(), s.mask.data(), one, 0);
+      store_normalized(s.image.data(), s.mask.data(), one, 0, val_ds.normalization());
       const Tensor probs = predict_tiled(image, ctx.options.crop_size, 0.5, int(b), [&](const Tensor& tiles) {
         return strategy.infer(ctx.options.dtype == DType::F32 ? tiles : tiles.to(ctx.options.dtype));
       });
