@@ -386,9 +386,12 @@ class Unpickler {
 
   // A storage's bytes, read once however many tensors view it.
   const std::string& storage_bytes(const Obj& s) {
-    auto it = storages_.find(s.s);
-    if (it != storages_.end()) return it->second;
     const uint64_t want = uint64_t(s.i) * uint64_t(s.storage->bytes);
+    auto it = storages_.find(s.s);
+    if (it != storages_.end()) {  // another view of it: the same type and size, or a forged pickle
+      if (it->second.size() != want) fail("storage '" + s.s + "' is named again with another type or size");
+      return it->second;
+    }
     std::string bytes = archive_.read(prefix_ + "data/" + s.s, want);
     if (bytes.size() != want)
       bad(what_, str_cat("record '", prefix_, "data/", s.s, "' holds ", bytes.size(), " bytes, its storage ", want));

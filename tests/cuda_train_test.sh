@@ -17,10 +17,11 @@
 # accumulate (accumulation eager and as a graph), launched (the profile and one launched
 # process), dp (two GPUs), recompute (two GPUs, synchronised batch norm, every block
 # recomputed), mp (the pipeline on one GPU), auto and auto_limit (--mode auto over two GPUs,
-# under their free memory and under --max-memory 3M), bench.
+# under their free memory and under --max-memory 3M), bench, encoders (resnet50's Bottlenecks
+# in float32 and bf16 NHWC; one 16-bit gray channel with a resnet18 started from a .pth).
 set -u
 group=$1 train=$2 predict=$3 bench=$4 make_data=$5
-case "$group" in single|graphs|fallback|accumulate|launched|dp|recompute|mp|auto|auto_limit|bench) ;;
+case "$group" in single|graphs|fallback|accumulate|launched|dp|recompute|mp|auto|auto_limit|bench|encoders) ;;
   *) echo "FAIL: unknown group '$group'"; exit 1 ;; esac
 d=$(mktemp -d)
 trap 'rm -rf "$d"' EXIT
@@ -168,6 +169,18 @@ if [ "$group" = recompute ]; then
     { expect dp_recompute '^model: .*every block recomputed in the backward$' "no recompute on the model line"
       [ -n "$(losses dp_plain)" ] && [ "$(losses dp_plain)" = "$(losses dp_recompute)" ] ||
         { echo "FAIL: dp losses with --recompute blocks differ:"; paste <(losses dp_plain) <(losses dp_recompute) | sed 's/^/  /'; fail=1; }; }
+fi
+if [ "$group" = encoders ]; then
+  run r50 "$train" "${model[@]}" --batch-size 2 --epochs 3 --device cuda:0 --encoder resnet50 &&
+    { epochs r50; expect r50 '^model: Unet\(resnet50\), ' "the banner names resnet50"; }
+  run r50bf16 "$train" "${model[@]}" --batch-size 2 --epochs 3 --device cuda:0 --encoder resnet50 --precision bf16 \
+    --memory-format nhwc && epochs r50bf16
+  "$make_data" "$d/gray" --count 6 --image-size 64 --channels 1 --bit-depth 16 > /dev/null
+  run gray "$train" --data "$d/gray" --image-size 64 --width-divisor 16 --no-progress --batch-size 2 --epochs 3 \
+    --device cuda:0 --in-channels 1 --encoder resnet18 --encoder-weights "$(dirname "$0")/golden/resnet18_w16.pth" \
+    --checkpoint "$d/gray.safetensors" && { epochs gray; expect gray "1 channel normalised" "the data line"; }
+  run graypred "$predict" "$d/gray/images" --checkpoint "$d/gray.safetensors" --device cuda:0 --out "$d/graypred" &&
+    expect graypred '^6 images in ' "six predictions"
 fi
 if [ "$group" = mp ]; then
   # The article's pipeline on one GPU (two stages, two streams), micro-batches of 1, as a graph;
