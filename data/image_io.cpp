@@ -74,33 +74,38 @@ struct FdCloser {
   ~FdCloser() { ::close(fd); }
 };
 
-// The first `limit` bytes of the image file `path` (all of it for SIZE_MAX); *file_size gets
-// its length. A non-regular path is refused from stat() without opening it; the descriptor is
-// checked again (O_NONBLOCK, so even a FIFO swapped in between cannot block the open).
-std::vector<uint8_t> read_image_file(const std::string& path, size_t limit, uint64_t* file_size) {
-  check_regular_file(path, "image");
+// The first `limit` bytes of the file `path` (all of it for SIZE_MAX), an image or an array
+// (`what`) of at most `max_bytes`; *file_size gets its length. A non-regular path is refused
+// from stat() without opening it; the descriptor is checked again (O_NONBLOCK, so even a FIFO
+// swapped in between cannot block the open).
+std::vector<uint8_t> read_capped_file(const std::string& path, size_t limit, uint64_t* file_size,
+                                      const std::string& what, uint64_t max_bytes) {
+  check_regular_file(path, what);
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) throw Error("image '" + path + "' cannot be opened: " + errno_text(errno));
+  if (fd < 0) throw Error(what + " '" + path + "' cannot be opened: " + errno_text(errno));
   FdCloser closer{fd};
   struct stat st {};
-  if (::fstat(fd, &st) != 0) throw Error("image '" + path + "' cannot be opened: " + errno_text(errno));
+  if (::fstat(fd, &st) != 0) throw Error(what + " '" + path + "' cannot be opened: " + errno_text(errno));
   if (!S_ISREG(st.st_mode))
-    throw Error("image '" + path + "' is " + file_kind(st.st_mode) + ", not a regular file");
+    throw Error(what + " '" + path + "' is " + file_kind(st.st_mode) + ", not a regular file");
   *file_size = uint64_t(st.st_size);
-  UNETCU_CHECK(*file_size <= max_image_file_bytes(), "image '", path, "' is ", *file_size,
-               " bytes, more than an image within the limit of ", max_image_pixels(),
-               " pixels needs (", max_image_file_bytes(), " bytes)");
+  UNETCU_CHECK(*file_size <= max_bytes, what, " '", path, "' is ", *file_size, " bytes, more than an ", what,
+               " within the limit of ", max_image_pixels(), " pixels needs (", max_bytes, " bytes)");
   std::vector<uint8_t> bytes(size_t(std::min<uint64_t>(limit, *file_size)));
   size_t got = 0;
   while (got < bytes.size()) {
     const ssize_t r = ::read(fd, bytes.data() + got, bytes.size() - got);
     if (r < 0 && errno == EINTR) continue;
-    if (r < 0) throw Error("cannot read image '" + path + "': " + errno_text(errno));
+    if (r < 0) throw Error("cannot read " + what + " '" + path + "': " + errno_text(errno));
     if (r == 0) break;  // shorter than stat said: what is there is the file
     got += size_t(r);
   }
   bytes.resize(got);
   return bytes;
+}
+
+std::vector<uint8_t> read_image_file(const std::string& path, size_t limit, uint64_t* file_size) {
+  return read_capped_file(path, limit, file_size, "image", max_image_file_bytes());
 }
 
 // ---- JPEG structure -------------------------------------------------------------------------
@@ -408,25 +413,7 @@ NpyHeader parse_npy(const std::string& path, const std::vector<uint8_t>& d, uint
 uint64_t max_npy_file_bytes() { return uint64_t(max_image_pixels()) * 64 * 4 + 65536 + 16; }
 
 std::vector<uint8_t> read_npy_file(const std::string& path, size_t limit, uint64_t* file_size) {
-  check_regular_file(path, "array");
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) throw Error("array '" + path + "' cannot be opened: " + errno_text(errno));
-  FdCloser closer{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) throw Error("array '" + path + "' is not a regular file");
-  *file_size = uint64_t(st.st_size);
-  UNETCU_CHECK(*file_size <= max_npy_file_bytes(), "array '", path, "' is ", *file_size, " bytes, more than an array "
-               "within the pixel limit needs");
-  std::vector<uint8_t> bytes(size_t(std::min<uint64_t>(limit, *file_size)));
-  size_t got = 0;
-  while (got < bytes.size()) {
-    const ssize_t r = ::read(fd, bytes.data() + got, bytes.size() - got);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) break;
-    got += size_t(r);
-  }
-  bytes.resize(got);
-  return bytes;
+  return read_capped_file(path, limit, file_size, "array", max_npy_file_bytes());
 }
 
 ImageValues load_npy(const std::string& path, int channels) {

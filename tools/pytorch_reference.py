@@ -82,44 +82,50 @@ def width(c, d):
     return max(1, c // d)
 
 
-class BasicBlock(nn.Module):
+class Residual(nn.Module):
+    """torchvision's residual tail: relu(h + x), x through a 1x1/stride conv + BN where the shape
+    changes (made last, as torchvision's blocks register it)."""
+
+    def add_downsample(self, cin, cout, stride):
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def residual(self, h, x):
+        return F.relu(h + (self.downsample(x) if self.downsample is not None else x))
+
+
+class BasicBlock(Residual):
     def __init__(self, cin, cout, stride):
         super().__init__()
         self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(cout)
         self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
         self.bn2 = nn.BatchNorm2d(cout)
-        self.downsample = None
-        if stride != 1 or cin != cout:
-            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+        self.add_downsample(cin, cout, stride)
 
     def forward(self, x):
         h = F.relu(self.bn1(self.conv1(x)))
-        h = self.bn2(self.conv2(h))
-        return F.relu(h + (self.downsample(x) if self.downsample is not None else x))
+        return self.residual(self.bn2(self.conv2(h)), x)
 
 
-class Bottleneck(nn.Module):
+class Bottleneck(Residual):
     """torchvision's Bottleneck (ResNet v1.5: the stride on the 3x3); `planes` is its inner width."""
 
     def __init__(self, cin, planes, stride):
         super().__init__()
-        cout = 4 * planes
         self.conv1 = nn.Conv2d(cin, planes, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(planes)
         self.conv2 = nn.Conv2d(planes, planes, 3, stride, 1, bias=False)
         self.bn2 = nn.BatchNorm2d(planes)
-        self.conv3 = nn.Conv2d(planes, cout, 1, bias=False)
-        self.bn3 = nn.BatchNorm2d(cout)
-        self.downsample = None
-        if stride != 1 or cin != cout:
-            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+        self.conv3 = nn.Conv2d(planes, 4 * planes, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(4 * planes)
+        self.add_downsample(cin, 4 * planes, stride)
 
     def forward(self, x):
         h = F.relu(self.bn1(self.conv1(x)))
         h = F.relu(self.bn2(self.conv2(h)))
-        h = self.bn3(self.conv3(h))
-        return F.relu(h + (self.downsample(x) if self.downsample is not None else x))
+        return self.residual(self.bn3(self.conv3(h)), x)
 
 
 # SMP's ResNet encoders: residual blocks per layer, and whether they are Bottlenecks.
@@ -640,19 +646,18 @@ def bench_gpu(args):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    g = sub.add_parser("golden")
-    g.add_argument("path")
-    g.add_argument("--width-divisor", type=int, default=16)
+    # golden and check: a model file, its width and encoder, its classes (check: the file's).
+    g, c = sub.add_parser("golden"), sub.add_parser("check")
+    for sp, width_default, encoder_default, classes_default in ((g, 16, "resnet34", 1), (c, 1, None, None)):
+        sp.add_argument("path")
+        sp.add_argument("--width-divisor", type=int, default=width_default)
+        sp.add_argument("--encoder", choices=list(ENCODERS), default=encoder_default,
+                        help=None if encoder_default else "default: the checkpoint's \"encoder\", else resnet34")
+        sp.add_argument("--classes", type=int, default=classes_default,
+                        help=None if classes_default else "default: the checkpoint's __metadata__ \"classes\", else 1")
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--classes", type=int, default=1)
     g.add_argument("--ignore-index", type=int, help="--classes 2 or more: the ignored target value (e.g. 255)")
-    g.add_argument("--encoder", choices=list(ENCODERS), default="resnet34")
-    c = sub.add_parser("check")
-    c.add_argument("path")
-    c.add_argument("--width-divisor", type=int, default=1)
     c.add_argument("--image-size", type=int, default=64)
-    c.add_argument("--classes", type=int, help="default: the checkpoint's __metadata__ \"classes\", else 1")
-    c.add_argument("--encoder", choices=list(ENCODERS), help="default: the checkpoint's \"encoder\", else resnet34")
     e = sub.add_parser("export-encoder")
     e.add_argument("path")
     e.add_argument("--random", action="store_true")
