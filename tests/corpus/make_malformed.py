@@ -463,6 +463,10 @@ def make_torch():
     out["pickle_memo_unset.pth"] = with_pickle(pkl.replace(b"h\x03", b"h\xf3", 1))
     out["pickle_not_a_dict.pth"] = with_pickle(b"\x80\x02K\x07.")
     out["pickle_pops_empty.pth"] = with_pickle(b"\x80\x02s.")
+    # A list that holds itself (memo 0 appended to itself), and an empty file: the first fuzz
+    # runs found both leaking (reference cycles; the archive not released when refused).
+    out["pickle_self_list.pth"] = with_pickle(b"\x80\x02]q\x00h\x00a.")
+    out["empty_file.pth"] = b""
     for name, data in out.items():
         write("torch", "bad_" + name, data)
 
