@@ -6,12 +6,15 @@
 #     pipeline's checkpoint resumes for a second epoch without --encoder (read from the
 #     checkpoint), and another --encoder against it is refused; unet_predict reads the
 #     encoder from the checkpoint (a model of another depth would not load it strictly);
+#   tests/encoders_test.sh tools UNET_TRAIN - - UNET_BENCH UNET_PERFMODEL
+#     --mode auto over cpu:0,cpu:1, unet_bench's tables and unet_perfmodel's prediction (its
+#     parameter count: the depth's) for each depth;
 #   tests/encoders_test.sh processes UNET_TRAIN
 #     resnet18 and resnet50 pipelined across two processes (mpirun) write the checkpoint bytes
 #     of the same pipeline in one process, and dp+mp over four processes runs; so does DP over
 #     two processes with --in-channels 1 (each computes the same dataset normalisation).
 set -u
-what="$1" train="$2" predict="${3:-}" make_data="${4:-}"
+what="$1" train="$2" predict="${3:-}" make_data="${4:-}" bench="${5:-}" perfmodel="${6:-}"
 d=$(mktemp -d)
 trap 'rm -rf "$d"' EXIT
 fail=0
@@ -22,6 +25,21 @@ run() {  # run NAME ARGS...: one run, its output in $d/NAME.log
   shift
   "$@" > "$d/$name.log" 2>&1 || { echo "FAIL: $name: $*"; tail -5 "$d/$name.log"; fail=1; return 1; }
 }
+if [ "$what" = tools ]; then
+  for e in resnet18 resnet34 resnet50 resnet101 resnet152; do
+    run "$e-auto" "$train" --encoder "$e" "${common[@]}" --epochs 1 --mode auto --devices cpu:0,cpu:1 --dist none \
+      && { grep -q "^mode auto: " "$d/$e-auto.log" && grep -q "^model: Unet($e), " "$d/$e-auto.log" \
+           || { echo "FAIL: $e --mode auto"; cat "$d/$e-auto.log"; fail=1; }; }
+    run "$e-bench" "$bench" --encoder "$e" --width-divisor 16 --image-size 64 --batch-size 2 --epochs 1 --warmup 1 \
+      --mp-steps 1 --split-sizes 1 --devices cpu:0,cpu:1 --threads 1 --out "$d/$e-bench" \
+      && { grep -q "\"encoder\": \"$e\"" "$d/$e-bench/bench.json" && [ -s "$d/$e-bench/table2.md" ] \
+           || { echo "FAIL: $e unet_bench"; cat "$d/$e-bench.log"; fail=1; }; }
+    run "$e-perf" "$perfmodel" --encoder "$e" --no-memory \
+      && { grep -q "^| the article's setting, 2 devices" "$d/$e-perf.log" || { echo "FAIL: $e perfmodel"; fail=1; }; }
+  done
+  [ $fail = 0 ] && echo "ok: --mode auto, unet_bench and unet_perfmodel for five encoder depths"
+  exit $fail
+fi
 if [ "$what" = devices ]; then
   for e in resnet18 resnet34 resnet50 resnet101 resnet152; do
     for mode in single bf16 dp mp; do
