@@ -153,7 +153,11 @@ class Unpickler {
         case 0x8d: push(str(take(u64()))); break;     // BINUNICODE8
         case 'J': push(integer(int32_t(u32()))); break;  // BININT
         case 'K': push(integer(byte())); break;          // BININT1
-        case 'M': push(integer(byte() | (byte() << 8))); break;  // BININT2
+        case 'M': {  // BININT2 (two reads, in order: the operands of | are unsequenced)
+          const int lo = byte(), hi = byte();
+          push(integer(lo | hi << 8));
+          break;
+        }
         case 0x8a: push(integer(long1())); break;        // LONG1
         case 'G': {                                      // BINFLOAT, big-endian
           uint64_t bits = 0;

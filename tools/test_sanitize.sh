@@ -26,7 +26,8 @@ cmake -S . -B "$build" -DUNETCU_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUNE
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
   -DCMAKE_CXX_FLAGS="$sanitize" -DCMAKE_EXE_LINKER_FLAGS="$sanitize" >/dev/null
 cmake --build "$build" -j"$(nproc)" \
-  --target unetcu_tests unet_train unet_predict unet_synthetic_dataset unet_bench encoder_check dist_pipeline_check
+  --target unetcu_tests unet_train unet_predict unet_synthetic_dataset unet_bench unet_perfmodel encoder_check \
+  dist_pipeline_check
 echo "sanitizer build: $((SECONDS - t)) s"
 
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:strict_string_checks=1:check_initialization_order=1}"
