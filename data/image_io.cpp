@@ -421,7 +421,7 @@ ImageValues load_npy(const std::string& path, int channels) {
   const std::vector<uint8_t> d = read_npy_file(path, SIZE_MAX, &file_size);
   const NpyHeader h = parse_npy(path, d, d.size());
   UNETCU_CHECK(h.channels == channels, "array '", path, "' has ", h.channels, " channel", h.channels == 1 ? "" : "s",
-               ", not the ", channels, " of --in-channels (arrays are never converted)");
+               ", not the ", channels, " of ", setting("in_channels"), " (arrays are never converted)");
   ImageValues out;
   out.width = h.width, out.height = h.height, out.channels = h.channels;
   out.divisor = h.kind == 'f' ? 1.f : h.item == 2 ? 65535.f : 255.f;
@@ -490,7 +490,7 @@ ImageValues load_image_values(const std::string& path, int channels) {
   // The file's own channels: 1 gray, 2 gray + alpha, 3 RGB, 4 RGBA (an indexed PNG: RGB).
   UNETCU_CHECK(channels == 3 || info.channels == channels, "image '", path, "' has ", info.channels, " channel",
                info.channels == 1 ? "" : "s", ", not the ", channels,
-               " of --in-channels (images are never converted to another count)");
+               " of ", setting("in_channels"), " (images are never converted to another count)");
   UNETCU_CHECK(channels <= 4, "image '", path, "' cannot hold ", channels, " channels: a .npy array can");
   ImageValues out;
   if (!info.wide) {

@@ -97,7 +97,7 @@ SafeTensors read_encoder_weights(const std::string& file, const Module& model) {
       if (e.name == "encoder.conv1.weight") in_channels = e.tensor.dim(1);
     }
   const std::string model_depth = depth_of(own);
-  const std::string want = "--encoder " + model_depth;
+  const std::string want = setting("encoder") + " " + model_depth;
   // A file of 3 input channels for a model of another count: adapted as SMP does.
   auto conv1 = tv.find("conv1.weight");
   if (conv1 != tv.end() && in_channels != 3 && conv1->second.shape.size() == 4 && conv1->second.shape[1] == 3 &&
@@ -118,7 +118,7 @@ SafeTensors read_encoder_weights(const std::string& file, const Module& model) {
       bad(file, str_cat("has no tensor '", name, "', which ", want, " needs with shape ", shape_str(e.tensor.shape()),
                         depth.empty() || depth == model_depth
                             ? std::string()
-                            : "; its layers are those of " + depth + " (--encoder " + depth + ")"));
+                            : "; its layers are those of " + depth + " (" + setting("encoder") + " " + depth + ")"));
     }
     if (!e.counter && it->second.shape != e.tensor.shape()) {
       const std::string depth = depth_of(tv);
@@ -126,7 +126,7 @@ SafeTensors read_encoder_weights(const std::string& file, const Module& model) {
                         shape_str(e.tensor.shape()),
                         depth.empty() || depth == model_depth
                             ? std::string()
-                            : "; its layers are those of " + depth + " (--encoder " + depth + ")"));
+                            : "; its layers are those of " + depth + " (" + setting("encoder") + " " + depth + ")"));
     }
     out.emplace(e.name, it->second);
   }

@@ -52,9 +52,9 @@ TEST_CASE("images at their own depth: 16-bit PNGs from 65535, gray, RGB and RGBA
   save_png("rgba.png", Image{1, 1, 4, {10, 20, 30, 40}});
   CHECK(load_image_values("rgba.png", 4).values == std::vector<float>{10, 20, 30, 40});
   CHECK(load_image_values("rgba.png", 3).values == std::vector<float>{10, 20, 30});
-  CHECK_THROWS_WITH(load_image_values("rgba.png", 1),
-                    "image 'rgba.png' has 4 channels, not the 1 of --in-channels (images are never converted to "
-                    "another count)");
+  const std::string four = "image 'rgba.png' has 4 channels, not the 1 of " + setting("in_channels") +
+                           " (images are never converted to another count)";
+  CHECK_THROWS_WITH(load_image_values("rgba.png", 1), four.c_str());
   save_png("gray.png", Image{1, 1, 1, {77}});
   CHECK(load_image_values("gray.png", 1).values == std::vector<float>{77});
   CHECK_THROWS_WITH(load_image_values("gray.png", 4), doctest::Contains("has 1 channel, not the 4"));
@@ -77,8 +77,9 @@ TEST_CASE(".npy arrays: uint8, uint16 and float32, H x W x N and H x W, and thei
   const ImageValues c = load_image_values("f32.npy", 2);
   CHECK(c.divisor == 1.f);
   CHECK(c.values == std::vector<float>{0.25f, -1.5f});
-  CHECK_THROWS_WITH(load_image_values("f32.npy", 3),
-                    "array 'f32.npy' has 2 channels, not the 3 of --in-channels (arrays are never converted)");
+  const std::string two =
+      "array 'f32.npy' has 2 channels, not the 3 of " + setting("in_channels") + " (arrays are never converted)";
+  CHECK_THROWS_WITH(load_image_values("f32.npy", 3), two.c_str());
   write_npy("fortran.npy", "<f4", "(1, 1, 2)", bytes_of(std::vector<float>{0, 0}), true);
   CHECK_THROWS_WITH(load_image_values("fortran.npy", 2), doctest::Contains("Fortran order"));
   write_npy("f64.npy", "<f8", "(1, 1)", bytes_of(std::vector<double>{0}));
