@@ -67,7 +67,7 @@ void replay(const std::string& target) {
     // Every hand-made breakage of a .train file or a torch.save archive is one the reader must
     // refuse.
     const bool must_refuse =
-        (target == "train" || target == "torch") && file.filename().string().rfind("bad_", 0) == 0;
+        (target == "train" || target == "torch" || target == "npy") && file.filename().string().rfind("bad_", 0) == 0;
     try {
       run(bytes.data(), bytes.size());
       ++loaded;
@@ -101,4 +101,8 @@ TEST_CASE("corpus: every .train input resumes or is refused with unetcu::Error")
 
 TEST_CASE("corpus: every torch.save input is read or refused with unetcu::Error") {
   replay("torch");
+}
+
+TEST_CASE("corpus: every .npy input is read or refused with unetcu::Error") {
+  replay("npy");
 }

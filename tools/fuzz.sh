@@ -6,6 +6,7 @@
 #                run's record of its monitored metric (MetricMonitor::restore)
 #   torch        read_torch_bytes: torch.save's zip archive (libzip) and its pickle (the
 #                restricted unpickler), every tensor copied out (--encoder-weights FILE.pth)
+#   npy          read_image_info + load_image_values on a NumPy .npy array (--in-channels)
 # (tests/fuzz/targets.h says exactly what each does with an input.)
 #
 # Usage: tools/fuzz.sh [SECONDS] [TARGET...]   each target for SECONDS (default 60), all by default
@@ -31,7 +32,7 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 build=build-fuzz
 bin=$build/tests/fuzz  # the fuzzer programs and the seed writer
-all_targets=(safetensors image train torch)
+all_targets=(safetensors image train torch npy)
 limits=(-timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=256)
 
 seconds=60

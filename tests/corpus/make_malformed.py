@@ -471,8 +471,51 @@ def make_torch():
         write("torch", "bad_" + name, data)
 
 
+# ---- NumPy .npy: "\x93NUMPY", version, header length, a dict literal header, the data --------
+
+def npy(descr, shape, data, version=1, fortran=False, raw_header=None):
+    h = raw_header if raw_header is not None else (
+        "{'descr': '%s', 'fortran_order': %s, 'shape': %s, }" % (descr, "True" if fortran else "False", shape))
+    lenb = 2 if version == 1 else 4
+    h += " " * ((64 - (8 + lenb + len(h) + 1) % 64) % 64) + "\n"
+    return b"\x93NUMPY" + bytes([version, 0]) + len(h).to_bytes(lenb, "little") + h.encode() + data
+
+
+def make_npy():
+    """Seeds (each must load) and breakages (each must be refused) of the .npy reader."""
+    os.makedirs(os.path.join(HERE, "npy"), exist_ok=True)
+    seeds = {
+        "u8_hw.npy": npy("|u1", "(4, 3)", bytes(range(12))),
+        "u16_hwc.npy": npy("<u2", "(2, 2, 3)", struct.pack("<12H", *range(0, 12 * 5461, 5461))),
+        "f32_hwc4.npy": npy("<f4", "(2, 1, 4)", struct.pack("<8f", *[0.5 * i for i in range(8)]), version=2),
+    }
+    bad = {
+        "magic.npy": b"\x93NUMPZ" + seeds["u8_hw.npy"][6:],
+        "version_9.npy": seeds["u8_hw.npy"][:6] + b"\x09" + seeds["u8_hw.npy"][7:],
+        "header_past_end.npy": seeds["u8_hw.npy"][:8] + b"\xff\x7f" + seeds["u8_hw.npy"][10:40],
+        "f64.npy": npy("<f8", "(1, 1)", bytes(8)),
+        "big_endian.npy": npy(">u2", "(1, 1)", bytes(2)),
+        "fortran.npy": npy("<f4", "(1, 2)", bytes(8), fortran=True),
+        "one_dim.npy": npy("|u1", "(4,)", bytes(4)),
+        "four_dims.npy": npy("|u1", "(1, 1, 1, 1)", bytes(1)),
+        "zero_dim.npy": npy("|u1", "(0, 3)", b""),
+        "huge_dim.npy": npy("|u1", "(99999999999, 1)", bytes(8)),
+        "short_data.npy": npy("<u2", "(2, 2)", bytes(6)),
+        "long_data.npy": npy("|u1", "(2, 2)", bytes(5)),
+        "no_shape.npy": npy("", "", b"", raw_header="{'descr': '|u1', 'fortran_order': False, }"),
+        "no_descr.npy": npy("", "", b"", raw_header="{'fortran_order': False, 'shape': (1, 1), }"),
+        "nan.npy": npy("<f4", "(1, 1)", struct.pack("<f", float("nan"))),
+        "65_channels.npy": npy("|u1", "(1, 1, 65)", bytes(65)),
+    }
+    for name, data in seeds.items():
+        write("npy", "seed_" + name, data)
+    for name, data in bad.items():
+        write("npy", "bad_" + name, data)
+
+
 if __name__ == "__main__":
     make_safetensors()
     make_train()
     make_images()
     make_torch()
+    make_npy()

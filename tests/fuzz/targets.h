@@ -159,11 +159,28 @@ inline void run_torch(const uint8_t* data, size_t size) {
       }
 }
 
+// (e) The .npy reader (--in-channels, image folders of arrays): the header alone, then the
+// array at the channel count its header gives, and at another count (always refused).
+inline void run_npy(const uint8_t* data, size_t size) {
+  const std::string path = scratch_dir() + "/input.npy";
+  write_bytes(path, data, size);
+  const ImageInfo info = read_image_info(path);
+  const ImageValues v = load_image_values(path, info.channels);
+  if (v.values.size() != size_t(v.width) * v.height * v.channels) throw std::runtime_error("npy: wrong size");
+  try {
+    load_image_values(path, v.channels == 1 ? 2 : 1);
+  } catch (const Error&) {
+    return;  // the refusal expected
+  }
+  throw std::runtime_error("npy: an array read at a channel count it does not hold");
+}
+
 // The targets by name; the name is also the folder of the corpus: tests/corpus/<name>/.
 using Target = std::function<void(const uint8_t*, size_t)>;
 inline const std::map<std::string, Target>& targets() {
   static const std::map<std::string, Target> all{
-      {"safetensors", run_safetensors}, {"image", run_image}, {"train", run_train}, {"torch", run_torch}};
+      {"safetensors", run_safetensors}, {"image", run_image}, {"train", run_train}, {"torch", run_torch},
+      {"npy", run_npy}};
   return all;
 }
 
