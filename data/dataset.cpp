@@ -101,12 +101,6 @@ Normalization dataset_normalization(const Dataset& ds) {
 
 // ---- folders ---------------------------------------------------------------------------
 
-static bool is_image_file(const fs::path& p) {
-  std::string e = p.extension().string();
-  std::transform(e.begin(), e.end(), e.begin(), ::tolower);
-  return e == ".png" || e == ".jpg" || e == ".jpeg" || e == ".bmp" || e == ".npy";
-}
-
 std::vector<FolderDataset::Pair> FolderDataset::scan(const std::string& dir, const std::string& list) {
   fs::path root(dir), images, masks;
   UNETCU_CHECK(fs::is_directory(root), "image folder '", dir, "' is not a folder");
@@ -130,7 +124,7 @@ std::vector<FolderDataset::Pair> FolderDataset::scan(const std::string& dir, con
   }
   // An entry named like an image must be one: a folder or a dangling link is named, not skipped.
   auto image_entry = [](const fs::directory_entry& e) {
-    if (!is_image_file(e.path())) return false;
+    if (!is_image_path(e.path().string())) return false;
     std::error_code ec;
     if (!e.is_regular_file(ec)) check_regular_file(e.path().string(), "data file");
     return true;

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <system_error>
 
@@ -478,6 +479,12 @@ ImageInfo read_image_info(const std::string& path) {
 
 bool is_npy_path(const std::string& path) {
   return path.size() > 4 && path.compare(path.size() - 4, 4, ".npy") == 0;
+}
+
+bool is_image_path(const std::string& path) {
+  std::string e = std::filesystem::path(path).extension().string();
+  std::transform(e.begin(), e.end(), e.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  return e == ".png" || e == ".jpg" || e == ".jpeg" || e == ".bmp" || e == ".npy";
 }
 
 ImageValues load_image_values(const std::string& path, int channels) {

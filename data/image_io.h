@@ -61,6 +61,9 @@ struct ImageValues {
 ImageValues load_image_values(const std::string& path, int channels);
 // Whether `path` names a .npy array (by its extension).
 bool is_npy_path(const std::string& path);
+// Whether `path` names an input image a folder may hold, by its extension (any case): .png,
+// .jpg, .jpeg, .bmp or .npy.
+bool is_image_path(const std::string& path);
 
 // Throws unetcu::Error unless `path` names a regular file (after following links), without
 // opening it: "<what> '<path>' cannot be opened: ..." when it does not exist or cannot be

@@ -165,19 +165,13 @@ void check(const PredictConfig& c, const Trained& t) {
                ", got ", c.batch_size);
 }
 
-bool is_image_name(const fs::path& p) {
-  std::string ext = p.extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(), ::tolower);
-  return ext == ".png" || ext == ".jpg" || ext == ".jpeg" || ext == ".bmp" || ext == ".npy";
-}
-
 // The images of the inputs, by stem: one output per stem, and never over an input.
 std::vector<fs::path> list_inputs(const PredictConfig& c) {
   std::vector<fs::path> files;
   for (const auto& in : c.inputs) {
     if (fs::is_directory(in)) {
       for (const auto& e : fs::directory_iterator(in))  // as image folders are scanned: files only
-        if (e.is_regular_file() && is_image_name(e.path())) files.push_back(e.path());
+        if (e.is_regular_file() && is_image_path(e.path().string())) files.push_back(e.path());
     } else {
       check_regular_file(in, "image");
       files.push_back(in);
@@ -206,7 +200,7 @@ std::vector<fs::path> match_truths(const PredictConfig& c, const std::vector<fs:
   if (!c.masks.empty()) {
     UNETCU_CHECK(fs::is_directory(c.masks), setting("masks"), " '", c.masks, "' is not a folder");
     for (const auto& e : fs::directory_iterator(c.masks))
-      if (e.is_regular_file() && is_image_name(e.path()))
+      if (e.is_regular_file() && is_image_path(e.path().string()))
         if (!truth_of.emplace(e.path().stem().string(), e.path()).second) truth_twice.insert(e.path().stem().string());
   }
   std::vector<fs::path> truths(files.size());
